@@ -1,0 +1,1 @@
+"""The workflows: Azure Functions (Python v2 model) subscribed to the scheduled-events topic."""

@@ -1,0 +1,168 @@
+"""The IMDS scheduled-events document, parsed into plain values (no I/O).
+
+What real IMDS sends (see DESIGN.md): ``{"DocumentIncarnation": int, "Events": [...]}`` where
+each event has EventId, EventType, ResourceType, Resources, EventStatus, NotBefore and the
+optional Description, EventSource and DurationInSeconds. NotBefore is RFC 1123 in real
+documents, ISO 8601 in Microsoft's mock server and ``""`` once Started.
+
+Parsing is strict about structure (a document we cannot key by EventId is rejected whole, so
+that a garbled body never looks like "every event vanished") and lenient about field values
+(an unparseable NotBefore or duration is kept verbatim and parsed to ``None``).
+"""
+
+from __future__ import annotations
+
+import email.utils
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+SCHEDULED = "Scheduled"
+STARTED = "Started"
+
+# The IMDS event fields, in the order IMDS documents them.
+EVENT_FIELDS = (
+    "EventId",
+    "EventType",
+    "ResourceType",
+    "Resources",
+    "EventStatus",
+    "NotBefore",
+    "Description",
+    "EventSource",
+    "DurationInSeconds",
+)
+
+
+class InvalidDocument(ValueError):
+    """The body is not a scheduled-events document we can diff safely."""
+
+
+def parse_not_before(value: object) -> datetime | None:
+    """RFC 1123 (real IMDS) or ISO 8601 (mock server) to an aware UTC datetime; "" -> None."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip()
+    parsed: datetime | None
+    try:
+        parsed = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        parsed = None
+    if parsed is None:
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+    if parsed.tzinfo is None:  # IMDS times are UTC even when the zone is left out
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def isoformat_utc(moment: datetime) -> str:
+    """``2026-11-22T01:20:40Z`` (seconds precision unless the value has microseconds)."""
+    text = moment.astimezone(UTC).isoformat()
+    return text.replace("+00:00", "Z")
+
+
+def _parse_duration(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class ScheduledEvent:
+    """One entry of ``Events``. ``raw`` keeps the fields exactly as IMDS sent them."""
+
+    event_id: str
+    event_type: str
+    status: str
+    resource_type: str = "VirtualMachine"
+    resources: tuple[str, ...] = ()
+    not_before: datetime | None = None
+    description: str | None = None
+    event_source: str | None = None
+    duration_in_seconds: int | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        """EventId is a GUID: the same event in upper and lower case is one event."""
+        return self.event_id.strip().lower()
+
+    @property
+    def is_started(self) -> bool:
+        return self.status.strip().lower() == STARTED.lower()
+
+    @classmethod
+    def from_imds(cls, obj: object) -> ScheduledEvent:
+        if not isinstance(obj, Mapping):
+            raise InvalidDocument(f"an event is not a JSON object: {type(obj).__name__}")
+        event_id = obj.get("EventId")
+        if not isinstance(event_id, str) or not event_id.strip():
+            raise InvalidDocument("an event has no EventId string")
+        status = obj.get("EventStatus")
+        if not isinstance(status, str) or not status.strip():
+            raise InvalidDocument(f"event {event_id} has no EventStatus string")
+        event_type = obj.get("EventType")
+        if not isinstance(event_type, str) or not event_type.strip():
+            raise InvalidDocument(f"event {event_id} has no EventType string")
+        resources = obj.get("Resources", [])
+        if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
+            raise InvalidDocument(f"event {event_id} has Resources that are not a list of strings")
+        resource_type = obj.get("ResourceType")
+        description = obj.get("Description")
+        source = obj.get("EventSource")
+        return cls(
+            event_id=event_id.strip(),
+            event_type=event_type.strip(),
+            status=status.strip(),
+            resource_type=resource_type if isinstance(resource_type, str) else "VirtualMachine",
+            resources=tuple(resources),
+            not_before=parse_not_before(obj.get("NotBefore")),
+            description=description if isinstance(description, str) else None,
+            event_source=source if isinstance(source, str) else None,
+            duration_in_seconds=_parse_duration(obj.get("DurationInSeconds")),
+            # PascalCase keys are IMDS's own; camelCase ones are the contract's additions.
+            raw={k: v for k, v in obj.items() if isinstance(k, str) and k[:1].isupper()},
+        )
+
+    def to_imds(self) -> dict[str, Any]:
+        """The event as IMDS sent it (round-trips through durable state)."""
+        return dict(self.raw)
+
+
+@dataclass(frozen=True)
+class Document:
+    incarnation: int
+    events: tuple[ScheduledEvent, ...]
+
+    @classmethod
+    def from_imds(cls, obj: object) -> Document:
+        if not isinstance(obj, Mapping):
+            raise InvalidDocument(f"the document is not a JSON object: {type(obj).__name__}")
+        incarnation = obj.get("DocumentIncarnation")
+        if isinstance(incarnation, bool) or not isinstance(incarnation, int):
+            raise InvalidDocument("DocumentIncarnation is missing or not an integer")
+        events = obj.get("Events")
+        if not isinstance(events, list):
+            raise InvalidDocument("Events is missing or not a list")
+        parsed: list[ScheduledEvent] = []
+        seen: set[str] = set()
+        for item in events:
+            event = ScheduledEvent.from_imds(item)
+            if event.key in seen:  # one EventId twice (e.g. in two cases): the first one wins
+                continue
+            seen.add(event.key)
+            parsed.append(event)
+        return cls(incarnation=incarnation, events=tuple(parsed))
