@@ -20,9 +20,13 @@ class Subcommand(NamedTuple):
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "forwarder": Subcommand("forwarder.main", "poll IMDS, publish lifecycle transitions, apply approvals"),
+    "forwarder": Subcommand(
+        "forwarder.main", "poll IMDS, publish lifecycle transitions, apply approvals"
+    ),
     "approve": Subcommand("forwarder.approve_cli", "send an approval command to a VM's forwarder"),
-    "imds-sim": Subcommand("emulators.imds.server", "loopback IMDS simulator that replays scenarios"),
+    "imds-sim": Subcommand(
+        "emulators.imds.server", "loopback IMDS simulator that replays scenarios"
+    ),
     "servicebus-emulator": Subcommand(
         "emulators.servicebus.server", "loopback Service Bus emulator (AMQP 1.0)", "local"
     ),
@@ -46,7 +50,9 @@ def _load(name: str) -> Callable[[list[str] | None], int]:
     try:
         module = importlib.import_module(sub.module)
     except ModuleNotFoundError as exc:
-        hint = f" (install the '{sub.extra}' extra: pip install '.[{sub.extra}]')" if sub.extra else ""
+        hint = (
+            f" (install the '{sub.extra}' extra: pip install '.[{sub.extra}]')" if sub.extra else ""
+        )
         raise SystemExit(f"sebridge {name}: cannot load {sub.module}: {exc}{hint}") from exc
     entry: Callable[[list[str] | None], int] = module.main
     return entry

@@ -372,7 +372,9 @@ class TransitionMessage:
         return value if isinstance(value, int) else None
 
 
-def parse_message(body: bytes | str | Mapping[str, Any], message_id: str | None = None) -> TransitionMessage:
+def parse_message(
+    body: bytes | str | Mapping[str, Any], message_id: str | None = None
+) -> TransitionMessage:
     """Read a topic message body back; :class:`ContractError` says what is wrong with it."""
     if isinstance(body, Mapping):
         obj: Any = dict(body)

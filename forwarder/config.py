@@ -1,0 +1,220 @@
+"""`sebridge forwarder` settings: flags, each with an environment-variable equivalent."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
+from forwarder.outbox import DEFAULT_MAX_ROWS
+
+DEFAULT_STATE_DIR = "/var/lib/sebridge"
+DEFAULT_TOPIC = "scheduled-events"
+DEFAULT_REPLY_QUEUE = "approvals"
+DEFAULT_HEARTBEAT_SECONDS = 300.0
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ForwarderConfig:
+    imds_endpoint: str = DEFAULT_ENDPOINT
+    api_version: str = SCHEDULED_EVENTS_API
+    poll_interval: float = 1.0
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+    namespace: str | None = None
+    connection_string: str | None = None
+    client_id: str | None = None
+    topic: str = DEFAULT_TOPIC
+    reply_queue: str = DEFAULT_REPLY_QUEUE
+    vm_name: str | None = None
+    require_listed: bool = False
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_SECONDS
+    outbox_max: int = DEFAULT_MAX_ROWS
+    log_format: str = "text"
+    log_level: str = "INFO"
+    once: bool = False
+    dry_run: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        """The effective configuration for the start-up log line: never a secret."""
+        return {
+            "imdsEndpoint": self.imds_endpoint,
+            "apiVersion": self.api_version,
+            "pollInterval": self.poll_interval,
+            "stateDir": str(self.state_dir),
+            "namespace": self.namespace,
+            "connectionString": "<set>" if self.connection_string else None,
+            "clientId": self.client_id,
+            "topic": self.topic,
+            "replyQueue": self.reply_queue,
+            "vmName": self.vm_name,
+            "requireListed": self.require_listed,
+            "heartbeatInterval": self.heartbeat_interval,
+            "outboxMax": self.outbox_max,
+            "once": self.once,
+            "dryRun": self.dry_run,
+        }
+
+
+def _env_bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigError(f"not a boolean: {value!r}")
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    def default(name: str, fallback: Any = None) -> Any:
+        return env.get(name, fallback)
+
+    p = argparse.ArgumentParser(
+        prog="sebridge forwarder",
+        description="Poll IMDS scheduled events, publish lifecycle transitions to Service Bus, "
+        "and apply approval commands. Every flag has the environment variable shown.",
+    )
+    p.add_argument(
+        "--imds-endpoint",
+        default=default("SEBRIDGE_IMDS_ENDPOINT", DEFAULT_ENDPOINT),
+        help="IMDS base URL [SEBRIDGE_IMDS_ENDPOINT] (default %(default)s)",
+    )
+    p.add_argument(
+        "--api-version",
+        default=default("SEBRIDGE_API_VERSION", SCHEDULED_EVENTS_API),
+        help="scheduled events api-version [SEBRIDGE_API_VERSION] (default %(default)s)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        default=default("SEBRIDGE_POLL_INTERVAL", "1"),
+        help="seconds between polls [SEBRIDGE_POLL_INTERVAL] (default 1)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=default("SEBRIDGE_STATE_DIR", DEFAULT_STATE_DIR),
+        help="state and outbox directory [SEBRIDGE_STATE_DIR] (default %(default)s)",
+    )
+    target = p.add_mutually_exclusive_group()
+    target.add_argument(
+        "--namespace",
+        default=default("SEBRIDGE_NAMESPACE"),
+        help="Service Bus namespace FQDN, managed identity [SEBRIDGE_NAMESPACE]",
+    )
+    target.add_argument(
+        "--connection-string",
+        default=default("SEBRIDGE_CONNECTION_STRING"),
+        help="Service Bus connection string, for emulators [SEBRIDGE_CONNECTION_STRING]",
+    )
+    p.add_argument(
+        "--client-id",
+        default=default("AZURE_CLIENT_ID"),
+        help="user-assigned managed identity client id [AZURE_CLIENT_ID]",
+    )
+    p.add_argument(
+        "--topic",
+        default=default("SEBRIDGE_TOPIC", DEFAULT_TOPIC),
+        help="topic to publish to [SEBRIDGE_TOPIC] (default %(default)s)",
+    )
+    p.add_argument(
+        "--reply-queue",
+        default=default("SEBRIDGE_REPLY_QUEUE", DEFAULT_REPLY_QUEUE),
+        help="approvals queue [SEBRIDGE_REPLY_QUEUE] (default %(default)s)",
+    )
+    p.add_argument(
+        "--vm-name",
+        default=default("SEBRIDGE_VM_NAME"),
+        help="override the VM name from instance metadata [SEBRIDGE_VM_NAME]",
+    )
+    p.add_argument(
+        "--require-listed",
+        action="store_true",
+        default=_env_bool(default("SEBRIDGE_REQUIRE_LISTED", "false")),
+        help="approve only events whose Resources list this VM [SEBRIDGE_REQUIRE_LISTED]",
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        default=default("SEBRIDGE_HEARTBEAT_INTERVAL", str(DEFAULT_HEARTBEAT_SECONDS)),
+        help="seconds between Heartbeats, 0 = off [SEBRIDGE_HEARTBEAT_INTERVAL] (default 300)",
+    )
+    p.add_argument(
+        "--outbox-max",
+        default=default("SEBRIDGE_OUTBOX_MAX", str(DEFAULT_MAX_ROWS)),
+        help="most messages kept while Service Bus is unreachable "
+        "[SEBRIDGE_OUTBOX_MAX] (default %(default)s)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=default("SEBRIDGE_LOG_FORMAT", "text"),
+        help="log format on stderr [SEBRIDGE_LOG_FORMAT] (default %(default)s)",
+    )
+    p.add_argument(
+        "--log-level",
+        default=default("SEBRIDGE_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR [SEBRIDGE_LOG_LEVEL]",
+    )
+    p.add_argument("--once", action="store_true", help="poll once, send what is pending, and exit")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=_env_bool(default("SEBRIDGE_DRY_RUN", "false")),
+        help="send nothing: print each message as one JSON line on stdout",
+    )
+    return p
+
+
+def _number(name: str, value: str, *, minimum: float, maximum: float) -> float:
+    try:
+        number = float(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be a number, not {value!r}") from exc
+    if not minimum <= number <= maximum:
+        raise ConfigError(f"{name} must be between {minimum:g} and {maximum:g}, not {number:g}")
+    return number
+
+
+def parse_config(
+    argv: Sequence[str] | None, env: Mapping[str, str] | None = None
+) -> ForwarderConfig:
+    """Flags over environment over defaults; :class:`ConfigError` names what is wrong."""
+    env = os.environ if env is None else env
+    args = build_parser(env).parse_args(argv)
+    # Sub-second intervals are for simulator-driven tests: real IMDS throttles above 5/s.
+    poll = _number("--poll-interval", args.poll_interval, minimum=0.05, maximum=60)
+    heartbeat = _number("--heartbeat-interval", args.heartbeat_interval, minimum=0, maximum=86_400)
+    outbox_max = int(_number("--outbox-max", args.outbox_max, minimum=1, maximum=10_000_000))
+    if not args.imds_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"--imds-endpoint must be an http(s) URL, not {args.imds_endpoint!r}")
+    if not (args.dry_run or args.namespace or args.connection_string):
+        raise ConfigError(
+            "nowhere to publish: give --namespace (managed identity), --connection-string "
+            "(emulator) or --dry-run"
+        )
+    if args.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ConfigError(f"--log-level {args.log_level!r} is not DEBUG/INFO/WARNING/ERROR")
+    return ForwarderConfig(
+        imds_endpoint=args.imds_endpoint,
+        api_version=args.api_version,
+        poll_interval=poll,
+        state_dir=Path(args.state_dir),
+        namespace=args.namespace or None,
+        connection_string=args.connection_string or None,
+        client_id=args.client_id or None,
+        topic=args.topic,
+        reply_queue=args.reply_queue,
+        vm_name=args.vm_name or None,
+        require_listed=bool(args.require_listed),
+        heartbeat_interval=heartbeat,
+        outbox_max=outbox_max,
+        log_format=args.log_format,
+        log_level=args.log_level.upper(),
+        once=bool(args.once),
+        dry_run=bool(args.dry_run),
+    )

@@ -1,0 +1,91 @@
+"""Consecutive IMDS documents -> lifecycle transitions. Pure: no I/O, no clock.
+
+The diff is keyed by EventId (case-insensitive) and compares content, never the incarnation
+number alone: IMDS may reset DocumentIncarnation to a low number after 24 h without calls, and
+it may change content without bumping it. Rules (DESIGN.md):
+
+- new EventId, Scheduled          -> Scheduled
+- new EventId, first seen Started -> Started (a hardware failure skips Scheduled)
+- Scheduled -> Started            -> Started
+- Scheduled, a watched field changed -> Updated (with the changes)
+- vanished after Started          -> Completed
+- vanished while Scheduled        -> Cancelled
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sebridge.contract.events import Transition
+from sebridge.imds import Document, ScheduledEvent
+
+# Fields whose change on a Scheduled event is an Updated transition, in reporting order.
+WATCHED_FIELDS = (
+    "NotBefore",
+    "Resources",
+    "DurationInSeconds",
+    "Description",
+    "EventType",
+    "EventSource",
+)
+
+
+@dataclass(frozen=True)
+class Change:
+    transition: Transition
+    event: ScheduledEvent
+    changes: Mapping[str, Any] | None = None  # {"NotBefore": {"from": ..., "to": ...}} for Updated
+
+
+def _comparable(event: ScheduledEvent, name: str) -> object:
+    if name == "NotBefore":
+        # RFC 1123 and ISO 8601 spellings of one instant are the same NotBefore.
+        return event.not_before or event.raw.get("NotBefore", "")
+    if name == "Resources":
+        return sorted(r.lower() for r in event.resources)  # VM names are case-insensitive
+    if name == "DurationInSeconds":
+        return event.duration_in_seconds
+    return event.raw.get(name)
+
+
+def field_changes(before: ScheduledEvent, after: ScheduledEvent) -> dict[str, dict[str, Any]]:
+    """The watched fields that differ, with their IMDS values before and after."""
+    return {
+        name: {"from": before.raw.get(name), "to": after.raw.get(name)}
+        for name in WATCHED_FIELDS
+        if _comparable(before, name) != _comparable(after, name)
+    }
+
+
+def diff(known: Mapping[str, ScheduledEvent], document: Document) -> list[Change]:
+    """Transitions from the last known events (by key) to ``document``, in a stable order:
+    the document's events in their order, then vanished events in the order they were known."""
+    out: list[Change] = []
+    current: set[str] = set()
+    for event in document.events:
+        current.add(event.key)
+        before = known.get(event.key)
+        if before is None:
+            out.append(
+                Change(Transition.STARTED if event.is_started else Transition.SCHEDULED, event)
+            )
+        elif event.is_started and not before.is_started:
+            out.append(Change(Transition.STARTED, event))
+        elif not event.is_started and not before.is_started:
+            changes = field_changes(before, event)
+            if changes:
+                out.append(Change(Transition.UPDATED, event, changes))
+        # Started -> Started: NotBefore is "" and nothing else is announced; Started -> Scheduled
+        # does not happen in IMDS, and reporting it would only confuse the workflows.
+    for key, before in known.items():
+        if key not in current:
+            gone = Transition.COMPLETED if before.is_started else Transition.CANCELLED
+            out.append(Change(gone, before))
+    return out
+
+
+def index(events: Iterable[ScheduledEvent]) -> dict[str, ScheduledEvent]:
+    """Events by key, in document order: what the forwarder remembers between polls."""
+    return {event.key: event for event in events}

@@ -1,0 +1,126 @@
+"""Where transitions go: the Publisher port and its adapters (Service Bus, dry-run stdout)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol, TextIO, cast
+
+from sebridge.contract.events import Envelope
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT = 15.0
+
+
+class PublishError(Exception):
+    """Sending failed; the messages stay in the outbox and are retried."""
+
+
+class Publisher(Protocol):
+    def publish(self, envelopes: Sequence[Envelope]) -> None:
+        """Send all of them, in order, or raise :class:`PublishError`."""
+
+    def close(self) -> None: ...
+
+
+class DryRunPublisher:
+    """``--dry-run``: one JSON object per message on stdout, nothing sent."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stdout
+        self._lock = threading.Lock()
+
+    def publish(self, envelopes: Sequence[Envelope]) -> None:
+        with self._lock:
+            for envelope in envelopes:
+                self._stream.write(json.dumps(envelope.to_dict(), separators=(",", ":")) + "\n")
+            self._stream.flush()
+
+    def close(self) -> None:
+        return None
+
+
+def service_bus_client(
+    *, namespace: str | None, connection_string: str | None, client_id: str | None = None
+) -> Any:
+    """The composition point for Service Bus clients: managed identity in production, a
+    connection string for emulators. Imported lazily so dry-run never loads the SDK."""
+    from azure.servicebus import ServiceBusClient
+
+    options: dict[str, Any] = {"retry_total": 1, "retry_backoff_factor": 0.5}
+    if connection_string:
+        return ServiceBusClient.from_connection_string(connection_string, **options)
+    if not namespace:
+        raise ValueError("a Service Bus namespace or connection string is required")
+    from azure.identity import DefaultAzureCredential
+
+    credential = DefaultAzureCredential(managed_identity_client_id=client_id)
+    return ServiceBusClient(namespace, credential, **options)
+
+
+def to_service_bus_message(envelope: Envelope) -> Any:
+    from azure.servicebus import ServiceBusMessage
+
+    return ServiceBusMessage(
+        body=envelope.body_bytes(),
+        message_id=envelope.message_id,
+        session_id=envelope.session_id,
+        subject=envelope.subject,
+        content_type=envelope.content_type,
+        application_properties=cast("dict[str | bytes, Any]", dict(envelope.application_properties)),
+    )
+
+
+class ServiceBusPublisher:
+    """Sends to the topic with one long-lived sender, rebuilt after any failure."""
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        namespace: str | None = None,
+        connection_string: str | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.topic = topic
+        self._namespace = namespace
+        self._connection_string = connection_string
+        self._client_id = client_id
+        self._client: Any = None
+        self._sender: Any = None
+
+    def _ensure_sender(self) -> Any:
+        if self._sender is None:
+            self._client = service_bus_client(
+                namespace=self._namespace,
+                connection_string=self._connection_string,
+                client_id=self._client_id,
+            )
+            self._sender = self._client.get_topic_sender(self.topic)
+        return self._sender
+
+    def publish(self, envelopes: Sequence[Envelope]) -> None:
+        if not envelopes:
+            return
+        try:
+            sender = self._ensure_sender()
+            sender.send_messages(
+                [to_service_bus_message(e) for e in envelopes], timeout=SEND_TIMEOUT
+            )
+        except Exception as exc:
+            self.close()
+            raise PublishError(f"{type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        for thing in (self._sender, self._client):
+            if thing is not None:
+                try:
+                    thing.close()
+                except Exception as exc:  # noqa: BLE001 - closing a broken link may fail too
+                    log.debug("closing Service Bus client failed: %s", exc)
+        self._sender = None
+        self._client = None
