@@ -71,7 +71,9 @@ def to_service_bus_message(envelope: Envelope) -> Any:
         session_id=envelope.session_id,
         subject=envelope.subject,
         content_type=envelope.content_type,
-        application_properties=cast("dict[str | bytes, Any]", dict(envelope.application_properties)),
+        application_properties=cast(
+            "dict[str | bytes, Any]", dict(envelope.application_properties)
+        ),
     )
 
 

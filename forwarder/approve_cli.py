@@ -1,0 +1,90 @@
+"""`sebridge approve`: send one approval command to a VM's forwarder by hand."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import socket
+import sys
+from datetime import UTC, datetime, timedelta
+
+from forwarder.publisher import service_bus_client
+from sebridge.contract.commands import CommandError, approve_command
+
+
+def _parser() -> argparse.ArgumentParser:
+    env = os.environ
+    p = argparse.ArgumentParser(
+        prog="sebridge approve",
+        description="Send an approve command to the forwarder on one VM, through the approvals "
+        "queue (session = the VM name). The forwarder checks the event against IMDS first.",
+    )
+    p.add_argument("--vm", required=True, help="target VM name (IMDS compute.name)")
+    p.add_argument("--event-id", required=True, help="the EventId (a GUID)")
+    p.add_argument("--reason", default="", help="why, for the audit trail")
+    p.add_argument("--by", default=None, help="who approves (default: user@host)")
+    p.add_argument(
+        "--expires-in",
+        type=float,
+        default=900.0,
+        help="seconds until the command expires (default %(default)s)",
+    )
+    target = p.add_mutually_exclusive_group()
+    target.add_argument(
+        "--namespace",
+        default=env.get("SEBRIDGE_NAMESPACE"),
+        help="Service Bus namespace FQDN, azure-identity [SEBRIDGE_NAMESPACE]",
+    )
+    target.add_argument(
+        "--connection-string",
+        default=env.get("SEBRIDGE_CONNECTION_STRING"),
+        help="connection string, for emulators [SEBRIDGE_CONNECTION_STRING]",
+    )
+    p.add_argument(
+        "--queue",
+        default=env.get("SEBRIDGE_REPLY_QUEUE", "approvals"),
+        help="approvals queue [SEBRIDGE_REPLY_QUEUE] (default %(default)s)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not (args.namespace or args.connection_string):
+        print("sebridge approve: give --namespace or --connection-string", file=sys.stderr)
+        return 2
+    if not 1 <= args.expires_in <= 7 * 86_400:
+        print("sebridge approve: --expires-in must be between 1 s and 7 days", file=sys.stderr)
+        return 2
+    requested_by = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
+    try:
+        command = approve_command(
+            args.event_id,
+            requested_by,
+            args.reason,
+            datetime.now(UTC) + timedelta(seconds=args.expires_in),
+        )
+    except CommandError as exc:
+        print(f"sebridge approve: {exc.description}", file=sys.stderr)
+        return 2
+    from azure.servicebus import ServiceBusMessage
+
+    client = service_bus_client(namespace=args.namespace, connection_string=args.connection_string)
+    with client, client.get_queue_sender(args.queue) as sender:
+        sender.send_messages(
+            ServiceBusMessage(
+                command.body_bytes(),
+                message_id=command.message_id,
+                session_id=args.vm,
+                content_type="application/json",
+                subject="approve",
+            ),
+            timeout=30,
+        )
+    print(f"sent {command.message_id} to session {args.vm} on {args.queue}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
