@@ -1,0 +1,46 @@
+# Two entry points do all the set-up on a fresh machine (see README "Quick start"):
+#   make demo   - install into .venv and run the whole loop on 127.0.0.1
+#   make test   - install into .venv (+ checkov's own venv, + systemd-analyze) and run every check
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# checkov pins versions that conflict with the Azure SDKs, so it gets a venv of its own.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_VERSION ?= 3.2.369
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck bench install clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[local,test]'
+	touch $@
+
+$(CHECKOV_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --disable-pip-version-check 'checkov==$(CHECKOV_VERSION)'
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: $(BIN)/.installed
+	$(BIN)/sebridge demo
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy
+
+test: $(BIN)/.installed $(CHECKOV_VENV)/.installed
+	scripts/ensure-system-tools
+	$(MAKE) --no-print-directory lint typecheck
+	SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/forwarder_poll.py
+
+clean:
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
