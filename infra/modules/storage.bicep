@@ -1,0 +1,78 @@
+// Storage account for the Functions host (AzureWebJobsStorage) and the Flex Consumption
+// deployment package. Identity-only: Flex Consumption supports managed-identity host storage
+// and deployment storage, so shared keys are turned off.
+
+@description('Azure region.')
+param location string
+
+@description('Name of the storage account (3-24 lowercase letters and digits).')
+@minLength(3)
+@maxLength(24)
+param name string
+
+@description('Blob container that holds the Flex Consumption deployment package.')
+param deploymentContainerName string
+
+@description('Redundancy of the storage account.')
+@allowed([
+  'Standard_LRS'
+  'Standard_ZRS'
+  'Standard_GRS'
+  'Standard_GZRS'
+])
+param skuName string = 'Standard_LRS'
+
+@description('Tags for every resource.')
+param tags object = {}
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  //checkov:skip=CKV_AZURE_35:Flex Consumption without VNet integration reaches host storage over its public endpoint (the host is not a trusted service); shared keys are off, so access needs an Entra grant.
+  //checkov:skip=CKV_AZURE_59:Same as CKV_AZURE_35; add VNet integration and a private endpoint to close it (DEPLOY.md).
+  //checkov:skip=CKV_AZURE_206:Holds only re-creatable host state (blob leases, the deployment package); pick a redundant SKU with the skuName parameter.
+  name: name
+  location: location
+  tags: tags
+  kind: 'StorageV2'
+  sku: {
+    name: skuName
+  }
+  properties: {
+    accessTier: 'Hot'
+    allowBlobPublicAccess: false
+    allowCrossTenantReplication: false
+    allowSharedKeyAccess: false
+    defaultToOAuthAuthentication: true
+    minimumTlsVersion: 'TLS1_2'
+    supportsHttpsTrafficOnly: true
+    publicNetworkAccess: 'Enabled'
+    networkAcls: {
+      bypass: 'AzureServices'
+      defaultAction: 'Allow'
+    }
+  }
+}
+
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
+  parent: storage
+  name: 'default'
+  properties: {
+    deleteRetentionPolicy: {
+      enabled: true
+      days: 7
+    }
+  }
+}
+
+resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: deploymentContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+@description('Name of the storage account.')
+output name string = storage.name
+
+@description('URL of the deployment container.')
+output deploymentContainerUrl string = '${storage.properties.primaryEndpoints.blob}${deploymentContainer.name}'
