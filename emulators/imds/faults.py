@@ -84,8 +84,12 @@ class FaultRule:
         if self.probability is not None:
             out["probability"] = self.probability
             out["seed"] = self.seed
-        extra = {"429": ("retryAfter", self.retry_after), "5xx": ("status", self.status)}
-        extra |= {"hang": ("seconds", self.seconds), "malformed": ("body", self.body)}
+        extra: dict[str, tuple[str, object]] = {
+            "429": ("retryAfter", self.retry_after),
+            "5xx": ("status", self.status),
+            "hang": ("seconds", self.seconds),
+            "malformed": ("body", self.body),
+        }
         if self.kind in extra:
             key, value = extra[self.kind]
             out[key] = value

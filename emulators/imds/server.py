@@ -192,7 +192,7 @@ class SimulatorApp:
     def _advance(self) -> float:
         t = self.scenario_time()
         for line in self.sim.advance_to(t, time.time()):
-            log.info("%s (incarnation %d)", line, self.sim.incarnation)
+            log.info("%s", line)
         return t
 
     def _count(self, name: str) -> None:
@@ -565,15 +565,15 @@ class SimulatorServer(ThreadingHTTPServer):
         return int(self.server_address[1])
 
 
+class SimulatorServer6(SimulatorServer):
+    address_family = socket.AF_INET6  # --host ::1
+
+
 def make_server(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> SimulatorServer:
     """Bind (but do not serve yet). Raises ScenarioError for a bad scenario."""
     app = SimulatorApp(config)
     handler = type("BoundHandler", (Handler,), {"app": app})
-    server_class = SimulatorServer
-    if ":" in host:
-        server_class = type(
-            "SimulatorServer6", (SimulatorServer,), {"address_family": socket.AF_INET6}
-        )
+    server_class = SimulatorServer6 if ":" in host else SimulatorServer
     server = server_class((host, port), handler)
     server.app = app
     return server

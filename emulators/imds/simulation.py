@@ -93,7 +93,7 @@ class Simulation:
         log: list[str] = []
         for moment in self._due_moments(t):
             self.now = max(self.now, moment)
-            changed = False
+            changed: list[str] = []
             reset_to: int | None = None
             for event in self.events:
                 while event.pending and event.origin + event.pending[0].at <= moment:
@@ -101,15 +101,16 @@ class Simulation:
                     # NotBefore counts from the step's own time, mapped to the wall clock now.
                     step_wall = wall - (t - (event.origin + step.at)) / self.speed
                     if self._apply(event, step, step_wall):
-                        changed = True
-                        log.append(f"t={moment:g}s {event.fields['EventId']} -> {event.status}")
+                        changed.append(f"{event.fields['EventId']} -> {event.status}")
                     if step.incarnation is not None:
                         reset_to = step.incarnation
             if reset_to is not None:
                 self.incarnation = reset_to
-                log.append(f"t={moment:g}s DocumentIncarnation set to {reset_to}")
             elif changed:
                 self.incarnation += 1
+            if reset_to is not None or changed:
+                what = ", ".join(changed) or "no event change"
+                log.append(f"t={moment:g}s incarnation {self.incarnation}: {what}")
         self.now = max(self.now, t)
         return log
 
