@@ -1,0 +1,377 @@
+"""Receive from Service Bus and invoke functions: one thread per concurrent receiver.
+
+Semantics follow the Functions Service Bus extension (v5):
+- PEEK_LOCK; on success the message is completed when autoCompleteMessages is true (host.json,
+  overridden per trigger); on any failure (conversion, the function, an output binding) it is
+  abandoned, so the broker redelivers and dead-letters after MaxDeliveryCount.
+- autoCompleteMessages false: a Python function cannot settle messages without the SDK-type
+  bindings, so a successful message is left unsettled (no lock renewal); its lock expires and
+  the broker redelivers it. A warning says so once per function. Failures are still abandoned.
+- Session triggers accept NEXT_AVAILABLE_SESSION on up to maxConcurrentSessions threads and
+  process one session's messages in order on one thread, releasing it when it stays idle
+  for sessionIdleTimeout.
+- Plain triggers run maxConcurrentCalls receivers. cardinality many receives up to
+  maxMessageBatchSize messages and invokes once with the list; they are settled together.
+- Any receiver fault (broker gone, link detached) closes that thread's client and reconnects
+  after exponential backoff with jitter; nothing here exits on it.
+On stop, threads finish the invocation in flight and settle it, then close their receivers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    AutoLockRenewer,
+    ServiceBusClient,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiveMode,
+    ServiceBusReceiver,
+)
+from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
+
+from emulators.functions_host import convert
+from emulators.functions_host.bindings import FunctionSpec, ServiceBusTrigger
+from emulators.functions_host.hostconfig import MAX_CONCURRENT_RECEIVERS, ServiceBusOptions
+from emulators.functions_host.invoke import FunctionInvoker
+from emulators.functions_host.logs import event
+from emulators.functions_host.sbclient import Backoff, ClientFactory, OutputSender, make_client
+
+SESSION_ACCEPT_WAIT_S = 2.0  # how long one NEXT_AVAILABLE_SESSION accept waits on the broker
+RECEIVE_WAIT_S = 1.0  # one receive call's wait: also how quickly a thread notices stop
+MIN_ACCEPT_INTERVAL_S = 0.5  # a broker that refuses accepts at once must not be spun on
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line: type, first line of the message, and where it was raised (file:line)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    summary = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        summary += f" (at {Path(last.filename).name}:{last.lineno})"
+    return summary
+
+
+@dataclass(frozen=True)
+class ServiceBusFunction:
+    spec: FunctionSpec
+    trigger: ServiceBusTrigger
+    invoker: FunctionInvoker
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        functions: Sequence[ServiceBusFunction],
+        options: ServiceBusOptions,
+        outputs: OutputSender,
+        logger: logging.Logger,
+        factory: ClientFactory = make_client,
+    ) -> None:
+        self._functions = list(functions)
+        self._options = options
+        self._outputs = outputs
+        self._logger = logger
+        self._factory = factory
+        self._stop = threading.Event()
+        self._workers: list[_ReceiverWorker] = []
+        self._renewer: AutoLockRenewer | None = None
+        self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
+
+    def start(self) -> None:
+        if self._functions:
+            renewal = self._options.max_lock_renewal.total_seconds()
+            self._renewer = AutoLockRenewer(max_lock_renewal_duration=renewal)
+        for function in self._functions:
+            count = (
+                self._options.max_concurrent_sessions
+                if function.trigger.sessions
+                else self._options.max_concurrent_calls
+            )
+            for index in range(min(count, MAX_CONCURRENT_RECEIVERS)):
+                worker = _ReceiverWorker(self, function, index)
+                self._workers.append(worker)
+                worker.start()
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop receiving; wait up to `grace` seconds for invocations in flight to settle."""
+        self._stop.set()
+        deadline = time.monotonic() + grace
+        for worker in self._workers:
+            # Idle threads leave within one receive wait; busy ones get the whole grace.
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [w for w in self._workers if w.is_alive() and w.busy]
+        for worker in stuck:
+            event(
+                self._logger,
+                logging.WARNING,
+                "shutdown_abandon",
+                "invocation still running at shutdown; closing its receiver so the broker "
+                "releases the message",
+                function=worker.function.spec.name,
+                message_id=worker.current_message_id,
+            )
+            worker.force_close()
+        if self._renewer is not None:
+            self._renewer.close()
+            self._renewer = None
+
+    @property
+    def stopping(self) -> threading.Event:
+        return self._stop
+
+    def warn_once(self, key: str, message: str, **fields: Any) -> None:
+        with self._warn_lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        event(self._logger, logging.WARNING, "warning", message, **fields)
+
+    def auto_complete(self, trigger: ServiceBusTrigger) -> bool:
+        if trigger.auto_complete is not None:
+            return trigger.auto_complete
+        return self._options.auto_complete
+
+
+class _ReceiverWorker(threading.Thread):
+    def __init__(self, dispatcher: Dispatcher, function: ServiceBusFunction, index: int) -> None:
+        super().__init__(name=f"sb-{function.spec.name}-{index}", daemon=True)
+        self.dispatcher = dispatcher
+        self.function = function
+        self.busy = False
+        self.current_message_id: str | None = None
+        self._client: ServiceBusClient | None = None
+        self._client_lock = threading.Lock()
+        self._backoff = Backoff()
+        self._logger = dispatcher._logger
+        self._options = dispatcher._options
+        self._auto_complete = dispatcher.auto_complete(function.trigger)
+
+    # -- connection lifecycle ------------------------------------------------------------
+    def run(self) -> None:
+        stop = self.dispatcher.stopping
+        trigger = self.function.trigger
+        while not stop.is_set():
+            try:
+                client = self._factory_client()
+                if trigger.sessions:
+                    self._session_loop(client)
+                else:
+                    self._plain_loop(client)
+            except Exception as exc:  # noqa: BLE001 - a receiver fault must never end the thread
+                if stop.is_set():
+                    break
+                delay = self._backoff.next_delay()
+                event(
+                    self._logger,
+                    logging.WARNING,
+                    "receiver_error",
+                    "receiver failed; reconnecting",
+                    function=self.function.spec.name,
+                    entity=trigger.entity,
+                    error=describe_error(exc),
+                    retry_in_s=round(delay, 2),
+                )
+                self._close_client()
+                stop.wait(delay)
+            finally:
+                if stop.is_set():
+                    self._close_client()
+        self._close_client()
+
+    def _factory_client(self) -> ServiceBusClient:
+        with self._client_lock:
+            if self._client is None:
+                self._client = self.dispatcher._factory(self.function.trigger.connection)
+            return self._client
+
+    def _close_client(self) -> None:
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception as exc:  # noqa: BLE001 - closing a dead connection may fail
+                self._logger.debug("closing client failed: %r", exc)
+
+    def force_close(self) -> None:
+        """From another thread at shutdown: drop the connection so unsettled locks are released."""
+        self._close_client()
+
+    def _receiver(self, client: ServiceBusClient, **kwargs: Any) -> ServiceBusReceiver:
+        trigger = self.function.trigger
+        renewer = self.dispatcher._renewer if self._auto_complete else None
+        options: dict[str, Any] = {
+            "receive_mode": ServiceBusReceiveMode.PEEK_LOCK,
+            "prefetch_count": self._options.prefetch_count,
+            "auto_lock_renewer": renewer,
+            **kwargs,
+        }
+        if trigger.queue is not None:
+            return client.get_queue_receiver(trigger.queue, **options)
+        return client.get_subscription_receiver(
+            str(trigger.topic), str(trigger.subscription), **options
+        )
+
+    @property
+    def _batch(self) -> int:
+        if self.function.trigger.cardinality == "many":
+            return self._options.max_message_batch_size
+        return 1
+
+    def _plain_loop(self, client: ServiceBusClient) -> None:
+        stop = self.dispatcher.stopping
+        with self._receiver(client) as receiver:
+            while not stop.is_set():
+                messages = receiver.receive_messages(
+                    max_message_count=self._batch, max_wait_time=RECEIVE_WAIT_S
+                )
+                self._backoff.reset()
+                if messages:
+                    self._handle(receiver, messages, locked_until=None)
+
+    def _session_loop(self, client: ServiceBusClient) -> None:
+        stop = self.dispatcher.stopping
+        idle = max(0.1, self._options.session_idle_timeout.total_seconds())
+        while not stop.is_set():
+            started = time.monotonic()
+            receiver = self._receiver(
+                client, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=SESSION_ACCEPT_WAIT_S
+            )
+            try:
+                receiver.__enter__()
+            except (OperationTimeoutError, SessionCannotBeLockedError):
+                # No session is waiting: not a fault. Close the half-open link and ask again.
+                self._safe_close(receiver)
+                self._backoff.reset()
+                stop.wait(max(0.0, MIN_ACCEPT_INTERVAL_S - (time.monotonic() - started)))
+                continue
+            except Exception:
+                self._safe_close(receiver)
+                raise
+            with receiver:
+                self._backoff.reset()
+                session = receiver.session
+                while not stop.is_set():
+                    messages = receiver.receive_messages(
+                        max_message_count=self._batch, max_wait_time=idle
+                    )
+                    if not messages:
+                        break  # idle: release the session for whoever has the next message
+                    self._handle(receiver, messages, locked_until=session.locked_until_utc)
+
+    def _safe_close(self, receiver: ServiceBusReceiver) -> None:
+        try:
+            receiver.close()
+        except Exception as exc:  # noqa: BLE001 - a failed accept may leave a broken link
+            self._logger.debug("closing receiver failed: %r", exc)
+
+    # -- one delivery --------------------------------------------------------------------
+    def _handle(
+        self,
+        receiver: ServiceBusReceiver,
+        messages: list[ServiceBusReceivedMessage],
+        *,
+        locked_until: Any,
+    ) -> None:
+        if self.function.trigger.cardinality == "many":
+            self._invoke(receiver, messages, locked_until)
+        else:
+            for message in messages:
+                self._invoke(receiver, [message], locked_until)
+
+    def _invoke(
+        self,
+        receiver: ServiceBusReceiver,
+        messages: list[ServiceBusReceivedMessage],
+        locked_until: Any,
+    ) -> None:
+        spec = self.function.spec
+        invoker = self.function.invoker
+        first = messages[0]
+        self.busy = True
+        self.current_message_id = first.message_id
+        started = time.perf_counter()
+        error: str | None = None
+        try:
+            value: Any
+            if self.function.trigger.cardinality == "many":
+                value = convert.to_function_messages(
+                    messages, function_name=spec.name, locked_until=locked_until
+                )
+            else:
+                value = convert.to_function_message(
+                    first, function_name=spec.name, locked_until=locked_until
+                )
+            retries = max(0, (first.delivery_count or 1) - 1)
+            result = invoker.invoke(value, retry_count=retries)
+            for output in invoker.service_bus_outputs:
+                self.dispatcher._outputs.send(output, invoker.output_value(result, output.param))
+        except Exception as exc:
+            error = describe_error(exc)
+            self._logger.debug("invocation of %s failed", spec.name, exc_info=True)
+        duration_ms = round((time.perf_counter() - started) * 1000, 1)
+        settlement = self._settle(receiver, messages, failed=error is not None)
+        event(
+            self._logger,
+            logging.INFO if error is None else logging.ERROR,
+            "invocation",
+            f"{spec.name} {'succeeded' if error is None else 'failed'}",
+            function=spec.name,
+            message_id=first.message_id if len(messages) == 1 else None,
+            message_ids=[m.message_id for m in messages] if len(messages) > 1 else None,
+            session=first.session_id,
+            delivery_count=first.delivery_count,
+            duration_ms=duration_ms,
+            outcome="succeeded" if error is None else "failed",
+            settlement=settlement,
+            error=error,
+        )
+        self.busy = False
+        self.current_message_id = None
+
+    def _settle(
+        self,
+        receiver: ServiceBusReceiver,
+        messages: list[ServiceBusReceivedMessage],
+        *,
+        failed: bool,
+    ) -> str:
+        if not failed and not self._auto_complete:
+            self.dispatcher.warn_once(
+                f"autocomplete:{self.function.spec.name}",
+                "autoCompleteMessages is false: successful messages are left unsettled and "
+                "are redelivered when their lock expires (Python functions cannot settle "
+                "messages without SDK-type bindings)",
+                function=self.function.spec.name,
+            )
+            return "left-locked"
+        action = "abandoned" if failed else "completed"
+        for message in messages:
+            try:
+                if failed:
+                    receiver.abandon_message(message)
+                else:
+                    receiver.complete_message(message)
+            except Exception as exc:  # noqa: BLE001 - the broker will redeliver; keep going
+                event(
+                    self._logger,
+                    logging.WARNING,
+                    "settle_error",
+                    f"could not settle message ({action}); it will be redelivered",
+                    function=self.function.spec.name,
+                    message_id=message.message_id,
+                    error=describe_error(exc),
+                )
+                action = "settle-failed"
+        return action

@@ -1,0 +1,158 @@
+"""The only place Service Bus clients are built: connections, backoff, output sending.
+
+Clients are not thread-safe, so every receiver thread owns its client, and each output entity
+has one sender guarded by a lock. The SDK's own retries are kept short; longer outages are
+handled by the callers' reconnect loop with `Backoff`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from azure.functions.servicebus import ServiceBusMessageOutConverter
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
+
+from emulators.functions_host.bindings import ServiceBusOutput
+from emulators.functions_host.connection import (
+    Connection,
+    ConnectionStringConnection,
+    IdentityConnection,
+)
+
+ClientFactory = Callable[[Connection], ServiceBusClient]
+
+
+def make_client(connection: Connection) -> ServiceBusClient:
+    if isinstance(connection, ConnectionStringConnection):
+        return ServiceBusClient.from_connection_string(
+            connection.connection_string,
+            retry_total=2,
+            retry_backoff_factor=0.5,
+            retry_backoff_max=4,
+        )
+    assert isinstance(connection, IdentityConnection)
+    # Imported here: azure.identity is only needed for identity-based connections.
+    from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+
+    credential: Any
+    if (connection.credential or "").lower() == "managedidentity":
+        credential = ManagedIdentityCredential(client_id=connection.client_id)
+    else:
+        credential = DefaultAzureCredential(managed_identity_client_id=connection.client_id)
+    return ServiceBusClient(
+        connection.fully_qualified_namespace,
+        credential,
+        retry_total=2,
+        retry_backoff_factor=0.5,
+        retry_backoff_max=4,
+    )
+
+
+class Backoff:
+    """Exponential backoff with jitter: half the step fixed, half random, capped."""
+
+    def __init__(self, base: float = 0.5, cap: float = 15.0) -> None:
+        self.base = base
+        self.cap = cap
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        step = min(self.cap, self.base * (2.0**self.attempt))
+        self.attempt = min(self.attempt + 1, 30)
+        return step / 2 + random.uniform(0, step / 2)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class OutputValueError(TypeError):
+    """A function set an output to something the binding cannot send."""
+
+
+def to_outgoing_message(value: Any, *, param: str) -> ServiceBusMessage:
+    """Encode with azure.functions' own out converter (str or bytes), then build the message.
+
+    A str becomes a text/plain message as the extension's string converter does; bytes go as
+    they are.
+    """
+    try:
+        datum = ServiceBusMessageOutConverter.encode(value, expected_type=None)
+    except NotImplementedError as exc:
+        raise OutputValueError(
+            f"output {param!r}: cannot send a {type(value).__name__}; set a str or bytes"
+        ) from exc
+    if datum.type == "string":
+        return ServiceBusMessage(datum.value, content_type="text/plain")
+    return ServiceBusMessage(datum.value)
+
+
+class OutputSender:
+    """Sends output binding values; one client and sender per (connection, entity)."""
+
+    def __init__(self, factory: ClientFactory = make_client) -> None:
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str], _SenderEntry] = {}
+
+    def send(self, output: ServiceBusOutput, value: Any) -> int:
+        """Send what the function set (None sends nothing); returns the number sent."""
+        if value is None:
+            return 0
+        message = to_outgoing_message(value, param=output.param)
+        key = (output.connection.setting, output.entity)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _SenderEntry(self._factory, output)
+        entry.send(message)
+        return 1
+
+    def close(self) -> None:
+        with self._lock:
+            entries, self._entries = list(self._entries.values()), {}
+        for entry in entries:
+            entry.close()
+
+
+class _SenderEntry:
+    def __init__(self, factory: ClientFactory, output: ServiceBusOutput) -> None:
+        self._factory = factory
+        self._output = output
+        self._lock = threading.Lock()
+        self._client: ServiceBusClient | None = None
+        self._sender: ServiceBusSender | None = None
+
+    def send(self, message: ServiceBusMessage) -> None:
+        with self._lock:
+            try:
+                self._open().send_messages(message)
+            except Exception:
+                # A broken link stays broken: drop it so the next invocation reconnects.
+                self._close_locked()
+                raise
+
+    def _open(self) -> ServiceBusSender:
+        if self._sender is None:
+            self._client = self._factory(self._output.connection)
+            if self._output.queue is not None:
+                self._sender = self._client.get_queue_sender(self._output.queue)
+            else:
+                self._sender = self._client.get_topic_sender(str(self._output.topic))
+        return self._sender
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        for closable in (self._sender, self._client):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception as exc:  # noqa: BLE001 - closing a dead link may fail; nothing to save
+                    logging.getLogger(__name__).debug("closing sender failed: %r", exc)
+        self._sender = self._client = None
