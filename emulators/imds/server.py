@@ -344,6 +344,10 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the forwarder polls through one Session
     server_version = "sebridge-imds-sim"
     sys_version = ""
+    # Headers and body leave in one segment (flushed by handle_one_request): with separate
+    # writes, Nagle plus the client's delayed ACK add ~40 ms to every keep-alive request.
+    wbufsize = 64 * 1024
+    disable_nagle_algorithm = True
     app: SimulatorApp  # set on a subclass by make_server
 
     # -- plumbing -------------------------------------------------------------------------------
