@@ -1,0 +1,56 @@
+// The forwarder on one existing Linux scale set: identity attached and the installer added to
+// the scale set model. Uniform scale sets with a Manual upgrade policy apply it to existing
+// instances only after `az vmss update-instances` (DEPLOY.md).
+
+@description('Name of the existing scale set (in the deployment\'s resource group).')
+param vmssName string
+
+@description('Resource id of the forwarders\' user-assigned identity.')
+param forwarderIdentityResourceId string
+
+@description('Attach the identity (merged with the scale set\'s current identities).')
+param attachIdentity bool = true
+
+@description('Shell command the Custom Script Extension runs (built by forwarder.bicep; nothing secret).')
+param installCommand string
+
+@description('Changing it reruns the extension.')
+param forceUpdateTag string
+
+resource vmss 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' existing = {
+  name: vmssName
+}
+
+// Read here, written in a nested module (same reason as forwarder-vm.bicep).
+var currentIdentity = vmss.?identity ?? {}
+var keepsSystemAssigned = contains(string(currentIdentity.?type ?? 'None'), 'SystemAssigned')
+
+module identity 'vmss-identity.bicep' = if (attachIdentity) {
+  name: 'sebridge-identity-${vmssName}'
+  params: {
+    vmssName: vmssName
+    location: vmss.location
+    identityType: keepsSystemAssigned ? 'SystemAssigned, UserAssigned' : 'UserAssigned'
+    userAssignedIdentities: union(currentIdentity.?userAssignedIdentities ?? {}, {
+      '${forwarderIdentityResourceId}': {}
+    })
+  }
+}
+
+resource installer 'Microsoft.Compute/virtualMachineScaleSets/extensions@2024-07-01' = {
+  parent: vmss
+  name: 'sebridge-forwarder'
+  properties: {
+    publisher: 'Microsoft.Azure.Extensions'
+    type: 'CustomScript'
+    typeHandlerVersion: '2.1'
+    autoUpgradeMinorVersion: true
+    forceUpdateTag: forceUpdateTag
+    protectedSettings: {
+      commandToExecute: installCommand
+    }
+  }
+  dependsOn: [
+    identity
+  ]
+}

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Install or update the Scheduled Events Bridge forwarder on one Linux VM. Run as root; the
+# Custom Script Extension (infra/modules/forwarder-*.bicep) runs it, and so can you.
+#
+# Idempotent: rerunning upgrades the package, rewrites the configuration and restarts the
+# service. Configuration comes from the environment, never from arguments, so nothing ends up
+# in `ps` output or shell history; and nothing secret is accepted at all: the forwarder signs
+# in with the VM's user-assigned managed identity.
+#
+#   SEBRIDGE_NAMESPACE   required  Service Bus namespace FQDN (sbns-x.servicebus.windows.net)
+#   AZURE_CLIENT_ID      required  client id of the forwarders' user-assigned identity
+#   SEBRIDGE_PACKAGE     optional  pip requirement spec or wheel URL to install
+#                                  (default: scheduled-events-bridge==0.1.0 from the VM's index)
+#   SEBRIDGE_PYTHON      optional  Python >= 3.11 to build the venv with (default: first found)
+#   SEBRIDGE_TOPIC, SEBRIDGE_REPLY_QUEUE, SEBRIDGE_POLL_INTERVAL, SEBRIDGE_HEARTBEAT_INTERVAL,
+#   SEBRIDGE_LOG_FORMAT, SEBRIDGE_IMDS_ENDPOINT, SEBRIDGE_VM_NAME
+#                        optional  copied to the configuration file when set
+#   SEBRIDGE_ROOT        optional  install under this directory instead of / (tests, images);
+#                                  requires --no-start
+#   SEBRIDGE_UNIT_FILE   optional  unit to install (default: sebridge-forwarder.service next to
+#                                  this script)
+#
+# Options: --no-start (do not touch systemd), --no-user (do not create the system user),
+#          --no-pip (do not create the venv or install the package), -h/--help.
+set -euo pipefail
+umask 022
+
+readonly PREFIX=/opt/sebridge
+readonly VENV="$PREFIX/venv"
+readonly CONF_DIR=/etc/sebridge
+readonly ENV_FILE="$CONF_DIR/forwarder.env"
+readonly STATE_DIR=/var/lib/sebridge
+readonly UNIT_NAME=sebridge-forwarder.service
+readonly UNIT_DIR=/etc/systemd/system
+readonly SERVICE_USER=sebridge
+readonly DEFAULT_PACKAGE='scheduled-events-bridge==0.1.0'
+# Settings copied verbatim from the installer's environment to the forwarder's when set.
+readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_VM_NAME"
+
+log() { printf 'install-forwarder: %s\n' "$*"; }
+die() { printf 'install-forwarder: error: %s\n' "$*" >&2; exit 1; }
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+start=1 create_user=1 install_package=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-start) start=0 ;;
+        --no-user) create_user=0 ;;
+        --no-pip) install_package=0 ;;
+        -h | --help) usage; exit 0 ;;
+        *) die "unknown option: $1 (see --help)" ;;
+    esac
+    shift
+done
+
+root="${SEBRIDGE_ROOT:-}"
+root="${root%/}"
+if [ -n "$root" ]; then
+    [ -d "$root" ] || die "SEBRIDGE_ROOT=$root is not a directory"
+    # systemctl would act on the running system, not on the directory.
+    [ "$start" -eq 0 ] || die "SEBRIDGE_ROOT needs --no-start"
+elif [ "$(id -u)" -ne 0 ]; then
+    die "run as root (or set SEBRIDGE_ROOT for a throwaway root)"
+fi
+
+# --- validate the configuration before changing anything -----------------------------------
+
+# Values go into a systemd EnvironmentFile: one line each, no quoting needed, no injection.
+safe_value() { [[ "$1" =~ ^[A-Za-z0-9._:/,+=@%-]*$ ]]; }
+
+namespace="${SEBRIDGE_NAMESPACE:-}"
+client_id="${AZURE_CLIENT_ID:-}"
+package="${SEBRIDGE_PACKAGE:-$DEFAULT_PACKAGE}"
+
+[ -n "$namespace" ] || die "SEBRIDGE_NAMESPACE is required (the namespace FQDN, output serviceBusNamespace of main.bicep)"
+[[ "$namespace" =~ ^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+$ ]] \
+    || die "SEBRIDGE_NAMESPACE must be a host name like sbns-x.servicebus.windows.net, got '$namespace'"
+[ -n "$client_id" ] || die "AZURE_CLIENT_ID is required (output forwarderIdentityClientId of main.bicep)"
+[[ "$client_id" =~ ^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$ ]] \
+    || die "AZURE_CLIENT_ID must be a GUID, got '$client_id'"
+if [ -n "${SEBRIDGE_CONNECTION_STRING:-}" ]; then
+    die "SEBRIDGE_CONNECTION_STRING is not installed: the namespace has local auth disabled and the forwarder signs in with the managed identity (AZURE_CLIENT_ID)"
+fi
+for name in $PASSTHROUGH; do
+    value="${!name:-}"
+    safe_value "$value" || die "$name contains characters not allowed in the configuration file"
+done
+[[ "$package" != *$'\n'* && -n "$package" ]] || die "SEBRIDGE_PACKAGE must be one line"
+
+unit_source="${SEBRIDGE_UNIT_FILE:-$(cd "$(dirname "$0")" && pwd)/$UNIT_NAME}"
+[ -f "$unit_source" ] || die "unit file not found: $unit_source"
+
+log "root: ${root:-/}"
+log "namespace: $namespace"
+log "client id: $client_id"
+log "package: $package"
+
+# --- system user -----------------------------------------------------------------------------
+
+if [ "$create_user" -eq 1 ]; then
+    root_args=()
+    [ -z "$root" ] || root_args=(--root "$root")
+    if getent passwd "$SERVICE_USER" >/dev/null && [ -z "$root" ]; then
+        log "user $SERVICE_USER exists"
+    else
+        nologin=/usr/sbin/nologin
+        [ -x "$root$nologin" ] || nologin=/sbin/nologin
+        useradd "${root_args[@]}" --system --user-group --no-create-home \
+            --home-dir "$STATE_DIR" --shell "$nologin" \
+            --comment "Scheduled Events Bridge forwarder" "$SERVICE_USER"
+        log "created system user $SERVICE_USER"
+    fi
+fi
+
+# --- virtual environment and package ---------------------------------------------------------
+
+find_python() {
+    local candidate
+    for candidate in ${SEBRIDGE_PYTHON:-} python3.13 python3.12 python3.11 python3; do
+        if command -v "$candidate" >/dev/null 2>&1 \
+            && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            command -v "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+if [ "$install_package" -eq 1 ]; then
+    python="$(find_python)" || die "no Python >= 3.11 found (Ubuntu 24.04 and Debian 12 ship one; on RHEL 9 install python3.11; or set SEBRIDGE_PYTHON)"
+    if [ ! -x "$root$VENV/bin/python" ]; then
+        if ! "$python" -m venv "$root$VENV" 2>/dev/null; then
+            # Debian and Ubuntu split ensurepip into pythonX.Y-venv.
+            command -v apt-get >/dev/null 2>&1 || die "$python cannot create a virtual environment"
+            version="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+            log "installing python$version-venv"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y "python$version-venv" >/dev/null
+            rm -rf "$root$VENV"
+            "$python" -m venv "$root$VENV"
+        fi
+        log "created virtual environment $VENV with $python"
+    fi
+    "$root$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --upgrade "$package"
+    [ -x "$root$VENV/bin/sebridge" ] || die "$package did not install the sebridge command"
+    log "installed $("$root$VENV/bin/sebridge" --version 2>/dev/null || echo "$package")"
+fi
+
+# --- configuration ---------------------------------------------------------------------------
+
+install -d -m 0755 "$root$CONF_DIR"
+tmp="$(mktemp "$root$CONF_DIR/.forwarder.env.XXXXXX")"
+trap 'rm -f "$tmp"' EXIT
+{
+    echo "# Written by install-forwarder.sh; rerun it to change these values."
+    echo "# Your own overrides go to $CONF_DIR/forwarder.local.env, which it never touches."
+    echo "SEBRIDGE_NAMESPACE=$namespace"
+    echo "AZURE_CLIENT_ID=$client_id"
+    echo "SEBRIDGE_STATE_DIR=$STATE_DIR"
+    for name in $PASSTHROUGH; do
+        if [ -n "${!name:-}" ]; then
+            echo "$name=${!name}"
+        fi
+    done
+} >"$tmp"
+chmod 0640 "$tmp"
+if [ "$create_user" -eq 1 ]; then
+    chown "root:$SERVICE_USER" "$tmp" 2>/dev/null \
+        || chown "0:$(awk -F: -v u="$SERVICE_USER" '$1 == u { print $3 }' "$root/etc/group")" "$tmp"
+fi
+mv -f "$tmp" "$root$ENV_FILE"
+trap - EXIT
+log "wrote $ENV_FILE"
+
+# --- systemd unit ----------------------------------------------------------------------------
+
+install -D -m 0644 "$unit_source" "$root$UNIT_DIR/$UNIT_NAME"
+log "installed $UNIT_DIR/$UNIT_NAME"
+
+if [ "$start" -eq 1 ]; then
+    systemctl daemon-reload
+    systemctl enable "$UNIT_NAME" >/dev/null
+    systemctl restart "$UNIT_NAME"
+    log "started $UNIT_NAME (journalctl -u $UNIT_NAME)"
+else
+    log "not starting the service (--no-start)"
+fi
