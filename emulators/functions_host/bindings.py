@@ -9,9 +9,9 @@ at start with a clear message rather than at the first message.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from emulators.functions_host.connection import (
     Connection,
@@ -21,6 +21,8 @@ from emulators.functions_host.connection import (
 from emulators.functions_host.settings import SettingsError, resolve_expression
 
 RETURN = "$return"
+A = TypeVar("A")
+B = TypeVar("B")
 SUPPORTED_TRIGGERS = ("serviceBusTrigger", "httpTrigger")
 SUPPORTED_OUTPUTS = ("serviceBus", "http")
 ALL_HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE")
@@ -233,8 +235,10 @@ def _trigger(
     kind: str, name: str, binding: Mapping[str, Any], settings: Mapping[str, str], label: str
 ) -> Trigger:
     if kind == "serviceBusTrigger":
-        connection = _connection(binding, label, settings)
-        queue, topic, subscription = _entity(binding, settings, label, needs_subscription=True)
+        connection, (queue, topic, subscription) = _both(
+            lambda: _connection(binding, label, settings),
+            lambda: _entity(binding, settings, label, needs_subscription=True),
+        )
         cardinality = str(binding.get("cardinality") or "one").lower()
         if cardinality not in {"one", "many"}:
             raise BindingError([f"{label}: cardinality must be 'one' or 'many': {cardinality!r}"])
@@ -273,8 +277,10 @@ def _output(
     if kind == "http":
         return HttpOutput(param=name)
     if kind == "serviceBus":
-        connection = _connection(binding, label, settings)
-        queue, topic, _ = _entity(binding, settings, label, needs_subscription=False)
+        connection, (queue, topic, _) = _both(
+            lambda: _connection(binding, label, settings),
+            lambda: _entity(binding, settings, label, needs_subscription=False),
+        )
         return ServiceBusOutput(param=name, connection=connection, queue=queue, topic=topic)
     raise BindingError(
         [
@@ -282,6 +288,20 @@ def _output(
             f"host (supported: {', '.join(SUPPORTED_OUTPUTS)})"
         ]
     )
+
+
+def _both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
+    """Run both resolutions and report the problems of both, not just the first."""
+    problems: list[str] = []
+    results: list[Any] = []
+    for step in (first, second):
+        try:
+            results.append(step())
+        except BindingError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise BindingError(problems)
+    return results[0], results[1]
 
 
 def _truthy(value: Any) -> bool:

@@ -178,6 +178,11 @@ class FunctionInvoker:
         except (TypeError, ValueError) as exc:
             raise FunctionLoadError(f"function {name!r}: cannot read its signature") from exc
         params = signature.parameters
+        try:
+            # Resolve string annotations (from __future__ import annotations) like the worker.
+            hints = typing.get_type_hints(self._function)
+        except Exception:  # noqa: BLE001 - an unresolvable hint only skips the type check
+            hints = {}
         bound = [n for n in self.spec.binding_names if n != RETURN]
         missing = [n for n in bound if n not in params]
         if missing:
@@ -190,7 +195,7 @@ class FunctionInvoker:
                 f"function {name!r}: parameters {extra} match no binding (only 'context' may)"
             )
         trigger = self.spec.trigger
-        annotation = params[trigger.param].annotation
+        annotation = hints.get(trigger.param, inspect.Parameter.empty)
         if annotation is not inspect.Parameter.empty:
             converter = meta.get_binding_registry().get(trigger.kind)  # type: ignore[no-untyped-call]
             if converter is not None and not converter.check_input_type_annotation(annotation):
@@ -202,7 +207,7 @@ class FunctionInvoker:
         for output in self.spec.outputs:
             if output.param == RETURN:
                 continue
-            annotation = params[output.param].annotation
+            annotation = hints.get(output.param, inspect.Parameter.empty)
             if annotation is not inspect.Parameter.empty and not _is_out_annotation(annotation):
                 raise FunctionLoadError(
                     f"function {name!r}: output parameter {output.param!r} must be annotated "

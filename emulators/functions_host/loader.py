@@ -54,6 +54,9 @@ def locate(target: str | None, cwd: Path) -> AppLocation:
         if not candidate.is_file():
             raise AppLoadError(f"no function app at {candidate}")
         return AppLocation(target=text, directory=candidate.parent, path=candidate)
+    # A module name resolves from the working directory, as `python -m` would.
+    if str(cwd) not in sys.path:
+        sys.path.insert(0, str(cwd))
     try:
         spec = importlib.util.find_spec(text)
     except (ImportError, ValueError) as exc:
