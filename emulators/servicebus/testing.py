@@ -1,0 +1,213 @@
+"""Run the Service Bus emulator as a child process from tests.
+
+    from emulators.servicebus.testing import running_emulator
+
+    with running_emulator("tests/contract/Config.json") as emulator:
+        client = ServiceBusClient.from_connection_string(emulator.connection_string)
+        ...
+        emulator.restart()  # same port: an outage the client has to ride out
+
+The process is always killed on exit (also when the body raises). State is in memory, so a
+restart comes back empty. For a token credential instead of the connection string, use
+``ServiceBusClient(emulator.namespace, credential, use_tls=False)``: the SDK keeps the port of
+``127.0.0.1:<port>`` only when TLS is off, which is what ``UseDevelopmentEmulator=true`` sets.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import IO
+
+SAS_KEY_NAME = "RootManageSharedAccessKey"
+SAS_KEY = "SAS_KEY_VALUE"
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 5.0
+
+
+class EmulatorError(RuntimeError):
+    """The emulator did not start (its stderr tail is in the message)."""
+
+
+class EmulatorProcess:
+    """One emulator child process; ``port`` stays the same across ``restart()``."""
+
+    def __init__(
+        self,
+        config: str | Path | None = None,
+        *,
+        port: int = 0,
+        extra_args: list[str] | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.config = None if config is None else Path(config)
+        self.port = port
+        self.extra_args = list(extra_args or [])
+        self.log_path = Path(log_path) if log_path else None
+        self._process: subprocess.Popen[str] | None = None
+        self._stderr_tail: list[str] = []
+        self._stderr_thread: threading.Thread | None = None
+
+    @property
+    def namespace(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"Endpoint=sb://127.0.0.1:{self.port};SharedAccessKeyName={SAS_KEY_NAME};"
+            f"SharedAccessKey={SAS_KEY};UseDevelopmentEmulator=true;"
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        if self.running:
+            return
+        command = [sys.executable, "-m", "sebridge.cli", "servicebus-emulator"]
+        command += ["--port", str(self.port)]
+        if self.config is not None:
+            command += ["--config", str(self.config)]
+        command += self.extra_args
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        deadline = time.monotonic() + timeout
+        while True:  # a just-freed port can linger briefly after stop(); retry until deadline
+            self._process = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            self._stderr_tail = []
+            self._stderr_thread = threading.Thread(
+                target=self._pump_stderr, args=(self._process.stderr,), daemon=True
+            )
+            self._stderr_thread.start()
+            line = _read_line(self._process, max(0.1, deadline - time.monotonic()))
+            if line is not None and line.startswith("listening on amqp://"):
+                self.port = int(line.strip().rsplit(":", 1)[1])
+                threading.Thread(target=_drain, args=(self._process.stdout,), daemon=True).start()
+                return
+            self._kill()
+            if time.monotonic() >= deadline or self.port == 0:
+                tail = "".join(self._stderr_tail[-20:])
+                raise EmulatorError(f"emulator did not start (got {line!r}); stderr:\n{tail}")
+            time.sleep(0.2)
+
+    def _pump_stderr(self, stream: IO[str] | None) -> None:
+        if stream is None:
+            return
+        sink = self.log_path.open("a", encoding="utf-8") if self.log_path else None
+        try:
+            for line in stream:
+                self._stderr_tail.append(line)
+                del self._stderr_tail[:-200]
+                if sink is not None:
+                    sink.write(line)
+                    sink.flush()
+        finally:
+            if sink is not None:
+                sink.close()
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM, then SIGKILL if it does not exit within ``timeout``."""
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout)
+        self._close_pipes(process)
+        self._process = None
+
+    def _kill(self) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+            process.wait(STOP_TIMEOUT)
+        self._close_pipes(process)
+        self._process = None
+
+    @staticmethod
+    def _close_pipes(process: subprocess.Popen[str]) -> None:
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                with suppress(OSError):
+                    stream.close()
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """Stop, stay down ``down_for`` seconds, start again on the same port (empty state)."""
+        self.stop()
+        if down_for > 0:
+            time.sleep(down_for)
+        self.start()
+
+    @property
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr_tail)
+
+
+def _read_line(process: subprocess.Popen[str], timeout: float) -> str | None:
+    """First stdout line of ``process`` within ``timeout`` seconds (None on timeout or exit)."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def reader() -> None:
+        assert process.stdout is not None
+        try:
+            lines.put(process.stdout.readline() or None)
+        except (OSError, ValueError):
+            lines.put(None)
+
+    threading.Thread(target=reader, daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
+def _drain(stream: IO[str] | None) -> None:
+    if stream is None:
+        return
+    try:
+        for _ in stream:
+            pass
+    except (OSError, ValueError):
+        pass
+
+
+@contextmanager
+def running_emulator(
+    config: str | Path | None = None,
+    *,
+    port: int = 0,
+    extra_args: list[str] | None = None,
+    log_path: str | Path | None = None,
+) -> Iterator[EmulatorProcess]:
+    """Start the emulator (``config`` defaults to infra/servicebus-emulator/Config.json)."""
+    emulator = EmulatorProcess(config, port=port, extra_args=extra_args, log_path=log_path)
+    try:
+        emulator.start()
+        yield emulator
+    finally:
+        emulator.stop()
