@@ -52,8 +52,11 @@ param acknowledgeFallbackEnabled bool = false
 @minValue(60)
 param heartbeatStaleSeconds int = 900
 
-@description('Enable the sample custom subscriber function.')
+@description('Enable your own subscriber function (CUSTOM_SUBSCRIBER_ENABLED).')
 param customSubscriberEnabled bool = false
+
+@description('Subscription your own subscriber function reads (CustomSubscriptionName). Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
+param customSubscriptionName string = ''
 
 @description('Upper bound of Function App instances.')
 @minValue(1)
@@ -79,15 +82,20 @@ var allTags = union(tags, {
 })
 
 // The subscriptions the Function App's triggers bind to (its Data Receiver scopes). The audit
-// subscription has no function: it is drained by whoever audits, with their own grant.
+// subscription has no function: it is drained by whoever audits, with their own grant. Your own
+// subscriber's subscription joins the list only while it is enabled.
 var teamsSubscriptionName = 'teams'
 var lbPoolsSubscriptionName = 'lb-pools'
 var approvalGateSubscriptionName = 'approval-gate'
-var functionAppSubscriptionNames = [
+var builtInSubscriptionNames = [
   teamsSubscriptionName
   lbPoolsSubscriptionName
   approvalGateSubscriptionName
 ]
+var customSubscriptionNames = (customSubscriberEnabled && !empty(customSubscriptionName)) ? [
+  customSubscriptionName
+] : []
+var functionAppSubscriptionNames = concat(builtInSubscriptionNames, customSubscriptionNames)
 
 var teamsWebhookSecretName = 'teams-webhook-url'
 var approvalSigningKeySecretName = 'approval-signing-key'
@@ -121,6 +129,7 @@ module storage 'modules/storage.bicep' = {
     location: location
     name: take('${abbrs.storageAccount}${toLower(environmentName)}${resourceToken}', 24)
     deploymentContainerName: 'app-package'
+    heartbeatContainerName: 'sebridge-heartbeats'
     tags: allTags
   }
 }
@@ -170,6 +179,8 @@ module functionApp 'modules/functionapp.bicep' = {
     acknowledgeFallbackEnabled: acknowledgeFallbackEnabled
     heartbeatStaleSeconds: heartbeatStaleSeconds
     customSubscriberEnabled: customSubscriberEnabled
+    customSubscriptionName: customSubscriptionName
+    heartbeatStoreUrl: storage.outputs.heartbeatContainerUrl
     maximumInstanceCount: functionMaximumInstanceCount
   }
 }

@@ -75,8 +75,14 @@ param acknowledgeFallbackEnabled bool = false
 @minValue(60)
 param heartbeatStaleSeconds int = 900
 
-@description('Enable the sample custom subscriber function.')
+@description('Enable your own subscriber function.')
 param customSubscriberEnabled bool = false
+
+@description('Subscription your own subscriber function reads (empty while it is disabled).')
+param customSubscriptionName string = ''
+
+@description('Blob container URL where the approval gate keeps the last Heartbeat per forwarder (used by the acknowledge fallback).')
+param heartbeatStoreUrl string
 
 @description('Upper bound of Flex Consumption instances.')
 @minValue(1)
@@ -94,7 +100,7 @@ param instanceMemoryMB int = 2048
 // environment() rather than a literal so sovereign clouds get their own ARM endpoint.
 var armEndpoint = endsWith(environment().resourceManager, '/') ? substring(environment().resourceManager, 0, length(environment().resourceManager) - 1) : environment().resourceManager
 
-// Every setting the functions read (functions/settings.py); tests/infra/test_app_settings.py
+// Every setting the functions read (functions/settings.py); tests/infra/test_infra_function_app.py
 // checks the two lists agree. Flex Consumption sets FUNCTIONS_WORKER_RUNTIME, the extension
 // version and the package location itself and rejects them as app settings.
 var requiredSettings = {
@@ -108,6 +114,7 @@ var requiredSettings = {
   LbPoolsSubscriptionName: lbPoolsSubscriptionName
   ApprovalGateSubscriptionName: approvalGateSubscriptionName
   ApprovalsQueueName: approvalsQueueName
+  CustomSubscriptionName: customSubscriptionName
   // Versionless references: a rotated secret is picked up without a redeployment.
   TEAMS_WEBHOOK_URL: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${teamsWebhookSecretName})'
   APPROVAL_SIGNING_KEY: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${approvalSigningKeySecretName})'
@@ -118,6 +125,7 @@ var requiredSettings = {
   ARM_ENDPOINT: armEndpoint
   ACKNOWLEDGE_FALLBACK_ENABLED: acknowledgeFallbackEnabled ? 'true' : 'false'
   HEARTBEAT_STALE_SECONDS: string(heartbeatStaleSeconds)
+  HEARTBEAT_STORE_URL: heartbeatStoreUrl
   CUSTOM_SUBSCRIBER_ENABLED: customSubscriberEnabled ? 'true' : 'false'
 }
 

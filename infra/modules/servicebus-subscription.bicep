@@ -36,7 +36,7 @@ resource topicSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions
 
 // A subscription created through ARM starts with a $Default rule (1=1); Service Bus drops it
 // when the first rule is added through ARM, so only these rules filter the subscription.
-// Only SQL filters are mapped: tests/infra/test_entities.py fails on any other FilterType.
+// Only SQL filters are mapped: tests/infra/test_infra_entities.py fails on any other FilterType.
 resource rules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [for rule in subscription.Rules: {
   parent: topicSubscription
   name: rule.Name

@@ -3,7 +3,7 @@
 // The entities (topic, subscriptions, rules, queue) are read from the emulator's Config.json,
 // the one place they are defined, so what runs locally and what runs in Azure cannot drift.
 // The emulator format uses PascalCase property names; this module maps each of them to its
-// ARM name. tests/infra/test_entities.py fails if Config.json gains a property this module
+// ARM name. tests/infra/test_infra_entities.py fails if Config.json gains a property this module
 // does not map.
 
 @description('Azure region of the namespace.')

@@ -1,5 +1,5 @@
-// Storage account for the Functions host (AzureWebJobsStorage) and the Flex Consumption
-// deployment package. Identity-only: Flex Consumption supports managed-identity host storage
+// Storage account for the Functions host (AzureWebJobsStorage), the Flex Consumption deployment
+// package and the approval gate's heartbeat store. Identity-only: Flex Consumption supports managed-identity host storage
 // and deployment storage, so shared keys are turned off.
 
 @description('Azure region.')
@@ -12,6 +12,9 @@ param name string
 
 @description('Blob container that holds the Flex Consumption deployment package.')
 param deploymentContainerName string
+
+@description('Blob container where the approval gate keeps the last Heartbeat of each forwarder.')
+param heartbeatContainerName string
 
 @description('Redundancy of the storage account.')
 @allowed([
@@ -71,8 +74,19 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
   }
 }
 
+resource heartbeatContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: heartbeatContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
 @description('Name of the storage account.')
 output name string = storage.name
+
+@description('URL of the heartbeat container (HEARTBEAT_STORE_URL).')
+output heartbeatContainerUrl string = '${storage.properties.primaryEndpoints.blob}${heartbeatContainer.name}'
 
 @description('URL of the deployment container.')
 output deploymentContainerUrl string = '${storage.properties.primaryEndpoints.blob}${deploymentContainer.name}'

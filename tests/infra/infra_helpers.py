@@ -1,0 +1,218 @@
+"""Read the Bicep under infra/ as data (pycep-parser's JSON tree) for the infra tests.
+
+No Bicep CLI runs here, so the tests reason about the parsed templates: which resources exist,
+what their properties refer to, which role each assignment grants to whom on what.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pycep import BicepParser
+
+REPO = Path(__file__).resolve().parents[2]
+INFRA = REPO / "infra"
+MODULES = INFRA / "modules"
+EMULATOR_CONFIG = INFRA / "servicebus-emulator" / "Config.json"
+FUNCTION_APP = REPO / "function_app.py"
+SETTINGS_MODULE = REPO / "functions" / "settings.py"
+
+
+def bicep_files() -> list[Path]:
+    return sorted(INFRA.rglob("*.bicep"))
+
+
+@functools.cache
+def parse(path: Path) -> dict[str, Any]:
+    return BicepParser().parse(file_path=path)
+
+
+def module(name: str) -> dict[str, Any]:
+    return parse(MODULES / name)
+
+
+def emulator_namespace() -> dict[str, Any]:
+    return json.loads(EMULATOR_CONFIG.read_text())["UserConfig"]["Namespaces"][0]
+
+
+def unwrap(element: dict[str, Any]) -> dict[str, Any]:
+    """The body of a resource or module, looking through `[for ...]` and `if (...)`."""
+    config = element["config"]
+    while isinstance(config, dict) and ("loop_type" in config or "condition" in config):
+        config = config["config"]
+    return config
+
+
+def resources_of_type(tree: dict[str, Any], arm_type: str) -> dict[str, dict[str, Any]]:
+    return {name: r for name, r in tree.get("resources", {}).items() if r["type"] == arm_type}
+
+
+def property_path(node: Any) -> list[str] | None:
+    """`a.b.c` as ["a", "b", "c"] (pycep nests property accessors to the right)."""
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict) and "operator" in node:
+        op = node["operator"]
+        if op["type"] == "property_accessor":
+            left = property_path(op["operands"]["operand_1"])
+            right = property_path(op["operands"]["operand_2"])
+            if left is not None and right is not None:
+                return left + right
+    return None
+
+
+def walk(node: Any) -> Iterator[Any]:
+    yield node
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk(value)
+
+
+def referenced_paths(node: Any) -> list[list[str]]:
+    """Every dotted property path mentioned anywhere inside an expression."""
+    found = []
+    for sub in walk(node):
+        if isinstance(sub, dict) and sub.get("operator", {}).get("type") == "property_accessor":
+            path = property_path(sub)
+            if path is not None:
+                found.append(path)
+    return found
+
+
+def string_value(tree: dict[str, Any], node: Any) -> Any:
+    """Resolve a bare identifier to its variable's literal value (one level)."""
+    if isinstance(node, str) and node in tree.get("variables", {}):
+        return tree["variables"][node]["value"]
+    return node
+
+
+def symbol_of(node: Any) -> str | None:
+    """The resource symbol an expression like `vault`, `subs[i]` or `vault.id` starts from."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, dict) and "operator" in node:
+        op = node["operator"]
+        if op["type"] in {"index_accessor", "property_accessor"}:
+            return symbol_of(op["operands"]["operand_1"])
+    return None
+
+
+def role_assignments(path: Path) -> list[dict[str, Any]]:
+    """Each role assignment of a file: scope type, principal parameter, role GUID, name parts."""
+    tree = parse(path)
+    found = []
+    for symbol, resource in resources_of_type(tree, "Microsoft.Authorization/roleAssignments").items():
+        body = unwrap(resource)
+        scope_symbol = symbol_of(body.get("scope")) if "scope" in body else None
+        if scope_symbol is None:
+            scope_type = "resourceGroup"  # no scope: the deployment's resource group
+        else:
+            scope_type = tree["resources"][scope_symbol]["type"]
+        role_definition = body["properties"]["roleDefinitionId"]["function"]
+        assert role_definition["type"] == "subscription_resource_id", symbol
+        role_var = role_definition["parameters"]["resource_name_1"]
+        guid_call = body["name"]["function"]
+        found.append(
+            {
+                "file": path.name,
+                "symbol": symbol,
+                "scope_symbol": scope_symbol,
+                "scope_type": scope_type,
+                "principal": body["properties"]["principalId"],
+                "role_var": role_var,
+                "role_guid": string_value(tree, role_var),
+                "name_function": guid_call["type"],
+                "name_parts": list(guid_call["parameters"].values()),
+                "is_loop": "loop_type" in resource["config"],
+            }
+        )
+    return found
+
+
+def app_settings() -> dict[str, Any]:
+    """Setting name -> Bicep expression, from the one list in functionapp.bicep."""
+    tree = module("functionapp.bicep")
+    settings: dict[str, Any] = {}
+    settings.update(tree["variables"]["requiredSettings"]["value"])
+    optional = tree["variables"]["optionalSettings"]["value"]
+    # `empty(x) ? {} : { ... }`: the names are in the false branch.
+    settings.update(optional["operator"]["operands"]["false_value"])
+    return settings
+
+
+# The bindings function_app.py is expected to register, used until it exists. Same shape as
+# azure.functions' Binding.get_dict_repr().
+EXPECTED_BINDINGS: list[dict[str, Any]] = [
+    {
+        "function": "teams",
+        "type": "serviceBusTrigger",
+        "connection": "ServiceBusConnection",
+        "topicName": "%TopicName%",
+        "subscriptionName": "%TeamsSubscriptionName%",
+        "isSessionsEnabled": True,
+    },
+    {
+        "function": "lb_pools",
+        "type": "serviceBusTrigger",
+        "connection": "ServiceBusConnection",
+        "topicName": "%TopicName%",
+        "subscriptionName": "%LbPoolsSubscriptionName%",
+        "isSessionsEnabled": True,
+    },
+    {
+        "function": "approval_gate",
+        "type": "serviceBusTrigger",
+        "connection": "ServiceBusConnection",
+        "topicName": "%TopicName%",
+        "subscriptionName": "%ApprovalGateSubscriptionName%",
+        "isSessionsEnabled": True,
+    },
+    {
+        "function": "approval_gate",
+        "type": "serviceBus",
+        "connection": "ServiceBusConnection",
+        "queueName": "%ApprovalsQueueName%",
+    },
+]
+
+_DUMP_BINDINGS = """
+import json
+from function_app import app
+out = []
+for f in app.get_functions():
+    for b in f.get_bindings():
+        d = {k: (v.value if hasattr(v, "value") else v) for k, v in b.get_dict_repr().items()}
+        d["function"] = f.get_function_name()
+        out.append(d)
+print(json.dumps(out))
+"""
+
+
+def function_app_bindings() -> tuple[str, list[dict[str, Any]]]:
+    """("app", bindings of the real app) once function_app.py exists, else ("fallback", ...).
+
+    A subprocess: importing the app registers its functions once per process, and the test
+    process must not inherit whatever the app imports.
+    """
+    if not FUNCTION_APP.exists():
+        return "fallback", EXPECTED_BINDINGS
+    proc = subprocess.run(
+        [sys.executable, "-c", _DUMP_BINDINGS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, f"cannot load function_app.py:\n{proc.stderr}"
+    return "app", json.loads(proc.stdout)

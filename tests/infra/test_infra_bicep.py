@@ -1,0 +1,112 @@
+"""Every Bicep file parses (pycep-parser and checkov's own parser), and checkov passes offline."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from infra_helpers import INFRA, bicep_files, parse, unwrap
+
+
+def test_the_infra_tree_has_the_expected_entry_points() -> None:
+    names = {p.relative_to(INFRA).as_posix() for p in bicep_files()}
+    assert {"main.bicep", "forwarder.bicep"} <= names
+    assert sum(name.startswith("modules/") for name in names) >= 8
+    for extra in ("main.bicepparam", "abbreviations.json", "bicepconfig.json", "DEPLOY.md"):
+        assert (INFRA / extra).is_file(), extra
+
+
+@pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
+def test_bicep_file_parses(path: Path) -> None:
+    tree = parse(path)
+    assert tree.get("resources") or tree.get("modules"), f"{path.name} declares nothing"
+
+
+@pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
+def test_every_parameter_has_a_description(path: Path) -> None:
+    for name, param in parse(path).get("parameters", {}).items():
+        kinds = {d["type"] for d in param["decorators"]}
+        assert "description" in kinds, f"{path.name}: param {name} has no @description"
+
+
+@pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
+def test_referenced_modules_and_files_exist(path: Path) -> None:
+    text = path.read_text()
+    tree = parse(path)
+    for name, mod in tree.get("modules", {}).items():
+        target = path.parent / mod["detail"]["path"]
+        assert target.is_file(), f"{path.name}: module {name} -> {target} missing"
+    for ref in re.findall(r"load(?:JsonContent|FileAsBase64|TextContent)\('([^']+)'", text):
+        assert (path.parent / ref).is_file(), f"{path.name}: {ref} missing"
+
+
+def test_names_come_from_the_abbreviations_file() -> None:
+    import json
+
+    abbrs = json.loads((INFRA / "abbreviations.json").read_text())
+    main_text = (INFRA / "main.bicep").read_text()
+    assert "loadJsonContent('abbreviations.json')" in main_text
+    used = set(re.findall(r"abbrs\.(\w+)", main_text))
+    assert used, "main.bicep names nothing from abbreviations.json"
+    assert used <= set(abbrs), f"unknown abbreviations: {used - set(abbrs)}"
+
+
+def test_bicepparam_sets_only_parameters_of_main() -> None:
+    text = (INFRA / "main.bicepparam").read_text()
+    assert re.search(r"^using './main.bicep'$", text, re.M)
+    main_params = parse(INFRA / "main.bicep")["parameters"]
+    set_here = re.findall(r"^param (\w+) =", text, re.M)
+    assert set_here
+    assert set(set_here) <= set(main_params), set(set_here) - set(main_params)
+    required = {n for n, p in main_params.items() if "default" not in p or p["default"] is None}
+    assert required <= set(set_here), f"main.bicepparam misses required {required - set(set_here)}"
+
+
+def test_pool_roles_are_deployed_per_managed_resource_group() -> None:
+    mod = parse(INFRA / "main.bicep")["modules"]["poolRoles"]
+    loop = mod["config"]["loop_type"]["detail"]
+    assert loop["array_name"] == "lbManagedResourceGroups"
+    scope = unwrap(mod)["scope"]["function"]
+    assert scope["type"] == "resource_group"
+    assert scope["parameters"]["resource_group_name"] == loop["item_name"]
+
+
+# --- checkov -------------------------------------------------------------------------------
+
+
+def test_checkov_parsed_every_file(checkov_report: dict[str, Any]) -> None:
+    assert checkov_report["results"].get("parsing_errors", []) == []
+    assert checkov_report["summary"]["parsing_errors"] == 0
+    assert checkov_report["summary"]["resource_count"] >= 40
+
+
+def test_checkov_has_no_failed_check(checkov_report: dict[str, Any]) -> None:
+    failed = [
+        f"{c['check_id']} {c['resource']} ({c['file_path']}): {c['check_name']}"
+        for c in checkov_report["results"]["failed_checks"]
+    ]
+    assert failed == []
+    assert checkov_report["summary"]["passed"] > 0
+
+
+def test_every_checkov_skip_is_justified_next_to_its_resource(
+    checkov_report: dict[str, Any],
+) -> None:
+    skipped = checkov_report["results"]["skipped_checks"]
+    for check in skipped:
+        reason = (check["check_result"].get("suppress_comment") or "").strip()
+        assert len(reason) >= 20, f"{check['check_id']} on {check['resource']}: no real reason"
+        path = INFRA / check["file_path"].lstrip("/")
+        start, end = check["file_line_range"]
+        body = path.read_text().splitlines()[start - 1 : end]
+        assert any(f"checkov:skip={check['check_id']}:" in line for line in body), check
+    # Every skip comment in the tree is one checkov honoured (no stale or misplaced ones).
+    honoured = {(c["file_path"].lstrip("/"), c["check_id"]) for c in skipped}
+    written = {
+        (p.relative_to(INFRA).as_posix(), m)
+        for p in bicep_files()
+        for m in re.findall(r"checkov:skip=(CKV\w+):", p.read_text())
+    }
+    assert written == honoured
