@@ -27,7 +27,8 @@ from sebridge.contract.events import Envelope, Observer, event_message, heartbea
 log = logging.getLogger("forwarder")
 
 SEND_BATCH = 100
-MAX_POLL_BACKOFF = 60.0
+# IMDS gives as little as 30 s notice (Preempt): a long backoff could miss an event whole.
+MAX_POLL_BACKOFF = 5.0
 MAX_SEND_BACKOFF = 60.0
 OBSERVER_RETRY_SECONDS = 60.0
 

@@ -39,8 +39,12 @@ def document(status: str | None, resources: tuple[str, ...] = ("vm1", "vm2")) ->
         ("Scheduled", {"already_approved": True}, Action.COMPLETE, ""),
         ("Scheduled", {"require_listed": True}, Action.APPROVE, ""),
         ("Scheduled", {"require_listed": True, "vm_name": "VM2"}, Action.APPROVE, ""),
-        ("Scheduled", {"require_listed": True, "vm_name": "vm9"}, Action.DEAD_LETTER,
-         commands.NOT_LISTED),
+        (
+            "Scheduled",
+            {"require_listed": True, "vm_name": "vm9"},
+            Action.DEAD_LETTER,
+            commands.NOT_LISTED,
+        ),
         ("Scheduled", {"vm_name": "vm9"}, Action.APPROVE, ""),  # off by default
     ],
 )

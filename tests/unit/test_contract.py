@@ -117,21 +117,30 @@ def test_dry_run_line_has_exactly_five_keys() -> None:
             "unexpected CloudEvent type",
         ),
         (
-            json.dumps({**golden.build()["scheduled"].body, "type": "Azure.VM.ScheduledEvent.Nope"}).encode(),
+            json.dumps(
+                {**golden.build()["scheduled"].body, "type": "Azure.VM.ScheduledEvent.Nope"}
+            ).encode(),
             "unknown transition",
         ),
         (
             json.dumps(
-                {**golden.build()["scheduled"].body,
-                 "data": {**golden.build()["scheduled"].body["data"], "schemaVersion": 2}}
+                {
+                    **golden.build()["scheduled"].body,
+                    "data": {**golden.build()["scheduled"].body["data"], "schemaVersion": 2},
+                }
             ).encode(),
             "schemaVersion",
         ),
         (
             json.dumps(
-                {**golden.build()["scheduled"].body,
-                 "data": {k: v for k, v in golden.build()["scheduled"].body["data"].items()
-                          if k != "observer"}}
+                {
+                    **golden.build()["scheduled"].body,
+                    "data": {
+                        k: v
+                        for k, v in golden.build()["scheduled"].body["data"].items()
+                        if k != "observer"
+                    },
+                }
             ).encode(),
             "observer",
         ),
@@ -171,7 +180,10 @@ INVALID = [
     (json.dumps({**VALID, "schemaVersion": 2}).encode(), commands.UNSUPPORTED_SCHEMA_VERSION),
     (json.dumps({**VALID, "schemaVersion": True}).encode(), commands.UNSUPPORTED_SCHEMA_VERSION),
     (json.dumps({**VALID, "command": "reboot"}).encode(), commands.UNKNOWN_COMMAND),
-    (json.dumps({k: v for k, v in VALID.items() if k != "command"}).encode(), commands.UNKNOWN_COMMAND),
+    (
+        json.dumps({k: v for k, v in VALID.items() if k != "command"}).encode(),
+        commands.UNKNOWN_COMMAND,
+    ),
     (json.dumps({**VALID, "eventId": "not-a-guid"}).encode(), commands.INVALID_EVENT_ID),
     (json.dumps({**VALID, "eventId": 42}).encode(), commands.INVALID_EVENT_ID),
     (json.dumps({**VALID, "requestedBy": ""}).encode(), commands.INVALID_FIELD),

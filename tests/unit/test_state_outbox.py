@@ -95,7 +95,11 @@ def test_outbox_overflow_drops_heartbeats_first_then_oldest(
 ) -> None:
     outbox = Outbox(tmp_path, max_rows=4)
     beat = heartbeat_message(
-        OBSERVER, NOW, forwarder_version="t", last_incarnation=1, outbox_depth=0,
+        OBSERVER,
+        NOW,
+        forwarder_version="t",
+        last_incarnation=1,
+        outbox_depth=0,
         last_successful_poll=None,
     )
     messages = _envelopes(5)
