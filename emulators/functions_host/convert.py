@@ -95,7 +95,7 @@ def _fields(message: ServiceBusReceivedMessage, locked_until: dt.datetime | None
         "PartitionKey": message.partition_key,
         "TransactionPartitionKey": None,
         "TimeToLive": None if ttl is None else str(int(ttl.total_seconds())),
-        "DeliveryCount": message.delivery_count,
+        "DeliveryCount": delivery_count(message),
         "SequenceNumber": message.sequence_number,
         "EnqueuedSequenceNumber": message.enqueued_sequence_number,
         "EnqueuedTimeUtc": _iso(message.enqueued_time_utc),
@@ -108,6 +108,15 @@ def _fields(message: ServiceBusReceivedMessage, locked_until: dt.datetime | None
         "DeadLetterErrorDescription": message.dead_letter_error_description,
         "State": None if state is None else int(state),
     }
+
+
+def delivery_count(message: ServiceBusReceivedMessage) -> int:
+    """Deliveries so far, counting this one, as the .NET SDK and so Functions report it.
+
+    The AMQP header counts earlier failed attempts (0 on first delivery) and the Python SDK
+    passes it through; Azure.Messaging.ServiceBus adds one, so a first delivery is 1.
+    """
+    return (message.delivery_count or 0) + 1
 
 
 def _datum(value: Any) -> meta.Datum | None:

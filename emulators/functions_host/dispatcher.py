@@ -313,7 +313,7 @@ class _ReceiverWorker(threading.Thread):
                 value = convert.to_function_message(
                     first, function_name=spec.name, locked_until=locked_until
                 )
-            retries = max(0, (first.delivery_count or 1) - 1)
+            retries = first.delivery_count or 0  # earlier failed attempts (AMQP header)
             result = invoker.invoke(value, retry_count=retries)
             for output in invoker.service_bus_outputs:
                 self.dispatcher._outputs.send(output, invoker.output_value(result, output.param))
@@ -331,7 +331,7 @@ class _ReceiverWorker(threading.Thread):
             message_id=first.message_id if len(messages) == 1 else None,
             message_ids=[m.message_id for m in messages] if len(messages) > 1 else None,
             session=first.session_id,
-            delivery_count=first.delivery_count,
+            delivery_count=convert.delivery_count(first),
             duration_ms=duration_ms,
             outcome="succeeded" if error is None else "failed",
             settlement=settlement,
