@@ -1,0 +1,55 @@
+"""A recording Teams Workflows webhook: answers 202 Accepted, keeps every card.
+
+Fault injection: ``fail(status, times, retry_after=None)`` makes the next ``times`` posts
+answer ``status`` (429 with Retry-After, or a 5xx). ``card_lines`` renders a card as text for
+the demo.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from emulators.fakes._server import LoopbackServer, Reply, Request
+from functions.cards import ATTACHMENT_TYPE, card_text_lines
+
+WEBHOOK_PATH = "/workflows/sebridge/triggers/manual/paths/invoke"
+
+
+class FakeTeams(LoopbackServer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cards: list[dict[str, Any]] = []
+        self._faults: deque[tuple[int, str | None]] = deque()
+
+    @property
+    def webhook_url(self) -> str:
+        # Like a real Workflows URL, it carries a signature in the query: the code must not log it.
+        return f"{self.url}{WEBHOOK_PATH}?api-version=2016-06-01&sig=fake-secret-signature"
+
+    def fail(self, status: int, times: int = 1, retry_after: str | None = None) -> None:
+        with self.lock:
+            self._faults.extend([(status, retry_after)] * times)
+
+    def handle(self, request: Request) -> Reply:
+        if request.method != "POST" or request.path != WEBHOOK_PATH:
+            return Reply(404, {"error": {"code": "NotFound"}})
+        if self._faults:
+            status, retry_after = self._faults.popleft()
+            headers = {"Retry-After": retry_after} if retry_after is not None else {}
+            return Reply(status, {"error": {"code": "Injected", "status": status}}, headers)
+        try:
+            payload = request.json()
+            attachment = payload["attachments"][0]
+            if payload.get("type") != "message" or attachment["contentType"] != ATTACHMENT_TYPE:
+                raise ValueError("not an Adaptive Card message")
+            card = attachment["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return Reply(400, {"error": {"code": "InvalidRequest", "message": str(exc)}})
+        self.cards.append(card)
+        return Reply(202, b"")
+
+
+def card_lines(card: dict[str, Any]) -> list[str]:
+    """A card as readable text lines (title, facts, text, buttons) for the demo."""
+    return card_text_lines(card)

@@ -1,0 +1,1 @@
+"""Adapters: the only place SDK and HTTP clients are built (requests, azure-*)."""

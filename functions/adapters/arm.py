@@ -1,0 +1,190 @@
+"""ARM REST through requests with a bearer token from azure-identity.
+
+api-versions are pinned so a service-side default never changes the documents we read:
+Microsoft.Compute 2024-07-01 (VMs, scale-set VMs), Microsoft.Network 2024-05-01 (NICs,
+including a scale-set instance's NICs under Microsoft.Compute/virtualMachineScaleSets/...),
+Microsoft.Maintenance 2023-10-01-preview for the scheduled-event acknowledge API.
+409, 429 and 5xx are retried (Retry-After honoured, bounded); long-running PUTs are followed
+through Azure-AsyncOperation or Location like the ARM SDKs do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+from urllib.parse import quote, urlsplit
+
+import requests
+
+from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
+from functions.ports import ArmDocument, PreconditionFailed
+
+log = logging.getLogger("sebridge.functions.arm")
+
+COMPUTE_API = "2024-07-01"
+NETWORK_API = "2024-05-01"
+# POST {VM resource id}/providers/Microsoft.Maintenance/scheduledevents/{eventId}/acknowledge
+# "Post Scheduled Event Acknowledgement", operation ScheduledEventOperationGroup_Acknowledge,
+# api-version 2023-10-01-preview: https://learn.microsoft.com/dotnet/api/
+# azure.resourcemanager.maintenance.maintenanceextensions.acknowledge (also
+# `az maintenance scheduledevents acknowledge`, supported for virtualMachines,
+# virtualMachineScaleSets and availabilitySets).
+MAINTENANCE_API = "2023-10-01-preview"
+ARM_SCOPE = "https://management.azure.com/.default"
+ARM_RETRY = RetryPolicy(attempts=4, max_total_wait=30.0, statuses=(409, 429, 500, 502, 503, 504))
+MAX_POLLS = 60
+MAX_POLL_SECONDS = 120.0
+TERMINAL = {"succeeded", "failed", "canceled", "cancelled"}
+
+
+class TokenCredential(Protocol):
+    def get_token(self, *scopes: str) -> Any: ...
+
+
+class ArmError(Exception):
+    """ARM refused the request for good (a 4xx that retrying will not change)."""
+
+
+class ArmRestClient:
+    def __init__(
+        self,
+        endpoint: str,
+        credential: TokenCredential,
+        *,
+        session: requests.Session | None = None,
+        policy: RetryPolicy = ARM_RETRY,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._endpoint = endpoint.rstrip("/")
+        self._host = urlsplit(self._endpoint).netloc.lower()
+        self._credential = credential
+        self._session = session or requests.Session()
+        self._policy = policy
+        self._sleep = sleep
+
+    def _headers(self) -> dict[str, str]:
+        token = self._credential.get_token(ARM_SCOPE).token
+        return {"Authorization": f"Bearer {token}"}
+
+    def _call(
+        self,
+        method: str,
+        path_or_url: str,
+        *,
+        what: str,
+        api_version: str | None = None,
+        **kwargs: Any,
+    ) -> requests.Response:
+        url = path_or_url if "://" in path_or_url else self._endpoint + path_or_url
+        if urlsplit(url).netloc.lower() != self._host:
+            # Never hand the bearer token to a host other than ARM's.
+            raise ArmError(f"{what}: refusing to follow a URL outside {self._host}")
+        headers = {**self._headers(), **kwargs.pop("headers", {})}
+        params = {"api-version": api_version} if api_version else None
+        return send(
+            self._session,
+            method,
+            url,
+            policy=self._policy,
+            what=f"ARM {what}",
+            sleep=self._sleep,
+            headers=headers,
+            params=params,
+            **kwargs,
+        )
+
+    def _get_json(self, path: str, api_version: str, what: str) -> dict[str, Any] | None:
+        response = self._call("GET", path, what=what, api_version=api_version)
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise ArmError(f"{what}: HTTP {response.status_code}")
+        body: dict[str, Any] = response.json()
+        return body
+
+    @staticmethod
+    def _nic_ids(vm: dict[str, Any]) -> list[str]:
+        nics = vm.get("properties", {}).get("networkProfile", {}).get("networkInterfaces", [])
+        return [n["id"] for n in nics if isinstance(n, dict) and isinstance(n.get("id"), str)]
+
+    def vm_nic_ids(self, subscription: str, group: str, vm_name: str) -> list[str] | None:
+        path = (
+            f"/subscriptions/{quote(subscription)}/resourceGroups/{quote(group)}"
+            f"/providers/Microsoft.Compute/virtualMachines/{quote(vm_name)}"
+        )
+        vm = self._get_json(path, COMPUTE_API, "get VM")
+        return None if vm is None else self._nic_ids(vm)
+
+    def vmss_vm_nic_ids(
+        self, subscription: str, group: str, scale_set: str, instance_id: str
+    ) -> list[str] | None:
+        path = (
+            f"/subscriptions/{quote(subscription)}/resourceGroups/{quote(group)}"
+            f"/providers/Microsoft.Compute/virtualMachineScaleSets/{quote(scale_set)}"
+            f"/virtualMachines/{quote(instance_id)}"
+        )
+        vm = self._get_json(path, COMPUTE_API, "get scale-set VM")
+        return None if vm is None else self._nic_ids(vm)
+
+    def get_nic(self, nic_id: str) -> ArmDocument | None:
+        response = self._call("GET", nic_id, what="get NIC", api_version=NETWORK_API)
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise ArmError(f"get NIC: HTTP {response.status_code}")
+        body: dict[str, Any] = response.json()
+        return ArmDocument(body=body, etag=body.get("etag") or response.headers.get("ETag"))
+
+    def put_nic(self, nic_id: str, body: dict[str, Any], etag: str | None) -> None:
+        headers = {"If-Match": etag} if etag else {}
+        response = self._call(
+            "PUT", nic_id, what="put NIC", api_version=NETWORK_API, json=body, headers=headers
+        )
+        if response.status_code == 412:
+            raise PreconditionFailed(nic_id)
+        if response.status_code not in (200, 201, 202):
+            raise ArmError(f"put NIC: HTTP {response.status_code}")
+        self._wait(response, "put NIC")
+
+    def acknowledge_event(self, vm_resource_id: str, event_id: str) -> None:
+        path = (
+            f"{vm_resource_id.rstrip('/')}/providers/Microsoft.Maintenance/scheduledevents/"
+            f"{quote(event_id)}/acknowledge"
+        )
+        response = self._call("POST", path, what="acknowledge", api_version=MAINTENANCE_API)
+        if response.status_code not in (200, 202, 204):
+            raise ArmError(f"acknowledge: HTTP {response.status_code}")
+
+    def _wait(self, response: requests.Response, what: str) -> None:
+        """Follow a long-running operation to its end (bounded in polls and time)."""
+        if response.status_code == 200:
+            return
+        operation = response.headers.get("Azure-AsyncOperation")
+        location = response.headers.get("Location")
+        if not operation and not location:
+            return  # 201 without an operation: created synchronously
+        started = time.monotonic()
+        for _ in range(MAX_POLLS):
+            hint = retry_after(response)
+            self._sleep(min(1.0 if hint is None else hint, 10.0))
+            if operation:
+                response = self._call("GET", operation, what=f"{what} (operation)")
+                if response.status_code != 200:
+                    raise ArmError(f"{what}: operation status HTTP {response.status_code}")
+                status = str(response.json().get("status", "")).lower()
+                if status == "succeeded":
+                    return
+                if status in TERMINAL:
+                    raise ArmError(f"{what}: operation {status}")
+            else:
+                assert location is not None
+                response = self._call("GET", location, what=f"{what} (location)")
+                if response.status_code in (200, 201, 204):
+                    return
+                if response.status_code != 202:
+                    raise ArmError(f"{what}: operation location HTTP {response.status_code}")
+            if time.monotonic() - started > MAX_POLL_SECONDS:
+                break
+        raise TransientHttpError(f"{what}: operation still running after polling")

@@ -1,0 +1,90 @@
+"""Bounded retries with backoff, jitter and Retry-After for HTTP calls made with requests."""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import requests
+
+log = logging.getLogger("sebridge.functions.http")
+
+
+class TransientHttpError(Exception):
+    """Still failing after the last allowed attempt (the message will be redelivered)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 3
+    max_total_wait: float = 30.0  # seconds of sleeping across all attempts
+    base_delay: float = 1.0
+    max_delay: float = 10.0
+    timeout: float = 10.0  # per request (connect and read)
+    statuses: Collection[int] = (429, 500, 502, 503, 504)
+
+
+def retry_after(response: requests.Response, now: Callable[[], float] = time.time) -> float | None:
+    """Retry-After in seconds (delta-seconds or an HTTP date), or None."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now())
+
+
+def send(
+    session: requests.Session,
+    method: str,
+    url: str,
+    *,
+    policy: RetryPolicy,
+    what: str,
+    sleep: Callable[[float], None] = time.sleep,
+    **kwargs: object,
+) -> requests.Response:
+    """One request, retried on ``policy.statuses`` and connection errors.
+
+    ``what`` names the call in logs: URLs are never logged, since some carry a secret (the
+    Teams webhook's signature) in their query string.
+    """
+    waited = 0.0
+    for attempt in range(1, policy.attempts + 1):
+        problem: str
+        delay: float | None = None
+        try:
+            response = session.request(method, url, timeout=policy.timeout, **kwargs)  # type: ignore[arg-type]
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            problem = type(exc).__name__
+        else:
+            if response.status_code not in policy.statuses:
+                return response
+            problem = f"HTTP {response.status_code}"
+            delay = retry_after(response)
+        if attempt == policy.attempts:
+            break
+        if delay is None:  # exponential backoff with full jitter
+            delay = random.uniform(0, min(policy.max_delay, policy.base_delay * 2 ** (attempt - 1)))
+        delay = min(delay, policy.max_delay)
+        if waited + delay > policy.max_total_wait:
+            break
+        log.warning("%s: %s, retry %d in %.1f s", what, problem, attempt, delay)
+        sleep(delay)
+        waited += delay
+    raise TransientHttpError(f"{what}: {problem} after {attempt} attempt(s)")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,106 @@
+"""Sending to Service Bus with the azure-servicebus SDK.
+
+The Python worker's Service Bus *output binding* takes only a body: it cannot set message_id
+or session_id, and both matter here (duplicate detection collapses replays by message_id; the
+approvals queue and the topic's subscriptions are session-enabled). So commands and
+``Prepared`` are sent with the SDK, from the same connection settings the triggers use:
+``ServiceBusConnection__fullyQualifiedNamespace`` with DefaultAzureCredential (managed identity
+in Azure), or a ``ServiceBusConnection`` connection string (the local emulator).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from sebridge.contract.commands import ApproveCommand
+from sebridge.contract.events import Envelope
+
+log = logging.getLogger("sebridge.functions.servicebus")
+COMMAND_CONTENT_TYPE = "application/json"
+
+
+class ServiceBusSender:
+    """One lazily built client per process, shared by the topic and the queue sender."""
+
+    def __init__(self, *, namespace: str, connection_string: str, credential: Any = None) -> None:
+        self._namespace = namespace
+        self._connection_string = connection_string  # a secret: never logged
+        self._credential = credential
+        self._client: ServiceBusClient | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ServiceBusSender(namespace={self._namespace or '<connection string>'})"
+
+    def _get_client(self) -> ServiceBusClient:
+        with self._lock:
+            if self._client is None:
+                if self._connection_string:
+                    self._client = ServiceBusClient.from_connection_string(
+                        self._connection_string, retry_total=3
+                    )
+                else:
+                    credential = self._credential
+                    if credential is None:
+                        from azure.identity import DefaultAzureCredential
+
+                        credential = DefaultAzureCredential()
+                    self._client = ServiceBusClient(self._namespace, credential, retry_total=3)
+            return self._client
+
+    def send_to_topic(self, topic: str, message: ServiceBusMessage) -> None:
+        with self._get_client().get_topic_sender(topic) as sender:
+            sender.send_messages(message)
+
+    def send_to_queue(self, queue: str, message: ServiceBusMessage) -> None:
+        with self._get_client().get_queue_sender(queue) as sender:
+            sender.send_messages(message)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+def envelope_message(envelope: Envelope) -> ServiceBusMessage:
+    return ServiceBusMessage(
+        envelope.body_bytes(),
+        message_id=envelope.message_id,
+        session_id=envelope.session_id,
+        subject=envelope.subject,
+        content_type=envelope.content_type,
+        application_properties=dict(envelope.application_properties),  # type: ignore[arg-type]
+    )
+
+
+def command_message(command: ApproveCommand, session_id: str) -> ServiceBusMessage:
+    return ServiceBusMessage(
+        command.body_bytes(),
+        message_id=command.message_id,
+        session_id=session_id,
+        content_type=COMMAND_CONTENT_TYPE,
+        subject="approve",
+    )
+
+
+class SdkTopicPublisher:
+    def __init__(self, sender: ServiceBusSender, topic: str) -> None:
+        self._sender, self._topic = sender, topic
+
+    def publish(self, envelope: Envelope) -> None:
+        self._sender.send_to_topic(self._topic, envelope_message(envelope))
+        log.info("published", extra={"messageId": envelope.message_id})
+
+
+class SdkCommandSender:
+    def __init__(self, sender: ServiceBusSender, queue: str) -> None:
+        self._sender, self._queue = sender, queue
+
+    def send(self, command: ApproveCommand, session_id: str) -> None:
+        self._sender.send_to_queue(self._queue, command_message(command, session_id))
+        log.info("command sent", extra={"messageId": command.message_id, "vm": session_id})

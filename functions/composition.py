@@ -1,0 +1,139 @@
+"""The composition root: settings in, production adapters out (the only place both meet).
+
+Settings are read from the environment once, when function_app.py is imported, so a bad
+setting fails the start. Adapters are built on first use and shared by every invocation of
+the process. Tests hand in their own adapters with :func:`use` (recording fakes for
+Service Bus) or let :func:`build` wire the real ones against loopback servers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from functions.gate import Fallback, Gate
+from functions.impact import ImpactRules
+from functions.ports import (
+    ArmClient,
+    Clock,
+    CommandSender,
+    HeartbeatStore,
+    TeamsPoster,
+    TopicPublisher,
+)
+from functions.settings import Settings, load_settings
+
+log = logging.getLogger("sebridge.functions")
+
+TEAMS_RETRY_ATTEMPTS = 3
+TEAMS_RETRY_TOTAL_SECONDS = 30.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    settings: Settings
+    teams: TeamsPoster
+    arm: ArmClient
+    publisher: TopicPublisher
+    commands: CommandSender
+    heartbeats: HeartbeatStore | None
+    clock: Clock = utcnow
+
+    @property
+    def impact(self) -> ImpactRules:
+        return ImpactRules(
+            self.settings.impactful_event_types, self.settings.freeze_threshold_seconds
+        )
+
+    @property
+    def gate(self) -> Gate:
+        fallback = None
+        if self.settings.acknowledge_fallback_enabled and self.heartbeats is not None:
+            fallback = Fallback(
+                self.heartbeats, timedelta(seconds=self.settings.heartbeat_stale_seconds)
+            )
+        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback)
+
+
+_lock = threading.Lock()
+_settings: Settings | None = None
+_deps: Dependencies | None = None
+
+
+def settings() -> Settings:
+    """The validated settings (read once); raises SettingsError naming every bad one."""
+    global _settings
+    with _lock:
+        if _settings is None:
+            _settings = load_settings(os.environ)
+            log.info("settings loaded", extra={"settings": _settings.describe()})
+        return _settings
+
+
+def build(config: Settings, **overrides: Any) -> Dependencies:
+    """Production adapters for ``config``; keyword arguments replace single adapters."""
+    import requests
+    from azure.identity import DefaultAzureCredential
+
+    from functions.adapters.arm import ArmRestClient
+    from functions.adapters.heartbeats import BlobHeartbeatStore
+    from functions.adapters.retry import RetryPolicy
+    from functions.adapters.servicebus import (
+        SdkCommandSender,
+        SdkTopicPublisher,
+        ServiceBusSender,
+    )
+    from functions.adapters.teams_webhook import TeamsWebhookPoster
+
+    credential = overrides.pop("credential", None) or DefaultAzureCredential()
+    session = requests.Session()
+    parts: dict[str, Any] = {}
+    if "teams" not in overrides:
+        parts["teams"] = TeamsWebhookPoster(
+            config.teams_webhook_url,
+            session=session,
+            policy=RetryPolicy(
+                attempts=TEAMS_RETRY_ATTEMPTS, max_total_wait=TEAMS_RETRY_TOTAL_SECONDS
+            ),
+        )
+    if "arm" not in overrides:
+        parts["arm"] = ArmRestClient(config.arm_endpoint, credential, session=session)
+    if "publisher" not in overrides or "commands" not in overrides:
+        sender = ServiceBusSender(
+            namespace=config.servicebus_namespace,
+            connection_string=config.servicebus_connection_string,
+        )
+        parts["publisher"] = SdkTopicPublisher(sender, config.topic_name)
+        parts["commands"] = SdkCommandSender(sender, config.approvals_queue)
+    parts["heartbeats"] = (
+        BlobHeartbeatStore(config.heartbeat_store_url, credential, session=session)
+        if config.heartbeat_store_url
+        else None
+    )
+    parts.update(overrides)
+    return Dependencies(settings=config, **parts)
+
+
+def dependencies() -> Dependencies:
+    global _deps
+    config = settings()
+    with _lock:
+        if _deps is None:
+            _deps = build(config)
+        return _deps
+
+
+def use(deps: Dependencies | None) -> None:
+    """Tests: run the functions with these adapters (None: back to lazy production wiring)."""
+    global _deps, _settings
+    with _lock:
+        _deps = deps
+        _settings = deps.settings if deps is not None else None

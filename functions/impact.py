@@ -1,0 +1,35 @@
+"""Which events take a VM out of service long enough to drain it from load balancers (pure).
+
+lb-pools acts on exactly these events and the approval gate treats every other event as
+"nothing to prepare", so the two can never disagree about what "prepared" means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sebridge.imds import ScheduledEvent
+
+FREEZE = "Freeze"
+# The VM is gone afterwards: there is nothing to put back into a pool.
+GONE_AFTERWARDS = frozenset({"terminate", "preempt"})
+
+
+@dataclass(frozen=True)
+class ImpactRules:
+    impactful_event_types: frozenset[str]  # as configured (LB_IMPACTFUL_EVENT_TYPES)
+    freeze_threshold_seconds: int  # LB_FREEZE_THRESHOLD_SECONDS
+
+    def is_impactful(self, event: ScheduledEvent) -> bool:
+        kind = event.event_type.lower()
+        if kind in {t.lower() for t in self.impactful_event_types}:
+            return True
+        if kind == FREEZE.lower():
+            duration = event.duration_in_seconds
+            # An unknown duration (-1 or missing) may be long: drain rather than guess short.
+            return duration is None or duration < 0 or duration >= self.freeze_threshold_seconds
+        return False
+
+
+def restores_afterwards(event: ScheduledEvent) -> bool:
+    return event.event_type.lower() not in GONE_AFTERWARDS

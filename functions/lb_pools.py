@@ -1,0 +1,28 @@
+"""lb-pools: drain and restore backend pools on the lb-pools subscription."""
+
+from __future__ import annotations
+
+import azure.functions as func
+
+from functions import composition, lbflow
+from functions.triggers import decode
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]
+
+
+@bp.function_name("lb_pools")
+@bp.service_bus_topic_trigger(
+    arg_name="msg",
+    topic_name="%TopicName%",
+    subscription_name="%LbPoolsSubscriptionName%",
+    connection="ServiceBusConnection",
+    is_sessions_enabled=True,
+)
+def lb_pools(msg: func.ServiceBusMessage) -> None:
+    message = decode(msg, "lb_pools")
+    if message is None:
+        return
+    deps = composition.dependencies()
+    lbflow.handle(
+        message, arm=deps.arm, publisher=deps.publisher, impact=deps.impact, now=deps.clock()
+    )

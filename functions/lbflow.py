@@ -1,0 +1,141 @@
+"""lb-pools: take affected VMs out of load balancer backend pools and put them back (core).
+
+Scheduled, Updated and Started of an impactful event drain every NIC of every affected VM;
+once all of them are out of all pools (or gone), a Scheduled or Updated publishes ``Prepared``
+for the approval gate. Completed and Cancelled restore what the NIC's tag recorded, except
+after Terminate and Preempt (the VM is gone). Every step reads ARM first, so a replay finds
+the work done and changes nothing. Faults propagate: Service Bus redelivers the message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from functions import pools
+from functions.impact import ImpactRules, restores_afterwards
+from functions.ports import ArmClient, PreconditionFailed, TopicPublisher
+from functions.vms import ResolvedVm, UnresolvableScope, VmKind, affected_vms, resolve
+from sebridge.contract.events import Transition, TransitionMessage, prepared_message
+
+log = logging.getLogger("sebridge.functions.lb_pools")
+
+SOURCE = "urn:sebridge:function:lb-pools"
+DRAIN_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.STARTED)
+PREPARED_AFTER = (Transition.SCHEDULED, Transition.UPDATED)
+RESTORE_ON = (Transition.COMPLETED, Transition.CANCELLED)
+MAX_ETAG_RETRIES = 3
+
+
+@dataclass
+class LbOutcome:
+    action: str  # "drain", "restore" or "ignore"
+    changed: list[str] = field(default_factory=list)  # NIC ids that were PUT
+    not_ready: list[str] = field(default_factory=list)  # VMs still in a pool
+    published_prepared: bool = False
+    reason: str = ""
+
+
+def _change_nic(
+    arm: ArmClient,
+    nic_id: str,
+    plan: Callable[[dict[str, object], str], pools.NicChange | None],
+) -> tuple[bool, bool]:
+    """(changed, gone): read, plan, PUT with If-Match; re-read when someone else wrote first."""
+    for _ in range(MAX_ETAG_RETRIES):
+        nic = arm.get_nic(nic_id)
+        if nic is None:
+            return False, True
+        change = plan(nic.body, nic_id)
+        if change is None:
+            return False, False
+        try:
+            arm.put_nic(nic_id, change.body, nic.etag)
+        except PreconditionFailed:
+            log.info("NIC changed while we wrote it, re-reading", extra={"nic": nic_id})
+            continue
+        log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
+        return True, False
+    raise PreconditionFailed(f"{nic_id}: still changing after {MAX_ETAG_RETRIES} attempts")
+
+
+def _drain_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
+    if vm.kind is VmKind.GONE:
+        log.warning("VM not found in ARM, nothing to drain", extra={"vm": vm.name})
+        return
+    if vm.kind is VmKind.UNIFORM:
+        # Pool membership of a Uniform instance is the scale-set model's: not ours to change.
+        log.warning("Uniform scale-set instance: pools left as they are", extra={"vm": vm.name})
+        outcome.not_ready.append(vm.name)
+        return
+    for nic_id in vm.nic_ids:
+        try:
+            changed, gone = _change_nic(arm, nic_id, pools.plan_drain)
+        except pools.RecordTooLarge as exc:
+            log.error("NIC left in its pools: %s", exc, extra={"vm": vm.name, "nic": nic_id})
+            outcome.not_ready.append(vm.name)
+            continue
+        if gone:
+            log.warning("NIC not found in ARM", extra={"vm": vm.name, "nic": nic_id})
+        if changed:
+            outcome.changed.append(nic_id)
+
+
+def _restore_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
+    if vm.kind is not VmKind.VM:
+        log.info("nothing to restore", extra={"vm": vm.name, "kind": vm.kind.value})
+        return
+    for nic_id in vm.nic_ids:
+        changed, gone = _change_nic(arm, nic_id, pools.plan_restore)
+        if gone:
+            log.warning("NIC not found in ARM, nothing to restore", extra={"nic": nic_id})
+        if changed:
+            outcome.changed.append(nic_id)
+
+
+def handle(
+    message: TransitionMessage,
+    *,
+    arm: ArmClient,
+    publisher: TopicPublisher,
+    impact: ImpactRules,
+    now: datetime,
+) -> LbOutcome:
+    event = message.event
+    if event is None:
+        return LbOutcome("ignore", reason="no event")
+    if message.transition in DRAIN_ON:
+        if not impact.is_impactful(event):
+            return LbOutcome("ignore", reason=f"{event.event_type} is not impactful")
+        action = "drain"
+    elif message.transition in RESTORE_ON:
+        if not restores_afterwards(event):
+            return LbOutcome("ignore", reason=f"the VM is gone after {event.event_type}")
+        action = "restore"
+    else:
+        return LbOutcome("ignore", reason=f"{message.transition.value} needs nothing")
+    outcome = LbOutcome(action)
+    vms = affected_vms(event.resources, message.observer)
+    try:
+        resolved = [resolve(arm, message.observer, name) for name in vms]
+    except UnresolvableScope as exc:
+        log.error("cannot locate the VMs: %s", exc, extra={"eventId": event.key})
+        outcome.reason = str(exc)
+        return outcome
+    for vm in resolved:
+        (_drain_vm if action == "drain" else _restore_vm)(arm, vm, outcome)
+    if action == "drain" and message.transition in PREPARED_AFTER and not outcome.not_ready:
+        publisher.publish(
+            prepared_message(
+                event,
+                message.observer,
+                message.incarnation or 0,
+                now,
+                source=SOURCE,
+                prepared_vms=list(vms),
+            )
+        )
+        outcome.published_prepared = True
+    return outcome

@@ -1,0 +1,60 @@
+"""teams: one Adaptive Card per transition, with an Approve link when a human decides (core)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from functions import cards, tokens
+from functions.policy import Action, Policy
+from functions.ports import TeamsPoster
+from sebridge.contract.events import Transition, TransitionMessage
+
+log = logging.getLogger("sebridge.functions.teams")
+
+APPROVE_ROUTE = "approve"
+ASKS_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
+
+
+def approve_link(base_url: str, key: bytes, event_id: str, vm_name: str, expires: datetime) -> str:
+    token = tokens.sign(key, tokens.ApprovalClaims(event_id, vm_name, expires))
+    return f"{base_url}/api/{APPROVE_ROUTE}?{urlencode({'token': token})}"
+
+
+def needs_human(message: TransitionMessage, policy: Policy, now: datetime) -> bool:
+    """The same policy the gate applies: a card asks only when the gate would wait for one."""
+    event = message.event
+    if event is None or message.transition not in ASKS_ON or event.is_started:
+        return False
+    if event.not_before is None or event.not_before <= now:
+        return False  # the token must expire by NotBefore; past it there is nothing to approve
+    return policy.decide(event, message.observer).action is Action.MANUAL
+
+
+def notify(
+    message: TransitionMessage,
+    *,
+    poster: TeamsPoster,
+    policy: Policy,
+    signing_key: bytes,
+    base_url: str,
+    now: datetime,
+) -> dict[str, Any]:
+    event = message.event
+    if event is None:
+        raise ValueError("teams gets no Heartbeat (the subscription filter drops them)")
+    url = None
+    if needs_human(message, policy, now):
+        assert event.not_before is not None
+        url = approve_link(
+            base_url, signing_key, event.key, message.observer.vm_name, event.not_before
+        )
+    card = cards.build_card(message, now, approve_url=url)
+    poster.post(card)
+    log.info(
+        "card posted",
+        extra={"eventId": event.key, "transition": message.transition.value, "ask": bool(url)},
+    )
+    return card

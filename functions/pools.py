@@ -1,0 +1,197 @@
+"""Load balancer backend pool planning on a NIC document (pure).
+
+Draining removes every ``loadBalancerBackendAddressPools`` entry from the NIC's ip
+configurations and records what was removed in tags on the same NIC; restoring adds exactly
+the recorded pools back and removes the tags. Both are idempotent: draining a drained NIC or
+restoring a NIC without a record is a no-op, so replays and duplicate deliveries change nothing.
+
+The record lives with the NIC, where it survives anything the Function App does. An ARM tag
+value holds at most 256 characters and a pool's full resource id alone is ~170, so the record
+is compact: ``ipconfig=ref,ref;ipconfig=ref`` where a ref is ``lb/pool`` for a load balancer in
+the NIC's resource group, ``rg/lb/pool`` in its subscription, else the full id. A record longer
+than one tag continues in ``sebridge-removed-pools-2`` .. ``-4`` (1,024 characters in all,
+about 40 pools in the NIC's resource group). A record that still does not fit raises
+:class:`RecordTooLarge`: the NIC is left untouched (never remove what we could not put back),
+the VM counts as not prepared and the gate does not approve early for it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TAG = "sebridge-removed-pools"
+TAG_VALUE_LIMIT = 256
+MAX_TAGS = 4
+TAG_NAMES = (TAG, *(f"{TAG}-{n}" for n in range(2, MAX_TAGS + 1)))
+POOL_PROVIDER = "providers/Microsoft.Network/loadBalancers/"
+
+Record = dict[str, list[str]]  # ip configuration name -> backend pool ids
+
+
+class RecordTooLarge(ValueError):
+    """The removed pools do not fit in the NIC's tags."""
+
+
+@dataclass(frozen=True)
+class NicChange:
+    body: dict[str, Any]  # the NIC to PUT
+    pools: Record  # what is removed (drain) or added back (restore)
+
+
+def _segments(resource_id: str) -> list[str]:
+    return resource_id.strip("/").split("/")
+
+
+def _scope(nic_id: str) -> tuple[str, str]:
+    """(subscription, resource group) of an ARM id, lower case."""
+    parts = [p.lower() for p in _segments(nic_id)]
+    try:
+        return parts[parts.index("subscriptions") + 1], parts[parts.index("resourcegroups") + 1]
+    except (ValueError, IndexError):
+        return "", ""
+
+
+def compact_ref(pool_id: str, nic_id: str) -> str:
+    parts = _segments(pool_id)
+    lower = [p.lower() for p in parts]
+    if (
+        len(parts) == 10
+        and lower[0] == "subscriptions"
+        and lower[2] == "resourcegroups"
+        and lower[4:7] == ["providers", "microsoft.network", "loadbalancers"]
+        and lower[8] == "backendaddresspools"
+    ):
+        subscription, group = _scope(nic_id)
+        if lower[1] == subscription and lower[3] == group:
+            return f"{parts[7]}/{parts[9]}"
+        if lower[1] == subscription:
+            return f"{parts[3]}/{parts[7]}/{parts[9]}"
+    return "/" + "/".join(parts)
+
+
+def expand_ref(ref: str, nic_id: str) -> str:
+    if ref.startswith("/"):
+        return ref
+    parts = ref.split("/")
+    head = _segments(nic_id)
+    subscription, group = head[1], head[3]
+    if len(parts) == 2:
+        lb, pool = parts
+    elif len(parts) == 3:
+        group, lb, pool = parts
+    else:
+        raise ValueError(f"unreadable pool reference {ref!r}")
+    return (
+        f"/subscriptions/{subscription}/resourceGroups/{group}/{POOL_PROVIDER}{lb}"
+        f"/backendAddressPools/{pool}"
+    )
+
+
+def encode_record(record: Record, nic_id: str) -> dict[str, str]:
+    """The tags that hold ``record`` (``{}`` for an empty record)."""
+    text = ";".join(
+        f"{ipc}=" + ",".join(compact_ref(p, nic_id) for p in pools)
+        for ipc, pools in sorted(record.items())
+        if pools
+    )
+    if not text:
+        return {}
+    chunks = [text[i : i + TAG_VALUE_LIMIT] for i in range(0, len(text), TAG_VALUE_LIMIT)]
+    if len(chunks) > MAX_TAGS:
+        raise RecordTooLarge(
+            f"the removed pools need {len(text)} characters; the tags hold "
+            f"{TAG_VALUE_LIMIT * MAX_TAGS}"
+        )
+    return dict(zip(TAG_NAMES, chunks, strict=False))
+
+
+def decode_record(tags: Mapping[str, Any] | None, nic_id: str) -> Record:
+    """The record in a NIC's tags; an unreadable entry is skipped (never guessed)."""
+    tags = tags or {}
+    text = "".join(str(tags.get(name, "")) for name in TAG_NAMES)
+    record: Record = {}
+    for entry in filter(None, text.split(";")):
+        ipc, sep, refs = entry.partition("=")
+        if not sep or not ipc:
+            continue
+        for ref in filter(None, refs.split(",")):
+            try:
+                pool_id = expand_ref(ref, nic_id)
+            except (ValueError, IndexError):
+                continue
+            record.setdefault(ipc, []).append(pool_id)
+    return record
+
+
+def _ip_configurations(nic: Mapping[str, Any]) -> list[dict[str, Any]]:
+    configs = nic.get("properties", {}).get("ipConfigurations", [])
+    return [c for c in configs if isinstance(c, dict)]
+
+
+def pools_of(nic: Mapping[str, Any]) -> Record:
+    """The backend pools each ip configuration is in now."""
+    record: Record = {}
+    for config in _ip_configurations(nic):
+        pools = config.get("properties", {}).get("loadBalancerBackendAddressPools") or []
+        ids = [p["id"] for p in pools if isinstance(p, dict) and isinstance(p.get("id"), str)]
+        if ids:
+            record[str(config.get("name", ""))] = ids
+    return record
+
+
+def in_any_pool(nic: Mapping[str, Any]) -> bool:
+    return bool(pools_of(nic))
+
+
+def _merge(first: Record, second: Record) -> Record:
+    merged: Record = {k: list(v) for k, v in first.items()}
+    for ipc, pools in second.items():
+        known = {p.lower() for p in merged.get(ipc, [])}
+        merged.setdefault(ipc, []).extend(p for p in pools if p.lower() not in known)
+    return merged
+
+
+def _set_tags(body: dict[str, Any], record_tags: dict[str, str]) -> None:
+    tags = {k: v for k, v in (body.get("tags") or {}).items() if k not in TAG_NAMES}
+    tags.update(record_tags)
+    body["tags"] = tags
+
+
+def plan_drain(nic: Mapping[str, Any], nic_id: str) -> NicChange | None:
+    """The NIC without pools and with the removal recorded; ``None`` if it is in no pool."""
+    current = pools_of(nic)
+    if not current:
+        return None
+    record = _merge(decode_record(nic.get("tags"), nic_id), current)
+    record_tags = encode_record(record, nic_id)  # raises before anything is changed
+    body = copy.deepcopy(dict(nic))
+    for config in _ip_configurations(body):
+        config.get("properties", {}).pop("loadBalancerBackendAddressPools", None)
+    _set_tags(body, record_tags)
+    return NicChange(body=body, pools=current)
+
+
+def plan_restore(nic: Mapping[str, Any], nic_id: str) -> NicChange | None:
+    """The NIC with the recorded pools back and the record gone; ``None`` without a record."""
+    if not any(name in (nic.get("tags") or {}) for name in TAG_NAMES):
+        return None
+    record = decode_record(nic.get("tags"), nic_id)
+    body = copy.deepcopy(dict(nic))
+    added: Record = {}
+    for config in _ip_configurations(body):
+        name = str(config.get("name", ""))
+        wanted = record.get(name, [])
+        if not wanted:
+            continue
+        props = config.setdefault("properties", {})
+        pools = props.get("loadBalancerBackendAddressPools") or []
+        present = {p.get("id", "").lower() for p in pools if isinstance(p, dict)}
+        missing = [p for p in wanted if p.lower() not in present]
+        if missing:
+            props["loadBalancerBackendAddressPools"] = [*pools, *({"id": p} for p in missing)]
+            added[name] = missing
+    _set_tags(body, {})
+    return NicChange(body=body, pools=added)

@@ -1,0 +1,261 @@
+"""The Function App's settings: read once, validated, at start (pure: takes a mapping).
+
+A bad setting raises :class:`SettingsError` naming the setting, so the app fails while the
+host indexes it (visible in the deployment log) rather than at the first message. Secrets
+(TEAMS_WEBHOOK_URL, APPROVAL_SIGNING_KEY, a ServiceBusConnection string) are kept out of
+``repr`` and are never logged.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from functions.policy import DEFAULT_POLICY_JSON, Policy, PolicyError, parse_policy
+
+# Every app setting the Function App reads, for the Bicep tests and the README.
+APP_SETTING_NAMES: tuple[str, ...] = (
+    "ServiceBusConnection__fullyQualifiedNamespace",
+    "TopicName",
+    "TeamsSubscriptionName",
+    "LbPoolsSubscriptionName",
+    "ApprovalGateSubscriptionName",
+    "ApprovalsQueueName",
+    "CustomSubscriptionName",
+    "TEAMS_WEBHOOK_URL",
+    "APPROVAL_SIGNING_KEY",
+    "APPROVAL_BASE_URL",
+    "APPROVAL_POLICY",
+    "LB_IMPACTFUL_EVENT_TYPES",
+    "LB_FREEZE_THRESHOLD_SECONDS",
+    "LB_MANAGED_RESOURCE_GROUPS",
+    "ARM_ENDPOINT",
+    "ACKNOWLEDGE_FALLBACK_ENABLED",
+    "HEARTBEAT_STALE_SECONDS",
+    "HEARTBEAT_STORE_URL",
+    "CUSTOM_SUBSCRIBER_ENABLED",
+)
+# Read but never set by the Bicep: a local emulator connection string, and what the platform
+# sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
+# heartbeat store default).
+LOCAL_OR_PLATFORM_SETTING_NAMES: tuple[str, ...] = (
+    "ServiceBusConnection",
+    "WEBSITE_HOSTNAME",
+    "AzureWebJobsStorage__accountName",
+)
+SECRET_SETTING_NAMES: tuple[str, ...] = (
+    "TEAMS_WEBHOOK_URL",
+    "APPROVAL_SIGNING_KEY",
+    "ServiceBusConnection",
+)
+
+DEFAULT_IMPACTFUL = "Reboot,Redeploy,Preempt,Terminate"
+DEFAULT_FREEZE_THRESHOLD = 9
+DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
+DEFAULT_HEARTBEAT_STALE = 900
+HEARTBEAT_CONTAINER = "sebridge-heartbeats"
+MIN_SIGNING_KEY_LENGTH = 32
+KNOWN_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+
+
+class SettingsError(ValueError):
+    """One or more app settings are missing or invalid; the message names each one."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    topic_name: str
+    teams_subscription: str
+    lb_pools_subscription: str
+    approval_gate_subscription: str
+    approvals_queue: str
+    custom_subscription: str
+    servicebus_namespace: str  # fully qualified, identity-based; "" when a string is used
+    approval_base_url: str
+    policy: Policy
+    impactful_event_types: frozenset[str]
+    freeze_threshold_seconds: int
+    managed_resource_groups: tuple[str, ...]
+    arm_endpoint: str
+    acknowledge_fallback_enabled: bool
+    heartbeat_stale_seconds: int
+    heartbeat_store_url: str  # "" unless the fallback is enabled
+    custom_subscriber_enabled: bool
+    teams_webhook_url: str = field(repr=False, default="")
+    approval_signing_key: bytes = field(repr=False, default=b"")
+    servicebus_connection_string: str = field(repr=False, default="")
+
+    def describe(self) -> dict[str, object]:
+        """The effective configuration without secrets, for the start-up log line."""
+        return {
+            "topic": self.topic_name,
+            "subscriptions": [
+                self.teams_subscription,
+                self.lb_pools_subscription,
+                self.approval_gate_subscription,
+            ],
+            "approvalsQueue": self.approvals_queue,
+            "serviceBus": self.servicebus_namespace or "connection string",
+            "policyRules": len(self.policy.rules),
+            "impactfulEventTypes": sorted(self.impactful_event_types),
+            "freezeThresholdSeconds": self.freeze_threshold_seconds,
+            "armEndpoint": self.arm_endpoint,
+            "acknowledgeFallback": self.acknowledge_fallback_enabled,
+            "customSubscriber": self.custom_subscriber_enabled,
+        }
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url(name: str, value: str, problems: list[str]) -> str:
+    """https anywhere; plain http only for loopback stand-ins."""
+    parts = urlsplit(value)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        problems.append(f"{name}: not an http(s) URL")
+        return value
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        problems.append(f"{name}: must use https (plain http is allowed for loopback only)")
+    return value.rstrip("/")
+
+
+def _bool(name: str, value: str, problems: list[str]) -> bool:
+    text = value.strip().lower()
+    if text in {"true", "1", "yes"}:
+        return True
+    if text in {"false", "0", "no", ""}:
+        return False
+    problems.append(f"{name}: {value!r} is not true or false")
+    return False
+
+
+def _int(name: str, value: str, problems: list[str], *, minimum: int, maximum: int) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        problems.append(f"{name}: {value!r} is not an integer")
+        return minimum
+    if not minimum <= number <= maximum:
+        problems.append(f"{name}: {number} is outside {minimum}..{maximum}")
+    return number
+
+
+def _list(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def load_settings(env: Mapping[str, str]) -> Settings:
+    """Validate every setting and report all problems at once."""
+    problems: list[str] = []
+
+    def get(name: str, default: str = "") -> str:
+        return env.get(name, default).strip() or default
+
+    def required(name: str) -> str:
+        value = get(name)
+        if not value:
+            problems.append(f"{name}: required but not set")
+        return value
+
+    namespace = get("ServiceBusConnection__fullyQualifiedNamespace")
+    connection_string = get("ServiceBusConnection")
+    if not namespace and not connection_string:
+        problems.append(
+            "ServiceBusConnection__fullyQualifiedNamespace: required (or, locally, "
+            "ServiceBusConnection with a connection string)"
+        )
+
+    webhook = required("TEAMS_WEBHOOK_URL")
+    if webhook:
+        _url("TEAMS_WEBHOOK_URL", webhook, problems)
+    key = required("APPROVAL_SIGNING_KEY")
+    if key and len(key) < MIN_SIGNING_KEY_LENGTH:
+        problems.append(f"APPROVAL_SIGNING_KEY: shorter than {MIN_SIGNING_KEY_LENGTH} characters")
+
+    base_url = get("APPROVAL_BASE_URL")
+    if not base_url and get("WEBSITE_HOSTNAME"):
+        base_url = f"https://{get('WEBSITE_HOSTNAME')}"
+    if not base_url:
+        problems.append("APPROVAL_BASE_URL: required when WEBSITE_HOSTNAME is not set")
+    else:
+        base_url = _url("APPROVAL_BASE_URL", base_url, problems)
+
+    policy_text = get("APPROVAL_POLICY", DEFAULT_POLICY_JSON)
+    try:
+        policy = parse_policy(policy_text)
+    except PolicyError as exc:
+        problems.append(f"APPROVAL_POLICY: {exc}")
+        policy = parse_policy(DEFAULT_POLICY_JSON)
+
+    impactful = _list(get("LB_IMPACTFUL_EVENT_TYPES", DEFAULT_IMPACTFUL))
+    unknown = [t for t in impactful if t not in KNOWN_EVENT_TYPES]
+    if unknown:
+        problems.append(
+            f"LB_IMPACTFUL_EVENT_TYPES: unknown event types {unknown} "
+            f"(known: {', '.join(KNOWN_EVENT_TYPES)})"
+        )
+    threshold = _int(
+        "LB_FREEZE_THRESHOLD_SECONDS",
+        get("LB_FREEZE_THRESHOLD_SECONDS", str(DEFAULT_FREEZE_THRESHOLD)),
+        problems,
+        minimum=0,
+        maximum=86_400,
+    )
+    arm_endpoint = _url("ARM_ENDPOINT", get("ARM_ENDPOINT", DEFAULT_ARM_ENDPOINT), problems)
+    fallback = _bool("ACKNOWLEDGE_FALLBACK_ENABLED", get("ACKNOWLEDGE_FALLBACK_ENABLED"), problems)
+    stale = _int(
+        "HEARTBEAT_STALE_SECONDS",
+        get("HEARTBEAT_STALE_SECONDS", str(DEFAULT_HEARTBEAT_STALE)),
+        problems,
+        minimum=60,
+        maximum=7 * 86_400,
+    )
+    store_url = get("HEARTBEAT_STORE_URL")
+    if not store_url and get("AzureWebJobsStorage__accountName"):
+        account = get("AzureWebJobsStorage__accountName")
+        store_url = f"https://{account}.blob.core.windows.net/{HEARTBEAT_CONTAINER}"
+    if fallback and not store_url:
+        problems.append(
+            "HEARTBEAT_STORE_URL: required when ACKNOWLEDGE_FALLBACK_ENABLED is true "
+            "(or set AzureWebJobsStorage__accountName)"
+        )
+    elif store_url:
+        store_url = _url("HEARTBEAT_STORE_URL", store_url, problems)
+
+    settings = Settings(
+        topic_name=required("TopicName"),
+        teams_subscription=required("TeamsSubscriptionName"),
+        lb_pools_subscription=required("LbPoolsSubscriptionName"),
+        approval_gate_subscription=required("ApprovalGateSubscriptionName"),
+        approvals_queue=required("ApprovalsQueueName"),
+        custom_subscription=get("CustomSubscriptionName"),
+        servicebus_namespace=namespace,
+        approval_base_url=base_url,
+        policy=policy,
+        impactful_event_types=frozenset(impactful),
+        freeze_threshold_seconds=threshold,
+        managed_resource_groups=_list(get("LB_MANAGED_RESOURCE_GROUPS")),
+        arm_endpoint=arm_endpoint,
+        acknowledge_fallback_enabled=fallback,
+        heartbeat_stale_seconds=stale,
+        heartbeat_store_url=store_url if fallback else "",
+        custom_subscriber_enabled=_bool(
+            "CUSTOM_SUBSCRIBER_ENABLED", get("CUSTOM_SUBSCRIBER_ENABLED"), problems
+        ),
+        teams_webhook_url=webhook,
+        approval_signing_key=key.encode("utf-8"),
+        servicebus_connection_string=connection_string,
+    )
+    if settings.custom_subscriber_enabled and not settings.custom_subscription:
+        problems.append("CustomSubscriptionName: required when CUSTOM_SUBSCRIBER_ENABLED is true")
+    if problems:
+        raise SettingsError("invalid app settings: " + "; ".join(problems))
+    return settings
