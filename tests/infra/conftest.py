@@ -28,7 +28,8 @@ def checkov_executable() -> Path:
 
 
 @pytest.fixture(scope="session")
-def checkov_report() -> dict[str, Any]:
+def checkov_reports() -> dict[str, dict[str, Any]]:
+    """One offline checkov run over infra/: {"bicep": report, "secrets": report (if any)}."""
     proc = subprocess.run(
         [
             str(checkov_executable()),
@@ -36,6 +37,7 @@ def checkov_report() -> dict[str, Any]:
             str(INFRA),
             "--framework",
             "bicep",
+            "secrets",
             "--skip-download",
             "--output",
             "json",
@@ -45,12 +47,18 @@ def checkov_report() -> dict[str, Any]:
         timeout=240,
         env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
     )
-    # Exit code 1 means "failed checks", which the tests report one by one; anything else is a crash.
+    # Exit code 1 means "failed checks" (reported one by one by the tests); others are crashes.
     assert proc.returncode in (0, 1), f"checkov crashed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     report = json.loads(proc.stdout)
-    if isinstance(report, list):  # one entry per framework; only bicep here
-        (report,) = report
-    return report
+    # A list with one report per framework that had something to scan, else one report.
+    reports = report if isinstance(report, list) else [report]
+    return {r["check_type"]: r for r in reports}
+
+
+@pytest.fixture(scope="session")
+def checkov_report(checkov_reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    assert "bicep" in checkov_reports, f"checkov scanned no Bicep: {list(checkov_reports)}"
+    return checkov_reports["bicep"]
 
 
 @pytest.fixture(scope="session")

@@ -111,7 +111,9 @@ def role_assignments(path: Path) -> list[dict[str, Any]]:
     """Each role assignment of a file: scope type, principal parameter, role GUID, name parts."""
     tree = parse(path)
     found = []
-    for symbol, resource in resources_of_type(tree, "Microsoft.Authorization/roleAssignments").items():
+    for symbol, resource in resources_of_type(
+        tree, "Microsoft.Authorization/roleAssignments"
+    ).items():
         body = unwrap(resource)
         scope_symbol = symbol_of(body.get("scope")) if "scope" in body else None
         if scope_symbol is None:
@@ -194,25 +196,81 @@ for f in app.get_functions():
         d = {k: (v.value if hasattr(v, "value") else v) for k, v in b.get_dict_repr().items()}
         d["function"] = f.get_function_name()
         out.append(d)
-print(json.dumps(out))
+print(json.dumps(out, default=lambda v: getattr(v, "value", str(v))))
 """
+
+# Test values for the settings the Bicep sets, to import the real app with (it validates its
+# settings at import). Placeholders, not secrets: nothing here reaches Azure.
+_PLACEHOLDERS = {
+    "AzureWebJobsStorage__accountName": "sttest",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING": "",
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING": "Authorization=AAD",
+    "ServiceBusConnection__fullyQualifiedNamespace": "sbns-test.servicebus.windows.net",
+    "TEAMS_WEBHOOK_URL": "https://teams.invalid/workflows/placeholder",
+    "APPROVAL_SIGNING_KEY": "placeholder-" + "x" * 32,
+    "APPROVAL_BASE_URL": "https://func-test.azurewebsites.net",
+    "LB_MANAGED_RESOURCE_GROUPS": "rg-web-test",
+    "ARM_ENDPOINT": "https://management.azure.com",
+    "HEARTBEAT_STORE_URL": "https://sttest.blob.core.windows.net/sebridge-heartbeats",
+    # On, so the optional subscriber's bindings are checked too.
+    "CUSTOM_SUBSCRIBER_ENABLED": "true",
+    "CustomSubscriptionName": "audit",
+}
+
+
+def app_environment() -> dict[str, str]:
+    """One value for every setting functionapp.bicep sets, and only for those."""
+    tree = module("functionapp.bicep")
+    main = parse(INFRA / "main.bicep")
+    passed = unwrap(main["modules"]["functionApp"])["params"]
+    topic = emulator_namespace()["Topics"][0]["Name"]
+    queue = emulator_namespace()["Queues"][0]["Name"]
+    env = {}
+    for name, expression in app_settings().items():
+        if name in _PLACEHOLDERS:
+            env[name] = _PLACEHOLDERS[name]
+        elif name == "TopicName":
+            env[name] = topic
+        elif name == "ApprovalsQueueName":
+            env[name] = queue
+        elif isinstance(expression, str) and passed.get(expression) in main["variables"]:
+            # A subscription name main.bicep passes from one of its variables.
+            env[name] = main["variables"][passed[expression]]["value"]
+        else:
+            # A setting from a parameter's default: LB_*, HEARTBEAT_*, flags.
+            param = next(p for p in tree["parameters"] if p in str(expression))
+            default = tree["parameters"][param]["default"]
+            env[name] = str(default).lower() if isinstance(default, bool) else str(default)
+    # Optional settings the Bicep leaves unset when empty (APPROVAL_POLICY) stay unset here.
+    return {k: v for k, v in env.items() if v or k not in _optional_settings()}
+
+
+def _optional_settings() -> set[str]:
+    optional = module("functionapp.bicep")["variables"]["optionalSettings"]["value"]
+    return set(optional["operator"]["operands"]["false_value"])
 
 
 def function_app_bindings() -> tuple[str, list[dict[str, Any]]]:
     """("app", bindings of the real app) once function_app.py exists, else ("fallback", ...).
 
-    A subprocess: importing the app registers its functions once per process, and the test
-    process must not inherit whatever the app imports.
+    A subprocess with only the Bicep's settings in its environment: the app validates them at
+    import (so a setting it needs and the Bicep lacks fails here), and importing registers its
+    functions once per process.
     """
     if not FUNCTION_APP.exists():
         return "fallback", EXPECTED_BINDINGS
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env.update(app_environment())
+    env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
         [sys.executable, "-c", _DUMP_BINDINGS],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=env,
     )
-    assert proc.returncode == 0, f"cannot load function_app.py:\n{proc.stderr}"
+    assert proc.returncode == 0, (
+        f"cannot load function_app.py with the Bicep settings:\n{proc.stderr}"
+    )
     return "app", json.loads(proc.stdout)

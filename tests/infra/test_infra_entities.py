@@ -63,8 +63,8 @@ def _only(resources: dict[str, Any]) -> dict[str, Any]:
 
 def _maps_from(expression: Any, source: list[str], key: str) -> bool:
     """Does the expression read `<source>.Properties.<key>` (possibly inside empty()/?:)?"""
-    return source + ["Properties", key] in referenced_paths({"x": expression}) or (
-        property_path(expression) == source + ["Properties", key]
+    return [*source, "Properties", key] in referenced_paths({"x": expression}) or (
+        property_path(expression) == [*source, "Properties", key]
     )
 
 
@@ -117,7 +117,9 @@ def test_every_emulator_property_is_mapped(kind: str, mapping: dict[str, str]) -
             assert props[arm] == TOPIC_WINDOW_PARAM
             default = tree["parameters"][TOPIC_WINDOW_PARAM]["default"]
             assert default == entity["Properties"][key]
-            assert parse(INFRA / "main.bicep")["parameters"][TOPIC_WINDOW_PARAM]["default"] == default
+            assert (
+                parse(INFRA / "main.bicep")["parameters"][TOPIC_WINDOW_PARAM]["default"] == default
+            )
         else:
             assert _maps_from(props[arm], source, key), f"{kind}.{arm} does not read {key}"
     # Nothing set that Config.json does not define.

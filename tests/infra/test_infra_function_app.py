@@ -88,7 +88,9 @@ def test_bindings_source_is_reported() -> None:
     assert any(b["type"] == "serviceBusTrigger" for b in bindings), bindings
 
 
-@pytest.mark.parametrize("binding", _service_bus_bindings(), ids=lambda b: f"{b['function']}-{b['type']}")
+@pytest.mark.parametrize(
+    "binding", _service_bus_bindings(), ids=lambda b: f"{b['function']}-{b['type']}"
+)
 def test_service_bus_binding_targets_a_deployed_entity(binding: dict[str, Any]) -> None:
     settings = app_settings()
     assert binding["connection"] == "ServiceBusConnection"
@@ -113,7 +115,10 @@ def test_service_bus_binding_targets_a_deployed_entity(binding: dict[str, Any]) 
         subs = _subscriptions()
         assert subscription in subs, f"{subscription} is not in Config.json/Bicep"
         # A session-enabled subscription needs a session receiver, and the other way round.
-        assert binding.get("isSessionsEnabled", False) == subs[subscription]["Properties"]["RequiresSession"]
+        assert (
+            binding.get("isSessionsEnabled", False)
+            == subs[subscription]["Properties"]["RequiresSession"]
+        )
 
 
 def test_app_receives_from_exactly_the_subscriptions_it_has_roles_on() -> None:
@@ -250,7 +255,9 @@ def test_host_and_telemetry_use_the_identity() -> None:
     assert settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"] == "Authorization=AAD"
     assert settings["AzureWebJobsStorage__accountName"] == "storageAccountName"
     assert not FLEX_RESERVED & set(settings)
-    assert not any("connectionstring" in n.lower() and "APPLICATIONINSIGHTS" not in n for n in settings)
+    assert not any(
+        "connectionstring" in n.lower() and "APPLICATIONINSIGHTS" not in n for n in settings
+    )
 
 
 def test_defaults_match_the_shared_settings_list() -> None:
