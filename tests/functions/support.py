@@ -1,0 +1,115 @@
+"""Helpers for the workflow tests: recording Service Bus fakes, message builders, settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import azure.functions as func
+
+from emulators.fakes.arm import FakeArm
+from emulators.fakes.teams import FakeTeams
+from sebridge.contract.commands import ApproveCommand
+from sebridge.contract.events import Envelope, Transition, event_message
+from sebridge.imds import Document, ScheduledEvent
+from tests.fixtures import golden
+
+SUB = golden.SUBSCRIPTION
+RG = "rg-web"
+NOW = datetime(2026, 11, 22, 1, 21, 0, tzinfo=UTC)  # a minute after the golden observations
+SIGNING_KEY = "test-signing-key-0123456789-abcdefghijklmnop"
+EVENT_ID = golden.EVENT_ID.lower()
+
+
+@dataclass
+class RecordingCommands:
+    sent: list[tuple[ApproveCommand, str]] = field(default_factory=list)
+
+    def send(self, command: ApproveCommand, session_id: str) -> None:
+        self.sent.append((command, session_id))
+
+
+@dataclass
+class RecordingPublisher:
+    published: list[Envelope] = field(default_factory=list)
+
+    def publish(self, envelope: Envelope) -> None:
+        self.published.append(envelope)
+
+
+@dataclass
+class Clock:
+    now: datetime = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def base_env(teams: FakeTeams, arm: FakeArm) -> dict[str, str]:
+    return {
+        "ServiceBusConnection__fullyQualifiedNamespace": "sebridge-test.servicebus.windows.net",
+        "TopicName": "scheduled-events",
+        "TeamsSubscriptionName": "teams",
+        "LbPoolsSubscriptionName": "lb-pools",
+        "ApprovalGateSubscriptionName": "approval-gate",
+        "ApprovalsQueueName": "approvals",
+        "TEAMS_WEBHOOK_URL": teams.webhook_url,
+        "APPROVAL_SIGNING_KEY": SIGNING_KEY,
+        "APPROVAL_BASE_URL": "http://127.0.0.1:7071",
+        "ARM_ENDPOINT": arm.url,
+    }
+
+
+def sb_message(envelope: Envelope, *, body: bytes | None = None) -> func.ServiceBusMessage:
+    """The message as the Functions worker hands it to a Service Bus trigger."""
+    return func.ServiceBusMessage(
+        body=envelope.body_bytes() if body is None else body,
+        message_id=envelope.message_id,
+        session_id=envelope.session_id,
+        content_type=envelope.content_type,
+        label=envelope.subject,
+        subject=envelope.subject,
+        application_properties=dict(envelope.application_properties),
+        user_properties=dict(envelope.application_properties),
+        delivery_count=1,
+        enqueued_time_utc=NOW - timedelta(seconds=1),
+    )
+
+
+def event(**fields: Any) -> ScheduledEvent:
+    """The golden Scheduled event with some IMDS fields replaced."""
+    raw = {**golden.SCHEDULED, **fields}
+    return Document.from_imds({"DocumentIncarnation": 11, "Events": [raw]}).events[0]
+
+
+def envelope(transition: str, observer: Any = None, **fields: Any) -> Envelope:
+    """A contract message for the golden event with some IMDS fields replaced."""
+    kind = Transition(transition)
+    changes = {"NotBefore": {"from": "a", "to": "b"}} if kind is Transition.UPDATED else None
+    approval = {"requestedBy": "x", "reason": "y"} if kind is Transition.APPROVED else None
+    return event_message(
+        kind,
+        event(**fields),
+        observer or golden.OBSERVER,
+        11,
+        golden.OBSERVED_AT,
+        changes=changes,
+        approval=approval,
+    )
+
+
+@dataclass
+class App:
+    functions: dict[str, Any]  # name -> azure.functions Function
+    commands: RecordingCommands
+    publisher: RecordingPublisher
+    clock: Clock
+    teams: FakeTeams
+    arm: FakeArm
+
+    def call(self, name: str, *args: Any) -> Any:
+        return self.functions[name].get_user_function()(*args)
+
+    def deliver(self, name: str, message: Envelope) -> Any:
+        return self.call(name, sb_message(message))

@@ -1,0 +1,91 @@
+"""Guard: exactly these functions, with exactly these bindings (what the host will index)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from functions import composition
+from functions.settings import SettingsError
+from tests.functions.support import App
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sb(subscription: str) -> list[dict[str, object]]:
+    return [
+        {
+            "direction": "IN",
+            "type": "serviceBusTrigger",
+            "name": "msg",
+            "connection": "ServiceBusConnection",
+            "topicName": "%TopicName%",
+            "subscriptionName": subscription,
+            "isSessionsEnabled": True,
+        }
+    ]
+
+
+EXPECTED = {
+    "teams": _sb("%TeamsSubscriptionName%"),
+    "lb_pools": _sb("%LbPoolsSubscriptionName%"),
+    "approval_gate": _sb("%ApprovalGateSubscriptionName%"),
+    "approve": [
+        {
+            "direction": "IN",
+            "type": "httpTrigger",
+            "name": "req",
+            "methods": ["GET", "POST"],
+            "authLevel": "ANONYMOUS",
+            "route": "approve",
+        },
+        {"direction": "OUT", "type": "http", "name": "$return"},
+    ],
+}
+
+
+def _bindings(app: App) -> dict[str, list[dict[str, object]]]:
+    return {
+        name: [json.loads(b) for b in fn.get_raw_bindings()] for name, fn in app.functions.items()
+    }
+
+
+def test_registered_functions_and_bindings(app: App) -> None:
+    assert _bindings(app) == EXPECTED
+
+
+def test_the_custom_subscriber_registers_only_when_enabled(make_app: Callable[..., App]) -> None:
+    app = make_app(CUSTOM_SUBSCRIBER_ENABLED="true", CustomSubscriptionName="vm-loss")
+    assert _bindings(app) == {**EXPECTED, "custom_example": _sb("%CustomSubscriptionName%")}
+
+
+def test_a_bad_setting_stops_the_app_at_import(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    composition.use(None)  # settings are read again, from the environment
+    monkeypatch.setenv("LB_FREEZE_THRESHOLD_SECONDS", "soon")
+    with pytest.raises(SettingsError, match="LB_FREEZE_THRESHOLD_SECONDS: 'soon'"):
+        importlib.reload(sys.modules["function_app"])
+
+
+def test_host_json() -> None:
+    host = json.loads((ROOT / "host.json").read_text())
+    assert host["version"] == "2.0"
+    assert host["extensionBundle"] == {
+        "id": "Microsoft.Azure.Functions.ExtensionBundle",
+        "version": "[4.*, 5.0.0)",
+    }
+    sb = host["extensions"]["serviceBus"]
+    # an exception abandons (redelivery, then dead-letter at max delivery count); success completes
+    assert sb["autoCompleteMessages"] is True
+    assert sb["maxConcurrentSessions"] >= 1 and sb["prefetchCount"] == 0
+
+
+def test_funcignore_keeps_tests_and_local_files_out() -> None:
+    ignored = (ROOT / ".funcignore").read_text().split()
+    for entry in ("tests/", "infra/", "emulators/", "local.settings.json", ".venv*"):
+        assert entry in ignored
+    assert "sebridge/" not in ignored and "functions/" not in ignored  # the app needs both

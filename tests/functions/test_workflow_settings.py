@@ -1,0 +1,100 @@
+"""Settings: defaults, and a clear error naming each bad setting (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from functions.settings import APP_SETTING_NAMES, SettingsError, load_settings
+
+GOOD = {
+    "ServiceBusConnection__fullyQualifiedNamespace": "ns.servicebus.windows.net",
+    "TopicName": "scheduled-events",
+    "TeamsSubscriptionName": "teams",
+    "LbPoolsSubscriptionName": "lb-pools",
+    "ApprovalGateSubscriptionName": "approval-gate",
+    "ApprovalsQueueName": "approvals",
+    "TEAMS_WEBHOOK_URL": "https://prod.westeurope.logic.azure.com/workflows/x?sig=secret",
+    "APPROVAL_SIGNING_KEY": "s" * 40,
+    "WEBSITE_HOSTNAME": "func-sebridge.azurewebsites.net",
+}
+
+
+def test_defaults() -> None:
+    settings = load_settings(GOOD)
+    assert settings.approval_base_url == "https://func-sebridge.azurewebsites.net"
+    assert settings.impactful_event_types == {"Reboot", "Redeploy", "Preempt", "Terminate"}
+    assert settings.freeze_threshold_seconds == 9
+    assert settings.arm_endpoint == "https://management.azure.com"
+    assert settings.acknowledge_fallback_enabled is False
+    assert settings.heartbeat_stale_seconds == 900
+    assert settings.custom_subscriber_enabled is False
+    assert [r.name for r in settings.policy.rules] == [
+        "user-initiated",
+        "short-freeze",
+        "prepare-first",
+    ]
+
+
+def test_secrets_stay_out_of_repr_and_describe() -> None:
+    settings = load_settings(GOOD)
+    for text in (repr(settings), str(settings.describe())):
+        assert "secret" not in text and "s" * 40 not in text
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"TopicName": ""}, "TopicName: required"),
+        ({"TEAMS_WEBHOOK_URL": "http://teams.example/x"}, "TEAMS_WEBHOOK_URL: must use https"),
+        ({"TEAMS_WEBHOOK_URL": "not a url"}, "TEAMS_WEBHOOK_URL: not an http(s) URL"),
+        ({"APPROVAL_SIGNING_KEY": "short"}, "APPROVAL_SIGNING_KEY: shorter than 32"),
+        ({"APPROVAL_POLICY": '{"rules": [{"action": "sometimes"}]}'}, "APPROVAL_POLICY: rules[0]"),
+        ({"LB_IMPACTFUL_EVENT_TYPES": "Reboot,Rebooot"}, "LB_IMPACTFUL_EVENT_TYPES: unknown"),
+        ({"LB_FREEZE_THRESHOLD_SECONDS": "nine"}, "LB_FREEZE_THRESHOLD_SECONDS: 'nine'"),
+        ({"HEARTBEAT_STALE_SECONDS": "5"}, "HEARTBEAT_STALE_SECONDS: 5 is outside"),
+        ({"ACKNOWLEDGE_FALLBACK_ENABLED": "maybe"}, "ACKNOWLEDGE_FALLBACK_ENABLED: 'maybe'"),
+        ({"ACKNOWLEDGE_FALLBACK_ENABLED": "true"}, "HEARTBEAT_STORE_URL: required"),
+        ({"CUSTOM_SUBSCRIBER_ENABLED": "true"}, "CustomSubscriptionName: required"),
+        ({"ARM_ENDPOINT": "http://management.example"}, "ARM_ENDPOINT: must use https"),
+        (
+            {"ServiceBusConnection__fullyQualifiedNamespace": ""},
+            "ServiceBusConnection__fullyQualifiedNamespace: required",
+        ),
+        ({"WEBSITE_HOSTNAME": ""}, "APPROVAL_BASE_URL: required"),
+    ],
+)
+def test_a_bad_setting_is_named(change: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({**GOOD, **change})
+    assert named in str(info.value)
+    assert "secret" not in str(info.value)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({**GOOD, "TopicName": "", "APPROVAL_SIGNING_KEY": "x"})
+    assert "TopicName" in str(info.value) and "APPROVAL_SIGNING_KEY" in str(info.value)
+
+
+def test_loopback_http_and_a_local_connection_string_are_accepted() -> None:
+    settings = load_settings(
+        {
+            **GOOD,
+            "ServiceBusConnection__fullyQualifiedNamespace": "",
+            "ServiceBusConnection": "Endpoint=sb://127.0.0.1;SharedAccessKeyName=k;SharedAccessKey=v",
+            "TEAMS_WEBHOOK_URL": "http://127.0.0.1:9999/hook",
+            "ARM_ENDPOINT": "http://127.0.0.1:9998/",
+            "ACKNOWLEDGE_FALLBACK_ENABLED": "true",
+            "AzureWebJobsStorage__accountName": "stsebridge",
+        }
+    )
+    assert settings.arm_endpoint == "http://127.0.0.1:9998"
+    assert settings.heartbeat_store_url == (
+        "https://stsebridge.blob.core.windows.net/sebridge-heartbeats"
+    )
+    assert "SharedAccessKey" not in repr(settings)
+
+
+def test_the_setting_names_are_listed_once() -> None:
+    assert len(set(APP_SETTING_NAMES)) == len(APP_SETTING_NAMES)
+    assert "TEAMS_WEBHOOK_URL" in APP_SETTING_NAMES and "HEARTBEAT_STORE_URL" in APP_SETTING_NAMES
