@@ -13,8 +13,11 @@
 #                                  (default: scheduled-events-bridge==0.1.0 from the VM's index)
 #   SEBRIDGE_PYTHON      optional  Python >= 3.11 to build the venv with (default: first found)
 #   SEBRIDGE_TOPIC, SEBRIDGE_REPLY_QUEUE, SEBRIDGE_POLL_INTERVAL, SEBRIDGE_HEARTBEAT_INTERVAL,
-#   SEBRIDGE_LOG_FORMAT, SEBRIDGE_IMDS_ENDPOINT, SEBRIDGE_VM_NAME
+#   SEBRIDGE_LOG_FORMAT, SEBRIDGE_LOG_LEVEL, SEBRIDGE_IMDS_ENDPOINT, SEBRIDGE_API_VERSION,
+#   SEBRIDGE_VM_NAME, SEBRIDGE_REQUIRE_LISTED, SEBRIDGE_OUTBOX_MAX, SEBRIDGE_DRY_RUN
 #                        optional  copied to the configuration file when set
+#                                  (SEBRIDGE_STATE_DIR is always /var/lib/sebridge, the unit's
+#                                  StateDirectory)
 #   SEBRIDGE_ROOT        optional  install under this directory instead of / (tests, images);
 #                                  requires --no-start
 #   SEBRIDGE_UNIT_FILE   optional  unit to install (default: sebridge-forwarder.service next to
@@ -35,7 +38,7 @@ readonly UNIT_DIR=/etc/systemd/system
 readonly SERVICE_USER=sebridge
 readonly DEFAULT_PACKAGE='scheduled-events-bridge==0.1.0'
 # Settings copied verbatim from the installer's environment to the forwarder's when set.
-readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_VM_NAME"
+readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_LOG_LEVEL SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_API_VERSION SEBRIDGE_VM_NAME SEBRIDGE_REQUIRE_LISTED SEBRIDGE_OUTBOX_MAX SEBRIDGE_DRY_RUN"
 
 log() { printf 'install-forwarder: %s\n' "$*"; }
 die() { printf 'install-forwarder: error: %s\n' "$*" >&2; exit 1; }
@@ -81,6 +84,9 @@ package="${SEBRIDGE_PACKAGE:-$DEFAULT_PACKAGE}"
     || die "AZURE_CLIENT_ID must be a GUID, got '$client_id'"
 if [ -n "${SEBRIDGE_CONNECTION_STRING:-}" ]; then
     die "SEBRIDGE_CONNECTION_STRING is not installed: the namespace has local auth disabled and the forwarder signs in with the managed identity (AZURE_CLIENT_ID)"
+fi
+if [ -n "${SEBRIDGE_STATE_DIR:-}" ] && [ "$SEBRIDGE_STATE_DIR" != "$STATE_DIR" ]; then
+    die "SEBRIDGE_STATE_DIR must be $STATE_DIR: the unit's StateDirectory= is the only place the service may write"
 fi
 for name in $PASSTHROUGH; do
     value="${!name:-}"

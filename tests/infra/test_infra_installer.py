@@ -1,0 +1,388 @@
+"""The forwarder installer, run for real in a throwaway root (SEBRIDGE_ROOT=tmp_path).
+
+The steps that change the running system (user, pip, systemctl) are skipped with their flags;
+the files it writes are the real ones, and `systemd-analyze verify --root` checks the unit we
+ship against a root where its ExecStart exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from infra_helpers import INFRA, REPO, parse
+
+SCRIPT = INFRA / "scripts" / "install-forwarder.sh"
+UNIT = INFRA / "scripts" / "sebridge-forwarder.service"
+UNIT_PATH = "etc/systemd/system/sebridge-forwarder.service"
+ENV_PATH = "etc/sebridge/forwarder.env"
+NAMESPACE = "sbns-prod-abc123.servicebus.windows.net"
+CLIENT_ID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+SKIP_SYSTEM = ["--no-start", "--no-user", "--no-pip"]
+
+
+def run_installer(
+    root: Path, env: dict[str, str], *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SEBRIDGE_ROOT": str(root), **env}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    pairs = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key] = value
+    return pairs
+
+
+def unit_directives(text: str) -> list[tuple[str, str]]:
+    """(key, value) in order; systemd allows repeated keys, so no dict/configparser."""
+    return [
+        (k.strip(), v.strip())
+        for line in text.splitlines()
+        if "=" in line and not line.lstrip().startswith(("#", ";", "["))
+        for k, _, v in [line.partition("=")]
+    ]
+
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = run_installer(
+        root,
+        {
+            "SEBRIDGE_NAMESPACE": NAMESPACE,
+            "AZURE_CLIENT_ID": CLIENT_ID,
+            "SEBRIDGE_LOG_FORMAT": "json",
+            "SEBRIDGE_HEARTBEAT_INTERVAL": "120",
+        },
+        *SKIP_SYSTEM,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def test_installer_writes_the_unit_and_the_configuration(installed: Path) -> None:
+    unit = installed / UNIT_PATH
+    assert unit.read_bytes() == UNIT.read_bytes()
+    assert stat.S_IMODE(unit.stat().st_mode) == 0o644
+    env_file = installed / ENV_PATH
+    # Readable by root and the service's group only.
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o640
+    assert read_env_file(env_file) == {
+        "SEBRIDGE_NAMESPACE": NAMESPACE,
+        "AZURE_CLIENT_ID": CLIENT_ID,
+        "SEBRIDGE_STATE_DIR": "/var/lib/sebridge",
+        "SEBRIDGE_LOG_FORMAT": "json",
+        "SEBRIDGE_HEARTBEAT_INTERVAL": "120",
+    }
+    # Nothing else: no venv (--no-pip), no stray temp file.
+    written = sorted(
+        p.relative_to(installed).as_posix() for p in installed.rglob("*") if p.is_file()
+    )
+    assert written == [ENV_PATH, UNIT_PATH]
+
+
+def test_the_forwarder_accepts_the_written_configuration(installed: Path) -> None:
+    config_module = REPO / "forwarder" / "config.py"
+    if not config_module.exists():
+        pytest.fail("forwarder/config.py is missing: cannot check the installed configuration")
+    from forwarder.config import parse_config
+
+    config = parse_config([], read_env_file(installed / ENV_PATH))
+    assert config.namespace == NAMESPACE
+    assert config.client_id == CLIENT_ID
+    assert config.state_dir == Path("/var/lib/sebridge")
+    assert config.log_format == "json"
+    assert config.heartbeat_interval == 120
+    assert config.connection_string is None
+
+
+def test_installer_knows_every_setting_the_forwarder_reads() -> None:
+    script = SCRIPT.read_text()
+    passthrough = set(re.search(r'readonly PASSTHROUGH="([^"]+)"', script).group(1).split())
+    fixed = {"SEBRIDGE_NAMESPACE", "AZURE_CLIENT_ID", "SEBRIDGE_STATE_DIR"}
+    config_module = REPO / "forwarder" / "config.py"
+    read = set(re.findall(r'"(SEBRIDGE_[A-Z_]+|AZURE_CLIENT_ID)"', config_module.read_text()))
+    assert read, "forwarder/config.py reads no SEBRIDGE_* setting?"
+    # A connection string is a secret and the namespace has local auth off: never installed.
+    assert read - {"SEBRIDGE_CONNECTION_STRING"} == passthrough | fixed
+
+
+def test_rerun_updates_the_configuration_in_place(installed: Path) -> None:
+    proc = run_installer(
+        installed,
+        {"SEBRIDGE_NAMESPACE": "sbns-other.servicebus.windows.net", "AZURE_CLIENT_ID": CLIENT_ID},
+        *SKIP_SYSTEM,
+    )
+    assert proc.returncode == 0, proc.stderr
+    values = read_env_file(installed / ENV_PATH)
+    assert values["SEBRIDGE_NAMESPACE"] == "sbns-other.servicebus.windows.net"
+    assert "SEBRIDGE_LOG_FORMAT" not in values  # the file is rewritten, not appended to
+    assert sorted(p.name for p in (installed / "etc" / "sebridge").iterdir()) == ["forwarder.env"]
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "message"),
+    [
+        ({"AZURE_CLIENT_ID": CLIENT_ID}, SKIP_SYSTEM, "SEBRIDGE_NAMESPACE is required"),
+        ({"SEBRIDGE_NAMESPACE": NAMESPACE}, SKIP_SYSTEM, "AZURE_CLIENT_ID is required"),
+        (
+            {
+                "SEBRIDGE_NAMESPACE": "https://x.servicebus.windows.net",
+                "AZURE_CLIENT_ID": CLIENT_ID,
+            },
+            SKIP_SYSTEM,
+            "must be a host name",
+        ),
+        ({"SEBRIDGE_NAMESPACE": NAMESPACE, "AZURE_CLIENT_ID": "not-a-guid"}, SKIP_SYSTEM, "GUID"),
+        (
+            {
+                "SEBRIDGE_NAMESPACE": NAMESPACE,
+                "AZURE_CLIENT_ID": CLIENT_ID,
+                "SEBRIDGE_CONNECTION_STRING": "Endpoint=sb://localhost/;SharedAccessKeyName=x",
+            },
+            SKIP_SYSTEM,
+            "managed identity",
+        ),
+        (
+            {
+                "SEBRIDGE_NAMESPACE": NAMESPACE,
+                "AZURE_CLIENT_ID": CLIENT_ID,
+                "SEBRIDGE_VM_NAME": "vm1\nSEBRIDGE_NAMESPACE=evil.example",
+            },
+            SKIP_SYSTEM,
+            "SEBRIDGE_VM_NAME contains characters",
+        ),
+        (
+            {
+                "SEBRIDGE_NAMESPACE": NAMESPACE,
+                "AZURE_CLIENT_ID": CLIENT_ID,
+                "SEBRIDGE_STATE_DIR": "/tmp/s",
+            },
+            SKIP_SYSTEM,
+            "SEBRIDGE_STATE_DIR must be /var/lib/sebridge",
+        ),
+        (
+            {"SEBRIDGE_NAMESPACE": NAMESPACE, "AZURE_CLIENT_ID": CLIENT_ID},
+            ["--no-user", "--no-pip"],
+            "SEBRIDGE_ROOT needs --no-start",
+        ),
+        (
+            {"SEBRIDGE_NAMESPACE": NAMESPACE, "AZURE_CLIENT_ID": CLIENT_ID},
+            [*SKIP_SYSTEM, "--bogus"],
+            "unknown option",
+        ),
+    ],
+    ids=[
+        "no-namespace",
+        "no-client-id",
+        "namespace-url",
+        "client-id-not-guid",
+        "connection-string",
+        "newline-injection",
+        "state-dir",
+        "root-needs-no-start",
+        "unknown-option",
+    ],
+)
+def test_installer_refuses_bad_input_before_writing(
+    tmp_path: Path, env: dict[str, str], args: list[str], message: str
+) -> None:
+    proc = run_installer(tmp_path, env, *args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing may be written on bad input"
+    # Secrets are never echoed back.
+    assert "SharedAccessKeyName" not in proc.stdout + proc.stderr
+
+
+def test_help_documents_the_interface() -> None:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0
+    for word in (
+        "SEBRIDGE_NAMESPACE",
+        "AZURE_CLIENT_ID",
+        "SEBRIDGE_PACKAGE",
+        "SEBRIDGE_ROOT",
+        "--no-pip",
+    ):
+        assert word in proc.stdout
+
+
+# --- the unit ---------------------------------------------------------------------------------
+
+
+def test_unit_runs_the_installed_forwarder_with_hardening() -> None:
+    directives = unit_directives(UNIT.read_text())
+    values: dict[str, list[str]] = {}
+    for key, value in directives:
+        values.setdefault(key, []).append(value)
+    script = SCRIPT.read_text()
+    assert "readonly PREFIX=/opt/sebridge" in script and 'readonly VENV="$PREFIX/venv"' in script
+    assert values["ExecStart"] == ["/opt/sebridge/venv/bin/sebridge forwarder"]
+    assert values["User"] == ["sebridge"] and "readonly SERVICE_USER=sebridge" in script
+    assert values["EnvironmentFile"][0] == "/etc/sebridge/forwarder.env"
+    assert 'readonly ENV_FILE="$CONF_DIR/forwarder.env"' in script
+    expected = {
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "StateDirectory": "sebridge",
+        "Restart": "always",
+        "CapabilityBoundingSet": "",
+        "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
+    }
+    for key, value in expected.items():
+        assert values.get(key) == [value], key
+    assert int(values["RestartSec"][0]) >= 1
+
+
+@pytest.fixture
+def verify_root(installed: Path, systemd_units_dir: Path) -> Path:
+    """The installed root plus system units and a stand-in for the venv's entry point."""
+    units = installed / "usr" / "lib" / "systemd"
+    units.mkdir(parents=True)
+    shutil.copytree(systemd_units_dir, units / "system", symlinks=True)
+    entry = installed / "opt" / "sebridge" / "venv" / "bin" / "sebridge"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("#!/bin/sh\nexit 0\n")
+    entry.chmod(0o755)
+    return installed
+
+
+def _verify(systemd_analyze: str, root: Path, unit: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [systemd_analyze, "verify", f"--root={root}", f"/{unit}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_systemd_analyze_verify_accepts_the_installed_unit(
+    systemd_analyze: str, verify_root: Path
+) -> None:
+    proc = _verify(systemd_analyze, verify_root, UNIT_PATH)
+    # verify exits 0 on unknown keys too (it only warns), so any output is a failure.
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "" and proc.stderr.strip() == "", proc.stderr
+
+
+def test_systemd_analyze_verify_catches_a_broken_unit(
+    systemd_analyze: str, verify_root: Path
+) -> None:
+    """Control: the same check reports a typo and a missing ExecStart, so it really verifies."""
+    broken = verify_root / "etc/systemd/system/sebridge-broken.service"
+    broken.write_text(
+        UNIT.read_text()
+        .replace("NoNewPrivileges=yes", "NoNewPrivilege=yes")
+        .replace("/opt/sebridge/venv/bin/sebridge", "/opt/sebridge/venv/bin/missing")
+    )
+    proc = _verify(systemd_analyze, verify_root, "etc/systemd/system/sebridge-broken.service")
+    output = proc.stdout + proc.stderr
+    assert "NoNewPrivilege" in output
+    assert "missing" in output
+
+
+def test_unit_exposure_is_low(systemd_analyze: str, verify_root: Path) -> None:
+    proc = subprocess.run(
+        [systemd_analyze, "security", "--offline=yes", f"--root={verify_root}", f"/{UNIT_PATH}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", proc.stdout)
+    assert match, proc.stdout[-500:]
+    assert float(match.group(1)) <= 2.0, proc.stdout
+
+
+# --- the Custom Script Extension command ----------------------------------------------------
+
+
+def _render_install_command(namespace: str, client_id: str, package: str) -> str:
+    """forwarder.bicep's installCommand with its interpolations done as ARM would."""
+    tree = parse(INFRA / "forwarder.bicep")
+    variables = tree["variables"]
+    template = variables["installCommand"]["value"]
+    files = {}
+    for name in ("scriptBase64", "unitBase64"):
+        load = variables[name]["value"]["function"]
+        assert load["type"] == "load_file_as_base64"
+        path = INFRA / next(iter(load["parameters"].values()))
+        files[name] = base64.b64encode(path.read_bytes()).decode()
+    b64 = {
+        "serviceBusNamespace": namespace,
+        "forwarderIdentityClientId": client_id,
+        "packageSource": package,
+    }
+    rendered = template
+    for name, value in files.items():
+        rendered = rendered.replace("${" + name + "}", value)
+    for name, value in b64.items():
+        rendered = rendered.replace(
+            "${base64(" + name + ")}", base64.b64encode(value.encode()).decode()
+        )
+    assert "${" not in rendered, rendered
+    return rendered
+
+
+def test_extension_command_ships_this_commits_files_and_quotes_safely(tmp_path: Path) -> None:
+    # A spec with shell metacharacters: it must reach pip verbatim.
+    package = "scheduled-events-bridge>=0.1,<0.2; python_version >= '3.11'"
+    command = _render_install_command(NAMESPACE, CLIENT_ID, package)
+    assert command.endswith("bash install-forwarder.sh")
+    root = tmp_path / "root"
+    root.mkdir()
+    work = tmp_path / "extension"
+    work.mkdir()
+    # Run it like the extension (sh -c, in its working directory), but into the test root.
+    proc = subprocess.run(
+        ["sh", "-c", f"{command} {' '.join(SKIP_SYSTEM)}"],
+        cwd=work,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SEBRIDGE_ROOT": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"package: {package}\n" in proc.stdout
+    assert (work / "sebridge" / "install-forwarder.sh").read_bytes() == SCRIPT.read_bytes()
+    assert (root / UNIT_PATH).read_bytes() == UNIT.read_bytes()
+    values = read_env_file(root / ENV_PATH)
+    assert values["SEBRIDGE_NAMESPACE"] == NAMESPACE
+    assert values["AZURE_CLIENT_ID"] == CLIENT_ID
+
+
+def test_extension_keeps_the_command_in_protected_settings() -> None:
+    for name in ("forwarder-vm.bicep", "forwarder-vmss.bicep"):
+        tree = parse(INFRA / "modules" / name)
+        (installer,) = [r for r in tree["resources"].values() if r["type"].endswith("/extensions")]
+        props = installer["config"]["properties"]
+        assert props["publisher"] == "Microsoft.Azure.Extensions"
+        assert props["type"] == "CustomScript"
+        assert props["protectedSettings"] == {"commandToExecute": "installCommand"}
+        assert "settings" not in props
+    default = parse(INFRA / "forwarder.bicep")["parameters"]["packageSource"]["default"]
+    assert default == "scheduled-events-bridge==0.1.0"
+    assert "scheduled-events-bridge==0.1.0" in SCRIPT.read_text()  # same documented default
