@@ -29,6 +29,28 @@ class RetryPolicy:
     statuses: Collection[int] = (429, 500, 502, 503, 504)
 
 
+class RedactQueryStrings(logging.Filter):
+    """Cut query strings out of urllib3's request log lines (a webhook's signature is there)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                a.split("?", 1)[0] + "?<redacted>" if isinstance(a, str) and "?" in a else a
+                for a in record.args
+            )
+        return True
+
+
+_REDACTOR = RedactQueryStrings()
+
+
+def redact_urllib3_logs() -> None:
+    """Idempotent: urllib3 logs every request's URL at DEBUG, query string included."""
+    logger = logging.getLogger("urllib3.connectionpool")
+    if _REDACTOR not in logger.filters:
+        logger.addFilter(_REDACTOR)
+
+
 def retry_after(response: requests.Response, now: Callable[[], float] = time.time) -> float | None:
     """Retry-After in seconds (delta-seconds or an HTTP date), or None."""
     value = response.headers.get("Retry-After", "").strip()

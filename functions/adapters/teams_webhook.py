@@ -7,7 +7,7 @@ from typing import Any
 
 import requests
 
-from functions.adapters.retry import RetryPolicy, send
+from functions.adapters.retry import RetryPolicy, redact_urllib3_logs, send
 from functions.cards import teams_payload
 
 log = logging.getLogger("sebridge.functions.teams")
@@ -24,6 +24,7 @@ class TeamsWebhookPoster:
         self._url = url  # a secret: its query string carries the workflow's signature
         self._session = session or requests.Session()
         self._policy = policy
+        redact_urllib3_logs()
 
     def __repr__(self) -> str:
         return "TeamsWebhookPoster(url=<secret>)"

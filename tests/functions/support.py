@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import azure.functions as func
+from azure.functions.servicebus import ServiceBusMessage
 
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.teams import FakeTeams
@@ -61,9 +61,9 @@ def base_env(teams: FakeTeams, arm: FakeArm) -> dict[str, str]:
     }
 
 
-def sb_message(envelope: Envelope, *, body: bytes | None = None) -> func.ServiceBusMessage:
-    """The message as the Functions worker hands it to a Service Bus trigger."""
-    return func.ServiceBusMessage(
+def sb_message(envelope: Envelope, *, body: bytes | None = None) -> ServiceBusMessage:
+    """The message as the Functions worker hands it to a Service Bus trigger (its own class)."""
+    return ServiceBusMessage(
         body=envelope.body_bytes() if body is None else body,
         message_id=envelope.message_id,
         session_id=envelope.session_id,
