@@ -110,3 +110,17 @@ def test_every_checkov_skip_is_justified_next_to_its_resource(
         for m in re.findall(r"checkov:skip=(CKV\w+):", p.read_text())
     }
     assert written == honoured
+
+
+@pytest.mark.parametrize("template", ["main.bicep", "forwarder.bicep"])
+def test_deploy_guide_documents_every_parameter(template: str) -> None:
+    guide = (INFRA / "DEPLOY.md").read_text()
+    table = guide.split(f"| Parameter (`{template}`)", 1)[1].split("\n\n", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
+    assert documented == set(parse(INFRA / template)["parameters"])
+
+
+def test_deploy_guide_documents_every_output() -> None:
+    guide = (INFRA / "DEPLOY.md").read_text()
+    for name in parse(INFRA / "main.bicep")["outputs"]:
+        assert f"`{name}`" in guide, name
