@@ -1,0 +1,109 @@
+"""The real forwarder publishing to the local Service Bus emulator, read back with the real SDK.
+
+Entities are the project's own (infra/servicebus-emulator/Config.json): the topic's SQL filters
+and sessions decide what each subscription sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulators.imds.testing import expected_transitions, running_simulator
+from emulators.processes import ChildProcess, forwarder
+from emulators.servicebus.testing import running_emulator
+from sebridge.contract.events import parse_message
+from tests.support.bus import receive_all
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
+TOPIC = "scheduled-events"
+
+
+@pytest.fixture
+def emulator() -> Iterator[Any]:
+    with running_emulator(CONFIG) as process:
+        yield process
+
+
+def forwarder_to(emulator: Any, sim_url: str, state: Path, *extra: str) -> ChildProcess:
+    return forwarder(
+        sim_url, state, "--connection-string", emulator.connection_string, *extra, dry_run=False
+    )
+
+
+@pytest.mark.timeout(120)
+def test_subscriptions_see_what_their_filters_select(emulator: Any, tmp_path: Path) -> None:
+    lifecycle = [e["transition"] for e in expected_transitions("user-reboot")]
+    with (
+        running_simulator("user-reboot", speed=8, extra_args=["--start-on-first-poll"]) as sim,
+        forwarder_to(emulator, sim.base_url, tmp_path, "--heartbeat-interval", "600") as fw,
+    ):
+        lb = receive_all(emulator.connection_string, "lb-pools", want=len(lifecycle), timeout=30)
+        assert fw.alive, fw.stderr_text()[-3000:]
+        audit = receive_all(emulator.connection_string, "audit", want=len(lifecycle) + 1)
+        gate = receive_all(emulator.connection_string, "approval-gate", want=2)
+        teams = receive_all(emulator.connection_string, "teams", want=len(lifecycle))
+    assert [m["subject"] for m in lb] == lifecycle  # one session, in order
+    assert len({m["session_id"] for m in lb}) == 1
+    assert sorted(m["subject"] for m in audit) == sorted([*lifecycle, "Heartbeat"])
+    assert sorted(m["subject"] for m in gate) == ["Heartbeat", "Scheduled"]
+    assert [m["subject"] for m in teams] == lifecycle
+    for message in lb:
+        parsed = parse_message(message["body"])
+        assert parsed.transition.value == message["subject"] == message["properties"]["transition"]
+        assert message["properties"]["eventType"] == "Reboot"
+        assert message["properties"]["schemaVersion"] == 1
+        assert message["session_id"] == parsed.event_id
+        assert message["message_id"] == f"{parsed.event_id}:{message['subject']}"
+    heartbeat = next(m for m in audit if m["subject"] == "Heartbeat")
+    assert heartbeat["session_id"] == heartbeat["properties"]["vmName"]
+
+
+@pytest.mark.timeout(120)
+def test_two_forwarders_seeing_one_event_publish_it_once(emulator: Any, tmp_path: Path) -> None:
+    lifecycle = [e["transition"] for e in expected_transitions("user-reboot")]
+    with running_simulator("user-reboot", speed=8, extra_args=["--start-on-first-poll"]) as sim:
+        first = forwarder_to(emulator, sim.base_url, tmp_path / "a", "--vm-name", "vm-a")
+        second = forwarder_to(emulator, sim.base_url, tmp_path / "b", "--vm-name", "vm-b")
+        with first, second:
+            lb = receive_all(
+                emulator.connection_string, "lb-pools", want=len(lifecycle), timeout=30
+            )
+            time.sleep(1.0)
+            late = receive_all(emulator.connection_string, "lb-pools", want=0, timeout=3)
+            published = [
+                line
+                for fw in (first, second)
+                for line in fw.stderr_text().splitlines()
+                if " Completed " in line
+            ]
+    assert [m["subject"] for m in lb] == lifecycle
+    assert late == []  # the second forwarder's copies were dropped by duplicate detection
+    assert len(published) == 2  # ...although both forwarders did observe and publish them
+
+
+@pytest.mark.timeout(150)
+def test_outbox_drains_in_order_after_the_broker_returns(emulator: Any, tmp_path: Path) -> None:
+    with (
+        running_simulator("user-reboot", speed=0.1, extra_args=["--start-on-first-poll"]) as sim,
+        forwarder_to(emulator, sim.base_url, tmp_path) as fw,
+    ):
+        first = receive_all(emulator.connection_string, "lb-pools", want=1, timeout=30)
+        assert [m["subject"] for m in first] == ["Scheduled"]
+        emulator.stop()
+        sim.advance(16)  # Started while the broker is down
+        assert fw.wait_for(lambda _: "publish failed" in fw.stderr_text(), 30)
+        sim.advance(15)  # ...and Completed
+        assert fw.wait_for(lambda _: " Completed " in fw.stderr_text(), 15)
+        time.sleep(2)
+        emulator.start()
+        rest = receive_all(emulator.connection_string, "lb-pools", want=2, timeout=60)
+        log = fw.stderr_text()
+        assert fw.alive
+    assert [m["subject"] for m in rest] == ["Started", "Completed"], log[-3000:]
+    assert "Service Bus reachable again" in log
