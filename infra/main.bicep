@@ -32,7 +32,7 @@ param serviceBusPremiumCapacity int = 1
 @description('Duplicate detection window of the scheduled-events topic (ISO 8601 duration).')
 param topicDuplicateDetectionWindow string = 'P1D'
 
-@description('Resource groups (in this subscription) whose load balancer pools the lb-pools workflow may change; the app gets Network Contributor on each of them and on nothing else.')
+@description('Resource groups (in this subscription) whose VMs the bridge manages: lb-pools may change their load balancer pools, the gate may acknowledge their events. The app gets Network Contributor and Scheduled Events Contributor on each of them and on nothing else.')
 param lbManagedResourceGroups array = []
 
 @description('Event types for which lb-pools takes VMs out of their pools.')
@@ -207,9 +207,9 @@ module serviceBusRoles 'modules/servicebus-roles.bicep' = {
   }
 }
 
-// One deployment per managed resource group, so the grant's scope is that group only.
-module poolRoles 'modules/network-contributor.bicep' = [for rg in lbManagedResourceGroups: {
-  name: 'network-contributor-${rg}'
+// One deployment per managed resource group, so the grants' scope is that group only.
+module poolRoles 'modules/managed-group-roles.bicep' = [for rg in lbManagedResourceGroups: {
+  name: 'managed-group-roles-${rg}'
   scope: resourceGroup(rg)
   params: {
     functionAppPrincipalId: functionApp.outputs.principalId

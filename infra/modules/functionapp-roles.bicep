@@ -1,5 +1,5 @@
 // The Function App identity's roles on its platform resources: host storage, Key Vault and
-// Application Insights. (Service Bus roles: servicebus-roles.bicep; pools: network-contributor.bicep.)
+// Application Insights. (Service Bus roles: servicebus-roles.bicep; managed resource groups: managed-group-roles.bicep.)
 
 @description('Principal id of the Function App identity.')
 param functionAppPrincipalId string

@@ -27,6 +27,7 @@ KEY_VAULT_SECRETS_OFFICER = "b86a8fe4-44ce-4948-aee5-eccb2c155cd7"
 STORAGE_BLOB_DATA_OWNER = "b7e6dc6d-f1e8-4753-8033-0f276bb0955b"
 MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 NETWORK_CONTRIBUTOR = "4d97b98b-1d4f-4787-a291-c67834d212e7"
+SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"
 ROLE_NAMES = {
     SERVICE_BUS_DATA_RECEIVER: "Azure Service Bus Data Receiver",
     SERVICE_BUS_DATA_SENDER: "Azure Service Bus Data Sender",
@@ -35,6 +36,7 @@ ROLE_NAMES = {
     STORAGE_BLOB_DATA_OWNER: "Storage Blob Data Owner",
     MONITORING_METRICS_PUBLISHER: "Monitoring Metrics Publisher",
     NETWORK_CONTRIBUTOR: "Network Contributor",
+    SCHEDULED_EVENTS_CONTRIBUTOR: "Scheduled Events Contributor",
 }
 # Broad roles nobody here may get.
 FORBIDDEN_ROLES = {
@@ -54,7 +56,11 @@ EXPECTED_ROLES = {
     ("functionAppPrincipalId", "Microsoft.Storage/storageAccounts"): STORAGE_BLOB_DATA_OWNER,
     ("functionAppPrincipalId", "Microsoft.KeyVault/vaults"): KEY_VAULT_SECRETS_USER,
     ("functionAppPrincipalId", "Microsoft.Insights/components"): MONITORING_METRICS_PUBLISHER,
-    ("functionAppPrincipalId", "resourceGroup"): NETWORK_CONTRIBUTOR,
+    # Managed resource groups only: NIC pool membership; reading VMs and acknowledging events.
+    ("functionAppPrincipalId", "resourceGroup"): [
+        NETWORK_CONTRIBUTOR,
+        SCHEDULED_EVENTS_CONTRIBUTOR,
+    ],
     # Forwarders: publish to the topic, receive approve commands.
     ("forwarderPrincipalId", f"{SB}/topics"): SERVICE_BUS_DATA_SENDER,
     ("forwarderPrincipalId", f"{SB}/queues"): SERVICE_BUS_DATA_RECEIVER,
@@ -69,7 +75,11 @@ def _all_assignments() -> list[dict[str, Any]]:
 
 def test_role_assignments_are_exactly_the_least_privileged_table() -> None:
     found = Counter((a["principal"], a["scope_type"], a["role_guid"]) for a in _all_assignments())
-    expected = Counter((p, scope, role) for (p, scope), role in EXPECTED_ROLES.items())
+    expected = Counter(
+        (p, scope, role)
+        for (p, scope), roles in EXPECTED_ROLES.items()
+        for role in (roles if isinstance(roles, list) else [roles])
+    )
     assert found == expected
 
 
