@@ -36,7 +36,14 @@ from azure.servicebus import (
     ServiceBusReceiveMode,
     ServiceBusReceiver,
 )
-from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
+from azure.servicebus.exceptions import (
+    MessageAlreadySettled,
+    MessageLockLostError,
+    OperationTimeoutError,
+    ServiceBusError,
+    SessionCannotBeLockedError,
+    SessionLockLostError,
+)
 
 from emulators.functions_host import convert
 from emulators.functions_host.bindings import FunctionSpec, ServiceBusTrigger
@@ -47,6 +54,7 @@ from emulators.functions_host.sbclient import Backoff, ClientFactory, OutputSend
 
 SESSION_ACCEPT_WAIT_S = 2.0  # how long one NEXT_AVAILABLE_SESSION accept waits on the broker
 RECEIVE_WAIT_S = 1.0  # one receive call's wait: also how quickly a thread notices stop
+SETTLE_ATTEMPTS = 3  # complete/abandon tries before the message is left to redelivery
 MIN_ACCEPT_INTERVAL_S = 0.5  # a broker that refuses accepts at once must not be spun on
 
 
@@ -192,7 +200,13 @@ class _ReceiverWorker(threading.Thread):
     def _factory_client(self) -> ServiceBusClient:
         with self._client_lock:
             if self._client is None:
-                self._client = self.dispatcher._factory(self.function.trigger.connection)
+                # The SDK retries a NEXT_AVAILABLE_SESSION accept that timed out (no session
+                # waiting) as if it were a fault, multiplying the wait; this loop already asks
+                # again, so session clients do not retry and settlement retries itself.
+                retries = 0 if self.function.trigger.sessions else 2
+                self._client = self.dispatcher._factory(
+                    self.function.trigger.connection, retry_total=retries
+                )
             return self._client
 
     def _close_client(self) -> None:
@@ -359,10 +373,7 @@ class _ReceiverWorker(threading.Thread):
         action = "abandoned" if failed else "completed"
         for message in messages:
             try:
-                if failed:
-                    receiver.abandon_message(message)
-                else:
-                    receiver.complete_message(message)
+                self._settle_one(receiver, message, failed=failed)
             except Exception as exc:  # noqa: BLE001 - the broker will redeliver; keep going
                 event(
                     self._logger,
@@ -375,3 +386,21 @@ class _ReceiverWorker(threading.Thread):
                 )
                 action = "settle-failed"
         return action
+
+    def _settle_one(
+        self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage, *, failed: bool
+    ) -> None:
+        backoff = Backoff(base=0.2, cap=2.0)
+        for attempt in range(SETTLE_ATTEMPTS):
+            try:
+                if failed:
+                    receiver.abandon_message(message)
+                else:
+                    receiver.complete_message(message)
+                return
+            except (MessageLockLostError, SessionLockLostError, MessageAlreadySettled):
+                raise  # retrying cannot help: the lock is gone
+            except ServiceBusError:
+                if attempt + 1 >= SETTLE_ATTEMPTS or self.dispatcher.stopping.is_set():
+                    raise
+                time.sleep(backoff.next_delay())

@@ -23,14 +23,15 @@ from emulators.functions_host.connection import (
     IdentityConnection,
 )
 
-ClientFactory = Callable[[Connection], ServiceBusClient]
+ClientFactory = Callable[..., ServiceBusClient]  # (connection, *, retry_total=2) -> client
 
 
-def make_client(connection: Connection) -> ServiceBusClient:
+def make_client(connection: Connection, *, retry_total: int = 2) -> ServiceBusClient:
+    """A client for one connection; `retry_total` is the SDK's own retry count per operation."""
     if isinstance(connection, ConnectionStringConnection):
         return ServiceBusClient.from_connection_string(
             connection.connection_string,
-            retry_total=2,
+            retry_total=retry_total,
             retry_backoff_factor=0.5,
             retry_backoff_max=4,
         )
@@ -46,7 +47,7 @@ def make_client(connection: Connection) -> ServiceBusClient:
     return ServiceBusClient(
         connection.fully_qualified_namespace,
         credential,
-        retry_total=2,
+        retry_total=retry_total,
         retry_backoff_factor=0.5,
         retry_backoff_max=4,
     )

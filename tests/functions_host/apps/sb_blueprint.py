@@ -93,3 +93,16 @@ async def async_handler(msg: func.ServiceBusMessage) -> None:
 
     await asyncio.sleep(0)
     async_seen.add(msg.get_body().decode())
+
+
+slow_started = Recorder()
+slow_finished = Recorder()
+
+
+@bp.function_name("slow")
+@bp.service_bus_queue_trigger(arg_name="msg", connection="FhServiceBus", queue_name="slow-in")
+def slow(msg: func.ServiceBusMessage) -> None:
+    # Long enough for a test to ask the host to stop while this invocation is in flight.
+    slow_started.add(msg.message_id)
+    time.sleep(1.5)
+    slow_finished.add(msg.message_id)
