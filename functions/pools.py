@@ -169,7 +169,9 @@ def plan_drain(nic: Mapping[str, Any], nic_id: str) -> NicChange | None:
     record_tags = encode_record(record, nic_id)  # raises before anything is changed
     body = copy.deepcopy(dict(nic))
     for config in _ip_configurations(body):
-        config.get("properties", {}).pop("loadBalancerBackendAddressPools", None)
+        props = config.get("properties", {})
+        if props.get("loadBalancerBackendAddressPools"):
+            props["loadBalancerBackendAddressPools"] = []
     _set_tags(body, record_tags)
     return NicChange(body=body, pools=current)
 

@@ -298,5 +298,6 @@ class FakeArm(LoopbackServer):
         done = op["remaining"] <= 0
         op["remaining"] -= 1
         if path.startswith("/fake/operations/"):
-            return Reply(200, {"status": "Succeeded" if done else "InProgress"})
+            status = "Succeeded" if done else "InProgress"
+            return Reply(200, {"status": status}, {"Retry-After": "0"})
         return Reply(200, b"") if done else Reply(202, b"", {"Retry-After": "0"})

@@ -1,0 +1,189 @@
+"""lb-pools: through the function object, against the loopback ARM over real HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulators.fakes.arm import FakeArm
+from emulators.fakes.identity import FakeIdentity
+from functions import pools
+from functions.adapters.retry import TransientHttpError
+from sebridge.contract.events import Observer, parse_message
+from tests.fixtures import golden
+from tests.functions.support import EVENT_ID, RG, SUB, App, envelope
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def world(arm_fake: FakeArm) -> dict[str, str]:
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a", "pool-b"])
+    shared = arm_fake.add_load_balancer(SUB, "rg-shared", "lb-int", ["pool-x"])
+    pool_a, pool_b, pool_x = (
+        f"{lb}/backendAddressPools/pool-a",
+        f"{lb}/backendAddressPools/pool-b",
+        f"{shared}/backendAddressPools/pool-x",
+    )
+    return {
+        "web-1": arm_fake.add_vm(SUB, RG, "web-1", [pool_a, pool_b, pool_x], ip_configs=2),
+        "web-2": arm_fake.add_vm(SUB, RG, "web-2", [pool_a]),
+        "pool-a": pool_a,
+    }
+
+
+def nic_id(world: dict[str, str], vm: str) -> str:
+    return world[vm].replace("Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces") + "-nic"
+
+
+def test_scheduled_drains_every_affected_vm_and_publishes_prepared(
+    app: App, world: dict[str, str], identity_fake: FakeIdentity
+) -> None:
+    before = {vm: app.arm.vm_pools(world[vm]) for vm in ("web-1", "web-2")}
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    assert app.arm.vm_pools(world["web-1"]) == [] and app.arm.vm_pools(world["web-2"]) == []
+    tags = app.arm.nic(nic_id(world, "web-1"))["tags"]
+    assert tags[pools.TAG] == "ipconfig1=lb-web/pool-a,lb-web/pool-b,rg-shared/lb-int/pool-x"
+    assert tags["owner"] == "web-team"
+    (prepared,) = app.publisher.published
+    assert prepared.message_id == f"{EVENT_ID}:Prepared"
+    assert prepared.session_id == EVENT_ID and prepared.subject == "Prepared"
+    parsed = parse_message(prepared.body_bytes())
+    assert parsed.source == "urn:sebridge:function:lb-pools"
+    assert parsed.observer.vm_name == "web-1" and parsed.data["prepared"]["vms"] == ["web-1", "web-2"]
+    # ARM saw a bearer token that azure-identity fetched from the managed-identity endpoint
+    assert all(r.headers["authorization"].startswith("Bearer fake-") for r in app.arm.requests)
+    assert "https://management.azure.com" in identity_fake.issued.values()
+    assert {r.query["api-version"] for r in app.arm.requests} == {"2024-07-01", "2024-05-01"}
+    assert before["web-2"] == [world["pool-a"]]
+
+
+def test_replays_change_nothing_more(app: App, world: dict[str, str]) -> None:
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    writes = len(app.arm.writes())
+    assert writes == 2
+    app.deliver("lb_pools", golden.build()["scheduled"])  # duplicate delivery
+    app.deliver("lb_pools", golden.build()["updated"])
+    app.deliver("lb_pools", golden.build()["started"])
+    assert len(app.arm.writes()) == writes
+    # Prepared again for the replays: the same message_id, collapsed by duplicate detection
+    assert {m.message_id for m in app.publisher.published} == {f"{EVENT_ID}:Prepared"}
+
+
+def test_completed_restores_exactly_what_was_removed(app: App, world: dict[str, str]) -> None:
+    before = {vm: sorted(app.arm.vm_pools(world[vm])) for vm in ("web-1", "web-2")}
+    nic_before = app.arm.nic(nic_id(world, "web-1"))
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    app.deliver("lb_pools", golden.build()["completed"])
+    assert {vm: sorted(app.arm.vm_pools(world[vm])) for vm in before} == before
+    nic_after = app.arm.nic(nic_id(world, "web-1"))
+    assert nic_after["tags"] == nic_before["tags"]
+    assert nic_after["properties"]["ipConfigurations"] == nic_before["properties"]["ipConfigurations"]
+    writes = len(app.arm.writes())
+    app.deliver("lb_pools", golden.build()["completed"])
+    app.deliver("lb_pools", golden.build()["cancelled"])
+    assert len(app.arm.writes()) == writes
+    assert [c.split()[0] for c in app.arm.changes].count("+") == 4
+
+
+@pytest.mark.parametrize("event_type", ["Terminate", "Preempt"])
+def test_no_restore_after_the_vm_is_gone(app: App, world: dict[str, str], event_type: str) -> None:
+    app.deliver("lb_pools", envelope("Scheduled", EventType=event_type))
+    assert app.arm.vm_pools(world["web-2"]) == []
+    app.deliver("lb_pools", envelope("Completed", EventType=event_type, EventStatus="Started"))
+    assert app.arm.vm_pools(world["web-2"]) == []
+    assert len(app.arm.writes()) == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "drained"),
+    [
+        ({"EventType": "Freeze", "DurationInSeconds": 5}, False),
+        ({"EventType": "Freeze", "DurationInSeconds": 9}, True),
+        ({"EventType": "Freeze", "DurationInSeconds": -1}, True),
+        ({"EventType": "Redeploy"}, True),
+    ],
+)
+def test_only_impactful_events_drain(
+    app: App, world: dict[str, str], fields: dict[str, object], drained: bool
+) -> None:
+    app.deliver("lb_pools", envelope("Scheduled", **fields))
+    assert (app.arm.vm_pools(world["web-2"]) == []) is drained
+    assert bool(app.publisher.published) is drained
+
+
+def test_configured_impactful_types(make_app, world: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(LB_IMPACTFUL_EVENT_TYPES="Terminate", LB_FREEZE_THRESHOLD_SECONDS="60")
+    app.deliver("lb_pools", envelope("Scheduled", EventType="Reboot"))
+    app.deliver("lb_pools", envelope("Scheduled", EventType="Freeze", DurationInSeconds=30))
+    assert not app.arm.writes()
+    app.deliver("lb_pools", envelope("Scheduled", EventType="Terminate"))
+    assert len(app.arm.writes()) == 2
+
+
+def test_409_and_429_are_retried_honouring_retry_after(app: App, world: dict[str, str]) -> None:
+    app.arm.fail(409, times=1, method="PUT", retry_after="0")
+    app.arm.fail(429, times=1, method="GET", path_contains="virtualMachines/web-2", retry_after="1")
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    assert app.arm.vm_pools(world["web-1"]) == [] and app.arm.vm_pools(world["web-2"]) == []
+    statuses = [r.method for r in app.arm.requests]
+    assert statuses.count("PUT") == 3  # one answered 409, then both NICs
+    assert app.publisher.published
+
+
+def test_persistent_5xx_raises_for_redelivery(app: App, world: dict[str, str]) -> None:
+    app.arm.fail(503, times=10, method="PUT", retry_after="0")
+    with pytest.raises(TransientHttpError, match="ARM put NIC: HTTP 503 after 4"):
+        app.deliver("lb_pools", golden.build()["scheduled"])
+    assert not app.publisher.published
+    assert app.arm.vm_pools(world["web-1"])  # nothing changed
+
+
+def test_a_stale_etag_is_re_read(app: App, world: dict[str, str]) -> None:
+    app.arm.fail(412, times=1, method="PUT")
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    assert app.arm.vm_pools(world["web-1"]) == []
+    assert [r.method for r in app.arm.requests].count("PUT") == 3
+
+
+def test_a_vm_that_no_longer_exists_is_logged_and_completed(
+    app: App, world: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    app.arm.remove(world["web-2"])
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    assert app.arm.vm_pools(world["web-1"]) == []
+    assert "VM not found in ARM" in caplog.text
+    assert app.publisher.published  # a VM that is gone is in no pool
+
+
+def test_a_nic_that_no_longer_exists_is_logged(app: App, world: dict[str, str],
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    app.arm.remove(nic_id(world, "web-2"))
+    app.deliver("lb_pools", golden.build()["completed"])
+    assert "NIC not found" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["azure-async", "location"])
+def test_long_running_puts_are_followed(app: App, world: dict[str, str], mode: str) -> None:
+    app.arm.async_mode, app.arm.async_polls = mode, 2
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    polls = [r for r in app.arm.requests if r.path.startswith("/fake/")]
+    assert len(polls) == 2 * 3  # two NICs, each "in progress" twice, then done
+    assert app.publisher.published
+
+
+def test_uniform_scale_set_instances_are_left_alone(app: App, arm_fake: FakeArm,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-ss", ["pool"])
+    instance = arm_fake.add_vmss_instance(SUB, RG, "ss", "3", [f"{lb}/backendAddressPools/pool"])
+    observer = Observer(vm_name="ss_3", subscription_id=SUB, resource_group=RG,
+                        vm_scale_set_name="ss")
+    app.deliver("lb_pools", envelope("Scheduled", observer, Resources=["ss_3"]))
+    assert not app.arm.writes() and not app.publisher.published
+    assert any(r.path.lower() == instance.lower() for r in app.arm.requests)
+    assert "Uniform scale-set instance" in caplog.text
+
+
+def test_a_message_without_scope_is_logged(app: App, caplog: pytest.LogCaptureFixture) -> None:
+    observer = Observer(vm_name="web-1")
+    app.deliver("lb_pools", envelope("Scheduled", observer))
+    assert not app.arm.requests and "carries no subscriptionId" in caplog.text
