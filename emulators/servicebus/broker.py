@@ -146,12 +146,16 @@ class MessageStore:
     """A queue, a subscription, or a dead-letter queue: what a receiver reads from."""
 
     def __init__(
-        self, path: str, settings: ReceiverSettings, *, dead_letter: MessageStore | None = None
+        self,
+        path: str,
+        settings: ReceiverSettings,
+        *,
+        dead_letter_queue: MessageStore | None = None,
     ) -> None:
         self.path = path
         self.settings = settings
-        self.dead_letter = dead_letter
-        self.is_dead_letter_queue = dead_letter is None
+        self.dead_letter_queue = dead_letter_queue
+        self.is_dead_letter_queue = dead_letter_queue is None
         self.messages: dict[int, StoredMessage] = {}
         self._ready: list[tuple[int, StoredMessage]] = []
         self._locks: dict[uuid.UUID, StoredMessage] = {}
@@ -334,7 +338,7 @@ class MessageStore:
     def _to_dead_letter(
         self, message: StoredMessage, reason: str | None, description: str | None, now: float
     ) -> None:
-        if self.dead_letter is None:
+        if self.dead_letter_queue is None:
             return  # a dead-lettered message in a dead-letter queue just goes away
         copy = message.copy_for()
         copy.delivery_count = message.delivery_count
@@ -345,7 +349,7 @@ class MessageStore:
         if description is not None:
             application["DeadLetterErrorDescription"] = description
         copy.application_raw = encode_application_properties(application)
-        self.dead_letter.enqueue(copy, now)
+        self.dead_letter_queue.enqueue(copy, now)
 
     # -- deferred and peek -------------------------------------------------------------------
     def receive_deferred(
@@ -574,7 +578,7 @@ class Queue(SendTarget):
     def __init__(self, name: str, sending: SenderSettings, receiving: ReceiverSettings) -> None:
         super().__init__(name, sending)
         dlq = MessageStore(f"{name}/$DeadLetterQueue", receiving)
-        self.store = MessageStore(name, receiving, dead_letter=dlq)
+        self.store = MessageStore(name, receiving, dead_letter_queue=dlq)
 
     def route(self, seq: int, sections: Sections, now: float) -> None:
         ttls = (self.settings.default_ttl, self.store.settings.default_ttl)
@@ -633,20 +637,20 @@ class Namespace:
             for s in t.subscriptions:
                 path = f"{t.name}/Subscriptions/{s.name}"
                 dlq = MessageStore(f"{path}/$DeadLetterQueue", s.receiving)
-                store = MessageStore(path, s.receiving, dead_letter=dlq)
+                store = MessageStore(path, s.receiving, dead_letter_queue=dlq)
                 topic.subscriptions[s.name.lower()] = Subscription(s.name, store, s.rules)
             self.topics[t.name.lower()] = topic
 
     def stores(self) -> Iterable[MessageStore]:
         for q in self.queues.values():
             yield q.store
-            if q.store.dead_letter is not None:
-                yield q.store.dead_letter
+            if q.store.dead_letter_queue is not None:
+                yield q.store.dead_letter_queue
         for t in self.topics.values():
             for sub in t.subscriptions.values():
                 yield sub.store
-                if sub.store.dead_letter is not None:
-                    yield sub.store.dead_letter
+                if sub.store.dead_letter_queue is not None:
+                    yield sub.store.dead_letter_queue
 
     def targets(self) -> Iterable[SendTarget]:
         yield from self.queues.values()
@@ -665,14 +669,14 @@ class Namespace:
         resolved: Resolved | None = None
         if len(lowered) == 1 and lowered[0] in self.queues:
             queue = self.queues[lowered[0]]
-            store = queue.store.dead_letter if dead else queue.store
+            store = queue.store.dead_letter_queue if dead else queue.store
             resolved = Resolved(None if dead else queue, store)
         elif len(lowered) == 1 and lowered[0] in self.topics and not dead:
             resolved = Resolved(self.topics[lowered[0]], None)
         elif len(lowered) == 3 and lowered[1] == "subscriptions" and lowered[0] in self.topics:
             sub = self.topics[lowered[0]].subscriptions.get(lowered[2])
             if sub is not None:
-                resolved = Resolved(None, sub.store.dead_letter if dead else sub.store)
+                resolved = Resolved(None, sub.store.dead_letter_queue if dead else sub.store)
         if resolved is None:
             raise EntityNotFound(
                 f"The messaging entity '{self.name}:{path}' could not be found. "

@@ -85,6 +85,9 @@ def handle(
         response = handler(resolved, body, now)
     except BrokerError as exc:
         return Response(exc.status, exc.description, condition=exc.condition)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        # a malformed request body; answer it rather than leave the client waiting
+        return Response(400, f"bad {operation} request: {exc}", condition="amqp:invalid-field")
     on_change()
     return response
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proton import Condition, Delivery, Endpoint, Link, symbol
+from proton import Condition, Delivery, Endpoint, Link, Terminus, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
@@ -205,7 +205,17 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         link.open()
 
     def _refuse(self, link: Link, condition: str, description: str) -> None:
-        self._open(link)
+        # Like Service Bus: attach with the node's terminus null, then detach with the error.
+        # The SDK reads the null terminus as "link refused" and raises from the detach's error.
+        if link.is_receiver:
+            link.source.copy(link.remote_source)
+            link.target.type = Terminus.UNSPECIFIED
+        else:
+            link.target.copy(link.remote_target)
+            link.source.type = Terminus.UNSPECIFIED
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link.open()
         link.condition = Condition(condition, description)
         link.close()
 
@@ -394,6 +404,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 self._settle_outgoing(state, dlv, now)
             except Exception:
                 LOG.exception("failed to settle a delivery on %r", link.name)
+                self._reject(dlv, "amqp:internal-error", "the emulator failed to settle this")
         elif dlv.settled:  # proton: settled means settled by the peer
             dlv.settle()
         self._flush(now)

@@ -1,0 +1,193 @@
+"""Peek-lock settlement, lock expiry, max delivery count and dead-letter queues."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
+
+QUEUE = "contract-queue"  # LockDuration PT5S, MaxDeliveryCount 3
+SHORT = "contract-short-lock"  # LockDuration PT2S, MaxDeliveryCount 2
+
+
+def _one(receiver, wait: float = 5):
+    got = receiver.receive_messages(max_message_count=1, max_wait_time=wait)
+    assert len(got) == 1, "expected one message"
+    return got[0]
+
+
+@pytest.mark.timeout(30)
+def test_complete_removes_and_abandon_redelivers_with_count(
+    client: ServiceBusClient, drain
+) -> None:
+    drain(QUEUE)
+    with client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages(ServiceBusMessage("abandon-me", message_id="abandon-me"))
+    with client.get_queue_receiver(QUEUE) as receiver:
+        first = _one(receiver)
+        assert first.delivery_count == 0
+        receiver.abandon_message(first)
+        second = _one(receiver)
+        assert second.message_id == "abandon-me"
+        assert second.delivery_count == 1
+        assert second.sequence_number == first.sequence_number
+        receiver.complete_message(second)
+        assert receiver.receive_messages(max_wait_time=1) == []
+        assert receiver.peek_messages(max_message_count=5) == []
+
+
+@pytest.mark.timeout(30)
+def test_dead_letter_with_reason_and_description(client: ServiceBusClient, drain) -> None:
+    drain(QUEUE)
+    drain(QUEUE, dead_letter=True)
+    with client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages(
+            ServiceBusMessage("poison", message_id="poison", application_properties={"k": "v"})
+        )
+    with client.get_queue_receiver(QUEUE) as receiver:
+        message = _one(receiver)
+        receiver.dead_letter_message(message, reason="BadInput", error_description="not JSON")
+        assert receiver.receive_messages(max_wait_time=1) == []
+    with client.get_queue_receiver(QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        dead = _one(dlq)
+        assert str(dead) == "poison"
+        assert dead.message_id == "poison"
+        assert dead.dead_letter_reason == "BadInput"
+        assert dead.dead_letter_error_description == "not JSON"
+        assert dead.application_properties[b"k"] == b"v"
+        assert dead.sequence_number == message.sequence_number
+        dlq.complete_message(dead)
+
+
+@pytest.mark.timeout(30)
+def test_defer_then_receive_deferred_and_settle(client: ServiceBusClient, drain) -> None:
+    drain(QUEUE)
+    with client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages(ServiceBusMessage("later", message_id="later"))
+    with client.get_queue_receiver(QUEUE) as receiver:
+        message = _one(receiver)
+        seq = message.sequence_number
+        receiver.defer_message(message)
+        assert receiver.receive_messages(max_wait_time=1) == []
+        (deferred,) = receiver.receive_deferred_messages([seq])
+        assert str(deferred) == "later"
+        assert deferred.sequence_number == seq
+        assert deferred.lock_token is not None
+        receiver.renew_message_lock(deferred)
+        receiver.complete_message(deferred)
+        with pytest.raises(ServiceBusError):
+            receiver.receive_deferred_messages([seq])
+
+
+@pytest.mark.timeout(30)
+def test_renew_lock_extends_locked_until(client: ServiceBusClient, drain) -> None:
+    drain(QUEUE)
+    with client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages(ServiceBusMessage("renew"))
+    with client.get_queue_receiver(QUEUE) as receiver:
+        message = _one(receiver)
+        before = message.locked_until_utc
+        assert before is not None
+        time.sleep(1.1)
+        after = receiver.renew_message_lock(message)
+        assert after > before
+        assert message.locked_until_utc == after
+        receiver.complete_message(message)
+
+
+@pytest.mark.timeout(30)
+def test_expired_lock_redelivers_then_dead_letters_at_max_delivery_count(
+    client: ServiceBusClient, drain
+) -> None:
+    drain(SHORT)
+    drain(SHORT, dead_letter=True)
+    with client.get_queue_sender(SHORT) as sender:
+        sender.send_messages(ServiceBusMessage("slow", message_id="slow"))
+    with client.get_queue_receiver(SHORT) as receiver:
+        first = _one(receiver)
+        assert first.delivery_count == 0
+        time.sleep(2.5)  # LockDuration PT2S
+        with pytest.raises(MessageLockLostError):
+            receiver.complete_message(first)
+        second = _one(receiver)
+        assert second.message_id == "slow"
+        assert second.delivery_count == 1
+        time.sleep(2.5)  # second expiry reaches MaxDeliveryCount 2
+        assert receiver.receive_messages(max_wait_time=1) == []
+    with client.get_queue_receiver(SHORT, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        dead = _one(dlq)
+        assert dead.message_id == "slow"
+        assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+        assert dead.delivery_count == 2
+        dlq.complete_message(dead)
+
+
+@pytest.mark.timeout(30)
+def test_abandon_until_max_delivery_count(client: ServiceBusClient, drain) -> None:
+    drain(QUEUE)
+    drain(QUEUE, dead_letter=True)
+    with client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages(ServiceBusMessage("retry-me", message_id="retry-me"))
+    with client.get_queue_receiver(QUEUE) as receiver:
+        for attempt in range(3):  # MaxDeliveryCount 3
+            message = _one(receiver)
+            assert message.delivery_count == attempt
+            receiver.abandon_message(message)
+        assert receiver.receive_messages(max_wait_time=1) == []
+    with client.get_queue_receiver(QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        dead = _one(dlq)
+        assert dead.message_id == "retry-me"
+        assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+        dlq.complete_message(dead)
+
+
+@pytest.mark.timeout(30)
+def test_ttl_expiry_dead_letters_when_configured(client: ServiceBusClient, drain) -> None:
+    queue = "contract-ttl"
+    drain(queue)
+    drain(queue, dead_letter=True)
+    marker = str(uuid.uuid4())
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages(
+            ServiceBusMessage(
+                "short-lived", message_id=marker, time_to_live=dt.timedelta(seconds=1)
+            )
+        )
+        sender.send_messages(ServiceBusMessage("long-lived", message_id="long"))
+    time.sleep(1.6)
+    with client.get_queue_receiver(queue) as receiver:
+        alive = _one(receiver)
+        assert alive.message_id == "long"
+        receiver.complete_message(alive)
+        assert receiver.receive_messages(max_wait_time=1) == []
+    with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        dead = _one(dlq)
+        assert dead.message_id == marker
+        assert dead.dead_letter_reason == "TTLExpiredException"
+        assert dead.expires_at_utc is not None
+        assert dead.expires_at_utc <= dt.datetime.now(dt.timezone.utc)
+        dlq.complete_message(dead)
+
+
+@pytest.mark.timeout(30)
+def test_subscription_dead_letter_queue(client: ServiceBusClient, drain) -> None:
+    topic, sub = "contract-topic", "all"
+    drain(topic=topic, subscription=sub)
+    drain(topic=topic, subscription=sub, dead_letter=True)
+    with client.get_topic_sender(topic) as sender:
+        sender.send_messages(ServiceBusMessage("sub-poison", message_id=f"sp-{uuid.uuid4()}"))
+    with client.get_subscription_receiver(topic, sub) as receiver:
+        message = _one(receiver)
+        receiver.dead_letter_message(message, reason="Nope", error_description="no handler")
+    with client.get_subscription_receiver(
+        topic, sub, sub_queue=ServiceBusSubQueue.DEAD_LETTER
+    ) as dlq:
+        dead = _one(dlq)
+        assert str(dead) == "sub-poison"
+        assert dead.dead_letter_reason == "Nope"
+        assert dead.dead_letter_error_description == "no handler"
+        dlq.complete_message(dead)
