@@ -7,7 +7,7 @@ targetScope = 'resourceGroup'
 @description('Azure region for every resource (Flex Consumption must be available there).')
 param location string = resourceGroup().location
 
-@description('Short name of the environment, part of every resource name (e.g. prod, test).')
+@description('Short name of the environment, part of every resource name: lowercase letters and digits (e.g. prod, test).')
 @minLength(1)
 @maxLength(8)
 param environmentName string

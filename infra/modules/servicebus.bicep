@@ -96,7 +96,7 @@ resource queue 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' = {
 @description('Name of the namespace.')
 output namespaceName string = namespace.name
 
-@description('Fully qualified namespace, e.g. sbns-x.servicebus.windows.net (what identity-based clients connect to).')
+@description('Fully qualified namespace: the host name identity-based clients connect to.')
 output fullyQualifiedNamespace string = split(split(namespace.properties.serviceBusEndpoint, '//')[1], ':')[0]
 
 @description('Name of the topic the forwarders publish to.')
