@@ -276,13 +276,20 @@ class _ReceiverWorker(threading.Thread):
             with receiver:
                 self._backoff.reset()
                 session = receiver.session
+                # Wait in short receives so a stop is noticed quickly even with a long
+                # sessionIdleTimeout; release the session once it stayed idle that long.
+                idle_until = time.monotonic() + idle
                 while not stop.is_set():
-                    messages = receiver.receive_messages(
-                        max_message_count=self._batch, max_wait_time=idle
-                    )
-                    if not messages:
+                    left = idle_until - time.monotonic()
+                    if left <= 0:
                         break  # idle: release the session for whoever has the next message
-                    self._handle(receiver, messages, locked_until=session.locked_until_utc)
+                    messages = receiver.receive_messages(
+                        max_message_count=self._batch,
+                        max_wait_time=max(0.1, min(left, RECEIVE_WAIT_S)),
+                    )
+                    if messages:
+                        self._handle(receiver, messages, locked_until=session.locked_until_utc)
+                        idle_until = time.monotonic() + idle
 
     def _safe_close(self, receiver: ServiceBusReceiver) -> None:
         try:

@@ -199,9 +199,15 @@ class FunctionInvoker:
         if annotation is not inspect.Parameter.empty:
             converter = meta.get_binding_registry().get(trigger.kind)  # type: ignore[no-untyped-call]
             if converter is not None and not converter.check_input_type_annotation(annotation):
+                hint = (
+                    " (for a batch write typing.List[...]: the converter does not recognise "
+                    "list[...])"
+                    if typing.get_origin(annotation) is list
+                    else ""
+                )
                 raise FunctionLoadError(
                     f"function {name!r}: the {trigger.kind} parameter {trigger.param!r} is "
-                    f"annotated {annotation!r}, which its converter does not accept"
+                    f"annotated {annotation!r}, which its converter does not accept{hint}"
                 )
         outs: list[str] = []
         for output in self.spec.outputs:

@@ -183,6 +183,26 @@ def test_output_binding_sends_and_async_functions_run(emulator: Any) -> None:
 
 
 @pytest.mark.timeout(40)
+def test_cardinality_many_receives_a_list(emulator: Any) -> None:
+    recorded.batches.clear()
+    messages = [ServiceBusMessage(f"b{i}", message_id=f"batch-{i}") for i in range(6)]
+    # Queue everything before the host starts, so one receive can take several messages.
+    _send(emulator, "batch-in", *messages)
+    with _host(emulator, "batch"):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if sum(len(b) for b in recorded.batches.items()) >= len(messages):
+                break
+            recorded.batches.wait_for(len(recorded.batches.items()) + 1, timeout=0.5)
+        time.sleep(0.5)
+    batches = recorded.batches.items()
+    flat = [item for batch in batches for item in batch]
+    assert sorted(flat) == sorted((f"batch-{i}", f"b{i}") for i in range(6))
+    assert any(len(batch) > 1 for batch in batches)
+    assert _drain(emulator, "batch-in", wait=1) == []
+
+
+@pytest.mark.timeout(40)
 def test_stop_lets_the_invocation_in_flight_finish_and_complete(emulator: Any) -> None:
     recorded.slow_started.clear()
     recorded.slow_finished.clear()

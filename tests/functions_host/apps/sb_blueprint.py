@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import typing
 
 import azure.functions as func
 
@@ -106,3 +107,16 @@ def slow(msg: func.ServiceBusMessage) -> None:
     slow_started.add(msg.message_id)
     time.sleep(1.5)
     slow_finished.add(msg.message_id)
+
+
+batches = Recorder()
+
+
+@bp.function_name("batch")
+@bp.service_bus_queue_trigger(
+    arg_name="msgs", connection="FhServiceBus", queue_name="batch-in", cardinality="many"
+)
+def batch(msgs: typing.List[func.ServiceBusMessage]) -> None:  # noqa: UP006
+    # typing.List, not list[...]: azure.functions' converter (and so the worker) only
+    # recognises typing generics for cardinality many.
+    batches.add([(m.message_id, m.get_body().decode()) for m in msgs])
