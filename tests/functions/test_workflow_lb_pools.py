@@ -32,7 +32,12 @@ def world(arm_fake: FakeArm) -> dict[str, str]:
 
 
 def nic_id(world: dict[str, str], vm: str) -> str:
-    return world[vm].replace("Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces") + "-nic"
+    return (
+        world[vm].replace(
+            "Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces"
+        )
+        + "-nic"
+    )
 
 
 def test_scheduled_drains_every_affected_vm_and_publishes_prepared(
@@ -49,7 +54,10 @@ def test_scheduled_drains_every_affected_vm_and_publishes_prepared(
     assert prepared.session_id == EVENT_ID and prepared.subject == "Prepared"
     parsed = parse_message(prepared.body_bytes())
     assert parsed.source == "urn:sebridge:function:lb-pools"
-    assert parsed.observer.vm_name == "web-1" and parsed.data["prepared"]["vms"] == ["web-1", "web-2"]
+    assert parsed.observer.vm_name == "web-1" and parsed.data["prepared"]["vms"] == [
+        "web-1",
+        "web-2",
+    ]
     # ARM saw a bearer token that azure-identity fetched from the managed-identity endpoint
     assert all(r.headers["authorization"].startswith("Bearer fake-") for r in app.arm.requests)
     assert "https://management.azure.com" in identity_fake.issued.values()
@@ -77,7 +85,9 @@ def test_completed_restores_exactly_what_was_removed(app: App, world: dict[str, 
     assert {vm: sorted(app.arm.vm_pools(world[vm])) for vm in before} == before
     nic_after = app.arm.nic(nic_id(world, "web-1"))
     assert nic_after["tags"] == nic_before["tags"]
-    assert nic_after["properties"]["ipConfigurations"] == nic_before["properties"]["ipConfigurations"]
+    assert (
+        nic_after["properties"]["ipConfigurations"] == nic_before["properties"]["ipConfigurations"]
+    )
     writes = len(app.arm.writes())
     app.deliver("lb_pools", golden.build()["completed"])
     app.deliver("lb_pools", golden.build()["cancelled"])
@@ -155,8 +165,9 @@ def test_a_vm_that_no_longer_exists_is_logged_and_completed(
     assert app.publisher.published  # a VM that is gone is in no pool
 
 
-def test_a_nic_that_no_longer_exists_is_logged(app: App, world: dict[str, str],
-                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_a_nic_that_no_longer_exists_is_logged(
+    app: App, world: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
     app.arm.remove(nic_id(world, "web-2"))
     app.deliver("lb_pools", golden.build()["completed"])
     assert "NIC not found" in caplog.text
@@ -171,12 +182,14 @@ def test_long_running_puts_are_followed(app: App, world: dict[str, str], mode: s
     assert app.publisher.published
 
 
-def test_uniform_scale_set_instances_are_left_alone(app: App, arm_fake: FakeArm,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_uniform_scale_set_instances_are_left_alone(
+    app: App, arm_fake: FakeArm, caplog: pytest.LogCaptureFixture
+) -> None:
     lb = arm_fake.add_load_balancer(SUB, RG, "lb-ss", ["pool"])
     instance = arm_fake.add_vmss_instance(SUB, RG, "ss", "3", [f"{lb}/backendAddressPools/pool"])
-    observer = Observer(vm_name="ss_3", subscription_id=SUB, resource_group=RG,
-                        vm_scale_set_name="ss")
+    observer = Observer(
+        vm_name="ss_3", subscription_id=SUB, resource_group=RG, vm_scale_set_name="ss"
+    )
     app.deliver("lb_pools", envelope("Scheduled", observer, Resources=["ss_3"]))
     assert not app.arm.writes() and not app.publisher.published
     assert any(r.path.lower() == instance.lower() for r in app.arm.requests)
