@@ -32,7 +32,6 @@ NETWORK_API = "2024-05-01"
 # `az maintenance scheduledevents acknowledge`, supported for virtualMachines,
 # virtualMachineScaleSets and availabilitySets).
 MAINTENANCE_API = "2023-10-01-preview"
-ARM_SCOPE = "https://management.azure.com/.default"
 ARM_RETRY = RetryPolicy(attempts=4, max_total_wait=30.0, statuses=(409, 429, 500, 502, 503, 504))
 MAX_POLLS = 60
 MAX_POLL_SECONDS = 120.0
@@ -60,12 +59,16 @@ class ArmRestClient:
         self._endpoint = endpoint.rstrip("/")
         self._host = urlsplit(self._endpoint).netloc.lower()
         self._credential = credential
+        # The token's audience is the ARM endpoint itself: https://management.azure.com in the
+        # public cloud, another host in sovereign clouds (the Bicep sets ARM_ENDPOINT from
+        # environment().resourceManager).
+        self._scope = f"{self._endpoint}/.default"
         self._session = session or requests.Session()
         self._policy = policy
         self._sleep = sleep
 
     def _headers(self) -> dict[str, str]:
-        token = self._credential.get_token(ARM_SCOPE).token
+        token = self._credential.get_token(self._scope).token
         return {"Authorization": f"Bearer {token}"}
 
     def _call(

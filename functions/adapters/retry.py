@@ -99,7 +99,11 @@ def send(
             break
         if delay is None:  # exponential backoff with full jitter
             delay = random.uniform(0, min(policy.max_delay, policy.base_delay * 2 ** (attempt - 1)))
-        delay = min(delay, policy.max_delay)
+        elif delay > policy.max_delay:
+            # Honour the server: rather than call again too early, give the message back to
+            # Service Bus, which redelivers it later.
+            problem += f" (Retry-After {delay:.0f} s)"
+            break
         if waited + delay > policy.max_total_wait:
             break
         log.warning("%s: %s, retry %d in %.1f s", what, problem, attempt, delay)

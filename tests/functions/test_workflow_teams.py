@@ -94,3 +94,12 @@ def test_a_message_that_breaks_the_contract_is_logged_and_completed(
     app.call("teams", message)  # no exception: completing it is the decision (see triggers.py)
     assert not app.teams.requests
     assert "breaks contract v1" in caplog.text and "body is not a CloudEvent" in caplog.text
+
+
+@pytest.mark.timeout(20)
+def test_a_long_retry_after_gives_the_message_back_at_once(app: App) -> None:
+    app.teams.fail(429, times=1, retry_after="120")
+    started = time.monotonic()
+    with pytest.raises(TransientHttpError, match="Retry-After 120 s"):
+        app.deliver("teams", envelope("Scheduled"))
+    assert time.monotonic() - started < 2 and len(app.teams.requests) == 1
