@@ -95,6 +95,18 @@ def _restore_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
             outcome.changed.append(nic_id)
 
 
+def dropped_resources(message: TransitionMessage) -> list[str]:
+    """VMs an Updated transition removed from Resources (from the ``changes`` field)."""
+    change = message.data.get("changes", {}).get("Resources")
+    if not isinstance(change, dict):
+        return []
+    before, after = change.get("from"), change.get("to")
+    if not isinstance(before, list) or not isinstance(after, list):
+        return []
+    kept = {str(name).lower() for name in after}
+    return [str(name) for name in before if str(name).lower() not in kept]
+
+
 def handle(
     message: TransitionMessage,
     *,
@@ -126,6 +138,11 @@ def handle(
         return outcome
     for vm in resolved:
         (_drain_vm if action == "drain" else _restore_vm)(arm, vm, outcome)
+    if message.transition is Transition.UPDATED:
+        # A VM dropped from Resources is no longer affected: put it back now, since the
+        # Completed of this event will not name it.
+        for name in dropped_resources(message):
+            _restore_vm(arm, resolve(arm, message.observer, name), outcome)
     if action == "drain" and message.transition in PREPARED_AFTER and not outcome.not_ready:
         publisher.publish(
             prepared_message(

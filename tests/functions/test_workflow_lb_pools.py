@@ -200,3 +200,22 @@ def test_a_message_without_scope_is_logged(app: App, caplog: pytest.LogCaptureFi
     observer = Observer(vm_name="web-1")
     app.deliver("lb_pools", envelope("Scheduled", observer))
     assert not app.arm.requests and "carries no subscriptionId" in caplog.text
+
+
+def test_a_vm_dropped_by_an_update_is_restored(app: App, world: dict[str, str]) -> None:
+    from sebridge.contract.events import Transition, event_message
+    from tests.functions.support import event
+
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    assert app.arm.vm_pools(world["web-2"]) == []
+    updated = event_message(
+        Transition.UPDATED,
+        event(Resources=["web-1"]),
+        golden.OBSERVER,
+        12,
+        golden.OBSERVED_AT,
+        changes={"Resources": {"from": ["web-1", "web-2"], "to": ["web-1"]}},
+    )
+    app.deliver("lb_pools", updated)
+    assert app.arm.vm_pools(world["web-2"]) == [world["pool-a"]]
+    assert app.arm.vm_pools(world["web-1"]) == []
