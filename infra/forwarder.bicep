@@ -1,6 +1,6 @@
 // Install the forwarder on existing Linux VMs and scale sets of one resource group: attach the
 // forwarders' user-assigned identity and run infra/scripts/install-forwarder.sh through the
-// Custom Script Extension. Deploy once per resource group that holds VMs (infra/DEPLOY.md);
+// Custom Script Extension. Deploy once per resource group that holds VMs (README, Deploy);
 // the values come from the outputs of main.bicep.
 
 targetScope = 'resourceGroup'

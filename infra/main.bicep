@@ -1,5 +1,5 @@
 // Scheduled Events Bridge: everything in Azure except the VMs.
-// Deploy at resource-group scope (infra/DEPLOY.md). Installing the forwarder on existing VMs and
+// Deploy at resource-group scope (README, Deploy). Installing the forwarder on existing VMs and
 // scale sets is a separate deployment: infra/forwarder.bicep.
 
 targetScope = 'resourceGroup'

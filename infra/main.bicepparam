@@ -1,6 +1,6 @@
 // Parameters for infra/main.bicep. Copy per environment (e.g. main.prod.bicepparam) and pass
 // with `az deployment group create --parameters <file>`. Nothing secret belongs here: the Key
-// Vault secrets are set after deployment (DEPLOY.md).
+// Vault secrets are set after deployment (README, Deploy).
 using './main.bicep'
 
 param environmentName = 'prod'

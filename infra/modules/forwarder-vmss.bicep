@@ -1,6 +1,6 @@
 // The forwarder on one existing Linux scale set: identity attached and the installer added to
 // the scale set model. Uniform scale sets with a Manual upgrade policy apply it to existing
-// instances only after `az vmss update-instances` (DEPLOY.md).
+// instances only after `az vmss update-instances` (README, Deploy).
 
 @description('Name of the existing scale set (in the deployment\'s resource group).')
 param vmssName string

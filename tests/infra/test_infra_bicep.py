@@ -14,7 +14,7 @@ def test_the_infra_tree_has_the_expected_entry_points() -> None:
     names = {p.relative_to(INFRA).as_posix() for p in bicep_files()}
     assert {"main.bicep", "forwarder.bicep"} <= names
     assert sum(name.startswith("modules/") for name in names) >= 8
-    for extra in ("main.bicepparam", "abbreviations.json", "bicepconfig.json", "DEPLOY.md"):
+    for extra in ("main.bicepparam", "abbreviations.json", "bicepconfig.json"):
         assert (INFRA / extra).is_file(), extra
 
 
@@ -112,15 +112,21 @@ def test_every_checkov_skip_is_justified_next_to_its_resource(
     assert written == honoured
 
 
+def deploy_guide() -> str:
+    """The README's Deploy section: the one deployment guide."""
+    readme = (INFRA.parent / "README.md").read_text()
+    return readme.split("<!-- deploy:start -->", 1)[1].split("<!-- deploy:end -->", 1)[0]
+
+
 @pytest.mark.parametrize("template", ["main.bicep", "forwarder.bicep"])
 def test_deploy_guide_documents_every_parameter(template: str) -> None:
-    guide = (INFRA / "DEPLOY.md").read_text()
+    guide = deploy_guide()
     table = guide.split(f"| Parameter (`{template}`)", 1)[1].split("\n\n", 1)[0]
     documented = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
     assert documented == set(parse(INFRA / template)["parameters"])
 
 
 def test_deploy_guide_documents_every_output() -> None:
-    guide = (INFRA / "DEPLOY.md").read_text()
+    guide = deploy_guide()
     for name in parse(INFRA / "main.bicep")["outputs"]:
         assert f"`{name}`" in guide, name
