@@ -95,8 +95,21 @@ def message_facts(sections: Sections) -> MessageFacts:
     for field_name, key in _SYSTEM_FIELDS.items():
         value = sections.properties[PROPERTY_FIELDS.index(field_name)]
         if value is not None:
-            system[key] = value if isinstance(value, str) else str(value)
-    return MessageFacts(sections.application, system)
+            system[key] = f"{value}"
+    return MessageFacts({k: _plain(v) for k, v in sections.application.items()}, system)
+
+
+def _plain(value: Any) -> Any:
+    """AMQP-typed values (symbol, int32, float32...) as the plain Python values filters compare."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return f"{value}"
+    return value
 
 
 @dataclass(eq=False)

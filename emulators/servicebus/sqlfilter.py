@@ -119,6 +119,8 @@ def _comparable(a: Any, b: Any) -> bool:
     numbers = (int, float)
     if isinstance(a, numbers) and isinstance(b, numbers):
         return True
+    if isinstance(a, str) and isinstance(b, str):  # str, or an AMQP symbol (a str subclass)
+        return True
     return type(a) is type(b)
 
 

@@ -79,12 +79,13 @@ _DRAINED: set[tuple[object, ...]] = set()
 
 
 @pytest.fixture
-def drain(client: ServiceBusClient) -> Drain:
+def drain(client: ServiceBusClient, namespace: Namespace) -> Drain:
     """Remove every message of an entity (receive-and-delete), bounded in count and time.
 
     Each entity is drained once per test session (a shared namespace may hold leftovers of
     earlier runs); after that every test settles what it receives, so draining again would
-    only cost time (opening a receiver takes the SDK about half a second).
+    only cost time (opening a receiver takes the SDK about half a second). The local emulator
+    starts empty for each test session, so there is nothing to drain there.
     """
 
     def _drain(
@@ -96,7 +97,7 @@ def drain(client: ServiceBusClient) -> Drain:
         session_ids: tuple[str, ...] = (),
     ) -> int:
         key = (queue, topic, subscription, dead_letter, session_ids)
-        if key in _DRAINED:
+        if namespace.kind == "local" or key in _DRAINED:
             return 0
         _DRAINED.add(key)
         removed = 0

@@ -169,7 +169,7 @@ def test_ttl_expiry_dead_letters_when_configured(client: ServiceBusClient, drain
         assert dead.message_id == marker
         assert dead.dead_letter_reason == "TTLExpiredException"
         assert dead.expires_at_utc is not None
-        assert dead.expires_at_utc <= dt.datetime.now(dt.timezone.utc)
+        assert dead.expires_at_utc <= dt.datetime.now(dt.UTC)
         dlq.complete_message(dead)
 
 
