@@ -53,7 +53,7 @@ from emulators.functions_host.logs import event
 from emulators.functions_host.sbclient import Backoff, ClientFactory, OutputSender, make_client
 
 SESSION_ACCEPT_WAIT_S = 2.0  # how long one NEXT_AVAILABLE_SESSION accept waits on the broker
-RECEIVE_WAIT_S = 1.0  # one receive call's wait: also how quickly a thread notices stop
+RECEIVE_WAIT_S = 0.5  # one receive call's wait: also how quickly a thread notices stop
 SETTLE_ATTEMPTS = 3  # complete/abandon tries before the message is left to redelivery
 MIN_ACCEPT_INTERVAL_S = 0.5  # a broker that refuses accepts at once must not be spun on
 

@@ -36,7 +36,17 @@ def _specs(module: object, settings: dict[str, str]) -> dict[str, object]:
 
 def test_service_bus_triggers_are_discovered_with_settings_resolved() -> None:
     specs = _specs(sb_app, SETTINGS)
-    assert set(specs) == {"capture", "always_fails", "ordered", "relay", "async_handler", "ping"}
+    assert set(specs) == {
+        "capture",
+        "always_fails",
+        "ordered",
+        "relay",
+        "async_handler",
+        "slow",
+        "batch",
+        "ping",
+    }
+    assert specs["batch"].trigger.cardinality == "many"  # type: ignore[attr-defined]
 
     capture = specs["capture"].trigger  # type: ignore[attr-defined]
     assert isinstance(capture, ServiceBusTrigger)

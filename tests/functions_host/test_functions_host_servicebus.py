@@ -51,32 +51,28 @@ def _host(emulator: Any, *functions: str, options: ServiceBusOptions = OPTIONS) 
     )
 
 
+@pytest.fixture(scope="module")
+def shared_host(emulator: Any) -> Iterator[FunctionsHost]:
+    """One host for the tests that only send and observe (each on its own entity)."""
+    names = ("capture", "always_fails", "ordered", "relay", "async_handler")
+    with _host(emulator, *names) as host:
+        yield host
+
+
 def _send(emulator: Any, entity: str, *messages: ServiceBusMessage, topic: bool = False) -> None:
     with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
         sender = client.get_topic_sender(entity) if topic else client.get_queue_sender(entity)
         with sender:
-            for message in messages:
-                sender.send_messages(message)
+            sender.send_messages(list(messages))
 
 
-def _drain(
-    emulator: Any, entity: str, *, sub_queue: str | None = None, wait: float = 3
-) -> list[Any]:
-    """Receive and complete whatever is in a queue (or its dead-letter queue) within `wait`."""
-    got: list[Any] = []
+def _peek(emulator: Any, queue: str, *, sub_queue: str | None = None) -> list[Any]:
+    """What a queue (or its dead-letter queue) holds, without taking it."""
     with (
         ServiceBusClient.from_connection_string(emulator.connection_string) as client,
-        client.get_queue_receiver(entity, sub_queue=sub_queue) as receiver,
+        client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver,
     ):
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            batch = receiver.receive_messages(max_message_count=10, max_wait_time=0.5)
-            for message in batch:
-                receiver.complete_message(message)
-            got += batch
-            if got and not batch:
-                break
-    return got
+        return list(receiver.peek_messages(max_message_count=10))
 
 
 def _peek_subscription(emulator: Any, subscription: str) -> list[Any]:
@@ -88,7 +84,9 @@ def _peek_subscription(emulator: Any, subscription: str) -> list[Any]:
 
 
 @pytest.mark.timeout(40)
-def test_topic_trigger_sees_every_message_property(emulator: Any) -> None:
+def test_topic_trigger_sees_every_message_property(
+    emulator: Any, shared_host: FunctionsHost
+) -> None:
     recorded.captured.clear()
     sent_at = dt.datetime.now(dt.UTC)
     message = ServiceBusMessage(
@@ -103,10 +101,9 @@ def test_topic_trigger_sees_every_message_property(emulator: Any) -> None:
         time_to_live=dt.timedelta(hours=2),
         application_properties={"kind": "capture", "transition": "Scheduled", "count": 3},
     )
-    with _host(emulator, "capture"):
-        _send(emulator, TOPIC, message, topic=True)
-        (seen,) = recorded.captured.wait_for(1, timeout=20)
-        time.sleep(0.5)  # let the completion reach the broker
+    _send(emulator, TOPIC, message, topic=True)
+    (seen,) = recorded.captured.wait_for(1, timeout=20)
+    time.sleep(0.5)  # let the completion reach the broker
 
     assert seen["function_name"] == "capture"
     assert seen["body"] == b'{"eventId": "e-1"}'
@@ -135,23 +132,26 @@ def test_topic_trigger_sees_every_message_property(emulator: Any) -> None:
 
 
 @pytest.mark.timeout(40)
-def test_exception_abandons_until_the_broker_dead_letters(emulator: Any) -> None:
+def test_exception_abandons_until_the_broker_dead_letters(
+    emulator: Any, shared_host: FunctionsHost
+) -> None:
     recorded.failures.clear()
-    with _host(emulator, "always_fails"):
-        _send(emulator, "failing", ServiceBusMessage("poison", message_id="poison-1"))
-        attempts = recorded.failures.wait_for(3, timeout=25)
-        time.sleep(0.5)
+    _send(emulator, "failing", ServiceBusMessage("poison", message_id="poison-1"))
+    attempts = recorded.failures.wait_for(3, timeout=25)
+    time.sleep(0.5)
     # MaxDeliveryCount is 3 in the test config: three attempts, counted as Functions counts them.
     assert attempts[:3] == [("poison-1", 1), ("poison-1", 2), ("poison-1", 3)]
-    dead = _drain(emulator, "failing", sub_queue="deadletter")
+    dead = _peek(emulator, "failing", sub_queue="deadletter")
     assert [m.message_id for m in dead] == ["poison-1"]
     assert dead[0].dead_letter_reason == "MaxDeliveryCountExceeded"
-    assert _drain(emulator, "failing", wait=1) == []
+    assert _peek(emulator, "failing") == []
     assert len(recorded.failures.items()) == 3
 
 
 @pytest.mark.timeout(40)
-def test_sessions_are_processed_in_order_per_session(emulator: Any) -> None:
+def test_sessions_are_processed_in_order_per_session(
+    emulator: Any, shared_host: FunctionsHost
+) -> None:
     recorded.ordered.clear()
     sessions = ["vm-a", "vm-b", "vm-c"]
     messages = [
@@ -159,9 +159,8 @@ def test_sessions_are_processed_in_order_per_session(emulator: Any) -> None:
         for i in range(5)
         for sid in sessions
     ]
-    with _host(emulator, "ordered"):
-        _send(emulator, TOPIC, *messages, topic=True)
-        seen = recorded.ordered.wait_for(len(messages), timeout=30)
+    _send(emulator, TOPIC, *messages, topic=True)
+    seen = recorded.ordered.wait_for(len(messages), timeout=30)
     assert len(seen) == len(messages)
     for sid in sessions:
         bodies = [body for session, body in seen if session == sid]
@@ -169,15 +168,18 @@ def test_sessions_are_processed_in_order_per_session(emulator: Any) -> None:
 
 
 @pytest.mark.timeout(40)
-def test_output_binding_sends_and_async_functions_run(emulator: Any) -> None:
+def test_output_binding_sends_and_async_functions_run(
+    emulator: Any, shared_host: FunctionsHost
+) -> None:
     recorded.relayed.clear()
     recorded.async_seen.clear()
-    with _host(emulator, "relay", "async_handler"):
-        _send(emulator, "relay-in", ServiceBusMessage("hello", message_id="relay-1"))
-        _send(emulator, "async-in", ServiceBusMessage("from-async"))
-        assert recorded.relayed.wait_for(1, timeout=20) == ["relay-1"]
-        assert recorded.async_seen.wait_for(1, timeout=20) == ["from-async"]
-        out = _drain(emulator, "relay-out", wait=5)
+    _send(emulator, "relay-in", ServiceBusMessage("hello", message_id="relay-1"))
+    _send(emulator, "async-in", ServiceBusMessage("from-async"))
+    assert recorded.relayed.wait_for(1, timeout=20) == ["relay-1"]
+    assert recorded.async_seen.wait_for(1, timeout=20) == ["from-async"]
+    deadline = time.monotonic() + 10
+    while not (out := _peek(emulator, "relay-out")) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert [str(m) for m in out] == ["relayed:hello"]
     assert out[0].content_type == "text/plain"
 
@@ -199,7 +201,7 @@ def test_cardinality_many_receives_a_list(emulator: Any) -> None:
     flat = [item for batch in batches for item in batch]
     assert sorted(flat) == sorted((f"batch-{i}", f"b{i}") for i in range(6))
     assert any(len(batch) > 1 for batch in batches)
-    assert _drain(emulator, "batch-in", wait=1) == []
+    assert _peek(emulator, "batch-in") == []
 
 
 @pytest.mark.timeout(40)
@@ -214,7 +216,7 @@ def test_stop_lets_the_invocation_in_flight_finish_and_complete(emulator: Any) -
         host.stop()
     assert recorded.slow_finished.items() == ["slow-1"]
     # It was completed, not left for redelivery.
-    assert _drain(emulator, "slow-in", wait=2) == []
+    assert _peek(emulator, "slow-in") == []
 
 
 @pytest.mark.timeout(60)
@@ -238,7 +240,13 @@ def test_host_survives_an_emulator_restart(caplog: pytest.LogCaptureFixture) -> 
 
 
 @pytest.mark.timeout(60)
-def test_cli_runs_service_bus_triggers_and_stops_on_sigterm(emulator: Any, tmp_path: Path) -> None:
+def test_cli_runs_service_bus_triggers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    # Its own emulator: the module's shared host would otherwise take the message.
+    with testing.running_emulator(CONFIG) as emulator:
+        _run_cli_against(emulator, tmp_path)
+
+
+def _run_cli_against(emulator: Any, tmp_path: Path) -> None:
     settings = tmp_path / "local.settings.json"
     settings.write_text(
         json.dumps(
