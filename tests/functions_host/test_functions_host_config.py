@@ -182,3 +182,15 @@ def test_host_json_errors_are_clear(document: object, message: str) -> None:
 )
 def test_timespans(text: object, expected: timedelta) -> None:
     assert parse_timespan(text, what="x") == expected
+
+
+def test_reconnect_backoff_grows_with_jitter_and_is_capped() -> None:
+    from emulators.functions_host.sbclient import Backoff
+
+    backoff = Backoff(base=0.5, cap=4.0)
+    delays = [backoff.next_delay() for _ in range(8)]
+    steps = [min(4.0, 0.5 * 2**i) for i in range(8)]
+    assert all(step / 2 <= d <= step for d, step in zip(delays, steps, strict=True))
+    assert max(delays) <= 4.0
+    backoff.reset()
+    assert backoff.next_delay() <= 0.5
