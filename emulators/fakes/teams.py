@@ -17,9 +17,10 @@ WEBHOOK_PATH = "/workflows/sebridge/triggers/manual/paths/invoke"
 
 
 class FakeTeams(LoopbackServer):
-    def __init__(self) -> None:
+    def __init__(self, *, print_cards: bool = False) -> None:
         super().__init__()
         self.cards: list[dict[str, Any]] = []
+        self.print_cards = print_cards
         self._faults: deque[tuple[int, str | None]] = deque()
 
     @property
@@ -47,6 +48,8 @@ class FakeTeams(LoopbackServer):
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             return Reply(400, {"error": {"code": "InvalidRequest", "message": str(exc)}})
         self.cards.append(card)
+        if self.print_cards:
+            print("[teams] " + "\n[teams] ".join(card_lines(card)), flush=True)
         return Reply(202, b"")
 
 

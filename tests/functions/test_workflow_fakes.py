@@ -92,3 +92,43 @@ def test_card_lines_render_title_and_facts() -> None:
         "actions": [{"type": "Action.OpenUrl", "title": "Approve", "url": "https://x/?token=s"}],
     }
     assert card_lines(card) == ["Title", "  Event: Reboot", "  [Approve] (Action.OpenUrl)"]
+
+
+def test_the_fakes_cli_prints_the_settings_and_stops(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from emulators.fakes.__main__ import main
+
+    assert main(["--demo-world", "--seconds", "0.2"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert set(settings) == {
+        "TEAMS_WEBHOOK_URL",
+        "ARM_ENDPOINT",
+        "HEARTBEAT_STORE_URL",
+        "IDENTITY_ENDPOINT",
+        "IDENTITY_HEADER",
+    }
+    assert all(
+        v.startswith("http://127.0.0.1:") for k, v in settings.items() if k != "IDENTITY_HEADER"
+    )
+
+
+def test_teams_prints_cards_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeTeams(print_cards=True) as teams:
+        card = {
+            "type": "AdaptiveCard",
+            "version": "1.5",
+            "body": [{"type": "TextBlock", "text": "Reboot scheduled"}],
+        }
+        payload = {
+            "type": "message",
+            "attachments": [
+                {
+                    "contentType": "application/vnd.microsoft.card.adaptive",
+                    "contentUrl": None,
+                    "content": card,
+                }
+            ],
+        }
+        assert requests.post(teams.webhook_url, json=payload, timeout=5).status_code == 202
+    assert "[teams] Reboot scheduled" in capsys.readouterr().out

@@ -1,0 +1,65 @@
+"""``python -m emulators.fakes``: run the four fakes on loopback and print the app settings.
+
+With ``--demo-world`` the fake ARM holds the golden test world: web-1 and web-2 in rg-web,
+both in lb-web's pool-a. Cards and pool changes are printed as they happen. Stops on Ctrl-C or
+SIGTERM, or after ``--seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from types import FrameType
+
+from emulators.fakes.arm import FakeArm
+from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.storage import FakeBlobStorage
+from emulators.fakes.teams import FakeTeams
+
+DEMO_SUBSCRIPTION = "00000000-0000-4000-8000-000000000001"
+DEMO_GROUP = "rg-web"
+
+
+def seed_demo_world(arm: FakeArm) -> None:
+    lb = arm.add_load_balancer(DEMO_SUBSCRIPTION, DEMO_GROUP, "lb-web", ["pool-a"])
+    for vm in ("web-1", "web-2"):
+        arm.add_vm(DEMO_SUBSCRIPTION, DEMO_GROUP, vm, [f"{lb}/backendAddressPools/pool-a"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m emulators.fakes", description=__doc__)
+    parser.add_argument("--demo-world", action="store_true", help="seed the fake ARM")
+    parser.add_argument("--seconds", type=float, default=24 * 3600.0, help="stop after this long")
+    args = parser.parse_args(argv)
+    teams, arm = FakeTeams(print_cards=True), FakeArm(print_changes=True)
+    identity, storage = FakeIdentity(), FakeBlobStorage()
+    servers = [teams.start(), arm.start(), identity.start(), storage.start()]
+    if args.demo_world:
+        seed_demo_world(arm)
+    settings = {
+        "TEAMS_WEBHOOK_URL": teams.webhook_url,
+        "ARM_ENDPOINT": arm.url,
+        "HEARTBEAT_STORE_URL": storage.container_url("sebridge-heartbeats"),
+        **identity.environ(),
+    }
+    print(json.dumps(settings, indent=2), flush=True)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        stop.wait(args.seconds)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for server in servers:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
