@@ -97,6 +97,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         self._pending: list[LinkState] = []
         self._dirty: set[MessageStore] = set()
         self._tag = 0
+        self.stats: dict[str, int] = {}
         for store in namespace.stores():
             store.notify = self._dirty.add
 
@@ -113,7 +114,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
 
     def on_timer_task(self, event: Any) -> None:
         if self.stop_requested:
-            LOG.info("stopping")
+            LOG.info("stopping; deliveries and outcomes: %s", self.stats)
             self._acceptor.close()
             event.container.stop()
             return
@@ -409,6 +410,9 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
             dlv.settle()
         self._flush(now)
 
+    def _count(self, what: str) -> None:
+        self.stats[what] = self.stats.get(what, 0) + 1
+
     def _reject(self, dlv: Delivery, condition: str, description: str) -> None:
         dlv.local.condition = Condition(condition, description)
         dlv.update(Delivery.REJECTED)
@@ -544,6 +548,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 token = message.lock_token
                 tag = token.bytes_le if token is not None else uuid.uuid4().bytes_le
                 dlv = self._send(link, payload, settle=not state.peek_lock, tag=tag)
+                self._count("delivered")
                 if token is not None:
                     dlv.sbtoken = token
         if link.drain_mode and link.credit > 0:
@@ -558,6 +563,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
             return
         store = state.store
         remote = dlv.remote
+        self._count(_OUTCOMES.get(outcome, f"outcome-{outcome}"))
         try:
             if outcome == Delivery.ACCEPTED:
                 store.complete(token, now)
@@ -592,6 +598,15 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 dlv.settle()
             else:
                 self._reject(dlv, exc.condition, exc.description)
+
+
+_OUTCOMES = {
+    Delivery.ACCEPTED: "accepted",
+    Delivery.REJECTED: "rejected",
+    Delivery.RELEASED: "released",
+    Delivery.MODIFIED: "modified",
+    Delivery.RECEIVED: "received",
+}
 
 
 class _Unauthorized(BrokerError):
