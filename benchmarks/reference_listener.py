@@ -36,7 +36,7 @@ def handle_scheduled_events(data):  # type: ignore[no-untyped-def]
         resourcetype = evt["ResourceType"]
         notbefore = evt["NotBefore"].replace(" ", "_")
         description = evt.get("Description", "")
-        eventSource = evt.get("EventSource", "")  # noqa: N806 - as in the sample
+        eventSource = evt.get("EventSource", "")
         print(
             "+ Scheduled Event. This script is running on " + str(resources),
             json.dumps(
