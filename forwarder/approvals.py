@@ -189,8 +189,10 @@ def approvals_worker(forwarder: Forwarder, config: ForwarderConfig) -> Callable[
                     log.info("receiving commands on %s, session %s", config.reply_queue, session_id)
                     renewed = time.monotonic()
                     while not stop.is_set() and forwarder.observer.vm_name == session_id:
+                        # One at a time: asked for more, the SDK waits ~200 ms for a batch
+                        # to fill after the first message, and approvals are latency-bound.
                         for message in receiver.receive_messages(
-                            max_message_count=10, max_wait_time=RECEIVE_WAIT
+                            max_message_count=1, max_wait_time=RECEIVE_WAIT
                         ):
                             outcome = handler.handle(message_body(message), message.message_id)
                             settle(receiver, message, outcome)

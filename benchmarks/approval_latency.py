@@ -1,0 +1,130 @@
+"""Approval latency: command enqueued -> StartRequests POST received by IMDS (a benchmark).
+
+    python benchmarks/approval_latency.py [--commands 100]
+
+Real processes on loopback: the IMDS simulator (an idle document into which each round adds
+one Scheduled event), the Service Bus emulator with the project's entities, and
+`sebridge forwarder` receiving on its session of the `approvals` queue. Each round sends one
+approve command with the real SDK and times it until the simulator records the POST.
+Target: p99 <= 250 ms. Bounded: at most --commands rounds of at most 10 s each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
+
+from emulators.imds.testing import SimClient  # noqa: E402
+from emulators.processes import forwarder, server  # noqa: E402
+from emulators.servicebus.testing import running_emulator  # noqa: E402
+
+VM = "vmss_vm1"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--commands", type=int, default=100)
+    args = parser.parse_args(argv)
+
+    sim_process, url = server(
+        "imds-sim", "--scenario", str(ROOT / "benchmarks" / "idle-scenario.json")
+    )
+    sim = SimClient(url)
+    latencies: list[float] = []
+    try:
+        with running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json") as bus:
+            fw = forwarder(
+                url,
+                tempfile.mkdtemp(prefix="bench-approvals-"),
+                "--connection-string",
+                bus.connection_string,
+                dry_run=False,
+                poll_interval=1.0,
+            )
+            with (
+                fw,
+                ServiceBusClient.from_connection_string(bus.connection_string) as client,
+                client.get_queue_sender("approvals") as sender,
+            ):
+                if not fw.wait_for(lambda _: "receiving commands" in fw.stderr_text(), 30):
+                    raise RuntimeError(fw.stderr_text()[-2000:])
+                for _ in range(args.commands):
+                    event_id = str(uuid.uuid4())
+                    sim.event(
+                        "add",
+                        notBeforeIn=600,
+                        event={
+                            "EventId": event_id,
+                            "EventType": "Freeze",
+                            "ResourceType": "VirtualMachine",
+                            "Resources": [VM],
+                            "EventStatus": "Scheduled",
+                            "EventSource": "Platform",
+                            "DurationInSeconds": 5,
+                        },
+                    )
+                    body = {
+                        "schemaVersion": 1,
+                        "command": "approve",
+                        "eventId": event_id,
+                        "requestedBy": "benchmark",
+                        "reason": "latency",
+                        "expiresAt": (datetime.now(UTC) + timedelta(minutes=5)).isoformat(),
+                    }
+                    message = ServiceBusMessage(
+                        json.dumps(body), message_id=f"approve:{event_id}", session_id=VM
+                    )
+                    sent_at = time.time()
+                    sender.send_messages(message, timeout=10)
+                    deadline = time.monotonic() + 10
+                    post = None
+                    while post is None and time.monotonic() < deadline:
+                        post = next((p for p in sim.posts() if event_id in p["body"]), None)
+                        if post is None:
+                            time.sleep(0.005)
+                    if post is None:
+                        raise RuntimeError(f"no POST for {event_id}:\n{fw.stderr_text()[-2000:]}")
+                    received = datetime.fromisoformat(post["time"]).timestamp()
+                    latencies.append(received - sent_at)
+                    sim.event("remove", eventId=event_id)
+    finally:
+        sim_process.close()
+
+    ms = [x * 1000 for x in latencies]
+    print(
+        f"command: python benchmarks/approval_latency.py {' '.join(argv or sys.argv[1:])}".strip()
+    )
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print(
+        f"approval latency, enqueue -> IMDS POST (n={len(ms)}): p50 {percentile(ms, 50):.1f} ms,"
+        f" p95 {percentile(ms, 95):.1f} ms, p99 {percentile(ms, 99):.1f} ms,"
+        f" max {max(ms):.1f} ms, mean {statistics.mean(ms):.1f} ms"
+    )
+    p99 = percentile(ms, 99)
+    print(f"p99 {p99:.1f} ms vs target 250 ms: {'met' if p99 <= 250 else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
