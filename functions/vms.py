@@ -4,7 +4,7 @@ IMDS names affected VMs, not ARM ids. Availability-set and standalone VMs, and t
 Flexible scale sets, are ordinary VMs: looked up by name in the observer's resource group.
 Uniform scale-set instances are named ``<scaleSet>_<instanceId>`` and are found through the
 scale-set VM API; their NICs live in the scale-set model and can't be PUT one by one (see
-functions/README-SECTION.md), so they resolve as ``uniform`` and lb-pools leaves them alone.
+the README, Workflows), so they resolve as ``uniform`` and lb-pools leaves them alone.
 """
 
 from __future__ import annotations
