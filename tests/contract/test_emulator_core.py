@@ -1,0 +1,273 @@
+"""The emulator's pure core, without the network: SQL filters, durations, config validation,
+and broker timing (locks, sessions, TTL, duplicate window) under a driven clock.
+
+These check the local emulator itself; they run in every mode because they need no namespace.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulators.servicebus.broker import (
+    LockLost,
+    Namespace,
+    SessionCannotBeLocked,
+)
+from emulators.servicebus.codec import Sections
+from emulators.servicebus.config import ConfigError, load_config, parse_config
+from emulators.servicebus.durations import DurationError, parse_duration
+from emulators.servicebus.sqlfilter import FilterSyntaxError, MessageFacts, compile_sql_filter
+
+CONFIG = Path(__file__).with_name("Config.json")
+PROJECT_CONFIG = (
+    Path(__file__).resolve().parents[2] / "infra" / "servicebus-emulator" / "Config.json"
+)
+
+FACTS = MessageFacts(
+    {"transition": "Scheduled", "n": 5, "ratio": 0.5, "flag": True, "vm": "web_01", "pct": "50%"},
+    {"subject": "Scheduled", "message_id": "e1:Scheduled", "session_id": "e1", "to": "x"},
+)
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("transition = 'Scheduled'", True),
+        ("transition <> 'Scheduled'", False),
+        ("transition != 'Started'", True),
+        ("n > 4 AND n < 6 AND n >= 5 AND n <= 5", True),
+        ("ratio = 0.5", True),
+        ("n = 5.0", True),
+        ("n > -1", True),
+        ("flag = TRUE", True),
+        ("flag = FALSE", False),
+        ("transition IN ('Started', 'Scheduled')", True),
+        ("transition NOT IN ('Started', 'Scheduled')", False),
+        ("vm LIKE 'web%'", True),
+        ("vm LIKE 'web_01'", True),
+        ("vm LIKE 'web!_0_' ESCAPE '!'", True),
+        ("vm LIKE 'webx%' ", False),
+        ("vm NOT LIKE 'db%'", True),
+        ("pct LIKE '50!%' ESCAPE '!'", True),
+        ("missing IS NULL", True),
+        ("missing IS NOT NULL", False),
+        ("missing = 'x'", False),
+        ("NOT (missing = 'x')", False),  # unknown stays unknown
+        ("missing = 'x' OR n = 5", True),
+        ("(transition = 'Started' OR transition = 'Scheduled') AND NOT flag = FALSE", True),
+        ("user.transition = 'Scheduled'", True),
+        ("[transition] = 'Scheduled'", True),
+        ("sys.Label = 'Scheduled' AND sys.MessageId LIKE 'e1:%'", True),
+        ("sys.SessionId = 'e1' AND sys.To = 'x' AND sys.ReplyTo IS NULL", True),
+        ("sys.CorrelationId IS NULL AND sys.ContentType IS NULL", True),
+        ("n = '5'", False),  # no implicit conversion between numbers and strings
+        ("1=1", True),
+        ("TRUE", True),
+        ("transition = 'it''s'", False),
+    ],
+)
+def test_sql_filter_evaluation(expression: str, expected: bool) -> None:
+    assert compile_sql_filter(expression).matches(FACTS) is expected
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "",
+        "n +",
+        "n + 1 = 6",
+        "EXISTS(n)",
+        "n BETWEEN 1 AND 2",
+        "sys.Nope = 1",
+        "other.n = 1",
+        "n = ",
+        "(n = 1",
+        "n IN ()",
+        "n LIKE 5",
+        "n = 1 n = 2",
+        "vm LIKE 'a' ESCAPE 'ab'",
+        "n ~ 1",
+    ],
+)
+def test_sql_filter_rejects_unsupported_syntax(expression: str) -> None:
+    with pytest.raises(FilterSyntaxError):
+        compile_sql_filter(expression)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("PT1M", 60),
+        ("P1D", 86400),
+        ("P7D", 604800),
+        ("PT1H", 3600),
+        ("PT1H30M", 5400),
+        ("PT2S", 2),
+        ("PT0.5S", 0.5),
+        ("P1W", 604800),
+        ("P1DT2H", 93600),
+    ],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "P", "PT", "1M", "P1M", "P1Y", "PT-1S", "00:01:00", "P1DT"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(DurationError):
+        parse_duration(text)
+
+
+def test_project_and_contract_configs_load() -> None:
+    project = load_config(PROJECT_CONFIG)
+    assert [q.name for q in project.queues] == ["approvals"]
+    assert project.queues[0].receiving.requires_session
+    (topic,) = project.topics
+    assert {s.name for s in topic.subscriptions} == {"teams", "lb-pools", "approval-gate", "audit"}
+    assert load_config(CONFIG).queues
+
+
+def _with(change: Any) -> dict[str, Any]:
+    document = json.loads(CONFIG.read_text())
+    change(document["UserConfig"]["Namespaces"][0])
+    return document
+
+
+def _queue_props(ns: dict[str, Any]) -> dict[str, Any]:
+    return ns["Queues"][0]["Properties"]
+
+
+def _first_rule(ns: dict[str, Any]) -> dict[str, Any]:
+    return ns["Topics"][0]["Subscriptions"][1]["Rules"][0]["Properties"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda ns: _queue_props(ns).update(Bogus=1), "unsupported keys ['Bogus']"),
+        (lambda ns: _queue_props(ns).update(LockDuration="1 minute"), "LockDuration"),
+        (lambda ns: _queue_props(ns).update(ForwardTo="elsewhere"), "ForwardTo is not supported"),
+        (lambda ns: _queue_props(ns).update(MaxDeliveryCount=0), "MaxDeliveryCount"),
+        (lambda ns: _queue_props(ns).update(RequiresSession="yes"), "RequiresSession"),
+        (lambda ns: _first_rule(ns)["SqlFilter"].update(SqlExpression="a +"), "SQL filter"),
+        (lambda ns: _first_rule(ns).update(Action={"SqlExpression": "SET x = 1"}), "actions"),
+        (lambda ns: _first_rule(ns).update(FilterType="Magic"), "FilterType"),
+        (lambda ns: ns["Queues"].append(copy.deepcopy(ns["Queues"][0])), "used twice"),
+    ],
+)
+def test_config_refuses_what_it_cannot_honour(change: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_with(change))
+    assert message in str(caught.value)
+    # the error names the entity it is about
+    assert "contract-" in str(caught.value) or "used twice" in message
+
+
+def _sections(
+    message_id: str | None = None,
+    session_id: str | None = None,
+    ttl_ms: int | None = None,
+    **app: Any,
+) -> Sections:
+    properties: list[Any] = [None] * 13
+    properties[0] = message_id or str(uuid.uuid4())
+    properties[10] = session_id
+    return Sections(header=[True, None, ttl_ms, None, None], properties=properties, application=app)
+
+
+@pytest.fixture
+def ns() -> Namespace:
+    return Namespace(load_config(CONFIG))
+
+
+def test_lock_expiry_redelivers_then_dead_letters(ns: Namespace) -> None:
+    queue = ns.queues["contract-short-lock"]  # PT2S, MaxDeliveryCount 2
+    owner = object()
+    queue.accept(_sections("m"), now=100.0)
+    first = queue.store.acquire(100.0, owner, peek_lock=True)
+    assert first is not None and first.locked_until == 102.0
+    assert queue.store.acquire(100.5, owner, peek_lock=True) is None  # locked
+    queue.store.tick(102.0)
+    second = queue.store.acquire(102.1, owner, peek_lock=True)
+    assert second is first and second.delivery_count == 1
+    with pytest.raises(LockLost):
+        queue.store.complete(uuid.uuid4(), 102.2)
+    queue.store.tick(104.2)
+    assert queue.store.acquire(104.3, owner, peek_lock=True) is None
+    dead = queue.store.dead_letter_queue.acquire(104.3, owner, peek_lock=False)
+    assert dead is not None and dead.sections.properties[0] == "m"
+    assert b"MaxDeliveryCountExceeded" in dead.application_bytes()
+
+
+def test_renewed_lock_survives_the_original_deadline(ns: Namespace) -> None:
+    store = ns.queues["contract-short-lock"].store
+    ns.queues["contract-short-lock"].accept(_sections("r"), now=0.0)
+    message = store.acquire(0.0, "o", peek_lock=True)
+    assert message is not None and message.lock_token is not None
+    assert store.renew_lock(message.lock_token, 1.5) == 3.5
+    store.tick(2.5)
+    store.complete(message.lock_token, 3.0)
+    assert store.messages == {}
+
+
+def test_ttl_sweep_dead_letters_without_a_receiver(ns: Namespace) -> None:
+    queue = ns.queues["contract-ttl"]
+    queue.accept(_sections("t", ttl_ms=1000), now=10.0)
+    queue.store.tick(10.5)
+    assert len(queue.store.messages) == 1
+    queue.store.tick(11.0)
+    assert queue.store.messages == {}
+    dead = queue.store.dead_letter_queue.acquire(11.0, "o", peek_lock=False)
+    assert dead is not None and b"TTLExpiredException" in dead.application_bytes()
+
+
+def test_duplicate_window_forgets_after_it_passes(ns: Namespace) -> None:
+    queue = ns.queues["contract-dedup"]  # PT20S
+    assert queue.accept(_sections("same"), now=0.0) is not None
+    assert queue.accept(_sections("same"), now=19.9) is None
+    assert queue.accept(_sections("same"), now=20.1) is not None
+    assert len(queue.store.messages) == 2
+
+
+def test_sessions_are_exclusive_and_expire(ns: Namespace) -> None:
+    queue = ns.queues["contract-sessions"]  # PT5S
+    store = queue.store
+    queue.accept(_sections(session_id="a"), now=0.0)
+    queue.accept(_sections(session_id="b"), now=0.0)
+    first = store.accept_session(None, "r1", 0.0)
+    second = store.accept_session(None, "r2", 0.0)
+    assert first is not None and second is not None
+    assert {first.session_id, second.session_id} == {"a", "b"}
+    assert store.accept_session(None, "r3", 0.0) is None  # both locked
+    with pytest.raises(SessionCannotBeLocked):
+        store.accept_session("a", "r3", 1.0)
+    message = store.acquire(1.0, first.owner, peek_lock=True, session_id=first.session_id)
+    assert message is not None
+    lost = store.tick(5.0)
+    assert sorted(sid for _, sid in lost) == ["a", "b"]
+    again = store.accept_session(first.session_id, "r3", 5.1)
+    assert again is not None
+    redelivered = store.acquire(5.1, "r3", peek_lock=True, session_id=first.session_id)
+    assert redelivered is message and redelivered.delivery_count == 1
+
+
+def test_topic_routes_by_rules(ns: Namespace) -> None:
+    topic = ns.topics["contract-topic"]
+    topic.accept(_sections("x", transition="Scheduled", durationInSeconds=60), now=0.0)
+    counts = {name: len(sub.store.messages) for name, sub in topic.subscriptions.items()}
+    assert counts["all"] == 1 and counts["sql-in"] == 1 and counts["correlation"] == 0
+
+
+def test_addresses_resolve_case_insensitively(ns: Namespace) -> None:
+    assert ns.resolve("amqps://127.0.0.1:5671/Contract-Queue").store is not None
+    dlq = ns.resolve("contract-topic/Subscriptions/all/$DeadLetterQueue").store
+    assert dlq is not None and dlq.is_dead_letter_queue
+    assert ns.resolve("contract-queue/$management").management
+    with pytest.raises(Exception, match="could not be found"):
+        ns.resolve("contract-topic/Subscriptions/nope")
