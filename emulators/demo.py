@@ -1,0 +1,423 @@
+"""`sebridge demo`: the whole bridge on 127.0.0.1, one scenario end to end, with a timeline.
+
+What runs (all loopback, nothing from Azure):
+- the IMDS simulator (a child process) replaying a packaged scenario, re-homed onto a small
+  demo world: VMs web-1, web-2... in resource group rg-web, behind load balancer lb-web;
+- the Service Bus emulator (a child process) with the project's entities;
+- the local functions host running the real function_app.py (in this process), with Teams
+  played by a loopback sink that renders each card as text, ARM by a loopback fake that holds
+  the VMs, their NICs and the pool, and managed identity by a loopback token endpoint;
+- `sebridge forwarder` (a child process) publishing to the emulator and taking approvals.
+
+The loop it proves: Scheduled -> Teams card -> pool removal -> Prepared -> gate approval ->
+IMDS POST -> Started -> Completed -> pool restored. It exits 0 when every event of the
+scenario ended (Completed or Cancelled), every event first seen Scheduled was approved through
+IMDS, and every pool change was undone (except after Terminate and Preempt, whose VM is gone);
+otherwise non-zero with the reasons. Every process it started is stopped either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SCENARIO = "redeploy"
+SUBSCRIPTION = "00000000-0000-4000-8000-0000000000de"
+GROUP = "rg-web"
+GONE_FOR_GOOD = {"Terminate", "Preempt"}  # the VM does not come back: nothing to restore
+
+
+@dataclass
+class Timeline:
+    """What happened, stamped with when it happened (wall clock), printed in that order."""
+
+    start: float = field(default_factory=time.time)
+    entries: list[tuple[float, str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    live: bool = False
+
+    def add(self, source: str, text: str, at: float | None = None) -> None:
+        offset = (time.time() if at is None else at) - self.start
+        with self.lock:
+            self.entries.append((offset, source, text))
+        if self.live:
+            print(f"{offset:7.2f}s  {source:<7} {text}", flush=True)
+
+    def render(self) -> list[str]:
+        with self.lock:
+            ordered = sorted(self.entries, key=lambda entry: entry[0])
+        return [f"{at:7.2f}s  {source:<7} {text}" for at, source, text in ordered]
+
+
+# -- the demo world ---------------------------------------------------------------------
+def scenario_names() -> list[str]:
+    from emulators.imds.testing import scenario_names as names
+
+    return names()
+
+
+def load_packaged(name: str) -> dict[str, Any]:
+    text = resources.files("emulators.imds").joinpath("scenarios", f"{name}.json").read_text()
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def rehome(scenario: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The scenario with its VM and Resources mapped onto web-1, web-2, ... in rg-web."""
+    names: dict[str, str] = {}
+    for event in scenario["events"]:
+        for resource in event.get("Resources", []):
+            names.setdefault(resource.lower(), f"web-{len(names) + 1}")
+    if not names:
+        names["vm"] = "web-1"
+    world = dict(scenario)
+    world["vm"] = {
+        "name": "web-1",
+        "subscriptionId": SUBSCRIPTION,
+        "resourceGroupName": GROUP,
+        "vmScaleSetName": "",
+        "location": "westeurope",
+        "zone": "1",
+    }
+    world["events"] = [
+        {**e, "Resources": [names[r.lower()] for r in e.get("Resources", [])]}
+        for e in scenario["events"]
+    ]
+    return world, sorted(set(names.values()))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+# -- watchers -----------------------------------------------------------------------------
+def watch_topic(
+    connection_string: str, timeline: Timeline, seen: list[dict[str, Any]], stop: threading.Event
+) -> None:
+    """Everything on the `audit` subscription (it has a copy of every message), in order."""
+    from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient
+    from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
+
+    from forwarder.approvals import message_body
+    from sebridge.contract.events import ContractError, parse_message
+
+    with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
+        while not stop.is_set():
+            try:
+                with client.get_subscription_receiver(
+                    "scheduled-events",
+                    "audit",
+                    session_id=NEXT_AVAILABLE_SESSION,
+                    max_wait_time=0.5,
+                ) as receiver:
+                    for message in receiver.receive_messages(
+                        max_message_count=50, max_wait_time=0.5
+                    ):
+                        receiver.complete_message(message)
+                        try:
+                            parsed = parse_message(message_body(message))
+                        except ContractError as exc:
+                            timeline.add("topic", f"unreadable message: {exc}")
+                            continue
+                        if parsed.event is None:
+                            continue  # Heartbeat
+                        event = parsed.event
+                        seen.append({"transition": parsed.transition.value, "event": event})
+                        extra = ""
+                        if parsed.transition.value == "Approved":
+                            approval = parsed.data.get("approval", {})
+                            extra = f" by {approval.get('requestedBy')}: {approval.get('reason')}"
+                        timeline.add(
+                            "topic",
+                            f"{parsed.transition.value:<9} {event.event_type} {event.key[:8]} "
+                            f"on {','.join(event.resources) or '-'}{extra}",
+                            at=message.enqueued_time_utc.timestamp(),
+                        )
+            except OperationTimeoutError:
+                continue
+            except ServiceBusError as exc:
+                if not stop.is_set():
+                    timeline.add("topic", f"receiver error, retrying: {exc}")
+                    stop.wait(0.5)
+
+
+def watch_list(
+    items: Callable[[], list[Any]],
+    render: Callable[[Any], str],
+    source: str,
+    timeline: Timeline,
+    stop: threading.Event,
+    stamp: Callable[[Any], float | None] = lambda _: None,
+) -> None:
+    """New items of a growing list (cards, pool changes, IMDS POSTs) onto the timeline."""
+    count = 0
+    while not stop.wait(0.05):
+        try:
+            current = items()
+        except OSError:
+            continue  # the simulator is going away at the end
+        for item in current[count:]:
+            timeline.add(source, render(item), at=stamp(item))
+        count = len(current)
+
+
+# -- the run ------------------------------------------------------------------------------
+def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
+    from emulators.fakes.arm import FakeArm
+    from emulators.fakes.identity import FakeIdentity
+    from emulators.fakes.teams import FakeTeams, card_lines
+    from emulators.functions_host.host import FunctionsHost
+    from emulators.imds.testing import SimClient
+    from emulators.processes import forwarder, server
+    from emulators.servicebus.testing import running_emulator
+
+    scenario = load_packaged(scenario_name)
+    world, vms = rehome(scenario)
+    timeline = Timeline(live=verbose)
+    stop = threading.Event()
+    stack: list[Callable[[], object]] = []
+    topic_seen: list[dict[str, Any]] = []
+    print(f"sebridge demo: scenario {scenario_name} at speed {speed:g}: {scenario['description']}")
+    print(f"world: {', '.join(vms)} in {GROUP}, behind lb-web/pool-a; everything on 127.0.0.1\n")
+    try:
+        teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
+        for fake in (teams, arm, identity):
+            fake.start()
+            stack.append(fake.stop)
+        lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
+        pool = f"{lb}/backendAddressPools/pool-a"
+        vm_ids = {vm: arm.add_vm(SUBSCRIPTION, GROUP, vm, [pool]) for vm in vms}
+        initial = {vm: sorted(arm.vm_pools(vm_id)) for vm, vm_id in vm_ids.items()}
+
+        emulator_cm = running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
+        bus = emulator_cm.__enter__()
+        stack.append(lambda: emulator_cm.__exit__(None, None, None))
+        timeline.add("setup", f"Service Bus emulator on {bus.namespace}")
+
+        host_logger = logging.getLogger("sebridge.demo.functions-host")
+        host_logger.setLevel(logging.INFO if verbose else logging.ERROR)
+        settings = {
+            "ServiceBusConnection": bus.connection_string,
+            "TopicName": "scheduled-events",
+            "TeamsSubscriptionName": "teams",
+            "LbPoolsSubscriptionName": "lb-pools",
+            "ApprovalGateSubscriptionName": "approval-gate",
+            "ApprovalsQueueName": "approvals",
+            "TEAMS_WEBHOOK_URL": teams.webhook_url,
+            "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
+            "ARM_ENDPOINT": arm.url,
+            **identity.environ(),
+        }
+        http_port = free_port()
+        settings["APPROVAL_BASE_URL"] = f"http://127.0.0.1:{http_port}"  # the Approve links
+        host = FunctionsHost(ROOT / "function_app.py", settings, logger=host_logger, port=http_port)
+        host.start()
+        stack.append(host.stop)
+        timeline.add("setup", "functions host running function_app.py")
+
+        watchers = [
+            threading.Thread(
+                target=watch_topic,
+                args=(bus.connection_string, timeline, topic_seen, stop),
+                daemon=True,
+            ),
+            threading.Thread(
+                target=watch_list,
+                args=(
+                    lambda: list(teams.cards),
+                    lambda c: "card: " + " | ".join(card_lines(c)[:2]),
+                    "teams",
+                    timeline,
+                    stop,
+                ),
+                daemon=True,
+            ),
+            threading.Thread(
+                target=watch_list,
+                args=(lambda: list(arm.changes), lambda line: line, "arm", timeline, stop),
+                daemon=True,
+            ),
+        ]
+        for watcher in watchers:
+            watcher.start()
+        stack.append(lambda: [w.join(timeout=5) for w in watchers])
+        stack.append(stop.set)
+
+        scenario_file = Path(tempfile.mkdtemp(prefix="sebridge-demo-")) / "scenario.json"
+        scenario_file.write_text(json.dumps(world))
+        sim_process, sim_url = server(
+            "imds-sim",
+            "--scenario",
+            str(scenario_file),
+            "--speed",
+            str(speed),
+            "--start-on-first-poll",
+        )
+        stack.append(sim_process.close)
+        sim = SimClient(sim_url)
+        posts_seen: list[dict[str, Any]] = []
+        watch_posts = threading.Thread(
+            target=watch_list,
+            args=(
+                lambda: posts_seen.__setitem__(slice(None), sim.posts()) or list(posts_seen),
+                render_post,
+                "imds",
+                timeline,
+                stop,
+                lambda p: datetime.fromisoformat(p["time"]).timestamp(),
+            ),
+            daemon=True,
+        )
+        watch_posts.start()
+        timeline.add("setup", f"IMDS simulator on {sim_url}")
+
+        fw = forwarder(
+            sim_url,
+            scenario_file.parent / "state",
+            "--connection-string",
+            bus.connection_string,
+            dry_run=False,
+            poll_interval=1.0,
+        )
+        fw.start()
+        stack.append(fw.close)
+        timeline.add("setup", "forwarder polling IMDS once a second")
+
+        expected_events = {e["EventId"].lower(): e for e in world["events"]}
+        deadline = time.monotonic() + timeout - (time.time() - timeline.start)
+        reasons: list[str] = ["not finished"]
+        if not verbose:
+            print("running the scenario; the timeline follows when the loop is done...\n")
+        while time.monotonic() < deadline:
+            reasons = verdict(expected_events, topic_seen, posts_seen, arm, vm_ids, initial)
+            if not reasons:
+                break
+            if not fw.alive:
+                reasons = [f"the forwarder exited:\n{fw.stderr_text()[-2000:]}"]
+                break
+            time.sleep(0.2)
+        time.sleep(0.3)  # let the watchers catch the last lines
+        elapsed = time.time() - timeline.start
+        if not verbose:
+            print("\n".join(timeline.render()))
+        if reasons:
+            print(f"\nFAILED after {elapsed:.1f} s: the loop did not complete")
+            for reason in reasons:
+                print(f"  - {reason}")
+            if verbose:
+                print(fw.stderr_text()[-4000:])
+            return 1
+        print(
+            f"\nOK in {elapsed:.1f} s: every event ended, was approved through IMDS where it "
+            "could be, and the pools are as they were."
+        )
+        return 0
+    finally:
+        stop.set()
+        for undo in reversed(stack):
+            try:
+                undo()
+            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
+                print(f"demo: stopping failed: {exc}", file=sys.stderr)
+
+
+def render_post(post: dict[str, Any]) -> str:
+    try:
+        event_id = json.loads(post["body"])["StartRequests"][0]["EventId"][:8]
+    except (ValueError, KeyError, IndexError, TypeError):
+        event_id = "(malformed body)"
+    return f"POST StartRequests {event_id} -> {post['status']}"
+
+
+def verdict(
+    expected: dict[str, dict[str, Any]],
+    seen: list[dict[str, Any]],
+    posts: list[dict[str, Any]],
+    arm: Any,
+    vm_ids: dict[str, str],
+    initial: dict[str, list[str]],
+) -> list[str]:
+    """What is still missing for the loop to count as complete (empty = done)."""
+    missing: list[str] = []
+    by_event: dict[str, list[str]] = {}
+    for item in list(seen):
+        by_event.setdefault(item["event"].key, []).append(item["transition"])
+    approved = {
+        json.loads(p["body"])["StartRequests"][0]["EventId"].lower()
+        for p in list(posts)
+        if p.get("status") == 200
+    }
+    impacted: set[str] = set()
+    for key, event in expected.items():
+        transitions = by_event.get(key, [])
+        if not {"Completed", "Cancelled"} & set(transitions):
+            missing.append(f"event {key[:8]} has not ended (seen: {transitions or 'nothing'})")
+        if transitions[:1] == ["Scheduled"] and key not in approved:
+            missing.append(f"event {key[:8]} was never approved through IMDS")
+        if event.get("EventType") in GONE_FOR_GOOD:
+            impacted.update(event.get("Resources", []))
+    for vm, vm_id in vm_ids.items():
+        if vm not in impacted and sorted(arm.vm_pools(vm_id)) != initial[vm]:
+            missing.append(f"{vm} is not back in its pools")
+    return missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sebridge demo",
+        description="Run one maintenance event through the whole bridge on 127.0.0.1.",
+    )
+    parser.add_argument(
+        "--scenario",
+        default=DEFAULT_SCENARIO,
+        help="a packaged scenario (see --list; default %(default)s)",
+    )
+    parser.add_argument(
+        "--speed", type=float, default=2.0, help="scenario time scale (default %(default)s)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="give up after this many seconds (default %(default)s)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument("--verbose", action="store_true", help="show the functions host's log")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name in scenario_names():
+            print(f"{name:<24} {load_packaged(name)['description']}")
+        return 0
+    if args.scenario not in scenario_names():
+        print(f"sebridge demo: unknown scenario {args.scenario!r} (see --list)", file=sys.stderr)
+        return 2
+    if not 0.1 <= args.speed <= 20 or args.timeout <= 0:
+        print("sebridge demo: --speed must be 0.1..20 and --timeout positive", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return run(args.scenario, args.speed, args.timeout, args.verbose)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
