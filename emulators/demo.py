@@ -148,7 +148,11 @@ def watch_topic(
                             "topic",
                             f"{parsed.transition.value:<9} {event.event_type} {event.key[:8]} "
                             f"on {','.join(event.resources) or '-'}{extra}",
-                            at=message.enqueued_time_utc.timestamp(),
+                            at=(
+                                message.enqueued_time_utc.timestamp()
+                                if message.enqueued_time_utc
+                                else None
+                            ),
                         )
             except OperationTimeoutError:
                 continue
@@ -257,7 +261,12 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
         ]
         for watcher in watchers:
             watcher.start()
-        stack.append(lambda: [w.join(timeout=5) for w in watchers])
+
+        def join_watchers() -> None:
+            for watcher in watchers:
+                watcher.join(timeout=5)
+
+        stack.append(join_watchers)
         stack.append(stop.set)
 
         scenario_file = Path(tempfile.mkdtemp(prefix="sebridge-demo-")) / "scenario.json"

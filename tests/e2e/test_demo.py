@@ -1,0 +1,65 @@
+"""`sebridge demo` as a user runs it: exit 0, and the timeline shows the loop in order."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+MILESTONES = [
+    r"topic\s+Scheduled\s+Redeploy",
+    r"arm\s+- web-1-nic/ipconfig1 left lb-web/pool-a",
+    r"teams\s+card: .*Redeploy scheduled",
+    r"topic\s+Prepared\s+Redeploy",
+    r"imds\s+POST StartRequests \w+ -> 200",
+    r"topic\s+Approved\s+Redeploy .*approval-gate",
+    r"topic\s+Started\s+Redeploy",
+    r"topic\s+Completed\s+Redeploy",
+    r"arm\s+\+ web-1-nic/ipconfig1 joined lb-web/pool-a",
+]
+
+
+@pytest.mark.timeout(120)
+def test_the_default_demo_completes_the_loop_in_order() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sebridge.cli", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    positions = []
+    for milestone in MILESTONES:
+        index = next((i for i, line in enumerate(lines) if re.search(milestone, line)), None)
+        assert index is not None, f"missing {milestone!r} in:\n{result.stdout}"
+        positions.append(index)
+    # Pool removal and the card race each other; everything else happens in this order.
+    assert positions[0] < positions[1] and positions[0] < positions[2]
+    assert positions[3:] == sorted(positions[3:]), result.stdout
+    assert max(positions[1], positions[2]) < positions[4]
+    elapsed = float(re.search(r"OK in ([\d.]+) s", result.stdout).group(1))  # type: ignore[union-attr]
+    assert elapsed < 60
+
+
+@pytest.mark.timeout(30)
+def test_demo_lists_its_scenarios_and_refuses_unknown_ones() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "sebridge.cli", "demo", "--list"],
+        capture_output=True,
+        text=True,
+        timeout=25,
+        check=True,
+    )
+    assert "redeploy" in listed.stdout and "preempt" in listed.stdout
+    wrong = subprocess.run(
+        [sys.executable, "-m", "sebridge.cli", "demo", "--scenario", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=25,
+        check=False,
+    )
+    assert wrong.returncode == 2 and "unknown scenario" in wrong.stderr

@@ -1,0 +1,175 @@
+"""The workflows end to end: the local functions host runs the real function_app.py against the
+Service Bus emulator, with Teams, ARM and managed identity played by loopback fakes.
+
+A Scheduled message on the topic must lead to a Teams card, the VM's removal from its pool, a
+Prepared transition on the topic and an approve command on the observing VM's session of the
+approvals queue; Completed must put the VM back.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from emulators.fakes.arm import FakeArm
+from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.teams import FakeTeams
+from emulators.functions_host.host import FunctionsHost
+from emulators.servicebus.testing import running_emulator
+from forwarder.approvals import message_body
+from forwarder.publisher import to_service_bus_message
+from sebridge.contract.commands import parse_command
+from sebridge.contract.events import Transition, event_message
+from sebridge.imds import Document
+from tests.fixtures import golden
+from tests.support.bus import receive_all
+
+REPO = Path(__file__).resolve().parents[2]
+SUBSCRIPTION = golden.OBSERVER.subscription_id
+GROUP = golden.OBSERVER.resource_group
+
+
+# One host per module: functions/composition.py builds its settings and clients once per
+# process (as the Functions worker does), so a second in-process host would reuse the first.
+@pytest.fixture(scope="module")
+def world() -> Iterator[dict[str, Any]]:
+    teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
+    for fake in (teams, arm, identity):
+        fake.start()
+    lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
+    pool = f"{lb}/backendAddressPools/pool-a"
+    vms = {name: arm.add_vm(SUBSCRIPTION, GROUP, name, [pool]) for name in ("web-1", "web-2")}
+    try:
+        with running_emulator(REPO / "infra" / "servicebus-emulator" / "Config.json") as bus:
+            settings = {
+                "ServiceBusConnection": bus.connection_string,
+                "TopicName": "scheduled-events",
+                "TeamsSubscriptionName": "teams",
+                "LbPoolsSubscriptionName": "lb-pools",
+                "ApprovalGateSubscriptionName": "approval-gate",
+                "ApprovalsQueueName": "approvals",
+                "TEAMS_WEBHOOK_URL": teams.webhook_url,
+                "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
+                "APPROVAL_BASE_URL": "http://127.0.0.1:9",
+                "ARM_ENDPOINT": arm.url,
+                **identity.environ(),
+            }
+            host = FunctionsHost(REPO / "function_app.py", settings).start()
+            try:
+                yield {"bus": bus, "teams": teams, "arm": arm, "vms": vms, "pool": pool}
+            finally:
+                host.stop()
+    finally:
+        for fake in (teams, arm, identity):
+            fake.stop()
+
+
+def publish(bus: Any, transition: Transition, fields: dict[str, Any], incarnation: int) -> str:
+    (event,) = Document.from_imds({"DocumentIncarnation": incarnation, "Events": [fields]}).events
+    envelope = event_message(transition, event, golden.OBSERVER, incarnation, datetime.now(UTC))
+    with (
+        ServiceBusClient.from_connection_string(bus.connection_string) as client,
+        client.get_topic_sender("scheduled-events") as sender,
+    ):
+        sender.send_messages(to_service_bus_message(envelope), timeout=10)
+    return envelope.message_id
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.timeout(120)
+def test_scheduled_to_completed_through_the_workflows(world: dict[str, Any]) -> None:
+    bus, teams, arm, vms, pool = (world[k] for k in ("bus", "teams", "arm", "vms", "pool"))
+    not_before = datetime.now(UTC) + timedelta(minutes=10)
+    scheduled = dict(golden.SCHEDULED, NotBefore=not_before.strftime("%a, %d %b %Y %H:%M:%S GMT"))
+    publish(bus, Transition.SCHEDULED, scheduled, 11)
+
+    # Pool removal for both affected VMs, a card, and Prepared on the topic.
+    wait_until(lambda: all(arm.vm_pools(vm) == [] for vm in vms.values()), 30, "pool removal")
+    wait_until(lambda: teams.cards, 30, "a Teams card")
+    audit = receive_all(bus.connection_string, "audit", want=2, timeout=30)
+    assert [m["subject"] for m in audit] == ["Scheduled", "Prepared"]
+    prepared = json.loads(audit[1]["body"])["data"]
+    assert sorted(prepared["prepared"]["vms"]) == ["web-1", "web-2"]
+
+    # The gate's approve command waits on the observing VM's session.
+    with (
+        ServiceBusClient.from_connection_string(bus.connection_string) as client,
+        client.get_queue_receiver(
+            "approvals", session_id=golden.OBSERVER.vm_name, max_wait_time=20
+        ) as receiver,
+    ):
+        (command_message,) = receiver.receive_messages(max_message_count=1, max_wait_time=20)
+        receiver.complete_message(command_message)
+    command = parse_command(message_body(command_message), datetime.now(UTC))
+    assert command.event_id == golden.EVENT_ID.lower()
+    assert command_message.message_id == f"approve:{command.event_id}"
+    assert command.expires_at <= not_before + timedelta(seconds=1)
+
+    # Started, then Completed: the VMs go back into exactly the pool they left.
+    publish(bus, Transition.STARTED, dict(scheduled, EventStatus="Started", NotBefore=""), 12)
+    publish(bus, Transition.COMPLETED, dict(scheduled, EventStatus="Started", NotBefore=""), 13)
+    wait_until(lambda: all(arm.vm_pools(vm) == [pool] for vm in vms.values()), 30, "restore")
+    wait_until(lambda: len(teams.cards) >= 4, 30, "cards for every transition")
+    titles = [json.dumps(card) for card in teams.cards]
+    assert any("scheduled" in t.lower() for t in titles)
+    assert any("completed" in t.lower() for t in titles)
+
+
+@pytest.mark.timeout(120)
+def test_a_replayed_scheduled_changes_nothing_more(world: dict[str, Any]) -> None:
+    bus, arm, vms, pool = world["bus"], world["arm"], world["vms"], world["pool"]
+    wait_until(lambda: all(arm.vm_pools(vm) == [pool] for vm in vms.values()), 30, "a clean world")
+    receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
+    not_before = datetime.now(UTC) + timedelta(minutes=10)
+    scheduled = dict(
+        golden.SCHEDULED,
+        EventId="5D6E7F80-1A2B-4C3D-8E9F-0A1B2C3D4E5F",
+        NotBefore=not_before.strftime("%a, %d %b %Y %H:%M:%S GMT"),
+    )
+    publish(bus, Transition.SCHEDULED, scheduled, 21)
+    wait_until(lambda: all(arm.vm_pools(vm) == [] for vm in vms.values()), 30, "pool removal")
+    audit = receive_all(bus.connection_string, "audit", want=2, timeout=30)
+    assert [m["subject"] for m in audit] == ["Scheduled", "Prepared"]
+    writes_before = len(arm.writes())
+    # The same transition seen by another VM after the duplicate window: a replay.
+    (event,) = Document.from_imds({"DocumentIncarnation": 21, "Events": [scheduled]}).events
+    other = replace(golden.OBSERVER, vm_name="web-2")
+    replay = event_message(Transition.SCHEDULED, event, other, 21, datetime.now(UTC))
+    message = to_service_bus_message(replay)
+    message.message_id = f"{replay.message_id}:replayed"  # past duplicate detection
+    with (
+        ServiceBusClient.from_connection_string(bus.connection_string) as client,
+        client.get_topic_sender("scheduled-events") as sender,
+    ):
+        sender.send_messages(
+            ServiceBusMessage(
+                b"".join(message.body),
+                message_id=message.message_id,
+                session_id=replay.session_id,
+                subject=replay.subject,
+                application_properties=message.application_properties,
+                content_type=message.content_type,
+            ),
+            timeout=10,
+        )
+    receive_all(bus.connection_string, "audit", want=1, timeout=30)
+    time.sleep(2)
+    assert len(arm.writes()) == writes_before  # nothing was rewritten
+    assert all(arm.vm_pools(vm) == [] for vm in vms.values())
