@@ -129,7 +129,7 @@ def test_receive_and_delete_removes_the_message(client: ServiceBusClient, drain)
         (got,) = receiver.receive_messages(max_wait_time=5)
         assert str(got) == "once"
         assert got.lock_token is None
-        assert receiver.receive_messages(max_wait_time=1) == []
+        assert receiver.receive_messages(max_wait_time=0.5) == []
     with client.get_queue_receiver(QUEUE) as receiver:
         assert receiver.peek_messages(max_message_count=10) == []
 

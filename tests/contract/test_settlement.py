@@ -36,7 +36,7 @@ def test_complete_removes_and_abandon_redelivers_with_count(
         assert second.delivery_count == 1
         assert second.sequence_number == first.sequence_number
         receiver.complete_message(second)
-        assert receiver.receive_messages(max_wait_time=1) == []
+        assert receiver.receive_messages(max_wait_time=0.5) == []
         assert receiver.peek_messages(max_message_count=5) == []
 
 
@@ -51,7 +51,7 @@ def test_dead_letter_with_reason_and_description(client: ServiceBusClient, drain
     with client.get_queue_receiver(QUEUE) as receiver:
         message = _one(receiver)
         receiver.dead_letter_message(message, reason="BadInput", error_description="not JSON")
-        assert receiver.receive_messages(max_wait_time=1) == []
+        assert receiver.receive_messages(max_wait_time=0.5) == []
     with client.get_queue_receiver(QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         dead = _one(dlq)
         assert str(dead) == "poison"
@@ -72,7 +72,7 @@ def test_defer_then_receive_deferred_and_settle(client: ServiceBusClient, drain)
         message = _one(receiver)
         seq = message.sequence_number
         receiver.defer_message(message)
-        assert receiver.receive_messages(max_wait_time=1) == []
+        assert receiver.receive_messages(max_wait_time=0.5) == []
         (deferred,) = receiver.receive_deferred_messages([seq])
         assert str(deferred) == "later"
         assert deferred.sequence_number == seq
@@ -117,7 +117,7 @@ def test_expired_lock_redelivers_then_dead_letters_at_max_delivery_count(
         assert second.message_id == "slow"
         assert second.delivery_count == 1
         time.sleep(2.5)  # second expiry reaches MaxDeliveryCount 2
-        assert receiver.receive_messages(max_wait_time=1) == []
+        assert receiver.receive_messages(max_wait_time=0.5) == []
     with client.get_queue_receiver(SHORT, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         dead = _one(dlq)
         assert dead.message_id == "slow"
@@ -137,7 +137,7 @@ def test_abandon_until_max_delivery_count(client: ServiceBusClient, drain) -> No
             message = _one(receiver)
             assert message.delivery_count == attempt
             receiver.abandon_message(message)
-        assert receiver.receive_messages(max_wait_time=1) == []
+        assert receiver.receive_messages(max_wait_time=0.5) == []
     with client.get_queue_receiver(QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         dead = _one(dlq)
         assert dead.message_id == "retry-me"
@@ -163,7 +163,7 @@ def test_ttl_expiry_dead_letters_when_configured(client: ServiceBusClient, drain
         alive = _one(receiver)
         assert alive.message_id == "long"
         receiver.complete_message(alive)
-        assert receiver.receive_messages(max_wait_time=1) == []
+        assert receiver.receive_messages(max_wait_time=0.5) == []
     with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         dead = _one(dlq)
         assert dead.message_id == marker
