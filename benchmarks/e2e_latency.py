@@ -42,7 +42,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ from emulators.demo import GROUP, SUBSCRIPTION, free_port  # noqa: E402
 from emulators.fakes.arm import FakeArm  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
 from emulators.fakes.teams import FakeTeams  # noqa: E402
-from emulators.functions_host.host import FunctionsHost  # noqa: E402
+from emulators.functions_host.host import FunctionsHost, read_host_json  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import forwarder, server  # noqa: E402
 from emulators.servicebus.testing import running_emulator  # noqa: E402
@@ -127,9 +128,30 @@ def main(argv: list[str] | None = None) -> int:
         "--round-timeout", type=float, default=15.0, help="give up on one round after S seconds"
     )
     parser.add_argument("--seed", type=int, default=None, help="seed for the random phase")
+    parser.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="override host.json extensions.serviceBus.sessionIdleTimeout (default: host.json)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.events <= 1000 or args.round_timeout <= 0:
         parser.error("--events must be 1..1000 and --round-timeout positive")
+    if args.session_idle_timeout is not None and not 0.1 <= args.session_idle_timeout <= 300:
+        parser.error("--session-idle-timeout must be 0.1..300 seconds")
+    host_config = read_host_json(ROOT)
+    if args.session_idle_timeout is not None:
+        idle = timedelta(seconds=args.session_idle_timeout)
+        host_config = replace(
+            host_config, service_bus=replace(host_config.service_bus, session_idle_timeout=idle)
+        )
+    sb_options = host_config.service_bus
+    host_line = (
+        f"functions host: maxConcurrentSessions {sb_options.max_concurrent_sessions}, "
+        f"sessionIdleTimeout {sb_options.session_idle_timeout.total_seconds():g} s"
+        + (" (overridden)" if args.session_idle_timeout is not None else " (host.json)")
+    )
     rng = random.Random(args.seed)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
 
@@ -168,7 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         }
         host_logger = logging.getLogger("sebridge.bench.functions-host")
         host_logger.setLevel(logging.ERROR)
-        host = FunctionsHost(ROOT / "function_app.py", settings, logger=host_logger, port=http_port)
+        host = FunctionsHost(
+            ROOT / "function_app.py",
+            settings,
+            host_config=host_config,
+            logger=host_logger,
+            port=http_port,
+        )
         host.start()
         stack.append(host.stop)
 
@@ -218,10 +246,16 @@ def main(argv: list[str] | None = None) -> int:
                 return post is not None
 
             if not wait_until(posted, args.round_timeout) or post is None:
-                failures.append(f"round {round_number}: no POST for {event_id}")
+                failures.append(
+                    f"round {round_number}: no POST for {event_id} within {args.round_timeout:g} s"
+                )
                 if not fw.alive:
                     failures.append(f"the forwarder exited:\n{fw.stderr_text()[-2000:]}")
                     break
+                try:
+                    sim.event("remove", eventId=event_id)  # Cancelled: not left to pile up
+                except RuntimeError as exc:
+                    failures.append(f"round {round_number}: remove failed: {exc}")
                 continue
             received = datetime.fromisoformat(post["time"].replace("Z", "+00:00")).timestamp()
             latencies.append(received - visible_at)
@@ -238,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         for undo in reversed(stack):
             try:
                 undo()
-            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
+            except Exception as exc:
                 print(f"e2e_latency: stopping failed: {exc}", file=sys.stderr)
 
     elapsed = time.monotonic() - started
@@ -251,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         f" (approval-gate, policy approve-all; teams, lb-pools too) -> approvals queue ->"
         f" forwarder -> IMDS POST; {args.event_type} events on {VM}; run took {elapsed:.0f} s"
     )
+    print(host_line)
     for failure in failures:
         print(f"FAILED: {failure}")
     if not latencies:
