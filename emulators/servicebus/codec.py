@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proton import Data, Described, symbol, ubyte, uint, ulong
+from proton import Array, Data, Described, symbol, ubyte, uint, ulong
 
 HEADER = 0x70
 DELIVERY_ANNOTATIONS = 0x71
@@ -73,6 +73,27 @@ class Sections:
         return self.properties[PROPERTY_FIELDS.index(name)]
 
 
+def owned(value: Any) -> Any:
+    """``value`` with every memoryview copied to bytes.
+
+    proton.Data hands out binary values as memoryviews into its own buffer, which the next
+    decode (or the Data's release) overwrites; anything kept must own its bytes.
+    """
+    if isinstance(value, memoryview):
+        return value.tobytes()
+    if isinstance(value, dict):
+        return type(value)((owned(k), owned(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [owned(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(owned(v) for v in value)
+    if isinstance(value, Described):
+        return Described(value.descriptor, owned(value.value))
+    if isinstance(value, Array):
+        return Array(value.descriptor, value.type, *(owned(v) for v in value.elements))
+    return value
+
+
 def _code(descriptor: Any) -> int:
     if isinstance(descriptor, int):
         return int(descriptor)
@@ -102,7 +123,7 @@ def decode_sections(raw: bytes) -> Sections:
         if not isinstance(section, Described):
             raise MessageDecodeError(f"byte {offset}: a message section must be described")
         code = _code(section.descriptor)
-        value = section.value
+        value = section.value if code in (DATA, AMQP_SEQUENCE, AMQP_VALUE) else owned(section.value)
         if code == HEADER:
             out.has_header = True
             out.header = (list(value or []) + [None] * 5)[:5]
@@ -206,7 +227,7 @@ def decode_value_message(raw: bytes) -> tuple[Sections, Any]:
         data.next()
         section = data.get_object()
         if isinstance(section, Described) and _code(section.descriptor) == AMQP_VALUE:
-            value = section.value
+            value = owned(section.value)
         offset += used
     return sections, value
 

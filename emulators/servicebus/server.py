@@ -10,9 +10,14 @@ State lives in memory only: a restart starts empty, as Microsoft's emulator does
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import queue
+import shutil
 import signal
+import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proton import Condition, Delivery, Endpoint, Link, Terminus, symbol
+from proton import Condition, Delivery, Endpoint, Link, SSLDomain, Terminus, Transport, symbol
+from proton._handlers import IOHandler
 from proton.handlers import MessagingHandler
-from proton.reactor import Container
+from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from emulators.servicebus.auth import SasPolicy, check_token
 from emulators.servicebus.broker import (
@@ -43,6 +49,8 @@ from emulators.servicebus.codec import (
 )
 from emulators.servicebus.config import ConfigError, load_config
 from emulators.servicebus.management import handle as handle_management
+from emulators.servicebus.sasl import SaslError, SaslResult, handshake
+from emulators.servicebus.tls import self_signed_certificate
 from emulators.servicebus.wire import encode_delivery, to_ticks
 
 LOG = logging.getLogger("sebridge.servicebus_emulator")
@@ -83,16 +91,30 @@ class LinkState:
 
 class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
     def __init__(
-        self, namespace: Namespace, host: str, port: int, policy: SasPolicy | None
+        self,
+        namespace: Namespace,
+        listener: socket.socket,
+        policy: SasPolicy | None,
+        *,
+        tls_port: int | None = None,
+        tls_info: Path | None = None,
+        tls_files: tuple[Path, Path] | None = None,
     ) -> None:
         super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
         self.handlers = []  # raw events only: this class does its own flow and settlement
         self.namespace = namespace
-        self.host = host
-        self.port = port
+        self.listener = listener
+        self.host = listener.getsockname()[0]
         self.policy = policy
-        self.bound_port: int | None = None
+        self.tls_port = tls_port
+        self.tls_info = tls_info
+        self.tls_files = tls_files
+        self.bound_port = int(listener.getsockname()[1])
         self.stop_requested = False
+        self._adopt: queue.Queue[tuple[socket.socket, SaslResult, bytes]] = queue.Queue()
+        self._injector = EventInjector()
+        self._acceptor: Any = None
+        self._container: Any = None
         self._consumers: dict[MessageStore, list[LinkState]] = {}
         self._pending: list[LinkState] = []
         self._dirty: set[MessageStore] = set()
@@ -103,19 +125,93 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_reactor_init(self, event: Any) -> None:
-        container = event.container
-        acceptor = container.listen(f"{self.host}:{self.port}")
-        self.bound_port = int(acceptor._selectable._delegate.getsockname()[1])
+        container = self._container = event.container
+        container.selectable(self._injector)
+        if self.tls_port is not None and self.tls_files is not None:
+            cert, key = self.tls_files
+            domain = SSLDomain(SSLDomain.MODE_SERVER)
+            domain.set_credentials(str(cert), str(key), None)
+            domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
+            self._acceptor = container.listen(f"amqps://{self.host}:{self.tls_port}", domain)
+            tls_port = int(self._acceptor._selectable._delegate.getsockname()[1])
+            LOG.info("TLS on amqps://127.0.0.1:%s, certificate %s", tls_port, cert)
+            if self.tls_info is not None:
+                self.tls_info.write_text(json.dumps({"port": tls_port, "ca_cert": str(cert)}))
+        threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
         sys.stdout.write(f"listening on amqp://127.0.0.1:{self.bound_port}\n")
         sys.stdout.flush()
         LOG.info("listening on %s:%s", self.host, self.bound_port)
-        self._acceptor = acceptor
         container.schedule(TICK, self)
+
+    # -- accepting plain TCP connections (SASL done here, then handed to the reactor) ---------
+    def _accept_loop(self) -> None:
+        self.listener.settimeout(0.5)
+        while not self.stop_requested:
+            try:
+                sock, peer = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stop_requested:
+                    return
+                LOG.exception("accept failed; carrying on")
+                time.sleep(0.1)
+                continue
+            threading.Thread(
+                target=self._handshake, args=(sock, peer), name="sasl", daemon=True
+            ).start()
+
+    def _handshake(self, sock: socket.socket, peer: Any) -> None:
+        try:
+            sock.settimeout(10)
+            outcome = handshake(sock, self.policy)
+        except (OSError, SaslError) as exc:
+            LOG.info("connection from %s dropped during SASL: %s", peer, exc)
+            sock.close()
+            return
+        if outcome is None:
+            sock.close()
+            return
+        result, already_read = outcome
+        sock.settimeout(None)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._adopt.put((sock, result, already_read))
+        self._injector.trigger(ApplicationEvent("sb_adopt"))
+
+    def on_sb_adopt(self, event: Any) -> None:
+        container = self._container
+        while True:
+            try:
+                sock, result, already_read = self._adopt.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                connection = container.connection(self)
+                connection.sbsasl = result
+                # marks it as accepted (a socket is attached): Proton must not dial out for it
+                connection._acceptor = self
+                transport = Transport(Transport.SERVER)
+                transport.require_auth(False)
+                transport.bind(connection)
+                if already_read:
+                    transport.push(already_read)
+                selectable = container.selectable(delegate=sock)
+                selectable._transport = transport
+                transport._selectable = selectable
+                IOHandler.update(transport, selectable, container.now)
+            except Exception:
+                LOG.exception("could not hand a connection to the reactor")
+                sock.close()
 
     def on_timer_task(self, event: Any) -> None:
         if self.stop_requested:
             LOG.info("stopping; deliveries and outcomes: %s", self.stats)
-            self._acceptor.close()
+            if self._acceptor is not None:
+                self._acceptor.close()
+            self._injector.close()
+            with suppress(OSError):
+                self.listener.close()
             event.container.stop()
             return
         now = time.time()
@@ -142,13 +238,23 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
 
     # -- connections -------------------------------------------------------------------------
     def on_connection_bound(self, event: Any) -> None:
+        if getattr(event.connection, "sbsasl", None) is not None:
+            return  # plain TCP: SASL already done by the accept thread
+        # TLS connections: Proton's own SASL, which offers ANONYMOUS (then $cbs put-token)
         sasl = event.transport.sasl()
-        sasl.allow_insecure_mechs = True
-        sasl.allowed_mechs("ANONYMOUS PLAIN")
+        sasl.allowed_mechs("ANONYMOUS")
+
+    def _conn_state(self, conn: Any) -> ConnState:
+        state: ConnState | None = getattr(conn, "sbconn", None)
+        if state is None:
+            result: SaslResult | None = getattr(conn, "sbsasl", None)
+            authenticated = bool(result and result.authenticated)
+            state = conn.sbconn = ConnState(authorized=self.policy is None or authenticated)
+        return state
 
     def on_connection_remote_open(self, event: Any) -> None:
         conn = event.connection
-        conn.sbconn = ConnState(authorized=self.policy is None)
+        self._conn_state(conn)
         if conn.state & Endpoint.LOCAL_UNINIT:
             conn.container = "sebridge-servicebus-emulator"
             conn.open()
@@ -184,9 +290,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         link = event.link
         if not link.state & Endpoint.LOCAL_UNINIT:
             return
-        conn: ConnState | None = getattr(link.connection, "sbconn", None)
-        if conn is None:
-            conn = link.connection.sbconn = ConnState(authorized=self.policy is None)
+        conn = self._conn_state(link.connection)
         now = time.time()
         try:
             if link.is_receiver:
@@ -651,19 +755,48 @@ def _parser() -> argparse.ArgumentParser:
         default="SAS_KEY_VALUE",
         help="SAS key checked on put-token (Microsoft's emulator default); '' accepts any",
     )
+    parser.add_argument(
+        "--tls-port",
+        type=int,
+        default=None,
+        help="also listen with TLS (self-signed certificate made at start; 0 picks a port). "
+        "Clients pass connection_verify=<certificate> and, for a port other than 5671, "
+        "custom_endpoint_address='sb://127.0.0.1:<tls port>'",
+    )
+    parser.add_argument(
+        "--tls-info", type=Path, default=None, help="write {port, ca_cert} JSON here once listening"
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 
 
-def run(namespace: Namespace, host: str, port: int, policy: SasPolicy | None) -> int:
-    handler = EmulatorHandler(namespace, host, port, policy)
+def run(
+    namespace: Namespace,
+    host: str,
+    port: int,
+    policy: SasPolicy | None,
+    *,
+    tls_port: int | None = None,
+    tls_info: Path | None = None,
+) -> int:
+    listener = socket.create_server((host, port), backlog=128)
+    tls_files = self_signed_certificate() if tls_port is not None else None
+    handler = EmulatorHandler(
+        namespace, listener, policy, tls_port=tls_port, tls_info=tls_info, tls_files=tls_files
+    )
 
     def request_stop(signum: int, frame: Any) -> None:
         handler.stop_requested = True
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    Container(handler).run()
+    try:
+        Container(handler).run()
+    finally:
+        handler.stop_requested = True
+        listener.close()
+        if tls_files is not None:
+            shutil.rmtree(tls_files[0].parent, ignore_errors=True)
     return 0
 
 
@@ -689,7 +822,9 @@ def main(argv: list[str] | None = None) -> int:
         args.sas_key_name if policy else "(any token accepted)",
     )
     try:
-        return run(namespace, args.host, args.port, policy)
+        return run(
+            namespace, args.host, args.port, policy, tls_port=args.tls_port, tls_info=args.tls_info
+        )
     except OSError as exc:
         print(
             f"servicebus-emulator: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr

@@ -11,14 +11,21 @@ The process is always killed on exit (also when the body raises). State is in me
 restart comes back empty. For a token credential instead of the connection string, use
 ``ServiceBusClient(emulator.namespace, credential, use_tls=False)``: the SDK keeps the port of
 ``127.0.0.1:<port>`` only when TLS is off, which is what ``UseDevelopmentEmulator=true`` sets.
+With TLS on (the SDK's default), the SDK drops the port and dials 5671; reach the emulator's TLS
+listener with ``ServiceBusClient("localhost", credential, custom_endpoint_address=
+f"sb://127.0.0.1:{emulator.tls_port}", transport_type=TransportType.Amqp,
+connection_verify=emulator.ca_cert)`` (start it with ``tls=True``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -46,8 +53,12 @@ class EmulatorProcess:
         port: int = 0,
         extra_args: list[str] | None = None,
         log_path: str | Path | None = None,
+        tls: bool = False,
     ) -> None:
         self.config = None if config is None else Path(config)
+        self.tls = tls
+        self.tls_port: int | None = None
+        self.ca_cert: str | None = None
         self.port = port
         self.extra_args = list(extra_args or [])
         self.log_path = Path(log_path) if log_path else None
@@ -82,6 +93,10 @@ class EmulatorProcess:
         if self.config is not None:
             command += ["--config", str(self.config)]
         command += self.extra_args
+        info: Path | None = None
+        if self.tls:
+            info = Path(tempfile.mkdtemp(prefix="sebridge-sb-")) / "tls.json"
+            command += ["--tls-port", str(self.tls_port or 0), "--tls-info", str(info)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         deadline = time.monotonic() + timeout
         while True:  # a just-freed port can linger briefly after stop(); retry until deadline
@@ -101,6 +116,10 @@ class EmulatorProcess:
             line = _read_line(self._process, max(0.1, deadline - time.monotonic()))
             if line is not None and line.startswith("listening on amqp://"):
                 self.port = int(line.strip().rsplit(":", 1)[1])
+                if info is not None:
+                    details = json.loads(info.read_text())
+                    self.tls_port, self.ca_cert = int(details["port"]), str(details["ca_cert"])
+                    shutil.rmtree(info.parent, ignore_errors=True)
                 threading.Thread(target=_drain, args=(self._process.stdout,), daemon=True).start()
                 return
             self._kill()
@@ -203,9 +222,14 @@ def running_emulator(
     port: int = 0,
     extra_args: list[str] | None = None,
     log_path: str | Path | None = None,
+    tls: bool = False,
 ) -> Iterator[EmulatorProcess]:
-    """Start the emulator (``config`` defaults to infra/servicebus-emulator/Config.json)."""
-    emulator = EmulatorProcess(config, port=port, extra_args=extra_args, log_path=log_path)
+    """Start the emulator (``config`` defaults to infra/servicebus-emulator/Config.json).
+
+    ``tls=True`` also opens a TLS listener (``.tls_port``) with a self-signed certificate
+    (``.ca_cert``, pass it as ``connection_verify``).
+    """
+    emulator = EmulatorProcess(config, port=port, extra_args=extra_args, log_path=log_path, tls=tls)
     try:
         emulator.start()
         yield emulator
