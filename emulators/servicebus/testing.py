@@ -63,6 +63,7 @@ class EmulatorProcess:
         self.extra_args = list(extra_args or [])
         self.log_path = Path(log_path) if log_path else None
         self._process: subprocess.Popen[str] | None = None
+        self.returncode: int | None = None  # exit code of the last stopped process
         self._stderr_tail: list[str] = []
         self._stderr_thread: threading.Thread | None = None
 
@@ -122,8 +123,10 @@ class EmulatorProcess:
                     shutil.rmtree(info.parent, ignore_errors=True)
                 threading.Thread(target=_drain, args=(self._process.stdout,), daemon=True).start()
                 return
+            exit_code = self._process.poll()
             self._kill()
-            if time.monotonic() >= deadline or self.port == 0:
+            # only "cannot listen" (exit 1: the port is still held) is worth another try
+            if time.monotonic() >= deadline or self.port == 0 or exit_code not in (1, None):
                 tail = "".join(self._stderr_tail[-20:])
                 raise EmulatorError(f"emulator did not start (got {line!r}); stderr:\n{tail}")
             time.sleep(0.2)
@@ -155,6 +158,7 @@ class EmulatorProcess:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout)
+        self.returncode = process.returncode
         self._close_pipes(process)
         self._process = None
 
