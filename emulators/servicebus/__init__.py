@@ -1,1 +1,18 @@
-"""emulators/servicebus"""
+"""A loopback Azure Service Bus emulator that the real azure-servicebus SDK talks to over AMQP 1.0.
+
+Run it:  ``sebridge servicebus-emulator --port 0 [--config infra/servicebus-emulator/Config.json]``
+(prints ``listening on amqp://127.0.0.1:<port>``; state is in memory only).
+
+Connect with Microsoft's emulator connection string::
+
+    Endpoint=sb://127.0.0.1:<port>;SharedAccessKeyName=RootManageSharedAccessKey;
+    SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;
+
+or ``ServiceBusClient("127.0.0.1:<port>", credential, use_tls=False)`` for a token credential
+(JWTs are accepted unchecked). From tests, use ``emulators.servicebus.testing.running_emulator``.
+
+Modules: ``config`` (Config.json), ``sqlfilter`` and ``durations`` (pure parsers), ``codec``
+(AMQP sections), ``broker`` (entities, locks, sessions; pure), ``management`` ($management
+operations), ``auth`` ($cbs tokens), ``sasl`` (ANONYMOUS/PLAIN), ``tls`` (self-signed
+certificate), ``wire`` (stored message to AMQP bytes), ``server`` (the Proton adapter).
+"""

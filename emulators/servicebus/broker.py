@@ -396,10 +396,19 @@ class MessageStore:
     def accept_session(self, session_id: str | None, owner: Any, now: float) -> SessionInfo | None:
         """Lock a named session, or the first unlocked one with messages (None if none)."""
         if session_id is None:
+            idle: list[str] = []
+            chosen: SessionInfo | None = None
             for info in self.sessions.values():
-                if self._session_free(info, now) and self._has_ready(info, now):
-                    return self._lock_session(info, owner, now)
-            return None
+                if not self._session_free(info, now):
+                    continue
+                if self._has_ready(info, now):
+                    chosen = info
+                    break
+                if not info.locked_tokens and info.state is None:
+                    idle.append(info.session_id)
+            for sid in idle:  # forget sessions with nothing left, so this scan stays short
+                del self.sessions[sid]
+            return None if chosen is None else self._lock_session(chosen, owner, now)
         info = self.sessions.get(session_id)
         if info is None:
             info = self.sessions[session_id] = SessionInfo(session_id)
@@ -488,6 +497,12 @@ class MessageStore:
             message = self.messages.get(seq)
             if message is not None and message.state is State.AVAILABLE:
                 self._expire(message, now)
+        if len(self._expiries) > 2 * len(self.messages) + 1024:
+            # settled messages leave their expiry entries behind; drop them in one pass
+            self._expiries = [
+                (m.expires_at, seq) for seq, m in self.messages.items() if m.expires_at is not None
+            ]
+            heapq.heapify(self._expiries)
         return lost
 
     def has_timers(self) -> bool:
