@@ -388,9 +388,20 @@ def run_fleet(
                     result.problems.append(f"only {result.polling} of {n} forwarders polled IMDS")
                 time.sleep(1.5)  # a full poll cycle for the last wave too
                 pids = [m.pid for m in members]
-                idle_from = (time.monotonic(), Usage.of(pids), cpu_seconds(bus.pid))
+                sim_pid = sim_process_pid(sim_process)
+                idle_from = (
+                    time.monotonic(),
+                    Usage.of(pids),
+                    cpu_seconds(bus.pid),
+                    cpu_seconds(sim_pid),
+                )
                 time.sleep(5.0)
-                idle_to = (time.monotonic(), Usage.of(pids), cpu_seconds(bus.pid))
+                idle_to = (
+                    time.monotonic(),
+                    Usage.of(pids),
+                    cpu_seconds(bus.pid),
+                    cpu_seconds(sim_pid),
+                )
                 say("idle 5 s measured; adding the event")
 
                 event_id = str(uuid.uuid4())
@@ -445,6 +456,7 @@ def run_fleet(
                     "idle_seconds": idle_to[0] - idle_from[0],
                     "idle_forwarders_cpu": idle_to[1].cpu - idle_from[1].cpu,
                     "idle_emulator_cpu": idle_to[2] - idle_from[2],
+                    "idle_simulator_cpu": idle_to[3] - idle_from[3],
                     "event_forwarders_cpu": busy_to[0].cpu - busy_from[0].cpu,
                     "event_emulator_cpu": busy_to[1] - busy_from[1],
                     "event_simulator_cpu": busy_to[2] - busy_from[2],
@@ -518,14 +530,16 @@ def report(result: FleetResult, argv: list[str]) -> list[str]:
             f"idle polling ({usage['idle_seconds']:.1f} s): forwarders "
             f"{usage['idle_forwarders_cpu'] / usage['idle_seconds']:.2f} CPU "
             f"({usage['idle_forwarders_cpu'] / usage['idle_seconds'] / n * 1000:.1f} ms/s each), "
-            f"emulator {usage['idle_emulator_cpu'] / usage['idle_seconds']:.2f} CPU",
+            f"emulator {usage['idle_emulator_cpu'] / usage['idle_seconds']:.2f} CPU, "
+            f"simulator {usage['idle_simulator_cpu'] / usage['idle_seconds']:.2f} CPU "
+            f"({n} GET/s)",
             f"the three transitions: forwarders {usage['event_forwarders_cpu']:.1f} CPU s "
             f"({usage['event_forwarders_cpu'] / n * 1000:.0f} ms each), emulator "
             f"{usage['event_emulator_cpu']:.1f} CPU s, "
             f"simulator {usage['event_simulator_cpu']:.1f} CPU s",
             f"forwarders: {usage['forwarders_cpu_total']:.0f} CPU s in total (start-up included); "
             f"RSS mean {sum(rss) / max(1, len(rss)):.0f} MiB, max {max(rss, default=0):.0f} MiB, "
-            f"sum {sum(rss) / 1024:.2f} GiB",
+            f"sum {sum(rss) / 1024:.2f} GiB (overstated: shared pages count in every process)",
             f"emulator: {usage['emulator_cpu_total']:.1f} CPU s, "
             f"RSS {usage['emulator_rss']:.0f} MiB; "
             f"simulator: {usage['simulator_cpu_total']:.1f} CPU s, "
