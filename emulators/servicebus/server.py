@@ -1,8 +1,21 @@
 """`sebridge servicebus-emulator`: a loopback Service Bus emulator speaking AMQP 1.0 (Qpid Proton).
 
 The Proton handler here is only the adapter: it turns AMQP attaches, transfers and dispositions
-into calls on the pure broker core (broker.py, management.py, auth.py) and back. One thread,
-one reactor; timers (locks, sessions, TTL, scheduled messages) run every TICK seconds.
+into calls on the pure broker core (broker.py, management.py, auth.py) and back. One reactor
+thread; timers (locks, sessions, TTL, scheduled messages) run every TICK seconds. Plain-TCP
+connections are accepted by a small thread that runs SASL (sasl.py) and hands the socket over.
+
+How the SDK sees some answers (read from azure.servicebus._pyamqp and _transport):
+* a refused attach (unknown entity, bad session, next-available timeout) is answered like
+  Service Bus does: an attach whose node terminus is null, then a detach carrying the error
+  (amqp:not-found -> MessagingEntityNotFoundError, com.microsoft:timeout ->
+  OperationTimeoutError, com.microsoft:session-cannot-be-locked -> SessionCannotBeLockedError);
+* next-available session: the SDK puts max_wait_time (ms, minus jitter) in the link property
+  com.microsoft:timeout; with no unlocked session holding messages by then, the attach is refused
+  with com.microsoft:timeout (60 s when the client sends none). The SDK retries that
+  retry_total times before raising OperationTimeoutError;
+* peek-lock settlement: the SDK sends its disposition unsettled and waits for the broker's
+  outcome, so every outcome is echoed (or rejected with com.microsoft:message-lock-lost).
 
 State lives in memory only: a restart starts empty, as Microsoft's emulator does.
 """
@@ -138,7 +151,8 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
             if self.tls_info is not None:
                 self.tls_info.write_text(json.dumps({"port": tls_port, "ca_cert": str(cert)}))
         threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
-        sys.stdout.write(f"listening on amqp://127.0.0.1:{self.bound_port}\n")
+        shown = "127.0.0.1" if self.host in ("127.0.0.1", "0.0.0.0") else f"[{self.host}]"  # noqa: S104
+        sys.stdout.write(f"listening on amqp://{shown}:{self.bound_port}\n")
         sys.stdout.flush()
         LOG.info("listening on %s:%s", self.host, self.bound_port)
         container.schedule(TICK, self)
@@ -779,7 +793,8 @@ def run(
     tls_port: int | None = None,
     tls_info: Path | None = None,
 ) -> int:
-    listener = socket.create_server((host, port), backlog=128)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=128)
     tls_files = self_signed_certificate() if tls_port is not None else None
     handler = EmulatorHandler(
         namespace, listener, policy, tls_port=tls_port, tls_info=tls_info, tls_files=tls_files
