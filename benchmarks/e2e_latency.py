@@ -24,6 +24,12 @@ recorded wall-clock time minus the time taken just before the add (conservative)
 is then removed (Completed). Rounds are sequential. The forwarder's own log gives the split:
 visible -> detected (the poll phase) and detected -> POST (Service Bus, the gate, the command
 back). Target: p99 <= 2 s. Bounded: at most --events rounds of at most --round-timeout s.
+
+Every event is its own session (session_id = EventId), and a session-enabled trigger keeps an
+idle session for host.json's sessionIdleTimeout on one of maxConcurrentSessions receivers. With
+the project's host.json (8 sessions, 30 s) a function takes at most ~8 new events per 30 s:
+back-to-back rounds queue behind held sessions and the target is missed. --session-idle-timeout
+overrides that one setting (nothing else) to show the loop without the hold.
 """
 
 from __future__ import annotations
