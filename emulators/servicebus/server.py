@@ -314,6 +314,10 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         except BrokerError as exc:
             LOG.info("refusing link %r: %s", link.name, exc.description)
             self._refuse(link, exc.condition, exc.description)
+        except Exception:
+            LOG.exception("attach of link %r failed; refusing it", link.name)
+            with suppress(Exception):
+                self._refuse(link, "amqp:internal-error", "the emulator failed on this attach")
         self._flush(now)
 
     def _open(self, link: Link) -> None:
@@ -457,6 +461,12 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
 
     # -- detach ------------------------------------------------------------------------------
     def on_link_remote_close(self, event: Any) -> None:
+        try:
+            self._on_link_remote_close(event)
+        except Exception:
+            LOG.exception("detach handling failed; carrying on")
+
+    def _on_link_remote_close(self, event: Any) -> None:
         link = event.link
         state: LinkState | None = getattr(link, "sbstate", None)
         if state is not None:
@@ -490,6 +500,12 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
 
     # -- delivery ----------------------------------------------------------------------------
     def on_link_flow(self, event: Any) -> None:
+        try:
+            self._on_link_flow(event)
+        except Exception:
+            LOG.exception("flow handling failed; carrying on")
+
+    def _on_link_flow(self, event: Any) -> None:
         link = event.link
         state: LinkState | None = getattr(link, "sbstate", None)
         if state is not None and state.kind == "consumer" and not state.closed:
@@ -640,6 +656,12 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
 
     # -- consumers ---------------------------------------------------------------------------
     def _flush(self, now: float) -> None:
+        try:
+            self._flush_dirty(now)
+        except Exception:
+            LOG.exception("dispatching messages failed; carrying on")
+
+    def _flush_dirty(self, now: float) -> None:
         while self._dirty:
             store = self._dirty.pop()
             consumers = self._consumers.get(store)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,13 @@ def test_listening_line_sigterm_and_restart_on_the_same_port() -> None:
     with running_emulator() as emulator:  # default config: infra/servicebus-emulator
         port = emulator.port
         assert port > 0
+        for garbage in (b"GET / HTTP/1.1\r\n\r\n", b"AMQP\x03\x01\x00\x00" + b"\xff" * 64):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                raw.sendall(garbage)
+                raw.settimeout(5)
+                with suppress(OSError):
+                    while raw.recv(4096):  # the emulator answers, then drops the connection
+                        pass
         with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
             with client.get_topic_sender("scheduled-events", keep_alive=0) as sender:
                 sender.send_messages(ServiceBusMessage("x", session_id="e1", message_id="a"))
