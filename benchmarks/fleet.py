@@ -131,11 +131,10 @@ class Member:
 
     def scan_log(self) -> None:
         """Record transitions logged since the last scan (the log is an append-only file)."""
-        log = self.child._log
+        log = self.child.stderr_path
         if log is None:
             return
-        log.flush()
-        with open(log.name, encoding="utf-8", errors="replace") as handle:
+        with open(log, encoding="utf-8", errors="replace") as handle:
             handle.seek(self._log_offset)
             chunk = handle.read()
             self._log_offset = handle.tell()

@@ -108,6 +108,11 @@ class ChildProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def stderr_path(self) -> Path | None:
+        """The file stderr goes to (for incremental reading), while the process is open."""
+        return None if self._log is None else Path(self._log.name)
+
     def stderr_text(self) -> str:
         if self._log is None:
             return ""

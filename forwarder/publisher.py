@@ -21,6 +21,9 @@ class PublishError(Exception):
 
 
 class Publisher(Protocol):
+    def connect(self) -> None:
+        """Open the connection ahead of the first message (best effort; raises PublishError)."""
+
     def publish(self, envelopes: Sequence[Envelope]) -> None:
         """Send all of them, in order, or raise :class:`PublishError`."""
 
@@ -33,6 +36,9 @@ class DryRunPublisher:
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stdout
         self._lock = threading.Lock()
+
+    def connect(self) -> None:
+        return None
 
     def publish(self, envelopes: Sequence[Envelope]) -> None:
         with self._lock:
@@ -104,6 +110,15 @@ class ServiceBusPublisher:
             )
             self._sender = self._client.get_topic_sender(self.topic)
         return self._sender
+
+    def connect(self) -> None:
+        """Open the AMQP link now: when an event appears, every VM that sees it publishes at
+        the same moment, and connecting first would add seconds to the first message."""
+        try:
+            self._ensure_sender().__enter__()  # the SDK's public way to open a sender
+        except Exception as exc:
+            self.close()
+            raise PublishError(f"{type(exc).__name__}: {exc}") from exc
 
     def publish(self, envelopes: Sequence[Envelope]) -> None:
         if not envelopes:

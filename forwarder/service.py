@@ -29,7 +29,7 @@ log = logging.getLogger("forwarder")
 SEND_BATCH = 100
 # IMDS gives as little as 30 s notice (Preempt): a long backoff could miss an event whole.
 MAX_POLL_BACKOFF = 5.0
-MAX_SEND_BACKOFF = 60.0
+MAX_SEND_BACKOFF = 30.0  # how late delivery can resume after the broker returns
 OBSERVER_RETRY_SECONDS = 60.0
 
 
@@ -202,9 +202,14 @@ class Forwarder:
             self.publisher.publish([envelope for _, envelope in batch])
             self.outbox.remove([seq for seq, _ in batch])
             sent += len(batch)
+            log.debug("sent %d message(s): %s", len(batch), [e.message_id for _, e in batch])
         return sent
 
     def send_loop(self) -> None:
+        try:
+            self.publisher.connect()
+        except PublishError as exc:
+            log.warning("cannot connect to Service Bus yet (%s): will retry when sending", exc)
         while not self.stop_event.is_set():
             self.outbox_ready.clear()
             try:

@@ -82,6 +82,9 @@ def test_host_json() -> None:
     # an exception abandons (redelivery, then dead-letter at max delivery count); success completes
     assert sb["autoCompleteMessages"] is True
     assert sb["maxConcurrentSessions"] >= 1 and sb["prefetchCount"] == 0
+    # Every event is its own session and its messages come minutes apart: a session held idle
+    # for long blocks a slot, and the next events wait for the gate (benchmarks/e2e_latency.py).
+    assert sb["sessionIdleTimeout"] <= "00:00:05"
 
 
 def test_funcignore_keeps_tests_and_local_files_out() -> None:

@@ -1,0 +1,233 @@
+"""Crashes, outages and faults against the real processes: nothing lost, nothing doubled.
+
+Events are injected into the IMDS simulator with their own timelines while the forwarder is
+killed, the broker goes away or IMDS misbehaves; at the end every event's session on the
+`lb-pools` subscription must hold exactly its lifecycle, in order. Phases of an event are at
+least 3 s apart and every outage of the forwarder is shorter than that, so a gap in polling can
+never hide a state: what is tested is crash safety (outbox, atomic state, deterministic message
+ids and duplicate detection), not the limits of polling.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulators.imds.testing import SimClient, running_simulator
+from emulators.processes import ChildProcess, forwarder
+from emulators.servicebus.testing import running_emulator
+from tests.support.bus import receive_all
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
+IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
+
+
+@pytest.fixture
+def bus() -> Iterator[Any]:
+    with running_emulator(CONFIG) as emulator:
+        yield emulator
+
+
+def inject(sim: SimClient, rng: random.Random, scale: float = 1.0) -> tuple[str, list[str]]:
+    """One event with a random lifecycle; returns its id and the transitions it must yield.
+    Its phases last 3.5 s times ``scale``."""
+    event_id = str(uuid.uuid4())
+    kind = rng.choice(["complete", "complete", "update-then-complete", "cancel"])
+    steps: list[dict[str, Any]]
+    if kind == "cancel":
+        steps, expected = [{"at": 3.5, "status": "gone"}], ["Scheduled", "Cancelled"]
+    elif kind == "complete":
+        steps = [{"at": 3.5, "status": "Started"}, {"at": 7.0, "status": "gone"}]
+        expected = ["Scheduled", "Started", "Completed"]
+    else:
+        steps = [
+            {"at": 3.5, "notBeforeIn": 900},
+            {"at": 7.0, "status": "Started"},
+            {"at": 10.5, "status": "gone"},
+        ]
+        expected = ["Scheduled", "Updated", "Started", "Completed"]
+    steps = [{**step, "at": step["at"] * scale} for step in steps]
+    sim.event(
+        "add",
+        notBeforeIn=600,
+        timeline=steps,
+        event={
+            "EventId": event_id,
+            "EventType": rng.choice(["Reboot", "Redeploy", "Freeze"]),
+            "ResourceType": "VirtualMachine",
+            "Resources": ["vmss_vm1"],
+            "EventStatus": "Scheduled",
+            "EventSource": "Platform",
+            "DurationInSeconds": -1,
+        },
+    )
+    return event_id, expected
+
+
+def sessions(messages: list[dict[str, Any]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for message in messages:
+        out.setdefault(message["session_id"], []).append(message["subject"])
+    return out
+
+
+def start_forwarder(sim_url: str, state: Path, bus: Any) -> ChildProcess:
+    return forwarder(
+        sim_url, state, "--connection-string", bus.connection_string, dry_run=False
+    ).start()
+
+
+@pytest.mark.timeout(600)
+def test_kill_9_at_random_points_loses_and_doubles_nothing(
+    bus: Any, tmp_path: Path, reliability_runs: int
+) -> None:
+    """``reliability_runs`` kills (20 by default; ``--reliability-runs N`` for more)."""
+    rng = random.Random(20261122)
+    expected: dict[str, list[str]] = {}
+    kills = 0
+    with running_simulator(IDLE) as sim:
+        fw = start_forwarder(sim.base_url, tmp_path, bus)
+        try:
+            deadline = time.monotonic() + 30 + reliability_runs * 2.5
+            next_event = time.monotonic()
+            while kills < reliability_runs and time.monotonic() < deadline:
+                if time.monotonic() >= next_event:
+                    event_id, transitions = inject(sim, rng)
+                    expected[event_id] = transitions
+                    next_event = time.monotonic() + rng.uniform(0.5, 1.5)
+                time.sleep(rng.uniform(0.3, 1.6))  # uptime: mid-poll, mid-send, mid-save...
+                fw.kill()  # SIGKILL: no cleanup of any kind
+                kills += 1
+                fw.close()
+                time.sleep(rng.uniform(0.0, 0.8))  # downtime
+                fw = start_forwarder(sim.base_url, tmp_path, bus)
+            time.sleep(12)  # every event has run its course
+            received = receive_all(
+                bus.connection_string,
+                "lb-pools",
+                want=sum(len(t) for t in expected.values()),
+                timeout=60,
+            )
+            log = fw.stderr_text()
+        finally:
+            fw.close()
+    assert kills == reliability_runs
+    got = sessions(received)
+    assert set(got) == set(expected), log[-2000:]
+    for event_id, transitions in expected.items():
+        assert got[event_id] == transitions, f"{event_id}: {got[event_id]} != {transitions}"
+
+
+@pytest.mark.timeout(300)
+def test_a_30_second_broker_outage_delays_but_loses_nothing(bus: Any, tmp_path: Path) -> None:
+    rng = random.Random(7)
+    expected: dict[str, list[str]] = {}
+    with running_simulator(IDLE) as sim:
+        fw = start_forwarder(sim.base_url, tmp_path, bus)
+        try:
+            # The emulator keeps nothing across a restart (real Service Bus does), so the
+            # broker must go down while nothing it accepted is still unread: these first
+            # events change only 7 s after their Scheduled, which is read before the stop.
+            for _ in range(3):
+                event_id, transitions = inject(sim, rng, scale=2)
+                expected[event_id] = transitions
+            before = receive_all(bus.connection_string, "lb-pools", want=3, timeout=20)
+            assert sorted(m["subject"] for m in before) == ["Scheduled"] * 3
+            bus.stop()
+            outage_start = time.monotonic()
+            for _ in range(3):  # new events appear while the broker is away
+                event_id, transitions = inject(sim, rng)
+                expected[event_id] = transitions
+                time.sleep(2)
+            time.sleep(max(0.0, 30 - (time.monotonic() - outage_start)))
+            assert fw.alive
+            assert "publish failed" in fw.stderr_text()
+            bus.start()  # the emulator comes back (empty: it keeps nothing in memory)
+            time.sleep(8)
+            remaining = sum(len(t) for t in expected.values()) - len(before)
+            after = receive_all(bus.connection_string, "lb-pools", want=remaining, timeout=90)
+            log = fw.stderr_text()
+        finally:
+            fw.close()
+    got = sessions(before + after)
+    for event_id, transitions in expected.items():
+        assert got.get(event_id) == transitions, log[-2000:]
+    assert "Service Bus reachable again" in log
+
+
+@pytest.mark.timeout(300)
+def test_a_storm_of_imds_faults_is_ridden_out(bus: Any, tmp_path: Path) -> None:
+    """Random 5xx and 429 bursts, a malformed body and a hang, all while events progress.
+    Back-off after a run of failures can last longer than 3.5 s, so phases here last 10.5 s."""
+    rng = random.Random(99)
+    expected: dict[str, list[str]] = {}
+    with running_simulator(IDLE) as sim:
+        fw = start_forwarder(sim.base_url, tmp_path, bus)
+        try:
+            sim.set_faults(
+                {"kind": "5xx", "probability": 0.1, "seed": 3},
+                {"kind": "429", "count": 2, "retryAfter": 1},
+                {"kind": "malformed", "count": 1, "body": "not-json"},
+                {"kind": "hang", "seconds": 2, "count": 1},
+            )
+            for _ in range(4):
+                event_id, transitions = inject(sim, rng, scale=3)
+                expected[event_id] = transitions
+                time.sleep(1.5)
+            time.sleep(33)
+            sim.set_faults()
+            received = receive_all(
+                bus.connection_string,
+                "lb-pools",
+                want=sum(len(t) for t in expected.values()),
+                timeout=60,
+            )
+            log = fw.stderr_text()
+            assert fw.alive
+        finally:
+            fw.close()
+    assert "poll failed" in log  # the faults did strike
+    got = sessions(received)
+    for event_id, transitions in expected.items():
+        assert got.get(event_id) == transitions, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_first_call_longer_than_the_normal_timeout(tmp_path: Path) -> None:
+    """IMDS may take up to 2 minutes to answer the first call; here 15 s, which is more than
+    the forwarder's normal 10 s read timeout, so the first-call allowance is what saves it."""
+    args = ["--first-call-delay", "15", "--start-on-first-poll"]
+    with running_simulator("user-reboot", speed=0.5, extra_args=args) as sim:
+        with forwarder(sim.base_url, tmp_path) as fw:
+            started = time.monotonic()
+            assert fw.wait_for(lambda _: any('"Scheduled"' in x.text for x in fw.lines), 40)
+            waited = time.monotonic() - started
+            log = fw.stderr_text()
+    assert waited >= 14
+    assert "poll failed" not in log  # one long first call, not timeouts and retries
+
+
+@pytest.mark.timeout(120)
+def test_a_clean_reboot_mid_event_still_reports_completed(tmp_path: Path) -> None:
+    """SIGTERM while the event is Started (the VM going down for it), IMDS moves on, the
+    forwarder comes back after the event is gone: Completed, and nothing else, is reported."""
+    with running_simulator("user-reboot", speed=1.0, extra_args=["--start-on-first-poll"]) as sim:
+        with forwarder(sim.base_url, tmp_path) as first:
+            assert first.wait_for(lambda _: any('"Scheduled"' in x.text for x in first.lines), 20)
+            sim.advance(16)
+            assert first.wait_for(lambda _: any('"Started"' in x.text for x in first.lines), 20)
+            assert first.stop() == 0  # SIGTERM: a clean stop
+            assert "stopped:" in first.stderr_text()
+        sim.advance(15)
+        with forwarder(sim.base_url, tmp_path) as second:
+            assert second.wait_for(lambda _: any('"Completed"' in x.text for x in second.lines), 20)
+            time.sleep(1)
+            subjects = [m["subject"] for m in second.json_lines()]
+    assert subjects == ["Completed"]
