@@ -79,12 +79,15 @@ def test_body_types_value_sequence_and_multi_data(client: ServiceBusClient, drai
     value = AmqpAnnotatedMessage(value_body={"answer": 42, "list": [1, 2]})
     sequence = AmqpAnnotatedMessage(sequence_body=[[1, 2, 3], ["a", "b"]])
     data = AmqpAnnotatedMessage(data_body=[b"part-1", b"part-2"])
+    large = bytes(range(256)) * 800  # 200 KiB: several AMQP frames, within the Standard tier limit
     with client.get_queue_sender(QUEUE) as sender:
         sender.send_messages(value)
         sender.send_messages(sequence)
         sender.send_messages(data)
+        sender.send_messages(ServiceBusMessage(large))
     with client.get_queue_receiver(QUEUE, max_wait_time=5) as receiver:
-        got = _receive(receiver, 3)
+        got = _receive(receiver, 4)
+        assert b"".join(got[3].body) == large
         assert got[0].body_type == AmqpMessageBodyType.VALUE
         assert got[0].body == {b"answer": 42, b"list": [1, 2]}
         assert got[1].body_type == AmqpMessageBodyType.SEQUENCE
