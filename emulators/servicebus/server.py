@@ -22,7 +22,6 @@ from emulators.servicebus.adapter import EmulatorHandler
 from emulators.servicebus.auth import SasPolicy
 from emulators.servicebus.broker import Namespace
 from emulators.servicebus.config import ConfigError, load_config
-from emulators.servicebus.tls import self_signed_certificate
 
 LOG = logging.getLogger("sebridge.servicebus_emulator")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +75,12 @@ def run(
 ) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.create_server((host, port), family=family, backlog=128)
-    tls_files = self_signed_certificate() if tls_port is not None else None
+    tls_files = None
+    if tls_port is not None:
+        # cryptography (an azure-identity dependency) is only needed for the TLS listener
+        from emulators.servicebus.tls import self_signed_certificate
+
+        tls_files = self_signed_certificate()
     handler = EmulatorHandler(
         namespace, listener, policy, tls_port=tls_port, tls_info=tls_info, tls_files=tls_files
     )
