@@ -9,13 +9,16 @@ it may change content without bumping it. Rules (DESIGN.md):
 - Scheduled -> Started            -> Started
 - Scheduled, a watched field changed -> Updated (with the changes)
 - vanished after Started          -> Completed
-- vanished while Scheduled        -> Cancelled
+- vanished while Scheduled        -> Cancelled, unless its NotBefore had passed: Azure starts
+  every event at NotBefore, so it ran while nobody looked (typically the VM's own reboot took
+  the forwarder down before it saw Started) -> Completed
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sebridge.contract.events import Transition
@@ -59,9 +62,13 @@ def field_changes(before: ScheduledEvent, after: ScheduledEvent) -> dict[str, di
     }
 
 
-def diff(known: Mapping[str, ScheduledEvent], document: Document) -> list[Change]:
+def diff(
+    known: Mapping[str, ScheduledEvent], document: Document, now: datetime | None = None
+) -> list[Change]:
     """Transitions from the last known events (by key) to ``document``, in a stable order:
-    the document's events in their order, then vanished events in the order they were known."""
+    the document's events in their order, then vanished events in the order they were known.
+    ``now`` (aware) tells a vanished Scheduled event whose NotBefore has passed from a
+    cancelled one; without it, vanishing while Scheduled is always Cancelled."""
     out: list[Change] = []
     current: set[str] = set()
     for event in document.events:
@@ -81,8 +88,10 @@ def diff(known: Mapping[str, ScheduledEvent], document: Document) -> list[Change
         # does not happen in IMDS, and reporting it would only confuse the workflows.
     for key, before in known.items():
         if key not in current:
-            gone = Transition.COMPLETED if before.is_started else Transition.CANCELLED
-            out.append(Change(gone, before))
+            ran = before.is_started or (
+                now is not None and before.not_before is not None and before.not_before <= now
+            )
+            out.append(Change(Transition.COMPLETED if ran else Transition.CANCELLED, before))
     return out
 
 

@@ -3,8 +3,14 @@
 The poller appends, the sender drains in order. Rows survive restarts and reboots, so nothing
 observed while the broker is unreachable is lost. The outbox is bounded: when full it drops
 Heartbeats first (they are only liveness), then the oldest transitions, and says so loudly.
-Re-appending a message id that is still pending is a no-op (a restart between "appended" and
-"state saved" re-derives the same transitions).
+Re-appending a message id that is still pending is a no-op.
+
+Transitions and the state that produced them must become durable together, or a crash between
+the two could publish a Scheduled whose event the saved state never knew (its end would then
+never be reported). So transitions go in *held* (invisible to the sender), the state file is
+saved with the highest row it covers, and only then are the rows released. On start,
+:meth:`recover` releases held rows the saved state covers and drops the others: the next
+poll re-derives them from the saved state, or rightly never reports them.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     message_id TEXT NOT NULL UNIQUE,
     heartbeat INTEGER NOT NULL,
     envelope TEXT NOT NULL,
-    enqueued_at TEXT NOT NULL
+    enqueued_at TEXT NOT NULL,
+    ready INTEGER NOT NULL DEFAULT 1
 )
 """
 
@@ -47,13 +54,17 @@ class Outbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a reported transition must survive power loss
         self._db.execute(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
+        if "ready" not in columns:  # an outbox from before held rows existed
+            self._db.execute("ALTER TABLE outbox ADD COLUMN ready INTEGER NOT NULL DEFAULT 1")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def put(self, envelopes: Sequence[Envelope]) -> int:
-        """Append in order; returns how many were new."""
+    def put(self, envelopes: Sequence[Envelope], *, hold: bool = False) -> int:
+        """Append in order; returns the highest row number now holding one of them (0 if
+        none). ``hold`` keeps them from the sender until :meth:`release`."""
         if not envelopes:
             return 0
         now = datetime.now(UTC).isoformat()
@@ -63,20 +74,26 @@ class Outbox:
                 int(e.subject == Transition.HEARTBEAT.value),
                 json.dumps(e.to_dict(), separators=(",", ":")),
                 now,
+                0 if hold else 1,
             )
             for e in envelopes
         ]
+        ids = [e.message_id for e in envelopes]
+        marks = ",".join("?" * len(ids))
         with self._lock:
-            before = self._db.total_changes
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany(
-                    "INSERT OR IGNORE INTO outbox (message_id, heartbeat, envelope, enqueued_at)"
-                    " VALUES (?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO outbox"
+                    " (message_id, heartbeat, envelope, enqueued_at, ready)"
+                    " VALUES (?, ?, ?, ?, ?)",
                     rows,
                 )
-                added = self._db.total_changes - before
                 dropped = self._enforce_bound()
+                (highest,) = self._db.execute(
+                    f"SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE message_id IN ({marks})",  # noqa: S608
+                    ids,
+                ).fetchone()
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -91,7 +108,26 @@ class Outbox:
                 dropped,
                 self.dropped_total,
             )
-        return added
+        return int(highest)
+
+    def release(self, up_to: int) -> None:
+        """Make held rows up to ``up_to`` visible to the sender (their state is saved)."""
+        with self._lock:
+            self._db.execute("UPDATE outbox SET ready = 1 WHERE ready = 0 AND seq <= ?", (up_to,))
+
+    def recover(self, saved_up_to: int) -> tuple[int, int]:
+        """After a crash: release what the saved state covers, drop the rest.
+        Returns (released, dropped)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            released = self._db.execute(
+                "UPDATE outbox SET ready = 1 WHERE ready = 0 AND seq <= ?", (saved_up_to,)
+            ).rowcount
+            dropped = self._db.execute(
+                "DELETE FROM outbox WHERE ready = 0 AND seq > ?", (saved_up_to,)
+            ).rowcount
+            self._db.execute("COMMIT")
+        return int(released), int(dropped)
 
     def _enforce_bound(self) -> int:
         (count,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
@@ -108,7 +144,7 @@ class Outbox:
     def peek(self, limit: int) -> list[tuple[int, Envelope]]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT seq, envelope FROM outbox ORDER BY seq LIMIT ?", (limit,)
+                "SELECT seq, envelope FROM outbox WHERE ready = 1 ORDER BY seq LIMIT ?", (limit,)
             ).fetchall()
         return [(seq, Envelope.from_dict(json.loads(text))) for seq, text in rows]
 

@@ -63,6 +63,14 @@ class Forwarder:
         self.stop_event = threading.Event()
         self.outbox_ready = threading.Event()
         self.state: ForwarderState = store.load()
+        released, dropped = outbox.recover(self.state.outbox_seq)
+        if released or dropped:
+            log.info(
+                "outbox after a crash: %d transition(s) covered by the saved state released, "
+                "%d not covered dropped (the next poll re-derives them)",
+                released,
+                dropped,
+            )
         self.observer: Observer = hostname_observer()
         self.observer_resolved = False
         self.last_successful_poll: datetime | None = None
@@ -115,7 +123,8 @@ class Forwarder:
             return delay
         self._poll_backoff.reset()
         observed_at = self.now()
-        changes = diff(self.state.events, document)
+        changes = diff(self.state.events, document, observed_at)
+        held_up_to = 0
         if changes:
             envelopes = [
                 event_message(
@@ -128,10 +137,9 @@ class Forwarder:
                 )
                 for c in changes
             ]
-            # Outbox before state: a crash in between re-derives the same transitions on
-            # restart (same message ids, absorbed by duplicate detection), never loses one.
-            self.outbox.put(envelopes)
-            self.outbox_ready.set()
+            # Held until the state that produced them is saved (see Outbox): a crash in
+            # between loses nothing and publishes nothing the saved state does not know.
+            held_up_to = self.outbox.put(envelopes, hold=True)
             for change, envelope in zip(changes, envelopes, strict=True):
                 log.info(
                     "%s %s (%s, %s) incarnation %d",
@@ -143,8 +151,15 @@ class Forwarder:
                     extra={"transition": change.transition.value, "messageId": envelope.message_id},
                 )
         if changes or document.incarnation != self.state.incarnation:
-            self.state = ForwarderState(document.incarnation, index(document.events))
+            self.state = ForwarderState(
+                document.incarnation,
+                index(document.events),
+                max(self.state.outbox_seq, held_up_to),
+            )
             self.store.save(self.state)
+        if held_up_to:
+            self.outbox.release(held_up_to)
+            self.outbox_ready.set()
         self.last_successful_poll = observed_at
         self.polls += 1
         return None

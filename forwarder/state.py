@@ -28,11 +28,13 @@ STATE_VERSION = 1
 class ForwarderState:
     incarnation: int | None = None
     events: dict[str, ScheduledEvent] = field(default_factory=dict)
+    outbox_seq: int = 0  # the highest outbox row whose transition this state accounts for
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "incarnation": self.incarnation,
+            "outboxSeq": self.outbox_seq,
             "events": [event.to_imds() for event in self.events.values()],
             "savedAt": datetime.now(UTC).isoformat(),
         }
@@ -47,8 +49,13 @@ class ForwarderState:
         raw_events = obj.get("events")
         if not isinstance(raw_events, list):
             raise ValueError("events is not a list")
+        outbox_seq = obj.get("outboxSeq", 0)
+        if not isinstance(outbox_seq, int) or isinstance(outbox_seq, bool) or outbox_seq < 0:
+            raise ValueError("outboxSeq is not a non-negative integer")
         events = [ScheduledEvent.from_imds(raw) for raw in raw_events]
-        return cls(incarnation=incarnation, events={e.key: e for e in events})
+        return cls(
+            incarnation=incarnation, events={e.key: e for e in events}, outbox_seq=outbox_seq
+        )
 
 
 def ensure_dir(path: Path) -> None:

@@ -231,3 +231,24 @@ def test_a_clean_reboot_mid_event_still_reports_completed(tmp_path: Path) -> Non
             time.sleep(1)
             subjects = [m["subject"] for m in second.json_lines()]
     assert subjects == ["Completed"]
+
+
+@pytest.mark.timeout(120)
+def test_down_from_scheduled_until_gone_reports_completed_once_not_before_passed(
+    tmp_path: Path,
+) -> None:
+    """The VM reboots for its own event before the forwarder saw Started: when it comes back
+    the event is gone. Its NotBefore has passed, so it ran: Completed, not Cancelled."""
+    with running_simulator("user-reboot", speed=3.0, extra_args=["--start-on-first-poll"]) as sim:
+        with forwarder(sim.base_url, tmp_path) as first:
+            assert first.wait_for(lambda _: any('"Scheduled"' in x.text for x in first.lines), 20)
+            first.kill()
+        deadline = time.monotonic() + 30
+        while sim.document()["Events"] and time.monotonic() < deadline:
+            time.sleep(0.2)  # Started (NotBefore passes) and gone, all while it is down
+        assert sim.document()["Events"] == []
+        with forwarder(sim.base_url, tmp_path) as second:
+            assert second.wait_for(lambda _: second.json_lines(), 20)
+            time.sleep(1)
+            subjects = [m["subject"] for m in second.json_lines()]
+    assert subjects == ["Completed"]

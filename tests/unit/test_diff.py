@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -149,6 +150,25 @@ def test_updated_carries_the_changed_fields_only() -> None:
         },
         "Resources": {"from": ["vm1"], "to": ["vm1", "vm2"]},
     }
+
+
+AFTER_NOT_BEFORE = datetime(2022, 4, 11, 22, 27, tzinfo=UTC)
+BEFORE_NOT_BEFORE = datetime(2022, 4, 11, 22, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("fields", "now", "expected"),
+    [
+        ({}, BEFORE_NOT_BEFORE, "Cancelled"),
+        ({}, AFTER_NOT_BEFORE, "Completed"),  # it ran while nobody looked (e.g. our reboot)
+        ({}, None, "Cancelled"),
+        ({"NotBefore": ""}, AFTER_NOT_BEFORE, "Cancelled"),  # no NotBefore: nothing to go by
+        ({"NotBefore": "soon"}, AFTER_NOT_BEFORE, "Cancelled"),
+    ],
+)
+def test_vanished_while_scheduled(fields: dict, now: datetime | None, expected: str) -> None:
+    (change,) = diff(index(doc(1, ev(**fields)).events), doc(2), now)
+    assert change.transition.value == expected
 
 
 def test_completed_reports_the_last_known_event() -> None:

@@ -71,7 +71,7 @@ def _envelopes(n: int) -> list:
 def test_outbox_keeps_order_and_survives_reopen(tmp_path: Path) -> None:
     messages = _envelopes(5)
     outbox = Outbox(tmp_path)
-    assert outbox.put(messages) == 5
+    assert outbox.put(messages) == 5  # the row number of the last one
     outbox.close()
     reopened = Outbox(tmp_path)
     pending = reopened.peek(10)
@@ -85,8 +85,8 @@ def test_outbox_keeps_order_and_survives_reopen(tmp_path: Path) -> None:
 def test_outbox_ignores_a_pending_duplicate(tmp_path: Path) -> None:
     outbox = Outbox(tmp_path)
     messages = _envelopes(2)
-    outbox.put(messages)
-    assert outbox.put(messages) == 0
+    highest = outbox.put(messages)
+    assert outbox.put(messages) == highest  # the rows already there, not new ones
     assert outbox.depth() == 2
 
 
@@ -117,3 +117,28 @@ def test_outbox_rows_are_plain_json(tmp_path: Path) -> None:
     outbox.put(_envelopes(1))
     ((_, envelope),) = outbox.peek(1)
     assert json.loads(json.dumps(envelope.to_dict())) == envelope.to_dict()
+
+
+def test_held_rows_are_invisible_until_released(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path)
+    highest = outbox.put(_envelopes(2), hold=True)
+    assert highest > 0 and outbox.peek(10) == []
+    outbox.release(highest)
+    assert len(outbox.peek(10)) == 2
+
+
+def test_recover_releases_what_the_saved_state_covers_and_drops_the_rest(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path)
+    first, second = _envelopes(2)
+    covered = outbox.put([first], hold=True)  # its state was saved, then the crash
+    outbox.put([second], hold=True)  # the crash came before its state was saved
+    outbox.close()
+    reopened = Outbox(tmp_path)
+    assert reopened.recover(covered) == (1, 1)
+    assert [e.message_id for _, e in reopened.peek(10)] == [first.message_id]
+
+
+def test_state_remembers_the_outbox_row_it_covers(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(ForwarderState(3, {}, outbox_seq=42))
+    assert store.load().outbox_seq == 42
