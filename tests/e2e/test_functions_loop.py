@@ -23,7 +23,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.teams import FakeTeams
-from emulators.functions_host.host import FunctionsHost
+from emulators.processes import server
 from emulators.servicebus.testing import running_emulator
 from forwarder.approvals import message_body
 from forwarder.publisher import to_service_bus_message
@@ -38,10 +38,8 @@ SUBSCRIPTION = golden.OBSERVER.subscription_id
 GROUP = golden.OBSERVER.resource_group
 
 
-# One host per module: functions/composition.py builds its settings and clients once per
-# process (as the Functions worker does), so a second in-process host would reuse the first.
 @pytest.fixture(scope="module")
-def world() -> Iterator[dict[str, Any]]:
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
     for fake in (teams, arm, identity):
         fake.start()
@@ -50,24 +48,46 @@ def world() -> Iterator[dict[str, Any]]:
     vms = {name: arm.add_vm(SUBSCRIPTION, GROUP, name, [pool]) for name in ("web-1", "web-2")}
     try:
         with running_emulator(REPO / "infra" / "servicebus-emulator" / "Config.json") as bus:
-            settings = {
-                "ServiceBusConnection": bus.connection_string,
-                "TopicName": "scheduled-events",
-                "TeamsSubscriptionName": "teams",
-                "LbPoolsSubscriptionName": "lb-pools",
-                "ApprovalGateSubscriptionName": "approval-gate",
-                "ApprovalsQueueName": "approvals",
-                "TEAMS_WEBHOOK_URL": teams.webhook_url,
-                "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
-                "APPROVAL_BASE_URL": "http://127.0.0.1:9",
-                "ARM_ENDPOINT": arm.url,
-                **identity.environ(),
-            }
-            host = FunctionsHost(REPO / "function_app.py", settings).start()
+            settings = tmp_path_factory.mktemp("host") / "local.settings.json"
+            settings.write_text(
+                json.dumps(
+                    {
+                        "IsEncrypted": False,
+                        "Values": {
+                            "ServiceBusConnection": bus.connection_string,
+                            "TopicName": "scheduled-events",
+                            "TeamsSubscriptionName": "teams",
+                            "LbPoolsSubscriptionName": "lb-pools",
+                            "ApprovalGateSubscriptionName": "approval-gate",
+                            "ApprovalsQueueName": "approvals",
+                            "TEAMS_WEBHOOK_URL": teams.webhook_url,
+                            "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
+                            "APPROVAL_BASE_URL": "http://127.0.0.1:9",
+                            "ARM_ENDPOINT": arm.url,
+                            **identity.environ(),
+                        },
+                    }
+                )
+            )
+            # A real `sebridge functions-host` process, as a developer runs it.
+            host, _ = server(
+                "functions-host",
+                "--app",
+                str(REPO / "function_app.py"),
+                "--settings",
+                str(settings),
+            )
             try:
-                yield {"bus": bus, "teams": teams, "arm": arm, "vms": vms, "pool": pool}
+                yield {
+                    "bus": bus,
+                    "teams": teams,
+                    "arm": arm,
+                    "vms": vms,
+                    "pool": pool,
+                    "host": host,
+                }
             finally:
-                host.stop()
+                host.close()
     finally:
         for fake in (teams, arm, identity):
             fake.stop()
