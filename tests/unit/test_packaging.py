@@ -18,8 +18,16 @@ def test_requirements_txt_matches_the_runtime_dependencies() -> None:
 
 def test_funcignore_keeps_local_and_test_code_out_of_the_package() -> None:
     ignored = set((REPO / ".funcignore").read_text().split())
-    for path in ("tests/", "infra/", "emulators/", "forwarder/", "benchmarks/", ".venv*",
-                 "local.settings.json", ".ci/"):
+    for path in (
+        "tests/",
+        "infra/",
+        "emulators/",
+        "forwarder/",
+        "benchmarks/",
+        ".venv*",
+        "local.settings.json",
+        ".ci/",
+    ):
         assert path in ignored, path
     # ...but never what the app imports.
     for package in ("functions/", "sebridge/"):
