@@ -23,6 +23,7 @@ from emulators.imds.testing import SimClient, running_simulator
 from emulators.processes import ChildProcess, forwarder
 from emulators.servicebus.testing import running_emulator
 from tests.support.bus import receive_all
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
@@ -165,12 +166,18 @@ def test_a_30_second_broker_outage_delays_but_loses_nothing(bus: Any, tmp_path: 
 @pytest.mark.timeout(300)
 def test_a_storm_of_imds_faults_is_ridden_out(bus: Any, tmp_path: Path) -> None:
     """Random 5xx and 429 bursts, a malformed body and a hang, all while events progress.
-    Back-off after a run of failures can last longer than 3.5 s, so phases here last 10.5 s."""
+
+    Count-limited rules fire on consecutive requests, so 429, 429, malformed and the hang make
+    one gap of up to about 13 s (back-off of at most 2 + 4 + 5 s, then the 2 s hang), longer
+    with a random 5xx inside it. A phase shorter than that could pass unseen, which is the limit
+    of polling, not a fault of the forwarder: phases here last 21 s, and the storm starts only
+    once the forwarder polls (its start-up is not part of the gap)."""
     rng = random.Random(99)
     expected: dict[str, list[str]] = {}
     with running_simulator(IDLE) as sim:
         fw = start_forwarder(sim.base_url, tmp_path, bus)
         try:
+            wait_until(lambda: sim.state()["requests"].get("get", 0) >= 2, 30, "the first polls")
             sim.set_faults(
                 {"kind": "5xx", "probability": 0.1, "seed": 3},
                 {"kind": "429", "count": 2, "retryAfter": 1},
@@ -178,10 +185,12 @@ def test_a_storm_of_imds_faults_is_ridden_out(bus: Any, tmp_path: Path) -> None:
                 {"kind": "hang", "seconds": 2, "count": 1},
             )
             for _ in range(4):
-                event_id, transitions = inject(sim, rng, scale=3)
+                event_id, transitions = inject(sim, rng, scale=6)
                 expected[event_id] = transitions
                 time.sleep(1.5)
-            time.sleep(33)
+            # Every injected event has run its course (the longest lives 3 phases, 63 s).
+            wait_until(lambda: not sim.state()["document"]["Events"], 80, "every event to be gone")
+            time.sleep(5)  # at most one back-off later, the last vanishing is reported
             sim.set_faults()
             received = receive_all(
                 bus.connection_string,
