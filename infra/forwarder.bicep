@@ -20,8 +20,9 @@ param forwarderIdentityClientId string
 @description('Fully qualified Service Bus namespace (output serviceBusNamespace), written as SEBRIDGE_NAMESPACE.')
 param serviceBusNamespace string
 
-@description('What pip installs on the VM: a requirement spec resolved against the VM\'s package index (default, the released version), or the https URL of a wheel you host. Must not contain credentials: it is visible to anyone who can read the extension\'s status.')
-param packageSource string = 'scheduled-events-bridge==0.1.0'
+@description('What pip installs on the VMs, as root. Required: this project is not published on PyPI, so the bare name there could be anyone\'s package. Give the https URL of a wheel you host (e.g. https://pkgs.example.com/sebridge/scheduled_events_bridge-0.1.0-py3-none-any.whl), or a pinned requirement (scheduled-events-bridge==0.1.0) only if the VMs\' pip index-url (/etc/pip.conf) is your own index. No http://, no credentials: the value is logged in the extension\'s status.')
+@minLength(1)
+param packageSource string
 
 @description('Attach the identity to each VM and scale set (merged with the identities they already have). False if you attach it yourself (az vm identity assign).')
 param attachIdentity bool = true
@@ -37,8 +38,10 @@ var installCommand = 'mkdir -p sebridge && cd sebridge && echo ${scriptBase64} |
 // The extension reruns whenever what it would install changes.
 var updateTag = empty(forceUpdateTag) ? uniqueString(installCommand) : forceUpdateTag
 
+// Deployment names are limited to 64 characters and VM names may be as long: every name built
+// from one is cut to 50 and made unique again with a 13-character hash.
 module vms 'modules/forwarder-vm.bicep' = [for name in vmNames: {
-  name: 'sebridge-forwarder-vm-${name}'
+  name: '${take('sebridge-forwarder-vm-${name}', 50)}-${uniqueString(name)}'
   params: {
     vmName: name
     forwarderIdentityResourceId: forwarderIdentityResourceId
@@ -49,7 +52,7 @@ module vms 'modules/forwarder-vm.bicep' = [for name in vmNames: {
 }]
 
 module scaleSets 'modules/forwarder-vmss.bicep' = [for name in vmssNames: {
-  name: 'sebridge-forwarder-vmss-${name}'
+  name: '${take('sebridge-forwarder-vmss-${name}', 50)}-${uniqueString(name)}'
   params: {
     vmssName: name
     forwarderIdentityResourceId: forwarderIdentityResourceId

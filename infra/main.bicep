@@ -32,7 +32,7 @@ param serviceBusPremiumCapacity int = 1
 @description('Duplicate detection window of the scheduled-events topic (ISO 8601 duration).')
 param topicDuplicateDetectionWindow string = 'P1D'
 
-@description('Resource groups (in this subscription) whose VMs the bridge manages: lb-pools may change their load balancer pools, the gate may acknowledge their events. The app gets Network Contributor and Scheduled Events Contributor on each of them and on nothing else.')
+@description('Resource groups (in this subscription) whose VMs the bridge manages: lb-pools may change their load balancer pools, the gate may acknowledge their events. The app gets Network Contributor and Scheduled Events Contributor on each of them and on nothing else, so list also the groups holding the load balancers and virtual networks those VMs\' NICs use.')
 param lbManagedResourceGroups array = []
 
 @description('Event types for which lb-pools takes VMs out of their pools.')
@@ -55,7 +55,7 @@ param heartbeatStaleSeconds int = 900
 @description('Enable your own subscriber function (CUSTOM_SUBSCRIBER_ENABLED).')
 param customSubscriberEnabled bool = false
 
-@description('Subscription your own subscriber function reads (CustomSubscriptionName). Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
+@description('Subscription your own subscriber function reads (CustomSubscriptionName): its own, not one of teams, lb-pools, approval-gate, audit. Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
 param customSubscriptionName string = ''
 
 @description('Upper bound of Function App instances.')
@@ -207,9 +207,10 @@ module serviceBusRoles 'modules/servicebus-roles.bicep' = {
   }
 }
 
-// One deployment per managed resource group, so the grants' scope is that group only.
+// One deployment per managed resource group, so the grants' scope is that group only. (Its
+// name is cut to fit the 64 characters of a deployment name: group names run to 90.)
 module poolRoles 'modules/managed-group-roles.bicep' = [for rg in lbManagedResourceGroups: {
-  name: 'managed-group-roles-${rg}'
+  name: '${take('managed-group-roles-${rg}', 50)}-${uniqueString(rg)}'
   scope: resourceGroup(rg)
   params: {
     functionAppPrincipalId: functionApp.outputs.principalId

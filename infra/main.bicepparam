@@ -7,7 +7,8 @@ param environmentName = 'prod'
 param serviceBusSku = 'Standard'
 param topicDuplicateDetectionWindow = 'P1D'
 
-// Resource groups whose load balancer pools the lb-pools workflow may change.
+// Resource groups whose VMs the bridge manages: lb-pools may change their load balancer pools,
+// the approval gate may acknowledge their events (README, Deploy: lbManagedResourceGroups).
 param lbManagedResourceGroups = [
   'rg-web-prod'
 ]
@@ -16,6 +17,8 @@ param lbFreezeThresholdSeconds = 9
 
 param acknowledgeFallbackEnabled = false
 param heartbeatStaleSeconds = 900
+// Your own subscriber: add its subscription to infra/servicebus-emulator/Config.json first,
+// then set customSubscriberEnabled = true and customSubscriptionName = '<its name>'.
 param customSubscriberEnabled = false
 
 // Object id of whoever sets the Key Vault secrets (az ad signed-in-user show --query id -o tsv).

@@ -26,7 +26,7 @@ var currentIdentity = vm.?identity ?? {}
 var keepsSystemAssigned = contains(string(currentIdentity.?type ?? 'None'), 'SystemAssigned')
 
 module identity 'vm-identity.bicep' = if (attachIdentity) {
-  name: 'sebridge-identity-${vmName}'
+  name: '${take('sebridge-vm-identity-${vmName}', 50)}-${uniqueString(vmName)}'
   params: {
     vmName: vmName
     location: vm.location

@@ -26,7 +26,7 @@ var currentIdentity = vmss.?identity ?? {}
 var keepsSystemAssigned = contains(string(currentIdentity.?type ?? 'None'), 'SystemAssigned')
 
 module identity 'vmss-identity.bicep' = if (attachIdentity) {
-  name: 'sebridge-identity-${vmssName}'
+  name: '${take('sebridge-vmss-identity-${vmssName}', 50)}-${uniqueString(vmssName)}'
   params: {
     vmssName: vmssName
     location: vmss.location

@@ -67,9 +67,10 @@ resource topic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
 }
 
 // One module per subscription: it owns the subscription and its rules (Bicep loops cannot
-// nest, and the checkov parser does not take lambdas, so no flatten(map(...)) here).
+// nest, and the checkov parser does not take lambdas, so no flatten(map(...)) here). Names run
+// to 50 characters, deployment names to 64: cut and made unique again with a hash.
 module subscriptions 'servicebus-subscription.bicep' = [for s in topicConfig.Subscriptions: {
-  name: 'sb-subscription-${s.Name}'
+  name: '${take('sb-subscription-${s.Name}', 50)}-${uniqueString(s.Name)}'
   params: {
     namespaceName: namespace.name
     topicName: topic.name

@@ -9,8 +9,11 @@
 #
 #   SEBRIDGE_NAMESPACE   required  Service Bus namespace FQDN (sbns-x.servicebus.windows.net)
 #   AZURE_CLIENT_ID      required  client id of the forwarders' user-assigned identity
-#   SEBRIDGE_PACKAGE     optional  pip requirement spec or wheel URL to install
-#                                  (default: scheduled-events-bridge==0.1.0 from the VM's index)
+#   SEBRIDGE_PACKAGE     required  what pip installs, as root: the https URL of a wheel you
+#                                  host, or a pinned requirement (scheduled-events-bridge==0.1.0)
+#                                  when this VM's pip index-url is your own. No default: the
+#                                  project is not published on PyPI, where anyone could take the
+#                                  name. Not needed with --no-pip.
 #   SEBRIDGE_PYTHON      optional  Python >= 3.11 to build the venv with (default: first found)
 #   SEBRIDGE_TOPIC, SEBRIDGE_REPLY_QUEUE, SEBRIDGE_POLL_INTERVAL, SEBRIDGE_HEARTBEAT_INTERVAL,
 #   SEBRIDGE_LOG_FORMAT, SEBRIDGE_LOG_LEVEL, SEBRIDGE_IMDS_ENDPOINT, SEBRIDGE_API_VERSION,
@@ -25,6 +28,8 @@
 #
 # Options: --no-start (do not touch systemd), --no-user (do not create the system user),
 #          --no-pip (do not create the venv or install the package), -h/--help.
+# With SEBRIDGE_ROOT the system user is created in that root's /etc (useradd --root), never on
+# the running system.
 set -euo pipefail
 umask 022
 
@@ -36,7 +41,6 @@ readonly STATE_DIR=/var/lib/sebridge
 readonly UNIT_NAME=sebridge-forwarder.service
 readonly UNIT_DIR=/etc/systemd/system
 readonly SERVICE_USER=sebridge
-readonly DEFAULT_PACKAGE='scheduled-events-bridge==0.1.0'
 # Settings copied verbatim from the installer's environment to the forwarder's when set.
 readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_LOG_LEVEL SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_API_VERSION SEBRIDGE_VM_NAME SEBRIDGE_REQUIRE_LISTED SEBRIDGE_OUTBOX_MAX SEBRIDGE_DRY_RUN"
 
@@ -63,6 +67,9 @@ if [ -n "$root" ]; then
     [ -d "$root" ] || die "SEBRIDGE_ROOT=$root is not a directory"
     # systemctl would act on the running system, not on the directory.
     [ "$start" -eq 0 ] || die "SEBRIDGE_ROOT needs --no-start"
+    # useradd --root chroots into the directory, which only root may do.
+    [ "$create_user" -eq 0 ] || [ "$(id -u)" -eq 0 ] \
+        || die "creating the user in SEBRIDGE_ROOT needs root (useradd --root); or pass --no-user"
 elif [ "$(id -u)" -ne 0 ]; then
     die "run as root (or set SEBRIDGE_ROOT for a throwaway root)"
 fi
@@ -74,7 +81,7 @@ safe_value() { [[ "$1" =~ ^[A-Za-z0-9._:/,+=@%-]*$ ]]; }
 
 namespace="${SEBRIDGE_NAMESPACE:-}"
 client_id="${AZURE_CLIENT_ID:-}"
-package="${SEBRIDGE_PACKAGE:-$DEFAULT_PACKAGE}"
+package="${SEBRIDGE_PACKAGE:-}"
 
 [ -n "$namespace" ] || die "SEBRIDGE_NAMESPACE is required (the namespace FQDN, output serviceBusNamespace of main.bicep)"
 [[ "$namespace" =~ ^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+$ ]] \
@@ -92,7 +99,16 @@ for name in $PASSTHROUGH; do
     value="${!name:-}"
     safe_value "$value" || die "$name contains characters not allowed in the configuration file"
 done
-[[ "$package" != *$'\n'* && -n "$package" ]] || die "SEBRIDGE_PACKAGE must be one line"
+if [ "$install_package" -eq 1 ] && [ -z "$package" ]; then
+    die "SEBRIDGE_PACKAGE is required: the https URL of a wheel you host, or a pinned requirement (scheduled-events-bridge==X.Y.Z) when this VM's pip index-url is your own (the project is not on PyPI, so the bare name there could be anyone's package, installed as root)"
+fi
+if [ -n "$package" ]; then
+    [[ "$package" != *$'\n'* ]] || die "SEBRIDGE_PACKAGE must be one line"
+    # Root runs what this downloads: no plaintext transport anyone on the path could rewrite.
+    [[ "${package,,}" != *http://* ]] || die "SEBRIDGE_PACKAGE must not use http://: serve the wheel over https"
+    # The value is logged (and shown in the extension's status): no user:password@ or token@.
+    [[ ! "$package" =~ ://[^/[:space:]]*@ ]] || die "SEBRIDGE_PACKAGE must not carry credentials: it is logged; serve the wheel from a location the VMs can read without them"
+fi
 
 unit_source="${SEBRIDGE_UNIT_FILE:-$(cd "$(dirname "$0")" && pwd)/$UNIT_NAME}"
 [ -f "$unit_source" ] || die "unit file not found: $unit_source"
@@ -100,14 +116,33 @@ unit_source="${SEBRIDGE_UNIT_FILE:-$(cd "$(dirname "$0")" && pwd)/$UNIT_NAME}"
 log "root: ${root:-/}"
 log "namespace: $namespace"
 log "client id: $client_id"
-log "package: $package"
+[ -z "$package" ] || log "package: $package"
 
 # --- system user -----------------------------------------------------------------------------
 
+# In a throwaway root the user lives in that root's /etc, not in the running system's.
+user_exists() {
+    if [ -n "$root" ]; then
+        [ -f "$root/etc/passwd" ] \
+            && awk -F: -v u="$SERVICE_USER" '$1 == u { found = 1 } END { exit !found }' "$root/etc/passwd"
+    else
+        getent passwd "$SERVICE_USER" >/dev/null
+    fi
+}
+
+service_gid() {
+    if [ -n "$root" ]; then
+        awk -F: -v g="$SERVICE_USER" '$1 == g { print $3; exit }' "$root/etc/group" 2>/dev/null || true
+    else
+        { getent group "$SERVICE_USER" || true; } | cut -d: -f3
+    fi
+}
+
 if [ "$create_user" -eq 1 ]; then
     root_args=()
+    # useradd --root chroots into the directory before touching any account database.
     [ -z "$root" ] || root_args=(--root "$root")
-    if getent passwd "$SERVICE_USER" >/dev/null && [ -z "$root" ]; then
+    if user_exists; then
         log "user $SERVICE_USER exists"
     else
         nologin=/usr/sbin/nologin
@@ -171,8 +206,9 @@ trap 'rm -f "$tmp"' EXIT
 } >"$tmp"
 chmod 0640 "$tmp"
 if [ "$create_user" -eq 1 ]; then
-    chown "root:$SERVICE_USER" "$tmp" 2>/dev/null \
-        || chown "0:$(awk -F: -v u="$SERVICE_USER" '$1 == u { print $3 }' "$root/etc/group")" "$tmp"
+    gid="$(service_gid)"
+    [ -n "$gid" ] || die "group $SERVICE_USER not found${root:+ in $root/etc/group}"
+    chown "0:$gid" "$tmp"
 fi
 mv -f "$tmp" "$root$ENV_FILE"
 trap - EXIT

@@ -38,8 +38,9 @@ def module(name: str) -> dict[str, Any]:
     return parse(MODULES / name)
 
 
-def emulator_namespace() -> dict[str, Any]:
-    return json.loads(EMULATOR_CONFIG.read_text())["UserConfig"]["Namespaces"][0]
+def emulator_namespace(path: Path = EMULATOR_CONFIG) -> dict[str, Any]:
+    """The one namespace of a Config.json (the repository's unless told otherwise)."""
+    return json.loads(path.read_text())["UserConfig"]["Namespaces"][0]
 
 
 def unwrap(element: dict[str, Any]) -> dict[str, Any]:
@@ -212,9 +213,9 @@ _PLACEHOLDERS = {
     "LB_MANAGED_RESOURCE_GROUPS": "rg-web-test",
     "ARM_ENDPOINT": "https://management.azure.com",
     "HEARTBEAT_STORE_URL": "https://sttest.blob.core.windows.net/sebridge-heartbeats",
-    # On, so the optional subscriber's bindings are checked too.
+    # On, so the optional subscriber's bindings are checked too (the name of README's example).
     "CUSTOM_SUBSCRIBER_ENABLED": "true",
-    "CustomSubscriptionName": "audit",
+    "CustomSubscriptionName": "vm-loss",
 }
 
 

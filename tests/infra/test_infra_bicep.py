@@ -42,6 +42,24 @@ def test_referenced_modules_and_files_exist(path: Path) -> None:
         assert (path.parent / ref).is_file(), f"{path.name}: {ref} missing"
 
 
+# A deployment name has at most 64 characters; a name built from a VM, group or subscription
+# name (up to 64, 90 and 50 characters) is cut to 50 and made unique with uniqueString (13).
+BOUNDED_NAME = re.compile(r"\$\{take\('[^']*', (\d+)\)\}-\$\{uniqueString\([^)]*\)\}")
+
+
+@pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
+def test_module_deployment_names_fit_in_64_characters(path: Path) -> None:
+    for symbol, mod in parse(path).get("modules", {}).items():
+        name = unwrap(mod)["name"]
+        assert isinstance(name, str), f"{path.name}: module {symbol} name {name!r}"
+        if "${" not in name:
+            assert len(name) <= 64, f"{path.name}: module {symbol}"
+            continue
+        bounded = BOUNDED_NAME.fullmatch(name)
+        assert bounded, f"{path.name}: module {symbol} name may exceed 64 characters: {name}"
+        assert int(bounded.group(1)) + 1 + 13 <= 64, f"{path.name}: module {symbol}"
+
+
 def test_names_come_from_the_abbreviations_file() -> None:
     import json
 

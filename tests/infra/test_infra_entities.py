@@ -4,16 +4,25 @@ servicebus.bicep loads infra/servicebus-emulator/Config.json with loadJsonConten
 emulator property to its ARM name. These tests prove the load points at that file, that every
 property present in Config.json is mapped to the right ARM property (a new one fails here until
 the Bicep maps it), and that nothing else is set on the entities, so the two cannot differ.
+
+Your own subscriber adds its subscription to Config.json (README, "Subscribe your own
+function"): the checks below take any Config.json, and one test runs them on a copy with the
+README's example added, as a user following the procedure would.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from infra_helpers import (
     EMULATOR_CONFIG,
     INFRA,
+    REPO,
     emulator_namespace,
     module,
     parse,
@@ -53,6 +62,18 @@ SUBSCRIPTION_PROPERTIES = {
 # must be the emulator's value.
 TOPIC_WINDOW_PARAM = "topicDuplicateDetectionWindow"
 
+# The subscriptions the bridge itself relies on, each with its one filter: the three functions
+# bind to the first three, and audit takes everything. Others are allowed (your own subscriber).
+BUILT_IN_SUBSCRIPTIONS = {
+    "teams": "transition <> 'Heartbeat'",
+    "lb-pools": "transition IN ('Scheduled', 'Updated', 'Started', 'Completed', 'Cancelled')",
+    "approval-gate": "transition IN ('Scheduled', 'Updated', 'Prepared', 'Heartbeat')",
+    "audit": "1=1",
+}
+# Service Bus subscription names: 1-50 letters, digits, periods, hyphens and underscores,
+# starting and ending with a letter or digit.
+SUBSCRIPTION_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,48}[A-Za-z0-9])?")
+
 SB = "Microsoft.ServiceBus/namespaces"
 
 
@@ -80,19 +101,82 @@ def test_servicebus_module_loads_the_emulator_config() -> None:
     assert "Queues" in str(tree["variables"]["queueConfig"]["value"])
 
 
-def test_emulator_config_has_what_the_bicep_reads() -> None:
-    ns = emulator_namespace()
+def check_subscription(sub: dict[str, Any]) -> None:
+    """One subscription as servicebus-subscription.bicep can deploy it and the bridge can use it."""
+    name = sub.get("Name", "")
+    assert SUBSCRIPTION_NAME.fullmatch(name), f"{name!r} is not a Service Bus subscription name"
+    props = sub["Properties"]
+    # The Bicep reads every mapped property: a missing one fails the deployment, an unmapped
+    # one would be silently left out of Azure.
+    assert set(props) == set(SUBSCRIPTION_PROPERTIES), (
+        f"{name}: properties must be exactly {sorted(SUBSCRIPTION_PROPERTIES)}, "
+        f"missing {sorted(set(SUBSCRIPTION_PROPERTIES) - set(props))}, "
+        f"unmapped {sorted(set(props) - set(SUBSCRIPTION_PROPERTIES))}"
+    )
+    # The bridge relies on sessions (per-event order) everywhere; triggers receive by session.
+    assert props["RequiresSession"] is True, f"{name}: RequiresSession must be true"
+    assert sub.get("Rules"), f"{name} has no rule: ARM would leave its 1=1 $Default"
+    for rule in sub["Rules"]:
+        where = f"{name}, rule {rule['Name']}"
+        # Only SQL filters are mapped (servicebus-subscription.bicep).
+        assert rule["Properties"].get("FilterType") == "Sql", f"{where}: FilterType must be Sql"
+        assert set(rule["Properties"]) == {"FilterType", "SqlFilter"}, f"{where}: {rule}"
+        assert rule["Properties"]["SqlFilter"]["SqlExpression"].strip(), f"{where}: empty filter"
+
+
+def check_entities(ns: dict[str, Any]) -> None:
+    """What servicebus.bicep deploys and the functions bind to, for any Config.json namespace."""
     # servicebus.bicep deploys Topics[0] and Queues[0]: more would be silently left out.
     assert len(ns["Topics"]) == 1, "servicebus.bicep deploys only the first topic"
     assert len(ns["Queues"]) == 1, "servicebus.bicep deploys only the first queue"
-    assert {s["Name"] for s in ns["Topics"][0]["Subscriptions"]} == {
-        "teams",
-        "lb-pools",
-        "approval-gate",
-        "audit",
-    }
     assert ns["Topics"][0]["Name"] == "scheduled-events"
     assert ns["Queues"][0]["Name"] == "approvals"
+    subscriptions = ns["Topics"][0]["Subscriptions"]
+    names = [s["Name"].lower() for s in subscriptions]
+    assert len(names) == len(set(names)), f"subscription names used twice: {names}"
+    by_name = {s["Name"]: s for s in subscriptions}
+    for name, expression in BUILT_IN_SUBSCRIPTIONS.items():
+        assert name in by_name, f"built-in subscription {name} is missing"
+        filters = [r["Properties"]["SqlFilter"]["SqlExpression"] for r in by_name[name]["Rules"]]
+        assert filters == [expression], f"{name}: its filter changed: {filters}"
+    for sub in subscriptions:
+        check_subscription(sub)
+
+
+def check_custom_subscription(bicepparam: str, ns: dict[str, Any]) -> None:
+    """With customSubscriberEnabled, customSubscriptionName names its own Config.json entry.
+
+    Only literal values can be checked here; an expression (readEnvironmentVariable(...)) is
+    left to the deployment, which fails on a subscription that does not exist.
+    """
+    params = dict(re.findall(r"^param (\w+) = (.+?)\s*$", bicepparam, re.M))
+    if params.get("customSubscriberEnabled") != "true":
+        return  # off (the default) or not a literal
+    value = params.get("customSubscriptionName")
+    assert value, "customSubscriberEnabled = true needs customSubscriptionName"
+    literal = re.fullmatch(r"'([^']*)'", value)
+    if literal is None:
+        return
+    name = literal.group(1)
+    assert name, "customSubscriberEnabled = true needs customSubscriptionName"
+    assert name not in BUILT_IN_SUBSCRIPTIONS, (
+        f"{name} belongs to the bridge: your subscriber needs a subscription of its own"
+    )
+    subscriptions = {s["Name"] for s in ns["Topics"][0]["Subscriptions"]}
+    assert name in subscriptions, (
+        f"customSubscriptionName {name!r} is not in Config.json: add it there first"
+    )
+
+
+def test_emulator_config_has_what_the_bicep_reads() -> None:
+    check_entities(emulator_namespace())
+
+
+@pytest.mark.parametrize(
+    "path", sorted(INFRA.rglob("*.bicepparam")), ids=lambda p: p.relative_to(INFRA).as_posix()
+)
+def test_custom_subscription_parameter_names_a_config_entry(path: Path) -> None:
+    check_custom_subscription(path.read_text(), emulator_namespace())
 
 
 @pytest.mark.parametrize(
@@ -127,20 +211,15 @@ def test_every_emulator_property_is_mapped(kind: str, mapping: dict[str, str]) -
 
 
 def test_every_subscription_property_is_mapped() -> None:
-    ns = emulator_namespace()
+    """The module maps each known property, and nothing else (check_subscription holds
+    Config.json to exactly these)."""
     tree = module("servicebus-subscription.bicep")
     sub = unwrap(_only(resources_of_type(tree, f"{SB}/topics/subscriptions")))
     assert property_path(sub["name"]) == ["subscription", "Name"]
     props = sub["properties"]
-    for entity in ns["Topics"][0]["Subscriptions"]:
-        unmapped = set(entity["Properties"]) - set(SUBSCRIPTION_PROPERTIES)
-        assert not unmapped, f"{entity['Name']}: properties the Bicep does not map: {unmapped}"
-        for key in entity["Properties"]:
-            arm = SUBSCRIPTION_PROPERTIES[key]
-            assert arm in props and _maps_from(props[arm], ["subscription"], key), (key, arm)
-        assert set(props) <= {SUBSCRIPTION_PROPERTIES[k] for k in entity["Properties"]}
-        # The bridge relies on sessions (per-event order) everywhere.
-        assert entity["Properties"]["RequiresSession"] is True, entity["Name"]
+    for key, arm in SUBSCRIPTION_PROPERTIES.items():
+        assert arm in props and _maps_from(props[arm], ["subscription"], key), (key, arm)
+    assert set(props) == set(SUBSCRIPTION_PROPERTIES.values())
 
 
 def test_each_subscription_is_deployed_from_config_with_its_rules() -> None:
@@ -168,15 +247,6 @@ def test_each_subscription_is_deployed_from_config_with_its_rules() -> None:
     assert set(body["properties"]) == {"filterType", "sqlFilter"}
 
 
-def test_config_rules_are_sql_filters_the_bicep_can_express() -> None:
-    for sub in emulator_namespace()["Topics"][0]["Subscriptions"]:
-        assert sub["Rules"], f"{sub['Name']} has no rule: ARM would leave its 1=1 $Default"
-        for rule in sub["Rules"]:
-            assert rule["Properties"]["FilterType"] == "Sql", (sub["Name"], rule["Name"])
-            assert set(rule["Properties"]) == {"FilterType", "SqlFilter"}, rule
-            assert rule["Properties"]["SqlFilter"]["SqlExpression"].strip()
-
-
 def test_no_entity_name_or_filter_is_written_twice() -> None:
     """The Bicep must not restate entity settings that live in Config.json."""
     ns = emulator_namespace()
@@ -197,3 +267,151 @@ def test_namespace_is_entra_only_with_tls_12() -> None:
     allowed = next(d for d in decorators if d["type"] == "allowed")["argument"]
     assert set(allowed) == {"Standard", "Premium"}
     assert module("servicebus.bicep")["parameters"]["skuName"]["default"] == "Standard"
+
+
+# --- the README's procedure for your own subscriber ------------------------------------------
+
+
+def _readme_procedure() -> tuple[dict[str, Any], str]:
+    """(the Config.json entry, the customSubscriptionName) README tells a user to add."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Subscribe your own function", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```json\n(.*?)```", section, re.S)
+    assert block, "the subscriber procedure shows no Config.json entry"
+    name = re.search(r"customSubscriptionName = '([^']+)'", section)
+    assert name, "the subscriber procedure does not say what customSubscriptionName to deploy"
+    return json.loads(block.group(1)), name.group(1)
+
+
+def _config_with(tmp_path: Path, entry: dict[str, Any]) -> Path:
+    config = json.loads(EMULATOR_CONFIG.read_text())
+    config["UserConfig"]["Namespaces"][0]["Topics"][0]["Subscriptions"].append(entry)
+    path = tmp_path / "Config.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def _bicepparam_enabling(name: str) -> str:
+    text = (INFRA / "main.bicepparam").read_text()
+    assert "\nparam customSubscriberEnabled = false\n" in text
+    return text.replace(
+        "\nparam customSubscriberEnabled = false\n",
+        f"\nparam customSubscriberEnabled = true\nparam customSubscriptionName = '{name}'\n",
+    )
+
+
+def test_following_the_subscriber_procedure_passes_the_checks(tmp_path: Path) -> None:
+    entry, name = _readme_procedure()
+    assert entry["Name"] == name
+    path = _config_with(tmp_path, entry)
+    ns = emulator_namespace(path)
+    check_entities(ns)
+    check_custom_subscription(_bicepparam_enabling(name), ns)
+    # The local side agrees: the emulator loads the same file, filter compiled.
+    from emulators.servicebus.config import load_config
+
+    (topic,) = load_config(path).topics
+    assert name in {s.name for s in topic.subscriptions}
+    # Skipping the Config.json step is caught before a deployment fails on it.
+    with pytest.raises(AssertionError, match=r"not in Config\.json"):
+        check_custom_subscription(_bicepparam_enabling(name), emulator_namespace())
+
+
+def _break_sessions(entry: dict[str, Any]) -> None:
+    entry["Properties"]["RequiresSession"] = False
+
+
+def _drop_rules(entry: dict[str, Any]) -> None:
+    entry["Rules"] = []
+
+
+def _drop_property(entry: dict[str, Any]) -> None:
+    del entry["Properties"]["ForwardTo"]
+
+
+def _correlation_filter(entry: dict[str, Any]) -> None:
+    entry["Rules"][0]["Properties"] = {"FilterType": "Correlation", "CorrelationFilter": {}}
+
+
+def _reuse_a_name(entry: dict[str, Any]) -> None:
+    entry["Name"] = "Audit"
+
+
+def _invalid_name(entry: dict[str, Any]) -> None:
+    entry["Name"] = "vm loss"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (_break_sessions, "RequiresSession must be true"),
+        (_drop_rules, "has no rule"),
+        (_drop_property, "missing \\['ForwardTo'\\]"),
+        (_correlation_filter, "FilterType must be Sql"),
+        (_reuse_a_name, "used twice"),
+        (_invalid_name, "not a Service Bus subscription name"),
+    ],
+    ids=[
+        "no-sessions",
+        "no-rule",
+        "missing-property",
+        "correlation-filter",
+        "name-used-twice",
+        "invalid-name",
+    ],
+)
+def test_a_subscription_the_bridge_cannot_use_is_refused(
+    tmp_path: Path, mutate: Any, message: str
+) -> None:
+    entry, _ = _readme_procedure()
+    mutate(entry)
+    with pytest.raises(AssertionError, match=message):
+        check_entities(emulator_namespace(_config_with(tmp_path, entry)))
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_IN_SUBSCRIPTIONS))
+def test_the_built_in_subscriptions_keep_their_filters(name: str) -> None:
+    ns = copy.deepcopy(emulator_namespace())
+    subscriptions = ns["Topics"][0]["Subscriptions"]
+    (sub,) = [s for s in subscriptions if s["Name"] == name]
+    sub["Rules"][0]["Properties"]["SqlFilter"]["SqlExpression"] = "1=0"
+    with pytest.raises(AssertionError, match="filter changed"):
+        check_entities(ns)
+    subscriptions.remove(sub)
+    with pytest.raises(AssertionError, match="is missing"):
+        check_entities(ns)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ("param customSubscriberEnabled = true\n", "needs customSubscriptionName"),
+        (
+            "param customSubscriberEnabled = true\nparam customSubscriptionName = ''\n",
+            "needs customSubscriptionName",
+        ),
+        (
+            "param customSubscriberEnabled = true\nparam customSubscriptionName = 'teams'\n",
+            "belongs to the bridge",
+        ),
+        (
+            "param customSubscriberEnabled = true\nparam customSubscriptionName = 'nope'\n",
+            "not in Config.json",
+        ),
+    ],
+    ids=["no-name", "empty-name", "built-in", "not-in-config"],
+)
+def test_custom_subscription_check_catches_mistakes(params: str, message: str) -> None:
+    with pytest.raises(AssertionError, match=message):
+        check_custom_subscription(params, emulator_namespace())
+
+
+def test_custom_subscription_check_leaves_what_it_cannot_read() -> None:
+    ns = emulator_namespace()
+    check_custom_subscription("param customSubscriberEnabled = false\n", ns)
+    check_custom_subscription("using './main.bicep'\n", ns)
+    check_custom_subscription(
+        "param customSubscriberEnabled = true\n"
+        "param customSubscriptionName = readEnvironmentVariable('SUB')\n",
+        ns,
+    )

@@ -1,8 +1,10 @@
 """The forwarder installer, run for real in a throwaway root (SEBRIDGE_ROOT=tmp_path).
 
-The steps that change the running system (user, pip, systemctl) are skipped with their flags;
-the files it writes are the real ones, and `systemd-analyze verify --root` checks the unit we
-ship against a root where its ExecStart exists.
+The steps that change the running system (pip, systemctl) are skipped with their flags; the
+files it writes are the real ones, and `systemd-analyze verify --root` checks the unit we ship
+against a root where its ExecStart exists. The system user is created for real, but inside the
+throwaway root (useradd --root), and only where that is possible (as root): the running
+system's account files are compared before and after.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -189,6 +192,31 @@ def test_rerun_updates_the_configuration_in_place(installed: Path) -> None:
             [*SKIP_SYSTEM, "--bogus"],
             "unknown option",
         ),
+        # No default package: the bare name on PyPI is not ours. Dies before pip or useradd
+        # (and should that regress, pip finds no index rather than reaching the network).
+        (
+            {"SEBRIDGE_NAMESPACE": NAMESPACE, "AZURE_CLIENT_ID": CLIENT_ID, "PIP_NO_INDEX": "1"},
+            ["--no-start", "--no-user"],
+            "SEBRIDGE_PACKAGE is required",
+        ),
+        (
+            {
+                "SEBRIDGE_NAMESPACE": NAMESPACE,
+                "AZURE_CLIENT_ID": CLIENT_ID,
+                "SEBRIDGE_PACKAGE": "HTTP://pkgs.example.com/sebridge.whl",
+            },
+            SKIP_SYSTEM,
+            "must not use http://",
+        ),
+        (
+            {
+                "SEBRIDGE_NAMESPACE": NAMESPACE,
+                "AZURE_CLIENT_ID": CLIENT_ID,
+                "SEBRIDGE_PACKAGE": "https://deploy:hunter2@pkgs.example.com/sebridge.whl",
+            },
+            SKIP_SYSTEM,
+            "must not carry credentials",
+        ),
     ],
     ids=[
         "no-namespace",
@@ -200,6 +228,9 @@ def test_rerun_updates_the_configuration_in_place(installed: Path) -> None:
         "state-dir",
         "root-needs-no-start",
         "unknown-option",
+        "no-package",
+        "package-over-http",
+        "package-with-credentials",
     ],
 )
 def test_installer_refuses_bad_input_before_writing(
@@ -211,6 +242,7 @@ def test_installer_refuses_bad_input_before_writing(
     assert list(tmp_path.iterdir()) == [], "nothing may be written on bad input"
     # Secrets are never echoed back.
     assert "SharedAccessKeyName" not in proc.stdout + proc.stderr
+    assert "hunter2" not in proc.stdout + proc.stderr
 
 
 def test_help_documents_the_interface() -> None:
@@ -383,6 +415,76 @@ def test_extension_keeps_the_command_in_protected_settings() -> None:
         assert props["type"] == "CustomScript"
         assert props["protectedSettings"] == {"commandToExecute": "installCommand"}
         assert "settings" not in props
-    default = parse(INFRA / "forwarder.bicep")["parameters"]["packageSource"]["default"]
-    assert default == "scheduled-events-bridge==0.1.0"
-    assert "scheduled-events-bridge==0.1.0" in SCRIPT.read_text()  # same documented default
+
+
+def test_package_source_has_no_default() -> None:
+    """The project is not on PyPI: a default name there would install whoever claims it."""
+    param = parse(INFRA / "forwarder.bicep")["parameters"]["packageSource"]
+    assert param.get("default") is None
+    assert {"type": "min_length", "argument": 1} in param["decorators"]  # '' fails validation
+    script = SCRIPT.read_text()
+    assert 'package="${SEBRIDGE_PACKAGE:-}"' in script
+    assert "DEFAULT_PACKAGE" not in script
+
+
+# --- the system user, inside the throwaway root -------------------------------------------------
+
+# useradd --root chroots into the directory, which needs root; the Custom Script Extension
+# runs as root. Where useradd is missing or we are not root, there is nothing safe to run.
+SYSTEM_PATH = f"{os.environ.get('PATH', '/usr/bin:/bin')}:/usr/sbin:/sbin"
+needs_useradd = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd", path=SYSTEM_PATH) is None,
+    reason="useradd --root needs root and useradd",
+)
+HOST_ACCOUNT_FILES = [Path("/etc") / name for name in ("passwd", "group", "shadow", "gshadow")]
+
+
+@pytest.fixture
+def host_accounts_untouched() -> Iterator[None]:
+    """Fails the test if the running system's account files changed during it."""
+    before = {p: p.read_bytes() for p in HOST_ACCOUNT_FILES if p.exists()}
+    yield
+    after = {p: p.read_bytes() for p in HOST_ACCOUNT_FILES if p.exists()}
+    assert after == before, "the installer changed this machine's accounts"
+
+
+def _fresh_image_root(tmp_path: Path) -> Path:
+    """A throwaway root with the account files of a fresh image (root only)."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    return root
+
+
+def _account(path: Path, name: str) -> list[list[str]]:
+    return [
+        line.split(":") for line in path.read_text().splitlines() if line.startswith(name + ":")
+    ]
+
+
+@needs_useradd
+@pytest.mark.usefixtures("host_accounts_untouched")
+def test_installer_creates_the_user_in_the_root_and_reruns_idempotently(tmp_path: Path) -> None:
+    root = _fresh_image_root(tmp_path)
+    env = {"SEBRIDGE_NAMESPACE": NAMESPACE, "AZURE_CLIENT_ID": CLIENT_ID, "PATH": SYSTEM_PATH}
+    # Without --no-user: the user is created, inside the root.
+    first = run_installer(root, env, "--no-start", "--no-pip")
+    assert first.returncode == 0, first.stderr
+    assert "created system user sebridge" in first.stdout
+    passwd, group = root / "etc" / "passwd", root / "etc" / "group"
+    ((_, _, uid, gid, _, home, shell),) = _account(passwd, "sebridge")
+    assert home == "/var/lib/sebridge" and shell.endswith("/nologin")
+    assert int(uid) < 1000, "a system user"
+    ((_, _, group_id, _),) = _account(group, "sebridge")
+    assert group_id == gid
+    env_file = root / ENV_PATH
+    assert (env_file.stat().st_uid, env_file.stat().st_gid) == (0, int(gid))
+    accounts = (passwd.read_bytes(), group.read_bytes())
+
+    # A rerun (the extension reruns on every change) finds the user and changes nothing.
+    second = run_installer(root, env, "--no-start", "--no-pip")
+    assert second.returncode == 0, second.stderr
+    assert "user sebridge exists" in second.stdout
+    assert (passwd.read_bytes(), group.read_bytes()) == accounts
+    assert env_file.stat().st_gid == int(gid)
