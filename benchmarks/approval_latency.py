@@ -6,7 +6,9 @@ Real processes on loopback: the IMDS simulator (an idle document into which each
 one Scheduled event), the Service Bus emulator with the project's entities, and
 `sebridge forwarder` receiving on its session of the `approvals` queue. Each round sends one
 approve command with the real SDK and times it until the simulator records the POST.
-Target: p99 <= 250 ms. Bounded: at most --commands rounds of at most 10 s each.
+Target: p99 <= 250 ms, judged only with --commands >= 100 (fewer samples give no p99: the run
+reports its numbers and says "not judged"). Exit code: 0 when the target is met or not judged,
+1 when it is missed or a round got no POST. Bounded: at most --commands rounds of at most 10 s.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from emulators.processes import forwarder, server  # noqa: E402
 from emulators.servicebus.testing import running_emulator  # noqa: E402
 
 VM = "vmss_vm1"
+TARGET_P99_MS = 250.0
+MIN_COMMANDS_FOR_P99 = 100  # below this the 99th percentile is just the maximum of few samples
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -42,8 +46,16 @@ def percentile(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--commands", type=int, default=100)
+    parser.add_argument(
+        "--commands",
+        type=int,
+        default=MIN_COMMANDS_FOR_P99,
+        help=f"rounds (default %(default)s; the target is judged only with >= "
+        f"{MIN_COMMANDS_FOR_P99})",
+    )
     args = parser.parse_args(argv)
+    if not 1 <= args.commands <= 10_000:
+        parser.error("--commands must be 1..10000")
 
     sim_process, url = server(
         "imds-sim", "--scenario", str(ROOT / "benchmarks" / "idle-scenario.json")
@@ -122,8 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         f" max {max(ms):.1f} ms, mean {statistics.mean(ms):.1f} ms"
     )
     p99 = percentile(ms, 99)
-    print(f"p99 {p99:.1f} ms vs target 250 ms: {'met' if p99 <= 250 else 'MISSED'}")
-    return 0
+    if len(ms) < MIN_COMMANDS_FOR_P99:
+        print(
+            f"p99 {p99:.1f} ms vs target {TARGET_P99_MS:.0f} ms: not judged "
+            f"({len(ms)} commands; the target needs --commands {MIN_COMMANDS_FOR_P99} or more)"
+        )
+        return 0
+    met = p99 <= TARGET_P99_MS
+    print(f"p99 {p99:.1f} ms vs target {TARGET_P99_MS:.0f} ms: {'met' if met else 'MISSED'}")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

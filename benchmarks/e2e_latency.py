@@ -26,10 +26,13 @@ visible -> detected (the poll phase) and detected -> POST (Service Bus, the gate
 back). Target: p99 <= 2 s. Bounded: at most --events rounds of at most --round-timeout s.
 
 Every event is its own session (session_id = EventId), and a session-enabled trigger keeps an
-idle session for host.json's sessionIdleTimeout on one of maxConcurrentSessions receivers. With
-the project's host.json (8 sessions, 30 s) a function takes at most ~8 new events per 30 s:
-back-to-back rounds queue behind held sessions and the target is missed. --session-idle-timeout
-overrides that one setting (nothing else) to show the loop without the hold.
+idle session for host.json's sessionIdleTimeout on one of maxConcurrentSessions receivers, so
+a function takes at most about maxConcurrentSessions new events per sessionIdleTimeout. The
+functions host here reads the project's host.json (maxConcurrentSessions 16, sessionIdleTimeout
+00:00:02: about 16 new events per 2 s, far more than these sequential rounds bring); the output
+prints the two values in effect. --session-idle-timeout S overrides sessionIdleTimeout alone
+(maxConcurrentSessions and everything else stay as host.json says), e.g. 30 to see what a long
+hold costs: once more new events arrive than 16 per 30 s, rounds wait for a free session.
 """
 
 from __future__ import annotations

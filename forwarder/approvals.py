@@ -8,7 +8,8 @@ Settlement (command contract v1):
 - invalid, expired, unknown event, VM not listed, IMDS 400 -> dead-letter with a reason;
 - already Started, or already approved here              -> complete, with a log line;
 - IMDS 200                                                 -> publish Approved, complete;
-- IMDS 429/5xx/timeout (after a few quick retries)         -> abandon: redelivered, and
+- IMDS 429/5xx/timeout (after a few quick retries, all within
+  COMMAND_IMDS_BUDGET seconds)                              -> abandon: redelivered, and
   dead-lettered by the broker after the queue's max delivery count.
 """
 
@@ -19,14 +20,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from forwarder.backoff import Backoff
 from forwarder.commands import Action, decide
-from forwarder.imds_client import ImdsClient, ImdsError
+from forwarder.imds_client import READ_TIMEOUT, ImdsClient, ImdsError
 from forwarder.publisher import service_bus_client
 from sebridge.contract import commands as contract
-from sebridge.contract.events import Transition, event_message
+from sebridge.contract.events import Envelope, Observer, Transition, event_message
 from sebridge.imds import Document
 
 if TYPE_CHECKING:
@@ -36,8 +37,31 @@ if TYPE_CHECKING:
 log = logging.getLogger("forwarder.approvals")
 
 RECEIVE_WAIT = 5.0  # seconds a receive call blocks when the session is empty
-SESSION_RENEW_EVERY = 20.0  # well inside the queue's 1-minute lock duration
-IMDS_ATTEMPTS = 4  # per delivery, before abandoning it
+IMDS_ATTEMPTS = 4  # re-reads per delivery at most, before abandoning it
+# Why a command's time on IMDS is bounded: this receiver holds the session lock on the
+# approvals queue (LockDuration PT1M, infra/servicebus-emulator/Config.json) and can renew it
+# only between commands, so every command must be settled well inside one lock period.
+# The lock is renewed once it is SESSION_RENEW_EVERY old (checked before each command, after
+# each settlement and after each receive); a command then spends at most COMMAND_IMDS_BUDGET
+# on IMDS (re-reads, the pauses between them and the POST; each request's read timeout is cut
+# to what is left, its connect timeout can add up to 2 s) and is abandoned when that is used
+# up. So a lock is at most 15 + 25 + 2 = 42 s old when the command is settled, and at most
+# 15 + 30 = 45 s old after the pause that follows an abandon (Backoff cap 30 s): both < 60 s.
+# The slow first call of IMDS (up to 2 minutes while the feature is enabled) is the poller's
+# to wait out; a command never uses that timeout and is simply redelivered later.
+SESSION_RENEW_EVERY = 15.0
+COMMAND_IMDS_BUDGET = 25.0
+ABANDON_PAUSE_MAX = 30.0
+MIN_REQUEST_SECONDS = 0.5  # not worth starting an IMDS request with less time left
+
+
+class CommandSink(Protocol):
+    """What the handler needs from the forwarder: who we are, and the outbox for Approved."""
+
+    @property
+    def observer(self) -> Observer: ...
+
+    def enqueue(self, envelope: Envelope) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -65,32 +89,45 @@ class CommandHandler:
 
     def __init__(
         self,
-        forwarder: Forwarder,
+        forwarder: CommandSink,
         imds: ImdsClient,
         *,
         require_listed: bool = False,
+        budget: float = COMMAND_IMDS_BUDGET,
+        read_timeout: float = READ_TIMEOUT,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.forwarder = forwarder
         self.imds = imds
         self.require_listed = require_listed
+        self.budget = budget
+        self.read_timeout = read_timeout
         self.sleep = sleep
+        self.clock = clock
         self.approved: set[str] = set()
 
-    def _document(self) -> Document:
+    def _request_timeout(self, deadline: float) -> float:
+        """The read timeout for the next IMDS request: READ_TIMEOUT, cut to the time left."""
+        left = deadline - self.clock()
+        if left < MIN_REQUEST_SECONDS:
+            raise ImdsError(f"the command's {self.budget:g} s for IMDS are used up", transient=True)
+        return min(self.read_timeout, left)
+
+    def _document(self, deadline: float) -> Document:
         backoff = Backoff(0.5, 4.0)
-        for attempt in range(1, IMDS_ATTEMPTS + 1):
+        while True:
             try:
-                return self.imds.get_document()
+                return self.imds.get_document(read_timeout=self._request_timeout(deadline))
             except ImdsError as exc:
-                if attempt == IMDS_ATTEMPTS:
-                    raise
                 delay = backoff.next_delay(at_least=min(exc.retry_after or 0.0, 4.0))
+                left = deadline - self.clock()
+                if backoff.failures >= IMDS_ATTEMPTS or left < delay + MIN_REQUEST_SECONDS:
+                    raise
                 log.warning(
                     "re-reading IMDS for a command failed (%s); retry in %.1f s", exc, delay
                 )
                 self.sleep(delay)
-        raise AssertionError("unreachable")
 
     def handle(self, body: bytes, message_id: str | None = None) -> Outcome:
         now = datetime.now(UTC)
@@ -99,10 +136,16 @@ class CommandHandler:
         except contract.CommandError as exc:
             log.warning("invalid command %s: %s", message_id, exc)
             return Outcome("dead-letter", exc.reason, exc.description)
+        deadline = self.clock() + self.budget
         try:
-            document = self._document()
+            document = self._document(deadline)
         except ImdsError as exc:
-            log.warning("cannot check event %s against IMDS: %s", command.event_id, exc)
+            log.warning(
+                "command %s for %s: cannot check the event against IMDS: %s",
+                message_id,
+                command.event_id,
+                exc,
+            )
             return Outcome("abandon", "ImdsUnavailable", str(exc))
         observer = self.forwarder.observer
         decision = decide(
@@ -113,21 +156,32 @@ class CommandHandler:
             already_approved=command.event_id in self.approved,
         )
         if decision.action is Action.DEAD_LETTER:
-            log.warning("command for %s dead-lettered: %s", command.event_id, decision.description)
+            log.warning(
+                "command %s for %s dead-lettered: %s",
+                message_id,
+                command.event_id,
+                decision.description,
+            )
             return Outcome("dead-letter", decision.reason, decision.description)
         if decision.action is Action.COMPLETE:
-            log.info("command for %s: %s", command.event_id, decision.description)
+            log.info("command %s for %s: %s", message_id, command.event_id, decision.description)
             return Outcome("complete", description=decision.description)
         event = decision.event
         assert event is not None
         try:
-            answer = self.imds.approve(event.event_id)  # the EventId exactly as IMDS spells it
+            # The EventId exactly as IMDS spells it.
+            answer = self.imds.approve(event.event_id, read_timeout=self._request_timeout(deadline))
         except ImdsError as exc:
-            log.warning("approving %s failed: %s", event.event_id, exc)
+            log.warning("command %s: approving %s failed: %s", message_id, event.event_id, exc)
             return Outcome("abandon", "ImdsUnavailable", str(exc))
         if not answer.accepted:
             description = f"IMDS answered {answer.status}: {answer.body}"
-            log.error("IMDS refused the approval of %s: %s", event.event_id, description)
+            log.error(
+                "command %s: IMDS refused the approval of %s: %s",
+                message_id,
+                event.event_id,
+                description,
+            )
             return Outcome("dead-letter", contract.IMDS_REJECTED, description)
         self.approved.add(command.event_id)
         self.forwarder.enqueue(
@@ -141,7 +195,8 @@ class CommandHandler:
             )
         )
         log.info(
-            "approved %s (%s) for %s: %s",
+            "command %s: approved %s (%s) for %s: %s",
+            message_id,
             event.event_id,
             event.event_type,
             command.requested_by,
@@ -161,10 +216,25 @@ def settle(receiver: Any, message: Any, outcome: Outcome) -> None:
         receiver.abandon_message(message)
 
 
+class SessionLock:
+    """Renews a session receiver's lock once it is SESSION_RENEW_EVERY old (see above)."""
+
+    def __init__(self, receiver: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.receiver = receiver
+        self.clock = clock
+        self.renewed = clock()
+
+    def keep(self) -> None:
+        if self.clock() - self.renewed > SESSION_RENEW_EVERY:
+            self.receiver.session.renew_lock()
+            self.renewed = self.clock()
+
+
 def approvals_worker(forwarder: Forwarder, config: ForwarderConfig) -> Callable[[], None]:
     """The receiver thread's body: reconnects with backoff until the forwarder stops."""
     handler = CommandHandler(
         forwarder,
+        # Its own client: every request passes the command's own read timeout (see above).
         ImdsClient(config.imds_endpoint, api_version=config.api_version),
         require_listed=config.require_listed,
     )
@@ -172,7 +242,7 @@ def approvals_worker(forwarder: Forwarder, config: ForwarderConfig) -> Callable[
     def approvals() -> None:
         from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
-        backoff = Backoff(1.0, 30.0)
+        backoff = Backoff(1.0, ABANDON_PAUSE_MAX)
         stop = forwarder.stop_event
         while not stop.is_set():
             session_id = forwarder.observer.vm_name
@@ -187,22 +257,22 @@ def approvals_worker(forwarder: Forwarder, config: ForwarderConfig) -> Callable[
                     config.reply_queue, session_id=session_id, max_wait_time=RECEIVE_WAIT
                 ) as receiver:
                     log.info("receiving commands on %s, session %s", config.reply_queue, session_id)
-                    renewed = time.monotonic()
+                    lock = SessionLock(receiver)
                     while not stop.is_set() and forwarder.observer.vm_name == session_id:
                         # One at a time: asked for more, the SDK waits ~200 ms for a batch
                         # to fill after the first message, and approvals are latency-bound.
                         for message in receiver.receive_messages(
                             max_message_count=1, max_wait_time=RECEIVE_WAIT
                         ):
+                            lock.keep()
                             outcome = handler.handle(message_body(message), message.message_id)
                             settle(receiver, message, outcome)
+                            lock.keep()
                             if outcome.action == "abandon":
                                 stop.wait(backoff.next_delay())
                             else:
                                 backoff.reset()
-                        if time.monotonic() - renewed > SESSION_RENEW_EVERY:
-                            receiver.session.renew_lock()
-                            renewed = time.monotonic()
+                        lock.keep()
             except (SessionCannotBeLockedError, OperationTimeoutError) as exc:
                 delay = backoff.next_delay()
                 log.info("session %s not available (%s); retry in %.1f s", session_id, exc, delay)

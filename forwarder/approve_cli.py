@@ -83,6 +83,15 @@ def main(argv: list[str] | None = None) -> int:
             timeout=30,
         )
     print(f"sent {command.message_id} to session {args.vm} on {args.queue}")
+    # Cheap to say, costly to find out (reading the queue's settings needs Manage rights).
+    print(
+        "note: the queue drops a message id it has already seen within its duplicate-detection "
+        f"window (1 hour as deployed): if an earlier {command.message_id} was dead-lettered, "
+        "this one was dropped as well. Then wait the window out, or approve through ARM: "
+        "az maintenance scheduledevents acknowledge --resource-group <group> "
+        f"--resource-type virtualMachines --resource-name {args.vm} "
+        f"--scheduled-events-id {command.event_id}"
+    )
     return 0
 
 

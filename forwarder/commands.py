@@ -40,10 +40,13 @@ def decide(
             description=f"event {command.event_id} is not in the IMDS document "
             f"(incarnation {document.incarnation}): finished, cancelled or never seen here",
         )
+    if already_approved:  # first: the more telling answer to a duplicate command
+        now = " (now Started)" if event.is_started else ""
+        return Decision(
+            Action.COMPLETE, event, description=f"already approved by this forwarder{now}"
+        )
     if event.is_started:
         return Decision(Action.COMPLETE, event, description="already Started: nothing to do")
-    if already_approved:
-        return Decision(Action.COMPLETE, event, description="already approved by this forwarder")
     if require_listed and vm_name.lower() not in {r.lower() for r in event.resources}:
         return Decision(
             Action.DEAD_LETTER,

@@ -86,7 +86,9 @@ class ImdsClient:
     def close(self) -> None:
         self._session.close()
 
-    def _timeout(self) -> tuple[float, float]:
+    def _timeout(self, read_timeout: float | None = None) -> tuple[float, float]:
+        if read_timeout is not None:  # the caller's own bound (approvals: a per-command budget)
+            return (min(CONNECT_TIMEOUT, read_timeout), read_timeout)
         return (CONNECT_TIMEOUT, READ_TIMEOUT if self._answered else FIRST_CALL_READ_TIMEOUT)
 
     def _request(
@@ -114,9 +116,14 @@ class ImdsClient:
             raise ImdsError(f"IMDS answered {status} to {what}: {detail}", transient=True)
         raise ImdsError(f"IMDS answered {status} to {what}: {detail}", transient=False)
 
-    def get_document(self) -> Document:
+    def get_document(self, *, read_timeout: float | None = None) -> Document:
+        """The scheduled events document. ``read_timeout`` replaces the default read timeout
+        (which is the slow first-call one until IMDS has answered once)."""
         response = self._request(
-            "GET", self.scheduled_events_url, params={"api-version": self.api_version}
+            "GET",
+            self.scheduled_events_url,
+            timeout=self._timeout(read_timeout),
+            params={"api-version": self.api_version},
         )
         self._check_status(response, "GET scheduledevents")
         self._answered = True
@@ -131,12 +138,13 @@ class ImdsClient:
         except InvalidDocument as exc:
             raise ImdsError(f"IMDS body is not a valid document: {exc}", transient=True) from exc
 
-    def approve(self, event_id: str) -> ApprovalResponse:
+    def approve(self, event_id: str, *, read_timeout: float | None = None) -> ApprovalResponse:
         """POST exactly ``{"StartRequests": [{"EventId": ...}]}``; 429/5xx/network raise."""
         body = json.dumps({"StartRequests": [{"EventId": event_id}]})
         response = self._request(
             "POST",
             self.scheduled_events_url,
+            timeout=self._timeout(read_timeout),
             params={"api-version": self.api_version},
             data=body.encode("utf-8"),
             headers={"Content-Type": "application/json"},

@@ -17,7 +17,7 @@ from enum import StrEnum
 from functions import pools
 from functions.impact import ImpactRules
 from functions.policy import Action, Policy
-from functions.ports import ArmClient, CommandSender, HeartbeatStore
+from functions.ports import ArmClient, CommandSender, HeartbeatStore, PermissionDenied
 from functions.vms import UnresolvableScope, VmKind, affected_vms, resolve
 from sebridge.contract.commands import approve_command
 from sebridge.contract.events import Transition, TransitionMessage
@@ -75,7 +75,8 @@ class Gate:
         return self.approve(message, now, reason=f"policy rule {decision.rule}: {decision.action}")
 
     def _prepared(self, message: TransitionMessage) -> bool:
-        """ARM, read-only: is every affected VM out of every backend pool?"""
+        """ARM, read-only: is every affected VM out of every backend pool? A VM the app may
+        not read (403) is not: what cannot be checked is not approved early."""
         event = message.event
         assert event is not None
         if not self.impact.is_impactful(event):
@@ -85,6 +86,8 @@ class Gate:
                 vm = resolve(self.arm, message.observer, name)
                 if vm.kind is VmKind.GONE:
                     continue
+                if vm.kind is VmKind.FORBIDDEN:
+                    return self._not_checkable(event.key, vm.problem)
                 for nic_id in vm.nic_ids:
                     nic = self.arm.get_nic(nic_id)
                     if nic is not None and pools.in_any_pool(nic.body):
@@ -92,7 +95,18 @@ class Gate:
         except UnresolvableScope as exc:
             log.error("cannot check the pools: %s", exc, extra={"eventId": event.key})
             return False
+        except PermissionDenied as exc:
+            return self._not_checkable(event.key, str(exc))
         return True
+
+    @staticmethod
+    def _not_checkable(event_id: str, problem: str) -> bool:
+        log.error(
+            "cannot check the pools, so no early approval: %s",
+            problem,
+            extra={"eventId": event_id, "reason": "PermissionDenied"},
+        )
+        return False
 
     def approve(self, message: TransitionMessage, now: datetime, *, reason: str) -> GateOutcome:
         event = message.event

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sebridge.imds import ScheduledEvent
 
 FREEZE = "Freeze"
+DEFAULT_FREEZE_THRESHOLD = 9  # seconds: LB_FREEZE_THRESHOLD_SECONDS when it is not set
 # The VM is gone afterwards: there is nothing to put back into a pool.
 GONE_AFTERWARDS = frozenset({"terminate", "preempt"})
 

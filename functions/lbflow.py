@@ -5,6 +5,8 @@ once all of them are out of all pools (or gone), a Scheduled or Updated publishe
 for the approval gate. Completed and Cancelled restore what the NIC's tag recorded, except
 after Terminate and Preempt (the VM is gone). Every step reads ARM first, so a replay finds
 the work done and changes nothing. Faults propagate: Service Bus redelivers the message.
+A missing permission (ARM 403) is not a fault a retry repairs: it is logged at ERROR naming the
+permission and scope, the VM stays in its pools (no Prepared) and the message completes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from datetime import datetime
 
 from functions import pools
 from functions.impact import ImpactRules, restores_afterwards
-from functions.ports import ArmClient, PreconditionFailed, TopicPublisher
+from functions.ports import ArmClient, PermissionDenied, PreconditionFailed, TopicPublisher
 from functions.vms import ResolvedVm, UnresolvableScope, VmKind, affected_vms, resolve
 from sebridge.contract.events import Transition, TransitionMessage, prepared_message
 
@@ -65,6 +67,15 @@ def _drain_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
     if vm.kind is VmKind.GONE:
         log.warning("VM not found in ARM, nothing to drain", extra={"vm": vm.name})
         return
+    if vm.kind is VmKind.FORBIDDEN:
+        log.error(
+            "VM %s left in its pools, no Prepared: %s",
+            vm.name,
+            vm.problem,
+            extra={"vm": vm.name, "reason": "PermissionDenied"},
+        )
+        outcome.not_ready.append(vm.name)
+        return
     if vm.kind is VmKind.UNIFORM:
         # Pool membership of a Uniform instance is the scale-set model's: not ours to change.
         log.warning("Uniform scale-set instance: pools left as they are", extra={"vm": vm.name})
@@ -77,6 +88,16 @@ def _drain_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
             log.error("NIC left in its pools: %s", exc, extra={"vm": vm.name, "nic": nic_id})
             outcome.not_ready.append(vm.name)
             continue
+        except PermissionDenied as exc:
+            # Denied once for this VM: touch none of its other NICs either.
+            log.error(
+                "VM %s left in its pools, no Prepared: %s",
+                vm.name,
+                exc,
+                extra={"vm": vm.name, "nic": nic_id, "reason": "PermissionDenied"},
+            )
+            outcome.not_ready.append(vm.name)
+            break
         if gone:
             log.warning("NIC not found in ARM", extra={"vm": vm.name, "nic": nic_id})
         if changed:
@@ -84,11 +105,31 @@ def _drain_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
 
 
 def _restore_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
+    restore_by_hand = f"its NICs keep what was removed in the tag {pools.TAG}"
+    if vm.kind is VmKind.FORBIDDEN:
+        log.error(
+            "VM %s cannot be restored to its pools: %s; %s",
+            vm.name,
+            vm.problem,
+            restore_by_hand,
+            extra={"vm": vm.name, "reason": "PermissionDenied"},
+        )
+        return
     if vm.kind is not VmKind.VM:
         log.info("nothing to restore", extra={"vm": vm.name, "kind": vm.kind.value})
         return
     for nic_id in vm.nic_ids:
-        changed, gone = _change_nic(arm, nic_id, pools.plan_restore)
+        try:
+            changed, gone = _change_nic(arm, nic_id, pools.plan_restore)
+        except PermissionDenied as exc:
+            log.error(
+                "NIC %s cannot be restored to its pools: %s; %s",
+                nic_id,
+                exc,
+                restore_by_hand,
+                extra={"vm": vm.name, "nic": nic_id, "reason": "PermissionDenied"},
+            )
+            continue
         if gone:
             log.warning("NIC not found in ARM, nothing to restore", extra={"nic": nic_id})
         if changed:

@@ -10,7 +10,8 @@
 range), ``vmName`` (fnmatch patterns; every affected VM must match one), ``resourceGroup``
 (the observer's resource group, a list of names). Actions: ``approve`` (now),
 ``approve-when-prepared`` (once the affected VMs are out of all load balancer pools),
-``manual`` (a human decides from the Teams card), ``never``.
+``manual`` (a human decides from the Teams card), ``never``. Without ``APPROVAL_POLICY`` the
+default applies, built by :func:`default_policy` from lb-pools' freeze threshold.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from functions.impact import DEFAULT_FREEZE_THRESHOLD
 from sebridge.contract.events import Observer
 from sebridge.imds import ScheduledEvent
 
@@ -37,20 +39,34 @@ class PolicyError(ValueError):
     """The policy text is not a valid rule list; the message says where."""
 
 
-# The documented default: user-initiated events and short freezes go ahead at once; anything
-# else waits until lb-pools has taken the VMs out of their pools.
-DEFAULT_POLICY: dict[str, Any] = {
-    "rules": [
-        {"name": "user-initiated", "match": {"eventSource": ["User"]}, "action": "approve"},
-        {
-            "name": "short-freeze",
-            "match": {"eventType": ["Freeze"], "durationSeconds": {"min": 0, "max": 8}},
-            "action": "approve",
-        },
-        {"name": "prepare-first", "match": {}, "action": "approve-when-prepared"},
-    ],
-    "default": "manual",
-}
+def default_policy(
+    freeze_threshold_seconds: int = DEFAULT_FREEZE_THRESHOLD, *, freeze_always_drains: bool = False
+) -> dict[str, Any]:
+    """The documented default: user-initiated events and short freezes go ahead at once;
+    anything else waits until lb-pools has taken the VMs out of their pools.
+
+    "Short" is whatever lb-pools does not drain: a Freeze under LB_FREEZE_THRESHOLD_SECONDS,
+    so the rule's max is the threshold - 1 (8 at the default 9). Were the two set apart, the
+    gate could approve at once a Freeze that lb-pools is still draining. With threshold 0, or
+    Freeze among LB_IMPACTFUL_EVENT_TYPES, every Freeze drains and the rule is left out.
+    """
+    rules: list[dict[str, Any]] = [
+        {"name": "user-initiated", "match": {"eventSource": ["User"]}, "action": "approve"}
+    ]
+    if freeze_threshold_seconds > 0 and not freeze_always_drains:
+        short = {"min": 0, "max": freeze_threshold_seconds - 1}
+        rules.append(
+            {
+                "name": "short-freeze",
+                "match": {"eventType": ["Freeze"], "durationSeconds": short},
+                "action": "approve",
+            }
+        )
+    rules.append({"name": "prepare-first", "match": {}, "action": "approve-when-prepared"})
+    return {"rules": rules, "default": "manual"}
+
+
+DEFAULT_POLICY: dict[str, Any] = default_policy()  # at the default threshold, as documented
 DEFAULT_POLICY_JSON = json.dumps(DEFAULT_POLICY)
 MATCH_KEYS = ("eventType", "eventSource", "durationSeconds", "vmName", "resourceGroup")
 MAX_RULES = 100

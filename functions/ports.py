@@ -33,8 +33,26 @@ class PreconditionFailed(Exception):
     """ARM answered 412: the resource changed since it was read (re-read and try again)."""
 
 
+class PermissionDenied(Exception):
+    """ARM answered 403: the app's identity lacks ``action`` (an RBAC action) on ``scope``.
+
+    No retry can repair that, so the workflows do not raise it on: they log it at ERROR, leave
+    that VM as it is (never removing what they might not be allowed to put back), publish no
+    Prepared for the event, and let the message complete.
+    """
+
+    def __init__(self, action: str, scope: str, detail: str = "") -> None:
+        self.action = action
+        self.scope = scope
+        self.detail = detail
+        super().__init__(
+            f"missing permission {action} on {scope}" + (f" (ARM said: {detail})" if detail else "")
+        )
+
+
 class ArmClient(Protocol):
-    """The few ARM calls the workflows make. ``None`` means 404 (the resource is gone)."""
+    """The few ARM calls the workflows make. ``None`` means 404 (the resource is gone);
+    :class:`PermissionDenied` means 403 (reads and the NIC write)."""
 
     def vm_nic_ids(self, subscription: str, group: str, vm_name: str) -> list[str] | None: ...
 

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from functions.policy import DEFAULT_POLICY_JSON, Policy, PolicyError, parse_policy
+from functions.impact import DEFAULT_FREEZE_THRESHOLD, FREEZE
+from functions.policy import Policy, PolicyError, default_policy, parse_policy
 
 # Every app setting the Function App reads, for the Bicep tests and the README.
 APP_SETTING_NAMES: tuple[str, ...] = (
@@ -52,7 +53,6 @@ SECRET_SETTING_NAMES: tuple[str, ...] = (
 )
 
 DEFAULT_IMPACTFUL = "Reboot,Redeploy,Preempt,Terminate"
-DEFAULT_FREEZE_THRESHOLD = 9
 DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
 DEFAULT_HEARTBEAT_STALE = 900
 HEARTBEAT_CONTAINER = "sebridge-heartbeats"
@@ -188,13 +188,6 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     else:
         base_url = _url("APPROVAL_BASE_URL", base_url, problems)
 
-    policy_text = get("APPROVAL_POLICY", DEFAULT_POLICY_JSON)
-    try:
-        policy = parse_policy(policy_text)
-    except PolicyError as exc:
-        problems.append(f"APPROVAL_POLICY: {exc}")
-        policy = parse_policy(DEFAULT_POLICY_JSON)
-
     impactful = _list(get("LB_IMPACTFUL_EVENT_TYPES", DEFAULT_IMPACTFUL))
     unknown = [t for t in impactful if t not in KNOWN_EVENT_TYPES]
     if unknown:
@@ -209,6 +202,17 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         minimum=0,
         maximum=86_400,
     )
+    # Without a policy of its own the app takes the default, kept in step with what lb-pools
+    # drains (see functions.policy.default_policy); a policy that is set is used as written.
+    default = default_policy(
+        max(0, threshold), freeze_always_drains=FREEZE.lower() in {t.lower() for t in impactful}
+    )
+    policy_text = get("APPROVAL_POLICY")
+    try:
+        policy = parse_policy(policy_text or default)
+    except PolicyError as exc:
+        problems.append(f"APPROVAL_POLICY: {exc}")
+        policy = parse_policy(default)
     arm_endpoint = _url("ARM_ENDPOINT", get("ARM_ENDPOINT", DEFAULT_ARM_ENDPOINT), problems)
     fallback = _bool("ACKNOWLEDGE_FALLBACK_ENABLED", get("ACKNOWLEDGE_FALLBACK_ENABLED"), problems)
     stale = _int(

@@ -5,6 +5,8 @@ Flexible scale sets, are ordinary VMs: looked up by name in the observer's resou
 Uniform scale-set instances are named ``<scaleSet>_<instanceId>`` and are found through the
 scale-set VM API; their NICs live in the scale-set model and can't be PUT one by one (see
 the README, Workflows), so they resolve as ``uniform`` and lb-pools leaves them alone.
+A VM that ARM will not show us (403) resolves as ``forbidden``: nothing may be changed on it
+and it never counts as prepared.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from functions.ports import ArmClient
+from functions.ports import ArmClient, PermissionDenied
 from sebridge.contract.events import Observer
 
 
@@ -21,6 +23,7 @@ class VmKind(StrEnum):
     VM = "vm"  # a VM resource with NICs we can change
     UNIFORM = "uniform"  # a Uniform scale-set instance: NICs read-only per instance
     GONE = "gone"  # 404: nothing to drain, nothing to restore
+    FORBIDDEN = "forbidden"  # 403: the app may not read it; left exactly as it is
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class ResolvedVm:
     name: str
     kind: VmKind
     nic_ids: tuple[str, ...] = ()
+    problem: str = ""  # FORBIDDEN: which permission is missing on which scope
 
 
 class UnresolvableScope(ValueError):
@@ -40,15 +44,18 @@ def resolve(arm: ArmClient, observer: Observer, vm_name: str) -> ResolvedVm:
         raise UnresolvableScope(
             f"observer {observer.vm_name} carries no subscriptionId/resourceGroup"
         )
-    nics = arm.vm_nic_ids(subscription, group, vm_name)
-    if nics is not None:
-        return ResolvedVm(vm_name, VmKind.VM, tuple(nics))
-    scale_set = observer.vm_scale_set_name
-    match = re.fullmatch(rf"{re.escape(scale_set)}_(\d+)", vm_name) if scale_set else None
-    if match:
-        nics = arm.vmss_vm_nic_ids(subscription, group, scale_set, match.group(1))
+    try:
+        nics = arm.vm_nic_ids(subscription, group, vm_name)
         if nics is not None:
-            return ResolvedVm(vm_name, VmKind.UNIFORM, tuple(nics))
+            return ResolvedVm(vm_name, VmKind.VM, tuple(nics))
+        scale_set = observer.vm_scale_set_name
+        match = re.fullmatch(rf"{re.escape(scale_set)}_(\d+)", vm_name) if scale_set else None
+        if match:
+            nics = arm.vmss_vm_nic_ids(subscription, group, scale_set, match.group(1))
+            if nics is not None:
+                return ResolvedVm(vm_name, VmKind.UNIFORM, tuple(nics))
+    except PermissionDenied as exc:
+        return ResolvedVm(vm_name, VmKind.FORBIDDEN, problem=str(exc))
     return ResolvedVm(vm_name, VmKind.GONE)
 
 

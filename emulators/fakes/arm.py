@@ -8,8 +8,11 @@ It answers the calls the lb-pools and approval-gate adapters make, the way ARM d
   (``.../virtualMachines/{id}/networkInterfaces/{nic}``) can be read but not PUT (405), as in ARM;
 - ``POST {vm}/providers/Microsoft.Maintenance/scheduledevents/{id}/acknowledge``;
 - 404 for anything unknown, 401 without ``Authorization: Bearer``, 400 without api-version;
-- on demand: 409/429/5xx (with Retry-After) for matching requests, and long-running PUTs
-  answered 201 + Azure-AsyncOperation or 202 + Location, completing after some polls.
+- on demand (``fail``): any status for matching requests, e.g. 409/429/5xx with Retry-After,
+  or 403 with ARM's AuthorizationFailed body naming the action and scope the caller lacks
+  (``fail(403, times=100, path_contains=...)`` plays a missing role assignment); and
+  long-running PUTs answered 201 + Azure-AsyncOperation or 202 + Location, completing after
+  some polls.
 Every request is recorded; every pool change is kept as a line (``changes``) and can be
 printed as it happens for the demo.
 """
@@ -42,6 +45,34 @@ _ACK = re.compile(
 
 def _error(status: int, code: str, message: str) -> Reply:
     return Reply(status, {"error": {"code": code, "message": message}})
+
+
+def rbac_action(method: str, path: str) -> str:
+    """The RBAC action ARM checks for a request, e.g. ``Microsoft.Compute/virtualMachines/read``
+    (resource types are every other segment after the last ``providers/<namespace>``)."""
+    parts = path.strip("/").split("/")
+    lower = [part.lower() for part in parts]
+    if "providers" not in lower:
+        return f"Microsoft.Resources/subscriptions/resourceGroups/{method.lower()}"
+    at = len(lower) - 1 - lower[::-1].index("providers")
+    namespace, rest = parts[at + 1], parts[at + 2 :]
+    types = "/".join(rest[0::2])
+    if method == "POST":
+        return f"{namespace}/{types}/action"
+    verb = {"GET": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}[method]
+    return f"{namespace}/{types}/{verb}"
+
+
+def _authorization_failed(request: Request) -> Reply:
+    """ARM's 403 for a principal without the needed role assignment (the same wording)."""
+    return _error(
+        403,
+        "AuthorizationFailed",
+        "The client 'fake-app' with object id '00000000-0000-0000-0000-0000000000a1' does not "
+        f"have authorization to perform action '{rbac_action(request.method, request.path)}' "
+        f"over scope '{request.path}' or the scope is invalid. If access was recently granted, "
+        "please refresh your credentials.",
+    )
 
 
 @dataclass
@@ -198,6 +229,8 @@ class FakeArm(LoopbackServer):
         for fault in self._faults:
             if fault.times > 0 and fault.matches(request):
                 fault.times -= 1
+                if fault.status == 403:
+                    return _authorization_failed(request)
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                 codes = {409: "Conflict", 429: "TooManyRequests"}
                 reply = _error(fault.status, codes.get(fault.status, "InternalError"), "injected")

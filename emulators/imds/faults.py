@@ -5,6 +5,7 @@ Pure apart from a seeded ``random.Random`` per probabilistic rule. A rule is JSO
 
     {"kind": "429", "count": 3, "retryAfter": 1}          --fault 429:count=3,retryAfter=1
     {"kind": "5xx", "probability": 0.3, "seed": 7, "status": 503}
+    {"kind": "4xx", "target": "post", "status": 400}      --fault 4xx:target=post
     {"kind": "hang", "count": 1, "seconds": 3}            (held, then answered normally)
     {"kind": "malformed", "count": 2, "body": "not-json"}  (or "not-document")
     {"kind": "reset", "count": 1, "target": "post"}       (TCP RST, no response)
@@ -13,7 +14,9 @@ Pure apart from a seeded ``random.Random`` per probabilistic rule. A rule is JSO
 ``instance`` (instance metadata GET) or ``any``. A rule fires ``count`` times (default 1), or
 with ``probability`` on every matching request (for at most ``count`` times if both are
 given). Rules are checked in order; the first that fires decides. A hang delays the request
-and then lets the next rules (and the normal answer) proceed.
+and then lets the next rules (and the normal answer) proceed. A ``4xx`` (``status`` 400..499,
+default 400) answers as IMDS does a request it refuses, even a well-formed one: the forwarder's
+handling of a refused approval can be tested with a valid StartRequests body.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("429", "5xx", "hang", "malformed", "reset")
+KINDS = ("429", "5xx", "4xx", "hang", "malformed", "reset")
 TARGETS = ("get", "post", "instance", "any")
 MALFORMED_BODIES = ("not-json", "not-document")
 MAX_HANG_SECONDS = 30.0  # a hang must never outlive a test's timeout by much
@@ -53,7 +56,7 @@ class FaultRule:
     probability: float | None = None
     seed: int | None = None
     retry_after: int = 1
-    status: int = 500
+    status: int = 500  # 5xx; a 4xx rule defaults to 400 (see parse_rule)
     seconds: float = 5.0
     body: str = "not-json"
     fired: int = 0
@@ -87,6 +90,7 @@ class FaultRule:
         extra: dict[str, tuple[str, object]] = {
             "429": ("retryAfter", self.retry_after),
             "5xx": ("status", self.status),
+            "4xx": ("status", self.status),
             "hang": ("seconds", self.seconds),
             "malformed": ("body", self.body),
         }
@@ -134,8 +138,11 @@ def parse_rule(obj: object) -> FaultRule:
     )
     if "retryAfter" in obj:
         rule.retry_after = _int(obj["retryAfter"], "retryAfter", 0, 3600)
+    low, high = (400, 499) if kind == "4xx" else (500, 599)
+    if kind == "4xx":
+        rule.status = 400
     if "status" in obj:
-        rule.status = _int(obj["status"], "status", 500, 599)
+        rule.status = _int(obj["status"], "status", low, high)
     if "seconds" in obj:
         rule.seconds = _float(obj["seconds"], "seconds", 0.0, MAX_HANG_SECONDS)
     if "body" in obj:

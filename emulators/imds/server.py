@@ -331,6 +331,10 @@ def _fault_reply(rule: FaultRule, incarnation_hint: int) -> Reply:
         )
     if rule.kind == "5xx":
         return _json_reply(rule.status, {"error": "Internal server error"})
+    if rule.kind == "4xx":
+        return _json_reply(
+            rule.status, {"error": f"Bad request. Refused ({rule.status}, injected)"}
+        )
     if rule.kind == "malformed":
         if rule.body == "not-json":
             # Cut off mid-document, as a proxy that dropped the connection's tail would.
@@ -629,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KIND:KEY=VALUE,...",
         help="inject a fault, e.g. 429:count=3,retryAfter=1  5xx:probability=0.2,seed=1  "
-        "hang:seconds=3  malformed:count=2,body=not-json  reset:count=1,target=post",
+        "4xx:status=400,target=post  hang:seconds=3  malformed:count=2,body=not-json  "
+        "reset:count=1,target=post",
     )
     parser.add_argument(
         "--first-call-delay",

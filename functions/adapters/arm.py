@@ -5,12 +5,17 @@ Microsoft.Compute 2024-07-01 (VMs, scale-set VMs), Microsoft.Network 2024-05-01 
 including a scale-set instance's NICs under Microsoft.Compute/virtualMachineScaleSets/...),
 Microsoft.Maintenance 2023-10-01-preview for the scheduled-event acknowledge API.
 409, 429 and 5xx are retried (Retry-After honoured, bounded); long-running PUTs are followed
-through Azure-AsyncOperation or Location like the ARM SDKs do.
+through Azure-AsyncOperation or Location like the ARM SDKs do. A 403 on a read or on the NIC
+write raises :class:`PermissionDenied` naming the missing RBAC action and its scope (ARM's own
+AuthorizationFailed message names both; else the action the call needs): no retry repairs it.
+A 401 stays an :class:`ArmError` (redelivered): it is about the token, which the credential
+fetches anew when it expires, not about a role on one scope.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -19,7 +24,7 @@ from urllib.parse import quote, urlsplit
 import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
-from functions.ports import ArmDocument, PreconditionFailed
+from functions.ports import ArmDocument, PermissionDenied, PreconditionFailed
 
 log = logging.getLogger("sebridge.functions.arm")
 
@@ -36,6 +41,17 @@ ARM_RETRY = RetryPolicy(attempts=4, max_total_wait=30.0, statuses=(409, 429, 500
 MAX_POLLS = 60
 MAX_POLL_SECONDS = 120.0
 TERMINAL = {"succeeded", "failed", "canceled", "cancelled"}
+# The RBAC action each call needs (named when ARM answers 403 without saying which).
+READ_VM = "Microsoft.Compute/virtualMachines/read"
+READ_SCALE_SET_VM = "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read"
+READ_SCALE_SET_VM_NIC = (
+    "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/networkInterfaces/read"
+)
+READ_NIC = "Microsoft.Network/networkInterfaces/read"
+WRITE_NIC = "Microsoft.Network/networkInterfaces/write"
+# ARM's AuthorizationFailed: "... does not have authorization to perform action '<action>' over
+# scope '<scope>' or the scope is invalid. ..."
+_AUTHORIZATION_FAILED = re.compile(r"perform action '([^']+)' over scope '([^']+)'")
 
 
 class TokenCredential(Protocol):
@@ -43,7 +59,28 @@ class TokenCredential(Protocol):
 
 
 class ArmError(Exception):
-    """ARM refused the request for good (a 4xx that retrying will not change)."""
+    """ARM refused the request (a 4xx other than 403, 404 and 412); the message is redelivered."""
+
+
+def _refused(response: requests.Response, what: str, action: str, scope: str) -> Exception:
+    """The exception for an answer that is neither success nor 404."""
+    if response.status_code == 403:
+        try:
+            error = response.json().get("error") or {}
+            code, message = str(error.get("code", "")), str(error.get("message", ""))
+        except (ValueError, AttributeError):
+            code, message = "", ""
+        named = _AUTHORIZATION_FAILED.search(message)
+        if named:
+            action, scope = named.groups()
+        detail = f"{code}: {message}" if code or message else "HTTP 403"
+        return PermissionDenied(action, scope, detail[:500])
+    if response.status_code == 401:
+        return ArmError(
+            f"{what}: HTTP 401, ARM refused the token (check the app's identity and that "
+            "ARM_ENDPOINT is the token audience)"
+        )
+    return ArmError(f"{what}: HTTP {response.status_code}")
 
 
 class ArmRestClient:
@@ -98,12 +135,14 @@ class ArmRestClient:
             **kwargs,
         )
 
-    def _get_json(self, path: str, api_version: str, what: str) -> dict[str, Any] | None:
+    def _get_json(
+        self, path: str, api_version: str, what: str, action: str
+    ) -> dict[str, Any] | None:
         response = self._call("GET", path, what=what, api_version=api_version)
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise ArmError(f"{what}: HTTP {response.status_code}")
+            raise _refused(response, what, action, path)
         body: dict[str, Any] = response.json()
         return body
 
@@ -117,7 +156,7 @@ class ArmRestClient:
             f"/subscriptions/{quote(subscription)}/resourceGroups/{quote(group)}"
             f"/providers/Microsoft.Compute/virtualMachines/{quote(vm_name)}"
         )
-        vm = self._get_json(path, COMPUTE_API, "get VM")
+        vm = self._get_json(path, COMPUTE_API, "get VM", READ_VM)
         return None if vm is None else self._nic_ids(vm)
 
     def vmss_vm_nic_ids(
@@ -128,7 +167,7 @@ class ArmRestClient:
             f"/providers/Microsoft.Compute/virtualMachineScaleSets/{quote(scale_set)}"
             f"/virtualMachines/{quote(instance_id)}"
         )
-        vm = self._get_json(path, COMPUTE_API, "get scale-set VM")
+        vm = self._get_json(path, COMPUTE_API, "get scale-set VM", READ_SCALE_SET_VM)
         return None if vm is None else self._nic_ids(vm)
 
     def get_nic(self, nic_id: str) -> ArmDocument | None:
@@ -136,7 +175,10 @@ class ArmRestClient:
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise ArmError(f"get NIC: HTTP {response.status_code}")
+            scale_set = "/virtualmachinescalesets/" in nic_id.lower()
+            raise _refused(
+                response, "get NIC", READ_SCALE_SET_VM_NIC if scale_set else READ_NIC, nic_id
+            )
         body: dict[str, Any] = response.json()
         return ArmDocument(body=body, etag=body.get("etag") or response.headers.get("ETag"))
 
@@ -148,7 +190,7 @@ class ArmRestClient:
         if response.status_code == 412:
             raise PreconditionFailed(nic_id)
         if response.status_code not in (200, 201, 202):
-            raise ArmError(f"put NIC: HTTP {response.status_code}")
+            raise _refused(response, "put NIC", WRITE_NIC, nic_id)
         self._wait(response, "put NIC")
 
     def acknowledge_event(self, vm_resource_id: str, event_id: str) -> None:

@@ -2,7 +2,11 @@
 
 ``{"schemaVersion": 1, "command": "approve", "eventId", "requestedBy", "reason", "expiresAt"}``
 sent with ``session_id`` = the target VM's name (IMDS compute.name) and
-``message_id`` = ``approve:<EventId>``. The JSON Schema is ``schemas/approval-command.v1.json``.
+``message_id`` = ``approve:<EventId>``. The JSON Schema is ``schemas/approval-command.v1.json``
+and the parser is exactly as strict as it (tests/unit/test_contract.py holds both to a table of
+tricky bodies): eventId is a canonical 8-4-4-4-12 hex GUID in any case (no braces, no
+``urn:uuid:``, no surrounding spaces); expiresAt is an RFC 3339 date-time with seconds and
+``Z`` or an offset (``2026-11-22T02:00:00Z``, ``...02:00:00.5+01:00``; no leap second).
 
 :func:`parse_command` never raises anything but :class:`CommandError`, whose ``reason`` is the
 dead-letter reason the forwarder uses.
@@ -11,10 +15,10 @@ dead-letter reason the forwarder uses.
 from __future__ import annotations
 
 import json
-import uuid
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from sebridge.imds import isoformat_utc
@@ -33,6 +37,14 @@ EXPIRED = "CommandExpired"
 EVENT_NOT_FOUND = "EventNotFound"
 NOT_LISTED = "VmNotInResources"
 IMDS_REJECTED = "ImdsRejected"
+
+# The shapes the schema's patterns allow (ASCII digits, whole string); the calendar, the clock
+# and offset ranges are checked by building the datetime, as the patterns spell them out.
+_GUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
+_DATE_TIME = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(Z|([+-])([0-9]{2}):([0-9]{2}))"
+)
 
 
 class CommandError(ValueError):
@@ -68,19 +80,21 @@ class ApproveCommand:
 
 
 def canonical_event_id(value: object) -> str:
-    """A GUID in any case or brace form, as the lower-case hyphenated string."""
+    """A GUID as 8-4-4-4-12 hex digits in any case, returned in lower case."""
     if not isinstance(value, str):
         raise CommandError(INVALID_EVENT_ID, "eventId is not a string")
-    try:
-        return str(uuid.UUID(value.strip()))
-    except ValueError as exc:
-        raise CommandError(INVALID_EVENT_ID, f"eventId {value[:64]!r} is not a GUID") from exc
+    if not _GUID.fullmatch(value):
+        raise CommandError(
+            INVALID_EVENT_ID,
+            f"eventId {value[:64]!r} is not a GUID written 8-4-4-4-12 (no braces or prefix)",
+        )
+    return value.lower()
 
 
 def _text(obj: Mapping[str, Any], key: str, *, required: bool) -> str:
-    value = obj.get(key)
-    if value is None and not required:
+    if key not in obj and not required:
         return ""
+    value = obj.get(key)
     if not isinstance(value, str) or (required and not value.strip()):
         raise CommandError(INVALID_FIELD, f"{key} must be a non-empty string")
     if len(value) > MAX_TEXT:
@@ -91,15 +105,32 @@ def _text(obj: Mapping[str, Any], key: str, *, required: bool) -> str:
 
 
 def _expiry(value: object) -> datetime:
+    """RFC 3339 date-time with seconds and Z or an offset, as an aware UTC datetime."""
+    shape = "an RFC 3339 date-time like 2026-11-22T02:00:00Z (seconds and Z or +hh:mm required)"
     if not isinstance(value, str):
-        raise CommandError(INVALID_FIELD, "expiresAt must be an ISO 8601 string")
+        raise CommandError(INVALID_FIELD, f"expiresAt must be {shape}")
+    match = _DATE_TIME.fullmatch(value)
+    if match is None:
+        raise CommandError(INVALID_FIELD, f"expiresAt {value[:64]!r} is not {shape}")
+    year, month, day, hour, minute, second, fraction, zone, sign, zh, zm = match.groups()
     try:
-        moment = datetime.fromisoformat(value.strip())
+        if zone == "Z":
+            offset = UTC
+        elif int(zh) > 23 or int(zm) > 59:
+            raise ValueError("offset out of range")
+        else:
+            delta = timedelta(hours=int(zh), minutes=int(zm))
+            offset = timezone(-delta if sign == "-" else delta)
+        micro = int((fraction or "0")[:6].ljust(6, "0"))  # finer digits are dropped
+        moment = datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), micro, offset
+        )
     except ValueError as exc:
-        raise CommandError(INVALID_FIELD, f"expiresAt {value[:64]!r} is not ISO 8601") from exc
-    if moment.tzinfo is None:
-        raise CommandError(INVALID_FIELD, "expiresAt must carry a time zone (use Z for UTC)")
-    return moment.astimezone(UTC)
+        raise CommandError(INVALID_FIELD, f"expiresAt {value[:64]!r}: {exc}") from exc
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:  # within a day of year 1 or 9999: as early or late as a UTC time gets
+        return (datetime.min if moment.year == 1 else datetime.max).replace(tzinfo=UTC)
 
 
 def parse_command(body: bytes | str | Mapping[str, Any], now: datetime) -> ApproveCommand:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 from urllib.parse import urlencode
@@ -101,6 +102,48 @@ def test_a_broken_message_is_logged_not_raised(app: App, caplog: pytest.LogCaptu
 
     app.call("approval_gate", sb_message(envelope("Scheduled"), body=b"\xff not json"))
     assert "body is not JSON" in caplog.text and not app.commands.sent
+
+
+@pytest.mark.parametrize(
+    ("path", "action"),
+    [
+        ("virtualMachines/web-2", "Microsoft.Compute/virtualMachines/read"),
+        ("networkInterfaces/web-2-nic", "Microsoft.Network/networkInterfaces/read"),
+    ],
+)
+def test_a_vm_the_app_may_not_read_is_not_prepared(
+    app: App, arm_fake: FakeArm, caplog: pytest.LogCaptureFixture, path: str, action: str
+) -> None:
+    arm_fake.add_vm(SUB, RG, "web-1", [])
+    arm_fake.add_vm(SUB, RG, "web-2", [])  # in no pool: prepared, could ARM be asked
+    arm_fake.fail(403, times=100, method="GET", path_contains=path)
+    app.deliver("approval_gate", golden.build()["scheduled"])  # completes, does not raise
+    app.deliver("approval_gate", golden.build()["prepared"])
+    assert not app.commands.sent and not app.arm.writes()
+    assert len([r for r in app.arm.requests if path in r.path]) == 2  # once per message
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and all(f"missing permission {action} on " in e for e in errors)
+
+
+@pytest.mark.parametrize(("duration", "at_once"), [(4, True), (5, False), (8, False)])
+def test_a_lower_freeze_threshold_moves_the_default_short_freeze_rule(
+    make_app: Callable[..., App], world: dict[str, str], duration: int, at_once: bool
+) -> None:
+    """LB_FREEZE_THRESHOLD_SECONDS=5: a Freeze of 5 s or more is drained by lb-pools, so the
+    default policy must not approve it before lb-pools is done (max = threshold - 1)."""
+    app = make_app(LB_FREEZE_THRESHOLD_SECONDS="5")
+    scheduled = envelope("Scheduled", EventType="Freeze", DurationInSeconds=duration)
+    app.deliver("approval_gate", scheduled)
+    assert bool(app.commands.sent) is at_once
+    if at_once:
+        assert not app.arm.requests  # short: nothing to prepare, no ARM check
+        return
+    app.deliver("lb_pools", scheduled)  # drains, then publishes Prepared
+    assert app.arm.vm_pools(world["web-1"]) == []
+    (prepared,) = app.publisher.published
+    app.deliver("approval_gate", prepared)
+    body, _, _ = the_command(app)
+    assert "prepare-first" in str(body["reason"])
 
 
 # ---- heartbeats and the ARM acknowledge fallback ------------------------------------------

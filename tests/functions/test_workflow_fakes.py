@@ -78,6 +78,22 @@ def test_arm_refuses_a_pool_that_does_not_exist(arm_fake: FakeArm) -> None:
     assert response.status_code == 400
 
 
+def test_arm_answers_a_missing_role_like_arm(arm_fake: FakeArm) -> None:
+    vm = arm_fake.add_vm("s", "g", "vm", [])
+    arm_fake.fail(403, times=1, method="GET", path_contains="/virtualMachines/")
+    url = f"{arm_fake.url}{vm}?api-version=2024-07-01"
+    headers = {"Authorization": "Bearer x"}
+    denied = requests.get(url, headers=headers, timeout=5)
+    assert denied.status_code == 403
+    error = denied.json()["error"]
+    assert error["code"] == "AuthorizationFailed"
+    assert (
+        "does not have authorization to perform action 'Microsoft.Compute/virtualMachines/read'"
+        f" over scope '{vm}'" in error["message"]
+    )
+    assert requests.get(url, headers=headers, timeout=5).status_code == 200  # times=1
+
+
 def test_teams_rejects_a_payload_that_is_not_a_card(teams_fake: FakeTeams) -> None:
     response = requests.post(teams_fake.webhook_url, json={"text": "hello"}, timeout=5)
     assert response.status_code == 400 and not teams_fake.cards

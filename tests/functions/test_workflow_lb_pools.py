@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pytest
 
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.identity import FakeIdentity
 from functions import pools
+from functions.adapters.arm import ArmError
 from functions.adapters.retry import TransientHttpError
 from sebridge.contract.events import Observer, parse_message
 from tests.fixtures import golden
@@ -133,10 +137,15 @@ def test_configured_impactful_types(make_app, world: dict[str, str]) -> None:  #
 def test_409_and_429_are_retried_honouring_retry_after(app: App, world: dict[str, str]) -> None:
     app.arm.fail(409, times=1, method="PUT", retry_after="0")
     app.arm.fail(429, times=1, method="GET", path_contains="virtualMachines/web-2", retry_after="1")
+    started = time.monotonic()
     app.deliver("lb_pools", golden.build()["scheduled"])
+    elapsed = time.monotonic() - started
     assert app.arm.vm_pools(world["web-1"]) == [] and app.arm.vm_pools(world["web-2"]) == []
     statuses = [r.method for r in app.arm.requests]
     assert statuses.count("PUT") == 3  # one answered 409, then both NICs
+    web_2 = [r for r in app.arm.requests if r.path.endswith("virtualMachines/web-2")]
+    assert len(web_2) == 2  # answered 429, then read again
+    assert 0.95 <= elapsed < 5  # waited the Retry-After of 1 s (the 409 said 0), no more
     assert app.publisher.published
 
 
@@ -219,3 +228,73 @@ def test_a_vm_dropped_by_an_update_is_restored(app: App, world: dict[str, str]) 
     app.deliver("lb_pools", updated)
     assert app.arm.vm_pools(world["web-2"]) == [world["pool-a"]]
     assert app.arm.vm_pools(world["web-1"]) == []
+
+
+# ---- permissions: ARM 403 is an answer, not a fault --------------------------------------
+
+DENIED = [
+    pytest.param("GET", "virtualMachines/web-2", "Microsoft.Compute/virtualMachines/read", id="vm"),
+    pytest.param(
+        "GET", "networkInterfaces/web-2-nic", "Microsoft.Network/networkInterfaces/read", id="nic"
+    ),
+    pytest.param(
+        "PUT",
+        "networkInterfaces/web-2-nic",
+        "Microsoft.Network/networkInterfaces/write",
+        id="nic-write",
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "action"), DENIED)
+def test_a_missing_permission_leaves_the_vm_in_its_pools_and_completes(
+    app: App,
+    world: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    path: str,
+    action: str,
+) -> None:
+    web_1_before = sorted(app.arm.vm_pools(world["web-1"]))
+    app.arm.fail(403, times=100, method=method, path_contains=path)  # no role assignment
+    app.deliver("lb_pools", golden.build()["scheduled"])  # returns: the message completes
+    assert app.arm.vm_pools(world["web-2"]) == [world["pool-a"]]  # left exactly as it was
+    assert app.arm.vm_pools(world["web-1"]) == []  # the VM the app may change is drained
+    assert not app.publisher.published  # web-2 is not ready: no Prepared, no early approval
+    refused = [r for r in app.arm.requests if r.method == method and path in r.path]
+    assert len(refused) == 1  # not retried
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"missing permission {action} on " in error.getMessage()
+    assert path in error.getMessage()  # the scope
+    # Completed restores what was drained and logs what it may not touch; it still completes.
+    app.deliver("lb_pools", golden.build()["completed"])
+    assert sorted(app.arm.vm_pools(world["web-1"])) == web_1_before
+    assert app.arm.vm_pools(world["web-2"]) == [world["pool-a"]]
+
+
+def test_a_uniform_instance_the_app_may_not_read_is_left_alone(
+    app: App, arm_fake: FakeArm, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The app's roles do not include virtualMachineScaleSets/virtualMachines/read."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-ss", ["pool"])
+    arm_fake.add_vmss_instance(SUB, RG, "ss", "3", [f"{lb}/backendAddressPools/pool"])
+    arm_fake.fail(403, times=100, method="GET", path_contains="virtualMachineScaleSets/")
+    observer = Observer(
+        vm_name="ss_3", subscription_id=SUB, resource_group=RG, vm_scale_set_name="ss"
+    )
+    app.deliver("lb_pools", envelope("Scheduled", observer, Resources=["ss_3"]))
+    assert not app.arm.writes() and not app.publisher.published
+    assert len([r for r in app.arm.requests if "virtualMachineScaleSets/" in r.path]) == 1
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert (
+        "missing permission Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read on "
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/"
+        "virtualMachineScaleSets/ss/virtualMachines/3" in error.getMessage()
+    )
+
+
+def test_a_401_is_redelivered_with_a_clear_message(app: App, world: dict[str, str]) -> None:
+    app.arm.fail(401, times=1, method="GET")
+    with pytest.raises(ArmError, match="HTTP 401, ARM refused the token"):
+        app.deliver("lb_pools", golden.build()["scheduled"])
+    assert not app.arm.writes()

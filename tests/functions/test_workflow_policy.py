@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
-from functions.policy import DEFAULT_POLICY_JSON, Action, PolicyError, parse_policy
+from functions.impact import ImpactRules
+from functions.policy import (
+    DEFAULT_POLICY,
+    DEFAULT_POLICY_JSON,
+    Action,
+    PolicyError,
+    default_policy,
+    parse_policy,
+)
+from functions.settings import DEFAULT_IMPACTFUL
 from sebridge.contract.events import Observer
 from tests.fixtures import golden
 from tests.functions.support import event
@@ -121,3 +132,36 @@ def test_invalid_policies_say_why(text: str, message: str) -> None:
 def test_the_default_is_valid_json_with_a_manual_fallback() -> None:
     assert json.loads(DEFAULT_POLICY_JSON)["default"] == "manual"
     assert [r.name for r in DEFAULT.rules] == ["user-initiated", "short-freeze", "prepare-first"]
+
+
+def test_the_default_at_threshold_9_is_the_documented_one() -> None:
+    assert default_policy(9) == DEFAULT_POLICY
+    assert DEFAULT_POLICY["rules"][1] == {
+        "name": "short-freeze",
+        "match": {"eventType": ["Freeze"], "durationSeconds": {"min": 0, "max": 8}},
+        "action": "approve",
+    }
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Approval policy", 1)[1]
+    documented = re.search(r"```json\n(.*?)```", section, re.S)
+    assert documented is not None and json.loads(documented.group(1)) == DEFAULT_POLICY
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 5, 9, 30])
+def test_the_default_approves_at_once_exactly_the_freezes_lb_pools_does_not_drain(
+    threshold: int,
+) -> None:
+    policy = parse_policy(default_policy(threshold))
+    impact = ImpactRules(frozenset(DEFAULT_IMPACTFUL.split(",")), threshold)
+    for duration in [-1, *range(threshold + 3)]:
+        freeze = event(EventType="Freeze", DurationInSeconds=duration)
+        at_once = policy.decide(freeze, golden.OBSERVER).action is Action.APPROVE
+        assert at_once is not impact.is_impactful(freeze), (threshold, duration)
+
+
+@pytest.mark.parametrize(
+    ("threshold", "always"), [(0, False), (9, True)], ids=["threshold-0", "freeze-impactful"]
+)
+def test_no_short_freeze_rule_when_every_freeze_drains(threshold: int, always: bool) -> None:
+    policy = parse_policy(default_policy(threshold, freeze_always_drains=always))
+    assert [r.name for r in policy.rules] == ["user-initiated", "prepare-first"]

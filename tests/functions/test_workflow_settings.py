@@ -98,3 +98,34 @@ def test_loopback_http_and_a_local_connection_string_are_accepted() -> None:
 def test_the_setting_names_are_listed_once() -> None:
     assert len(set(APP_SETTING_NAMES)) == len(APP_SETTING_NAMES)
     assert "TEAMS_WEBHOOK_URL" in APP_SETTING_NAMES and "HEARTBEAT_STORE_URL" in APP_SETTING_NAMES
+
+
+def short_freeze_max(env: dict[str, str]) -> int | None:
+    rules = {r.name: r for r in load_settings({**GOOD, **env}).policy.rules}
+    return rules["short-freeze"].max_duration if "short-freeze" in rules else None
+
+
+@pytest.mark.parametrize(
+    ("env", "maximum"),
+    [
+        ({}, 8),
+        ({"LB_FREEZE_THRESHOLD_SECONDS": "9"}, 8),
+        ({"LB_FREEZE_THRESHOLD_SECONDS": "5"}, 4),
+        ({"LB_FREEZE_THRESHOLD_SECONDS": "60"}, 59),
+        ({"LB_FREEZE_THRESHOLD_SECONDS": "0"}, None),
+        ({"LB_IMPACTFUL_EVENT_TYPES": "Reboot,Freeze"}, None),
+        ({"APPROVAL_POLICY": ""}, 8),  # empty is not set
+    ],
+)
+def test_the_default_policy_follows_the_freeze_threshold(
+    env: dict[str, str], maximum: int | None
+) -> None:
+    assert short_freeze_max(env) == maximum
+
+
+def test_a_policy_that_is_set_is_used_as_written() -> None:
+    own = (
+        '{"rules": [{"name": "short-freeze", "match": {"eventType": ["Freeze"], '
+        '"durationSeconds": {"max": 20}}, "action": "approve"}]}'
+    )
+    assert short_freeze_max({"APPROVAL_POLICY": own, "LB_FREEZE_THRESHOLD_SECONDS": "5"}) == 20

@@ -1,27 +1,52 @@
-"""The real `sebridge forwarder` process against the real IMDS simulator, over HTTP.
+"""The forwarder against the real IMDS simulator, over HTTP.
 
-Every packaged scenario must yield exactly its expected transitions and message ids; a kill -9
-and restart with the same state directory must still report what vanished meanwhile; IMDS
-faults must be waited out without losing or duplicating anything.
+The real `sebridge forwarder` process: every packaged scenario must yield exactly its expected
+transitions and message ids; a kill -9 and restart with the same state directory must still
+report what vanished meanwhile; IMDS faults must be waited out without losing or duplicating
+anything; Heartbeats come at the configured interval (or not at all).
+
+The approvals handler (``forwarder.approvals.CommandHandler``): commands against the simulator
+subprocess through the production IMDS client, with a recording stand-in for the forwarder's
+outbox; IMDS refusing the POST dead-letters, IMDS failing or hanging abandons within the
+per-command bound, success completes and enqueues Approved.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import socket
+import statistics
 import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from emulators.imds.testing import (
+    RunningSimulator,
     expected_transitions,
     running_simulator,
     scenario_duration,
     scenario_names,
 )
 from emulators.processes import ChildProcess, forwarder
-from sebridge.contract.events import Transition, message_id_for, parse_message
+from emulators.servicebus.durations import parse_duration
+from forwarder.approvals import COMMAND_IMDS_BUDGET, CommandHandler, Outcome
+from forwarder.imds_client import CONNECT_TIMEOUT, ImdsClient
+from sebridge import __version__
+from sebridge.contract import commands
+from sebridge.contract.events import (
+    Envelope,
+    Observer,
+    Transition,
+    message_id_for,
+    parse_message,
+)
 
 SPEED = 8.0
 
@@ -188,3 +213,245 @@ def test_bad_configuration_fails_fast_with_a_clear_message(tmp_path: Path) -> No
         assert nowhere.process is not None
         assert nowhere.process.wait(timeout=20) == 2
         assert "nowhere to publish" in nowhere.stderr_text()
+
+
+# -- Heartbeats ------------------------------------------------------------------------------
+
+
+def heartbeats_of(fw: ChildProcess) -> list[tuple[float, dict[str, Any]]]:
+    """(arrival time, message) of every Heartbeat line printed so far."""
+    out = []
+    for line in list(fw.lines):
+        if line.text.startswith("{"):
+            message = json.loads(line.text)
+            if message.get("subject") == "Heartbeat":
+                out.append((line.at, message))
+    return out
+
+
+def iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@pytest.mark.timeout(60)
+def test_heartbeats_come_once_a_second_and_say_how_the_forwarder_is(tmp_path: Path) -> None:
+    with (
+        running_simulator("user-reboot", speed=0.1, extra_args=["--start-on-first-poll"]) as sim,
+        forwarder(sim.base_url, tmp_path, heartbeat_interval=1) as fw,
+    ):
+        wait_for_subject(fw, "Scheduled", 15)
+        incarnation = sim.document()["DocumentIncarnation"]
+        assert fw.wait_for(lambda _: len(heartbeats_of(fw)) >= 6, 15), fw.stderr_text()[-3000:]
+        healthy = heartbeats_of(fw)
+        # IMDS down: Heartbeats go on (at the poll backoff's pace), the last good poll stays put.
+        sim.set_faults({"kind": "5xx", "count": 1000})
+        outage_from = len(heartbeats_of(fw))
+        assert fw.wait_for(lambda _: len(heartbeats_of(fw)) >= outage_from + 3, 20), (
+            fw.stderr_text()[-3000:]
+        )
+        during = heartbeats_of(fw)[outage_from + 1 :]  # the first may predate the fault
+    gaps = [later - earlier for (earlier, _), (later, _) in itertools.pairwise(healthy)]
+    assert 0.8 <= statistics.median(gaps) <= 1.3, gaps
+    assert max(gaps) < 2.5, gaps
+    for _, message in healthy:
+        parsed = parse_message(message["body"])  # a valid contract message
+        assert parsed.transition is Transition.HEARTBEAT and parsed.event is None
+        assert message["session_id"] == parsed.observer.vm_name == "vmss_vm1"
+        assert message["message_id"].startswith("heartbeat:vmss_vm1:")
+        beat = message["body"]["data"]["heartbeat"]
+        assert beat["forwarderVersion"] == __version__
+        assert isinstance(beat["outboxDepth"], int) and 0 <= beat["outboxDepth"] <= 5
+        sent_at, last_poll = iso(message["body"]["time"]), iso(beat["lastSuccessfulPoll"])
+        assert timedelta(0) <= sent_at - last_poll < timedelta(seconds=1.5)  # polls every 0.2 s
+    assert healthy[-1][1]["body"]["data"]["heartbeat"]["lastIncarnation"] == incarnation
+    frozen = {m["body"]["data"]["heartbeat"]["lastSuccessfulPoll"] for _, m in during}
+    assert len(frozen) == 1, frozen  # no successful poll while IMDS answers 500
+    (last_good,) = frozen
+    # ...while the Heartbeats carrying it are well past it (they are >= 1 s apart).
+    assert iso(during[-1][1]["body"]["time"]) - iso(last_good) >= timedelta(seconds=1)
+
+
+@pytest.mark.timeout(40)
+def test_heartbeat_interval_zero_sends_none(tmp_path: Path) -> None:
+    with (
+        running_simulator("user-reboot", speed=0.1, extra_args=["--start-on-first-poll"]) as sim,
+        forwarder(sim.base_url, tmp_path, heartbeat_interval=0) as fw,
+    ):
+        wait_for_subject(fw, "Scheduled", 15)
+        time.sleep(3.5)  # more than three Heartbeat intervals of the test above
+        assert fw.alive
+        subjects = [m["subject"] for m in fw.json_lines()]
+    assert subjects == ["Scheduled"]
+
+
+# -- The approvals handler against the simulator --------------------------------------------
+
+IDLE_SCENARIO = Path(__file__).resolve().parents[2] / "benchmarks" / "idle-scenario.json"
+SHORT_BUDGET = 3.0  # seconds, for the fault cases (the production budget is tested below)
+SHORT_READ_TIMEOUT = 1.0
+
+
+@dataclass
+class RecordingForwarder:
+    """The forwarder as the handler sees it: its identity and an outbox that records."""
+
+    observer: Observer = field(default_factory=lambda: Observer(vm_name="vmss_vm1"))
+    enqueued: list[Envelope] = field(default_factory=list)
+
+    def enqueue(self, envelope: Envelope) -> None:
+        self.enqueued.append(envelope)
+
+
+@pytest.fixture(scope="module")
+def idle_sim() -> Iterator[RunningSimulator]:
+    with running_simulator(str(IDLE_SCENARIO)) as running:
+        yield running
+
+
+@pytest.fixture
+def scheduled(idle_sim: RunningSimulator) -> str:
+    """A fresh simulator with one Scheduled Reboot on vmss_vm1; its EventId (upper case)."""
+    idle_sim.reset()
+    event_id = str(uuid.uuid4()).upper()
+    idle_sim.event(
+        "add",
+        notBeforeIn=600,
+        event={
+            "EventId": event_id,
+            "EventType": "Reboot",
+            "ResourceType": "VirtualMachine",
+            "Resources": ["vmss_vm1"],
+            "EventStatus": "Scheduled",
+            "EventSource": "Platform",
+            "DurationInSeconds": -1,
+        },
+    )
+    return event_id
+
+
+def command_body(event_id: str) -> bytes:
+    expires = datetime.now(UTC) + timedelta(minutes=10)
+    return commands.approve_command(event_id, "ops", "patching", expires).body_bytes()
+
+
+def posts_for(sim: RunningSimulator, event_id: str) -> list[dict[str, Any]]:
+    return [p for p in sim.posts() if event_id in p["body"]]
+
+
+def handle(handler: CommandHandler, event_id: str) -> tuple[Outcome, float]:
+    started = time.monotonic()
+    outcome = handler.handle(command_body(event_id.lower()), f"approve:{event_id.lower()}")
+    return outcome, time.monotonic() - started
+
+
+def short_handler(sim: RunningSimulator, fake: RecordingForwarder) -> CommandHandler:
+    return CommandHandler(
+        fake,
+        ImdsClient(sim.base_url),
+        budget=SHORT_BUDGET,
+        read_timeout=SHORT_READ_TIMEOUT,
+    )
+
+
+@pytest.mark.timeout(30)
+def test_handler_approves_completes_and_enqueues_approved(
+    idle_sim: RunningSimulator, scheduled: str
+) -> None:
+    fake = RecordingForwarder()
+    handler = CommandHandler(fake, ImdsClient(idle_sim.base_url))
+    outcome, _ = handle(handler, scheduled)
+    assert outcome == Outcome("complete", description="approved")
+    (post,) = posts_for(idle_sim, scheduled)
+    assert post["status"] == 200 and post["headers"]["Metadata"] == "true"
+    assert json.loads(post["body"]) == {"StartRequests": [{"EventId": scheduled}]}  # IMDS's case
+    (event,) = idle_sim.document()["Events"]
+    assert event["EventStatus"] == "Started"
+    (approved,) = fake.enqueued
+    assert approved.subject == "Approved"
+    assert approved.message_id == f"{scheduled.lower()}:Approved"
+    parsed = parse_message(approved.body_bytes())
+    assert parsed.data["approval"] == {"requestedBy": "ops", "reason": "patching"}
+    # The same command again (a redelivery): IMDS now says Started; nothing more is POSTed.
+    again, _ = handle(handler, scheduled)
+    assert again == Outcome(
+        "complete", description="already approved by this forwarder (now Started)"
+    )
+    assert len(posts_for(idle_sim, scheduled)) == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("status", [400, 404])
+def test_imds_refusing_the_post_dead_letters_with_its_answer(
+    idle_sim: RunningSimulator, scheduled: str, status: int
+) -> None:
+    idle_sim.set_faults({"kind": "4xx", "status": status, "target": "post"})
+    fake = RecordingForwarder()
+    outcome, _ = handle(short_handler(idle_sim, fake), scheduled)
+    assert outcome.action == "dead-letter" and outcome.reason == commands.IMDS_REJECTED
+    assert outcome.description.startswith(f"IMDS answered {status}: ")
+    assert f"Refused ({status}, injected)" in outcome.description  # the simulator's own body
+    assert [p["status"] for p in posts_for(idle_sim, scheduled)] == [status]
+    assert idle_sim.document()["Events"][0]["EventStatus"] == "Scheduled"
+    assert fake.enqueued == []
+
+
+TRANSIENT = [
+    pytest.param({"kind": kind, "count": 1000, **extra}, target, id=f"{kind}-on-{target}")
+    for target in ("get", "post")
+    for kind, extra in (
+        ("429", {"retryAfter": 1}),
+        ("5xx", {"status": 503}),
+        ("hang", {"seconds": 4}),  # longer than the read timeout: the request times out
+    )
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("rule", "target"), TRANSIENT)
+def test_imds_failing_or_hanging_abandons_within_the_budget(
+    idle_sim: RunningSimulator, scheduled: str, rule: dict[str, Any], target: str
+) -> None:
+    idle_sim.set_faults({**rule, "target": target})
+    fake = RecordingForwarder()
+    outcome, took = handle(short_handler(idle_sim, fake), scheduled)
+    assert outcome.action == "abandon" and outcome.reason == "ImdsUnavailable"
+    # Bounded by the budget; a connect timeout could add at most CONNECT_TIMEOUT (not on loopback).
+    assert took <= SHORT_BUDGET + 0.5, took
+    assert fake.enqueued == []
+    posted = posts_for(idle_sim, scheduled)
+    if target == "get":
+        assert posted == []  # never POSTs without a fresh document
+    elif rule["kind"] != "hang":
+        assert posted and all(p["status"] == rule.get("status", 429) for p in posted)
+
+
+@pytest.mark.timeout(40)
+def test_handler_never_waits_for_the_slow_first_call(
+    idle_sim: RunningSimulator, scheduled: str
+) -> None:
+    """A brand-new client, IMDS holding its first answer for 20 s: the command uses the normal
+    read timeout (10 s), re-reads, and approves; it never waits the poller's 125 s."""
+    idle_sim.set_faults(first_call_delay=20)
+    fake = RecordingForwarder()
+    handler = CommandHandler(fake, ImdsClient(idle_sim.base_url))  # production defaults
+    outcome, took = handle(handler, scheduled)
+    assert outcome.action == "complete", outcome
+    assert took < 15, took
+    assert [p["status"] for p in posts_for(idle_sim, scheduled)] == [200]
+
+
+def test_the_command_budget_fits_inside_the_approvals_lock() -> None:
+    """The production bound against the deployed lock (see forwarder/approvals.py)."""
+    from forwarder.approvals import ABANDON_PAUSE_MAX, SESSION_RENEW_EVERY
+    from forwarder.imds_client import FIRST_CALL_READ_TIMEOUT, READ_TIMEOUT
+
+    config = Path(__file__).resolve().parents[2] / "infra" / "servicebus-emulator" / "Config.json"
+    (namespace,) = json.loads(config.read_text())["UserConfig"]["Namespaces"]
+    (queue,) = [q for q in namespace["Queues"] if q["Name"] == "approvals"]
+    lock = parse_duration(queue["Properties"]["LockDuration"])
+    assert COMMAND_IMDS_BUDGET <= 30
+    # The oldest the session lock can be: at a settlement, and after the pause past an abandon.
+    at_settlement = SESSION_RENEW_EVERY + COMMAND_IMDS_BUDGET + CONNECT_TIMEOUT
+    after_pause = SESSION_RENEW_EVERY + ABANDON_PAUSE_MAX
+    assert max(at_settlement, after_pause) < lock - 10, lock
+    assert READ_TIMEOUT < COMMAND_IMDS_BUDGET < FIRST_CALL_READ_TIMEOUT

@@ -354,6 +354,19 @@ def test_post_faults_then_recovery(fresh: RunningSimulator) -> None:
     assert fresh.document()["Events"][0]["EventStatus"] == "Started"
 
 
+def test_4xx_refuses_a_well_formed_post(fresh: RunningSimulator) -> None:
+    fresh.set_faults({"kind": "4xx", "target": "post"})
+    assert requests.get(se_url(fresh), headers=H, timeout=5).status_code == 200  # GET unaffected
+    refused = requests.post(se_url(fresh), data=approve_body(USER_REBOOT_ID), headers=H, timeout=5)
+    assert refused.status_code == 400 and "Bad request" in refused.json()["error"]
+    assert fresh.document()["Events"][0]["EventStatus"] == "Scheduled"  # nothing started
+    ok = requests.post(se_url(fresh), data=approve_body(USER_REBOOT_ID), headers=H, timeout=5)
+    assert ok.status_code == 200
+    assert [p["status"] for p in fresh.posts()] == [400, 200]
+    fresh.set_faults({"kind": "4xx", "status": 404, "target": "post"})
+    assert requests.post(se_url(fresh), data=b"{}", headers=H, timeout=5).status_code == 404
+
+
 def test_first_call_delay_set_at_run_time(fresh: RunningSimulator) -> None:
     fresh.set_faults(first_call_delay=1.0)
     started = time.monotonic()

@@ -37,6 +37,7 @@ def document(status: str | None, resources: tuple[str, ...] = ("vm1", "vm2")) ->
         ("Started", {}, Action.COMPLETE, ""),
         (None, {}, Action.DEAD_LETTER, commands.EVENT_NOT_FOUND),
         ("Scheduled", {"already_approved": True}, Action.COMPLETE, ""),
+        ("Started", {"already_approved": True}, Action.COMPLETE, ""),
         ("Scheduled", {"require_listed": True}, Action.APPROVE, ""),
         ("Scheduled", {"require_listed": True, "vm_name": "VM2"}, Action.APPROVE, ""),
         (
@@ -56,3 +57,18 @@ def test_decide(status: str | None, kwargs: dict, action: Action, reason: str) -
     if action is Action.APPROVE:
         assert decision.event is not None
         assert decision.event.event_id == GUID.upper()  # POSTed exactly as IMDS spells it
+
+
+@pytest.mark.parametrize(
+    ("status", "already_approved", "description"),
+    [
+        ("Scheduled", True, "already approved by this forwarder"),
+        ("Started", True, "already approved by this forwarder (now Started)"),
+        ("Started", False, "already Started: nothing to do"),
+    ],
+)
+def test_a_duplicate_says_why_nothing_is_done(
+    status: str, already_approved: bool, description: str
+) -> None:
+    decision = decide(COMMAND, document(status), vm_name="vm1", already_approved=already_approved)
+    assert (decision.action, decision.description) == (Action.COMPLETE, description)

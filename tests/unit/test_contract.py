@@ -10,6 +10,8 @@ from typing import Any
 
 import jsonschema
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sebridge.contract import commands
 from sebridge.contract.events import (
@@ -215,3 +217,208 @@ def test_schema_rejects_what_the_parser_rejects(body: bytes, reason: str) -> Non
         return  # not JSON at all: nothing for a schema to judge
     validator = jsonschema.Draft202012Validator(COMMAND_SCHEMA, format_checker=FORMATS)
     assert not validator.is_valid(document), f"schema accepted a command rejected with {reason}"
+
+
+# -- the command parser and the command schema accept exactly the same bodies ---------------
+#
+# "Accepts" for the parser: returns a command, or rejects it only as expired (the schema has
+# no clock). The schema is checked with and without format assertion: its patterns alone must
+# carry every rule, since format checks are optional in JSON Schema 2020-12 (and
+# jsonschema checks date-time only when rfc3339-validator happens to be installed).
+
+VALIDATORS = {
+    "with formats": jsonschema.Draft202012Validator(COMMAND_SCHEMA, format_checker=FORMATS),
+    "patterns only": jsonschema.Draft202012Validator(COMMAND_SCHEMA),
+}
+
+
+def parser_accepts(document: object) -> bool:
+    try:
+        commands.parse_command(json.dumps(document).encode(), NOW)
+    except commands.CommandError as exc:
+        return exc.reason == commands.EXPIRED
+    return True
+
+
+def assert_agree(document: object) -> None:
+    parsed = parser_accepts(document)
+    for name, validator in VALIDATORS.items():
+        assert validator.is_valid(document) == parsed, (
+            f"{name}: schema {'accepts' if validator.is_valid(document) else 'rejects'} "
+            f"what the parser {'accepts' if parsed else 'rejects'}: {document!r}"
+        )
+
+
+def without(key: str) -> dict[str, Any]:
+    return {k: v for k, v in VALID.items() if k != key}
+
+
+# (field, value, accepted): each replaces one field of VALID.
+TRICKY: list[tuple[str, object, bool]] = [
+    ("eventId", GUID, True),
+    ("eventId", GUID.upper(), True),
+    ("eventId", "8B95c271-2b77-4243-AD1A-585faa9cd908", True),
+    ("eventId", "{" + GUID + "}", False),
+    ("eventId", "urn:uuid:" + GUID, False),
+    ("eventId", GUID.replace("-", ""), False),
+    ("eventId", " " + GUID, False),
+    ("eventId", GUID + "\n", False),
+    ("eventId", GUID + "-", False),
+    ("eventId", GUID.replace("8b95", "8b9g"), False),
+    ("eventId", GUID.replace("2b77", "2_77"), False),
+    ("eventId", GUID.replace("4243", "\u0664243"), False),  # an Arabic-Indic digit
+    ("eventId", GUID[:8] + "-" + GUID[9:13] + GUID[14:], False),
+    ("eventId", None, False),
+    ("expiresAt", "2026-11-22T02:00:00Z", True),
+    ("expiresAt", "2026-11-22T02:00:00.5Z", True),
+    ("expiresAt", "2026-11-22T02:00:00.123456789Z", True),  # finer than microseconds
+    ("expiresAt", "2026-11-22T03:00:00+01:00", True),
+    ("expiresAt", "2026-11-21T20:00:00-06:30", True),
+    ("expiresAt", "2026-11-22T02:00:00-00:00", True),
+    ("expiresAt", "2026-11-22T02:00:00+23:59", True),
+    ("expiresAt", "2028-02-29T00:00:00Z", True),  # a leap year
+    ("expiresAt", "2400-02-29T00:00:00Z", True),
+    ("expiresAt", "9999-12-31T23:59:59-01:00", True),  # past year 9999 in UTC: far future
+    ("expiresAt", "2020-01-01T00:00:00Z", True),  # expired: valid, and judged by the clock
+    ("expiresAt", "0001-01-01T00:30:00+01:00", True),  # before year 1 in UTC: expired
+    ("expiresAt", "2026-11-22T02:00Z", False),  # no seconds (fromisoformat takes it)
+    ("expiresAt", "20261122T020000Z", False),  # basic format (fromisoformat takes it)
+    ("expiresAt", "2026-11-22T02:00:00", False),  # no offset
+    ("expiresAt", "2026-11-22 02:00:00Z", False),
+    ("expiresAt", "2026-11-22t02:00:00z", False),
+    ("expiresAt", "2026-11-22T02:00:00+0100", False),
+    ("expiresAt", "2026-11-22T02:00:00+01", False),
+    ("expiresAt", "2026-11-22T02:00:00,5Z", False),
+    ("expiresAt", "2026-11-22T02:00:00.Z", False),
+    ("expiresAt", "2026-11-22T02:00:00Z\n", False),
+    ("expiresAt", " 2026-11-22T02:00:00Z", False),
+    ("expiresAt", "2026-11-22T24:00:00Z", False),
+    ("expiresAt", "2026-12-31T23:59:60Z", False),  # leap second
+    ("expiresAt", "2026-02-29T00:00:00Z", False),
+    ("expiresAt", "2100-02-29T00:00:00Z", False),
+    ("expiresAt", "2026-04-31T00:00:00Z", False),
+    ("expiresAt", "2026-13-01T00:00:00Z", False),
+    ("expiresAt", "2026-00-10T00:00:00Z", False),
+    ("expiresAt", "0000-01-01T00:00:00Z", False),
+    ("expiresAt", "2026-11-22T02:00:00+24:00", False),
+    ("expiresAt", "2026-11-22T02:00:00+01:60", False),
+    ("expiresAt", "\uff12026-11-22T02:00:00Z", False),  # a full-width digit
+    ("expiresAt", "+12026-11-22T02:00:00Z", False),
+    ("expiresAt", "2026-W47-7T02:00:00Z", False),
+    ("expiresAt", 1_795_000_000, False),
+    ("requestedBy", "\t ops", True),
+    ("requestedBy", "ops\x7f", True),
+    ("requestedBy", "\xa0ops", True),
+    ("requestedBy", "x" * 512, True),
+    ("requestedBy", "x" * 513, False),
+    ("requestedBy", " \t ", False),
+    ("requestedBy", "\x85", False),  # NEL: whitespace to Python
+    ("requestedBy", "ops\n", False),
+    ("requestedBy", "o\x00ps", False),
+    ("reason", "", True),
+    ("reason", "\tindented", True),
+    ("reason", "line\n", False),
+    ("reason", None, False),
+    ("reason", "x" * 513, False),
+    ("schemaVersion", 1.0, True),
+    ("schemaVersion", True, False),
+    ("schemaVersion", "1", False),
+    ("command", "Approve", False),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), TRICKY)
+def test_parser_and_schema_agree_on_tricky_fields(
+    field: str, value: object, accepted: bool
+) -> None:
+    document = {**VALID, field: value}
+    assert parser_accepts(document) is accepted
+    assert_agree(document)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        without("reason"),
+        without("requestedBy"),
+        without("expiresAt"),
+        without("eventId"),
+        {**VALID, "extra": {"anything": [1, 2]}},
+        [VALID],
+        "approve",
+        None,
+    ],
+    ids=[
+        "no-reason",
+        "no-requestedBy",
+        "no-expiresAt",
+        "no-eventId",
+        "extra-key",
+        "list",
+        "string",
+        "null",
+    ],
+)
+def test_parser_and_schema_agree_on_tricky_shapes(document: object) -> None:
+    assert_agree(document)
+
+
+_digits = st.integers
+date_times = st.one_of(
+    st.builds(
+        lambda y, mo, d, sep, h, mi, s, frac, zone, pad: (
+            f"{pad[0]}{y:04d}-{mo:02d}-{d:02d}{sep}{h:02d}:{mi:02d}:{s:02d}{frac}{zone}{pad[1]}"
+        ),
+        _digits(0, 9999),
+        _digits(0, 13),
+        _digits(0, 32),
+        st.sampled_from(["T", "T", "T", "t", " "]),
+        _digits(0, 25),
+        _digits(0, 61),
+        _digits(0, 61),
+        st.one_of(st.just(""), st.from_regex(r"\A\.[0-9]{1,12}\Z"), st.sampled_from([".", ","])),
+        st.one_of(
+            st.sampled_from(["Z", "Z", "z", "", "+0100", "+01"]),
+            st.builds(
+                lambda sign, h, m: f"{sign}{h:02d}:{m:02d}",
+                st.sampled_from("+-"),
+                _digits(0, 25),
+                _digits(0, 61),
+            ),
+        ),
+        st.sampled_from([("", ""), ("", ""), ("", ""), (" ", ""), ("", "\n"), ("", " ")]),
+    ),
+    st.text(max_size=40),
+)
+event_ids = st.one_of(
+    st.builds(
+        lambda u, form: form(str(u)),
+        st.uuids(),
+        st.sampled_from(
+            [
+                str,
+                str.upper,
+                lambda g: "{" + g + "}",
+                lambda g: "urn:uuid:" + g,
+                lambda g: g.replace("-", ""),
+                lambda g: g + "\n",
+                lambda g: g[:-1],
+            ]
+        ),
+    ),
+    st.text(alphabet="0123456789abcdefABCDEF-{}_ g\n", max_size=40),
+)
+texts = st.one_of(st.text(max_size=520), st.none(), st.integers())
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(
+        st.builds(lambda v: {**VALID, "expiresAt": v}, date_times),
+        st.builds(lambda v: {**VALID, "eventId": v}, event_ids),
+        st.builds(lambda v: {**VALID, "requestedBy": v}, texts),
+        st.builds(lambda v: {**VALID, "reason": v}, texts),
+    )
+)
+def test_parser_and_schema_agree_on_generated_bodies(document: dict[str, Any]) -> None:
+    assert_agree(document)

@@ -532,8 +532,16 @@ def test_hang_then_next_rule() -> None:
     assert decision.hang == 2 and decision.rule is not None and decision.rule.kind == "reset"
 
 
+def test_4xx_rule_defaults_to_400_and_takes_a_4xx_status() -> None:
+    rule = parse_cli_rule("4xx:target=post")
+    assert (rule.kind, rule.status, rule.target) == ("4xx", 400, "post")
+    assert parse_rule({"kind": "4xx", "status": 404}).status == 404
+    assert decide([rule], "get").rule is None and decide([rule], "post").rule is rule
+
+
 BAD_FAULTS = [
     ({"kind": "404"}, "kind"),
+    ({"kind": "4xx", "status": 500}, "status"),
     ({"kind": "429", "count": 0}, "count"),
     ({"kind": "5xx", "status": 404}, "status"),
     ({"kind": "hang", "seconds": 3600}, "seconds"),
