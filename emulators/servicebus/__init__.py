@@ -11,8 +11,11 @@ Connect with Microsoft's emulator connection string::
 or ``ServiceBusClient("127.0.0.1:<port>", credential, use_tls=False)`` for a token credential
 (JWTs are accepted unchecked). From tests, use ``emulators.servicebus.testing.running_emulator``.
 
-Modules: ``config`` (Config.json), ``sqlfilter`` and ``durations`` (pure parsers), ``codec``
-(AMQP sections), ``broker`` (entities, locks, sessions; pure), ``management`` ($management
-operations), ``auth`` ($cbs tokens), ``sasl`` (ANONYMOUS/PLAIN), ``tls`` (self-signed
-certificate), ``wire`` (stored message to AMQP bytes), ``server`` (the Proton adapter).
+Modules: ``server`` (the program: flags, config loading, listening socket, signals),
+``adapter`` (the Qpid Proton adapter: AMQP attaches, transfers and dispositions to calls on the
+core and back; the reactor thread and its timers), ``config`` (Config.json), ``sqlfilter`` and
+``durations`` (pure parsers), ``codec`` (AMQP sections), ``broker`` (entities, locks, sessions;
+pure), ``management`` ($management operations), ``auth`` ($cbs tokens), ``sasl``
+(ANONYMOUS/PLAIN), ``tls`` (self-signed certificate), ``wire`` (stored message to AMQP bytes),
+``testing`` (run the emulator as a child process from tests).
 """

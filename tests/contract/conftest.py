@@ -10,32 +10,67 @@ The same tests run against three kinds of namespace, with identical assertions:
 * ``SEBRIDGE_CONTRACT_NAMESPACE`` (``<name>.servicebus.windows.net``): a real namespace reached
   with azure-identity's DefaultAzureCredential.
 
-For the last two, the entities of tests/contract/Config.json must exist with the same
-properties (Microsoft's emulator can load that file as is). The tests drain what they use before
-they start, so a namespace shared with earlier runs is fine.
+For the last two, the session creates the entities of tests/contract/Config.json that are missing
+(ServiceBusAdministrationClient, see provisioning.py; it needs Manage rights) and stops with a
+clear message when existing ones differ; ``SEBRIDGE_CONTRACT_PROVISION=0`` skips that for
+entities made beforehand. A connection string with ``UseDevelopmentEmulator=true`` (Microsoft's
+emulator, which loads the file itself) is never provisioned. The tests drain what they use before
+they start, and the session entities used with next-available session receivers are purged when
+the session starts, so a namespace shared with earlier runs is fine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from tests.contract.cleanup import drain_entity, purge_sessions
+from tests.contract.provisioning import ProvisioningError, admin_calls, provision
 
 CONFIG = Path(__file__).with_name("Config.json")
+# Session entities the tests read with next-available session receivers: whatever an earlier
+# run left in any session there would be handed out instead of the test's own session.
+NEXT_AVAILABLE_SESSION_QUEUES = ("contract-sessions",)
+SESSION_LOCK_DURATION = 5.0  # their LockDuration
+DEDUP_WINDOW_QUEUE = "contract-dedup-window"
+
+
+def _without_keep_alive_thread(receiver: Any) -> Any:
+    """Keep a receiver's AMQP client from starting the SDK's keep-alive thread.
+
+    Without prefetch the SDK ignores ``keep_alive`` and always starts it with a 5 s interval;
+    it pings only after 5 s idle, which these short-lived receivers never need, and close()
+    joins it. Relies on SDK internals, so when they change this does nothing instead of failing.
+    """
+    create = getattr(receiver, "_create_handler", None)
+    if create is None:
+        return receiver
+
+    def create_handler(*args: Any, **kwargs: Any) -> None:
+        create(*args, **kwargs)
+        handler = getattr(receiver, "_handler", None)
+        if handler is not None and hasattr(handler, "_keep_alive_interval"):
+            handler._keep_alive_interval = 0  # pyamqp starts the thread only when non-zero
+
+    receiver._create_handler = create_handler
+    return receiver
 
 
 class _Client(ServiceBusClient):
-    """ServiceBusClient whose senders run without the SDK's keep-alive thread.
+    """ServiceBusClient whose senders and receivers run without the SDK's keep-alive thread.
 
-    The thread sleeps in 1 s steps and close() joins it, so every sender close would cost up
-    to a second of wall time; the contract tests use short-lived senders. (Receivers without
-    prefetch always get the thread; the SDK forces it.)
+    The thread sleeps in 1 s steps and close() joins it, so every close would cost up to a
+    second of wall time (most of this suite's time, before); the contract tests use
+    short-lived senders and receivers.
     """
 
     def get_queue_sender(self, queue_name: str, **kwargs: Any) -> Any:
@@ -45,6 +80,15 @@ class _Client(ServiceBusClient):
     def get_topic_sender(self, topic_name: str, **kwargs: Any) -> Any:
         kwargs.setdefault("keep_alive", 0)
         return super().get_topic_sender(topic_name, **kwargs)
+
+    def get_queue_receiver(self, queue_name: str, **kwargs: Any) -> Any:
+        return _without_keep_alive_thread(super().get_queue_receiver(queue_name, **kwargs))
+
+    def get_subscription_receiver(
+        self, topic_name: str, subscription_name: str, **kwargs: Any
+    ) -> Any:
+        receiver = super().get_subscription_receiver(topic_name, subscription_name, **kwargs)
+        return _without_keep_alive_thread(receiver)
 
 
 @dataclass
@@ -66,16 +110,54 @@ class Namespace:
         assert self.fully_qualified_namespace is not None
         return _Client(self.fully_qualified_namespace, DefaultAzureCredential(), **kwargs)
 
+    @property
+    def loads_config_itself(self) -> bool:
+        """The local emulator and Microsoft's take their entities from Config.json."""
+        if self.kind == "local":
+            return True
+        settings = (self.connection_string or "").replace(" ", "").lower().split(";")
+        return "usedevelopmentemulator=true" in settings
+
+
+def _provision(namespace: Namespace, request: pytest.FixtureRequest) -> None:
+    """Create the missing entities of Config.json in a real namespace (see provisioning.py)."""
+    if namespace.loads_config_itself or os.environ.get("SEBRIDGE_CONTRACT_PROVISION") == "0":
+        return
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    if namespace.connection_string is not None:
+        admin = ServiceBusAdministrationClient.from_connection_string(namespace.connection_string)
+    else:
+        from azure.identity import DefaultAzureCredential
+
+        assert namespace.fully_qualified_namespace is not None
+        admin = ServiceBusAdministrationClient(
+            namespace.fully_qualified_namespace, DefaultAzureCredential()
+        )
+    where = admin.fully_qualified_namespace
+    try:
+        with admin:
+            created = provision(admin, admin_calls(json.loads(CONFIG.read_text())), where)
+    except ProvisioningError as exc:
+        pytest.exit(f"contract suite: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    if created:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"contract suite: created in {where}: {', '.join(created)}")
+
 
 @pytest.fixture(scope="session")
-def namespace() -> Iterator[Namespace]:
+def namespace(request: pytest.FixtureRequest) -> Iterator[Namespace]:
     connection_string = os.environ.get("SEBRIDGE_CONTRACT_CONNECTION_STRING")
     fqns = os.environ.get("SEBRIDGE_CONTRACT_NAMESPACE")
-    if connection_string:
-        yield Namespace("connection-string", connection_string, None)
-        return
-    if fqns:
-        yield Namespace("identity", None, fqns)
+    if connection_string or fqns:
+        remote = (
+            Namespace("connection-string", connection_string, None)
+            if connection_string
+            else Namespace("identity", None, fqns)
+        )
+        _provision(remote, request)
+        yield remote
         return
     from emulators.servicebus.testing import running_emulator
 
@@ -117,29 +199,57 @@ def drain(client: ServiceBusClient, namespace: Namespace) -> Drain:
         if namespace.kind == "local" or key in _DRAINED:
             return 0
         _DRAINED.add(key)
-        removed = 0
-        deadline = time.monotonic() + 10
-        kwargs: dict[str, Any] = {
-            "receive_mode": ServiceBusReceiveMode.RECEIVE_AND_DELETE,
-            "max_wait_time": 0.3,
-        }
-        if dead_letter:
-            kwargs["sub_queue"] = ServiceBusSubQueue.DEAD_LETTER
-        targets: list[dict[str, Any]] = (
-            [{}] if not session_ids else [{"session_id": sid} for sid in session_ids]
+        return drain_entity(
+            client,
+            queue,
+            topic=topic,
+            subscription=subscription,
+            dead_letter=dead_letter,
+            session_ids=session_ids,
         )
-        for extra in targets:
-            if queue is not None:
-                receiver = client.get_queue_receiver(queue, **kwargs, **extra)
-            else:
-                assert topic is not None and subscription is not None
-                receiver = client.get_subscription_receiver(topic, subscription, **kwargs, **extra)
-            with receiver:
-                for _ in range(100):
-                    batch = receiver.receive_messages(max_message_count=100, max_wait_time=0.3)
-                    removed += len(batch)
-                    if not batch or time.monotonic() > deadline:
-                        break
-        return removed
 
     return _drain
+
+
+@pytest.fixture(scope="session")
+def sessions_purged(namespace: Namespace) -> None:
+    """Purge the next-available session entities once, before the first test that uses them.
+
+    Bounded: a minute at most; each entity costs at least one ``accept_wait`` (the SDK's
+    next-available timeout that says no session is left). Nothing to do locally.
+    """
+    if namespace.kind == "local":
+        return
+    with namespace.client(retry_total=0) as sb_client:
+        for queue in NEXT_AVAILABLE_SESSION_QUEUES:
+            purge_sessions(sb_client, queue, accept_wait=SESSION_LOCK_DURATION + 1)
+
+
+@dataclass(frozen=True)
+class WindowProbe:
+    """A message sent to the duplicate detection window queue when the session started."""
+
+    message_id: str
+    sent_at: float  # time.monotonic() once the broker had accepted it
+
+
+@pytest.fixture(scope="session")
+def dedup_window_probe(namespace: Namespace) -> WindowProbe:
+    """Send ``original`` and, at once, a duplicate of it (dropped) to contract-dedup-window."""
+    with namespace.client() as sb_client:
+        if namespace.kind != "local":
+            drain_entity(sb_client, DEDUP_WINDOW_QUEUE)
+        message_id = f"window-{uuid.uuid4()}"
+        with sb_client.get_queue_sender(DEDUP_WINDOW_QUEUE) as sender:
+            sender.send_messages(ServiceBusMessage("original", message_id=message_id))
+            sent_at = time.monotonic()
+            sender.send_messages(ServiceBusMessage("inside-window", message_id=message_id))
+    return WindowProbe(message_id, sent_at)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_window_clocks(request: pytest.FixtureRequest) -> None:
+    """Send the window probe as the session starts when a selected test needs it, so Azure's
+    shortest duplicate detection window (20 s) runs out while the rest of the suite runs."""
+    if any("dedup_window_probe" in getattr(i, "fixturenames", ()) for i in request.session.items):
+        request.getfixturevalue("dedup_window_probe")

@@ -187,20 +187,20 @@ def ns() -> Namespace:
 
 
 def test_lock_expiry_redelivers_then_dead_letters(ns: Namespace) -> None:
-    queue = ns.queues["contract-short-lock"]  # PT2S, MaxDeliveryCount 2
+    queue = ns.queues["contract-short-lock"]  # PT5S, MaxDeliveryCount 2
     owner = object()
     queue.accept(_sections("m"), now=100.0)
     first = queue.store.acquire(100.0, owner, peek_lock=True)
-    assert first is not None and first.locked_until == 102.0
+    assert first is not None and first.locked_until == 105.0
     assert queue.store.acquire(100.5, owner, peek_lock=True) is None  # locked
-    queue.store.tick(102.0)
-    second = queue.store.acquire(102.1, owner, peek_lock=True)
+    queue.store.tick(105.0)
+    second = queue.store.acquire(105.1, owner, peek_lock=True)
     assert second is first and second.delivery_count == 1
     with pytest.raises(LockLost):
-        queue.store.complete(uuid.uuid4(), 102.2)
-    queue.store.tick(104.2)
-    assert queue.store.acquire(104.3, owner, peek_lock=True) is None
-    dead = queue.store.dead_letter_queue.acquire(104.3, owner, peek_lock=False)
+        queue.store.complete(uuid.uuid4(), 105.2)
+    queue.store.tick(110.2)
+    assert queue.store.acquire(110.3, owner, peek_lock=True) is None
+    dead = queue.store.dead_letter_queue.acquire(110.3, owner, peek_lock=False)
     assert dead is not None and dead.sections.properties[0] == "m"
     assert b"MaxDeliveryCountExceeded" in dead.application_bytes()
 
@@ -210,9 +210,9 @@ def test_renewed_lock_survives_the_original_deadline(ns: Namespace) -> None:
     ns.queues["contract-short-lock"].accept(_sections("r"), now=0.0)
     message = store.acquire(0.0, "o", peek_lock=True)
     assert message is not None and message.lock_token is not None
-    assert store.renew_lock(message.lock_token, 1.5) == 3.5
-    store.tick(2.5)
-    store.complete(message.lock_token, 3.0)
+    assert store.renew_lock(message.lock_token, 4.5) == 9.5
+    store.tick(6.0)
+    store.complete(message.lock_token, 7.0)
     assert store.messages == {}
 
 

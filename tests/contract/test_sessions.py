@@ -1,4 +1,9 @@
-"""Session receivers: named and next-available, exclusivity, lock renewal, session state."""
+"""Session receivers: named and next-available, exclusivity, lock renewal, session state.
+
+Each test uses fresh session ids. Next-available receivers get any session that has messages,
+so the queue is purged of earlier runs' sessions before the first test here (``sessions_purged``
+in conftest.py; a no-op locally, where the emulator starts empty).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,11 @@ from azure.servicebus.exceptions import (
     SessionCannotBeLockedError,
 )
 
+from tests.contract.cleanup import purge_sessions
+
 QUEUE = "contract-sessions"  # RequiresSession, LockDuration PT5S
+
+pytestmark = pytest.mark.usefixtures("sessions_purged")
 
 
 def _send(client: ServiceBusClient, *pairs: tuple[str, str]) -> None:
@@ -29,9 +38,8 @@ def _receive_all(receiver, expected: int) -> list:
 
 
 @pytest.mark.timeout(30)
-def test_named_session_gets_only_its_messages_in_order(client: ServiceBusClient, drain) -> None:
+def test_named_session_gets_only_its_messages_in_order(client: ServiceBusClient) -> None:
     a, b = f"vm-a-{uuid.uuid4().hex[:6]}", f"vm-b-{uuid.uuid4().hex[:6]}"
-    drain(QUEUE, session_ids=(a, b))
     _send(client, (a, "a1"), (b, "b1"), (a, "a2"), (a, "a3"))
     with client.get_queue_receiver(QUEUE, session_id=a) as receiver:
         assert receiver.session.session_id == a
@@ -49,9 +57,8 @@ def test_named_session_gets_only_its_messages_in_order(client: ServiceBusClient,
 
 
 @pytest.mark.timeout(30)
-def test_next_available_session_and_exclusivity(client: ServiceBusClient, drain) -> None:
+def test_next_available_session_and_exclusivity(client: ServiceBusClient) -> None:
     sid = f"vm-n-{uuid.uuid4().hex[:6]}"
-    drain(QUEUE, session_ids=(sid,))
     _send(client, (sid, "n1"))
     with client.get_queue_receiver(
         QUEUE, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
@@ -63,6 +70,15 @@ def test_next_available_session_and_exclusivity(client: ServiceBusClient, drain)
         (message,) = _receive_all(receiver, 1)
         assert str(message) == "n1"
         receiver.complete_message(message)
+
+
+@pytest.mark.timeout(30)
+def test_purge_removes_what_earlier_runs_left_in_any_session(namespace) -> None:
+    """What the session-start purge of a shared namespace relies on (conftest.py)."""
+    run = uuid.uuid4().hex[:6]
+    with namespace.client(retry_total=0) as client:
+        _send(client, (f"old-a-{run}", "a1"), (f"old-a-{run}", "a2"), (f"old-b-{run}", "b1"))
+        assert purge_sessions(client, QUEUE, accept_wait=0.5) == 3
 
 
 @pytest.mark.timeout(30)
@@ -79,9 +95,8 @@ def test_next_available_with_no_session_times_out(namespace) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_session_state_and_lock_renewal(client: ServiceBusClient, drain) -> None:
+def test_session_state_and_lock_renewal(client: ServiceBusClient) -> None:
     sid = f"vm-s-{uuid.uuid4().hex[:6]}"
-    drain(QUEUE, session_ids=(sid,))
     with client.get_queue_receiver(QUEUE, session_id=sid) as receiver:
         session = receiver.session
         assert session.get_state() in (None, b"")
@@ -99,9 +114,8 @@ def test_session_state_and_lock_renewal(client: ServiceBusClient, drain) -> None
 
 
 @pytest.mark.timeout(30)
-def test_session_message_abandon_and_redelivery(client: ServiceBusClient, drain) -> None:
+def test_session_message_abandon_and_redelivery(client: ServiceBusClient) -> None:
     sid = f"vm-r-{uuid.uuid4().hex[:6]}"
-    drain(QUEUE, session_ids=(sid,))
     _send(client, (sid, "r1"))
     with client.get_queue_receiver(QUEUE, session_id=sid) as receiver:
         (first,) = _receive_all(receiver, 1)

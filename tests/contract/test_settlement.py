@@ -5,13 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
+from contextlib import ExitStack
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
 
 QUEUE = "contract-queue"  # LockDuration PT5S, MaxDeliveryCount 3
-SHORT = "contract-short-lock"  # LockDuration PT2S, MaxDeliveryCount 2
+SHORT = "contract-short-lock"  # LockDuration PT5S (Azure's shortest), MaxDeliveryCount 2
+ONE_DELIVERY = "contract-one-delivery"  # LockDuration PT5S, MaxDeliveryCount 1
+LOCK_WAIT = 5.5  # past a PT5S lock
 
 
 def _one(receiver, wait: float = 5):
@@ -99,23 +102,48 @@ def test_renew_lock_extends_locked_until(client: ServiceBusClient, drain) -> Non
         receiver.complete_message(message)
 
 
-@pytest.mark.timeout(30)
-def test_expired_lock_redelivers_with_delivery_count(client: ServiceBusClient, drain) -> None:
-    """(Expiry up to MaxDeliveryCount is covered by the abandon test and the core tests.)"""
+@pytest.mark.timeout(40)
+def test_lock_expiry_redelivers_then_dead_letters_at_max_delivery_count(
+    client: ServiceBusClient, drain
+) -> None:
+    """A lock that runs out counts as a delivery, like an abandon. One lock wait serves both
+    queues: with MaxDeliveryCount 2 the message comes back with delivery_count 1; with
+    MaxDeliveryCount 1 that first expiry sends it to the dead-letter queue."""
     drain(SHORT)
-    with client.get_queue_sender(SHORT) as sender:
-        sender.send_messages(ServiceBusMessage("slow", message_id="slow"))
-    with client.get_queue_receiver(SHORT) as receiver:
-        first = _one(receiver)
-        assert first.delivery_count == 0
-        time.sleep(2.3)  # LockDuration PT2S
-        with pytest.raises(MessageLockLostError):
-            receiver.complete_message(first)
-        second = _one(receiver)
-        assert second.message_id == "slow"
-        assert second.delivery_count == 1
-        assert second.lock_token != first.lock_token
-        receiver.complete_message(second)
+    drain(ONE_DELIVERY)
+    drain(ONE_DELIVERY, dead_letter=True)
+    marker = f"slow-{uuid.uuid4()}"
+    for queue in (SHORT, ONE_DELIVERY):
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages(ServiceBusMessage("slow", message_id=marker))
+    with (
+        client.get_queue_receiver(SHORT) as short,
+        client.get_queue_receiver(ONE_DELIVERY) as once,
+    ):
+        first = _one(short)
+        only = _one(once)
+        locked_at = time.monotonic()
+        assert first.delivery_count == only.delivery_count == 0
+        # opened while the locks run out (opening a link takes the SDK about half a second)
+        with client.get_queue_receiver(
+            ONE_DELIVERY, sub_queue=ServiceBusSubQueue.DEAD_LETTER
+        ) as dlq:
+            time.sleep(max(0.0, locked_at + LOCK_WAIT - time.monotonic()))
+            with pytest.raises(MessageLockLostError):
+                short.complete_message(first)
+            with pytest.raises(MessageLockLostError):
+                once.complete_message(only)
+            second = _one(short)
+            assert second.message_id == marker
+            assert second.delivery_count == 1
+            assert second.lock_token != first.lock_token
+            short.complete_message(second)
+            # (Azure moves it to the dead-letter queue when it would deliver it again.)
+            assert once.receive_messages(max_wait_time=0.5) == []
+            dead = _one(dlq)
+            assert dead.message_id == marker
+            assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+            dlq.complete_message(dead)
 
 
 @pytest.mark.timeout(30)
@@ -138,31 +166,46 @@ def test_abandon_until_max_delivery_count(client: ServiceBusClient, drain) -> No
 
 
 @pytest.mark.timeout(30)
-def test_ttl_expiry_dead_letters_when_configured(client: ServiceBusClient, drain) -> None:
-    queue = "contract-ttl"
-    drain(queue)
-    drain(queue, dead_letter=True)
+def test_ttl_expiry_dead_letters_only_where_configured(client: ServiceBusClient, drain) -> None:
+    """contract-ttl dead-letters on expiration, contract-ttl-drop does not: there an expired
+    message is simply gone. (Azure removes expired messages when a receiver asks, and peek may
+    still show them until then, so only receives are checked.)"""
+    dead_lettering, dropping = "contract-ttl", "contract-ttl-drop"
+    queues = (dead_lettering, dropping)
+    for queue in queues:
+        drain(queue)
+        drain(queue, dead_letter=True)
     marker = str(uuid.uuid4())
-    with client.get_queue_sender(queue) as sender:
-        sender.send_messages(
-            ServiceBusMessage(
-                "short-lived", message_id=marker, time_to_live=dt.timedelta(seconds=1)
+    for queue in (dead_lettering, dropping):
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages(
+                ServiceBusMessage(
+                    "short-lived", message_id=marker, time_to_live=dt.timedelta(seconds=1)
+                )
             )
-        )
-        sender.send_messages(ServiceBusMessage("long-lived", message_id="long"))
-    time.sleep(1.6)
-    with client.get_queue_receiver(queue) as receiver:
-        alive = _one(receiver)
-        assert alive.message_id == "long"
-        receiver.complete_message(alive)
-        assert receiver.receive_messages(max_wait_time=0.5) == []
-    with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
-        dead = _one(dlq)
+            sender.send_messages(ServiceBusMessage("long-lived", message_id="long"))
+    expired_at = time.monotonic() + 1.6
+    with ExitStack() as stack:  # the links open while the message expires
+        receivers = {q: stack.enter_context(client.get_queue_receiver(q)) for q in queues}
+        dlqs = {
+            q: stack.enter_context(
+                client.get_queue_receiver(q, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+            )
+            for q in queues
+        }
+        time.sleep(max(0.0, expired_at - time.monotonic()))
+        for queue, receiver in receivers.items():
+            alive = _one(receiver)
+            assert alive.message_id == "long", queue
+            receiver.complete_message(alive)
+            assert receiver.receive_messages(max_wait_time=0.5) == [], queue
+        dead = _one(dlqs[dead_lettering])
         assert dead.message_id == marker
         assert dead.dead_letter_reason == "TTLExpiredException"
         assert dead.expires_at_utc is not None
         assert dead.expires_at_utc <= dt.datetime.now(dt.UTC)
-        dlq.complete_message(dead)
+        dlqs[dead_lettering].complete_message(dead)
+        assert dlqs[dropping].receive_messages(max_wait_time=0.5) == []
 
 
 @pytest.mark.timeout(30)

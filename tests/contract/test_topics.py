@@ -1,4 +1,5 @@
-"""Topic fan-out through SQL and correlation filters, and topic-level duplicate detection."""
+"""Topic fan-out through SQL and correlation filters (from single messages, lists and batches),
+and topic-level duplicate detection."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 
 TOPIC = "contract-topic"
+FILTERS = "contract-filters"  # a topic of its own: nothing else sends there
 SUBSCRIPTIONS = ("all", "sql-in", "sql-like", "sql-null", "sql-not-in", "correlation")
 
 
@@ -21,12 +23,14 @@ def _message(key: str, run: str, **kwargs: Any) -> ServiceBusMessage:
     return ServiceBusMessage(key, message_id=message_id, application_properties=props, **kwargs)
 
 
-def _collect(client: ServiceBusClient, sub: str, expected: int, **kwargs: Any) -> list[str]:
+def _collect(
+    client: ServiceBusClient, sub: str, expected: int, topic: str = TOPIC, **kwargs: Any
+) -> list[str]:
     """Keys of every message in a subscription, removed as they are read (bounded)."""
     keys: list[str] = []
     deadline = time.monotonic() + 10
     with client.get_subscription_receiver(
-        TOPIC, sub, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, **kwargs
+        topic, sub, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, **kwargs
     ) as receiver:
         while time.monotonic() < deadline:
             wait = 3 if len(keys) < expected else 0.5
@@ -125,3 +129,37 @@ def test_topic_duplicate_detection_by_message_id(client: ServiceBusClient, drain
         sender.send_messages(_message("second", "x", message_id=message_id))
         sender.send_messages([_message("third", "x", message_id=message_id)])
     assert _collect(client, "all", 1) == ["first"]
+
+
+@pytest.mark.timeout(30)
+def test_message_batch_to_a_topic_fans_out_through_filters(client: ServiceBusClient, drain) -> None:
+    """A ServiceBusMessageBatch is one transfer to the topic; each message in it is filtered
+    on its own: ``durationInSeconds <= 30`` and ``sys.CorrelationId = 'approve:e-1'``."""
+    subscriptions = ("everything", "short-notice", "one-correlation-id")
+    for sub in subscriptions:
+        drain(topic=FILTERS, subscription=sub)
+    run = uuid.uuid4().hex[:8]
+    with client.get_topic_sender(FILTERS) as sender:
+        batch = sender.create_message_batch()
+        for message in [
+            _message("b1", run, props={"durationInSeconds": 29}),
+            _message("b2", run, props={"durationInSeconds": 30}, correlation_id="approve:e-1"),
+            _message("b3", run, props={"durationInSeconds": 31}),
+            _message("b4", run, props={"durationInSeconds": -1}),
+            _message("b5", run, correlation_id="approve:e-1"),
+            _message("b6", run, correlation_id="approve:e-10"),
+        ]:
+            batch.add_message(message)
+        sender.send_messages(batch)
+    expected = {
+        "everything": [f"b{i}" for i in range(1, 7)],
+        "short-notice": ["b1", "b2", "b4"],  # b5, b6: no durationInSeconds, unknown is not true
+        "one-correlation-id": ["b2", "b5"],
+    }
+    with ThreadPoolExecutor(max_workers=len(expected)) as pool:  # receivers open in parallel
+        futures = {
+            sub: pool.submit(_collect, client, sub, len(keys), topic=FILTERS)
+            for sub, keys in expected.items()
+        }
+        got = {sub: future.result(timeout=30) for sub, future in futures.items()}
+    assert got == {sub: sorted(keys) for sub, keys in expected.items()}
