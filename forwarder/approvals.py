@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("forwarder.approvals")
 
 RECEIVE_WAIT = 5.0  # seconds a receive call blocks when the session is empty
+# How long one socket read of the receiver waits. The SDK's default, 0.2 s, wakes an idle
+# receiver 5 times a second to run a pass of its AMQP loop: the largest share of the idle
+# forwarder's CPU (benchmarks/forwarder_poll.py). A read returns as soon as a frame arrives, so
+# a longer wait delays no command; it only lets receive_messages overrun RECEIVE_WAIT by as much.
+RECEIVER_SOCKET_TIMEOUT = 1.0
 IMDS_ATTEMPTS = 4  # re-reads per delivery at most, before abandoning it
 # Why a command's time on IMDS is bounded: this receiver holds the session lock on the
 # approvals queue (LockDuration PT1M, infra/servicebus-emulator/Config.json) and can renew it
@@ -254,7 +259,10 @@ def approvals_worker(forwarder: Forwarder, config: ForwarderConfig) -> Callable[
                     client_id=config.client_id,
                 )
                 with client.get_queue_receiver(
-                    config.reply_queue, session_id=session_id, max_wait_time=RECEIVE_WAIT
+                    config.reply_queue,
+                    session_id=session_id,
+                    max_wait_time=RECEIVE_WAIT,
+                    socket_timeout=RECEIVER_SOCKET_TIMEOUT,
                 ) as receiver:
                     log.info("receiving commands on %s, session %s", config.reply_queue, session_id)
                     lock = SessionLock(receiver)

@@ -78,6 +78,13 @@ class ImdsClient:
         # IMDS must never be reached through a proxy (and a loopback simulator neither).
         self._session.trust_env = False
         self._answered = False
+        # The poll sends this same GET every second: prepared once, it skips requests' merging
+        # of settings and re-parsing of the URL, about a quarter of an idle poll's CPU.
+        self._get_events = self._session.prepare_request(
+            requests.Request(
+                "GET", self.scheduled_events_url, params={"api-version": self.api_version}
+            )
+        )
 
     @property
     def scheduled_events_url(self) -> str:
@@ -94,14 +101,24 @@ class ImdsClient:
     def _request(
         self, method: str, url: str, timeout: tuple[float, float] | None = None, **kwargs: Any
     ) -> requests.Response:
+        prepared = self._session.prepare_request(requests.Request(method, url, **kwargs))
+        return self._send(prepared, timeout)
+
+    def _send(
+        self, request: requests.PreparedRequest, timeout: tuple[float, float] | None = None
+    ) -> requests.Response:
         try:
-            return self._session.request(method, url, timeout=timeout or self._timeout(), **kwargs)
-        except requests.Timeout as exc:
-            raise ImdsError(f"IMDS timed out ({method} {url})", transient=True) from exc
-        except requests.ConnectionError as exc:
-            raise ImdsError(f"IMDS unreachable ({method} {url}): {exc}", transient=True) from exc
+            # Never follow a redirect: IMDS does not send one, and nothing else may answer.
+            return self._session.send(
+                request, timeout=timeout or self._timeout(), allow_redirects=False
+            )
         except requests.RequestException as exc:
-            raise ImdsError(f"IMDS request failed ({method} {url}): {exc}", transient=True) from exc
+            what = f"{request.method} {request.url}"
+            if isinstance(exc, requests.Timeout):
+                raise ImdsError(f"IMDS timed out ({what})", transient=True) from exc
+            if isinstance(exc, requests.ConnectionError):
+                raise ImdsError(f"IMDS unreachable ({what}): {exc}", transient=True) from exc
+            raise ImdsError(f"IMDS request failed ({what}): {exc}", transient=True) from exc
 
     def _check_status(self, response: requests.Response, what: str) -> None:
         status = response.status_code
@@ -119,12 +136,7 @@ class ImdsClient:
     def get_document(self, *, read_timeout: float | None = None) -> Document:
         """The scheduled events document. ``read_timeout`` replaces the default read timeout
         (which is the slow first-call one until IMDS has answered once)."""
-        response = self._request(
-            "GET",
-            self.scheduled_events_url,
-            timeout=self._timeout(read_timeout),
-            params={"api-version": self.api_version},
-        )
+        response = self._send(self._get_events, self._timeout(read_timeout))
         self._check_status(response, "GET scheduledevents")
         self._answered = True
         try:
