@@ -20,6 +20,7 @@ from emulators.imds.testing import running_simulator
 from emulators.processes import ChildProcess, forwarder
 from emulators.servicebus.testing import running_emulator
 from tests.support.bus import as_dict, receive_all
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
@@ -84,15 +85,6 @@ def running_forwarder(emulator: Any, sim: Any, state: Path, *extra: str) -> Chil
         *extra,
         dry_run=False,
     )
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.timeout(120)

@@ -32,6 +32,7 @@ from sebridge.contract.events import Transition, event_message
 from sebridge.imds import Document
 from tests.fixtures import golden
 from tests.support.bus import receive_all
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SUBSCRIPTION = golden.OBSERVER.subscription_id
@@ -102,15 +103,6 @@ def publish(bus: Any, transition: Transition, fields: dict[str, Any], incarnatio
     ):
         sender.send_messages(to_service_bus_message(envelope), timeout=10)
     return envelope.message_id
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.timeout(120)
