@@ -2,11 +2,16 @@
 
     python benchmarks/forwarder_poll.py [--polls 60] [--samples 30] [--interval 1.0]
 
-What it measures, with the real `sebridge forwarder --dry-run` process:
+Three real processes poll the same IMDS simulator at the same time, in one run:
+- `sebridge forwarder --dry-run` (prints messages instead of sending them);
+- `sebridge forwarder` as it runs on a VM: publishing to the Service Bus emulator (the project's
+  entities) with its AMQP link open and the approvals session receiver waiting for commands,
+  so the figure includes the Service Bus SDK and azure-identity in memory and their idle work;
+- a reference listener written the way Microsoft documents it (benchmarks/reference_listener.py).
+What it measures:
 - CPU milliseconds per idle poll (utime + stime of the whole process over N polls of an empty
-  document), side by side with a reference listener written the way Microsoft documents it
-  (benchmarks/reference_listener.py), both polling the same simulator at the same time;
-- peak RSS (VmHWM) of both;
+  document) of each;
+- peak RSS (VmHWM) of each;
 - detection latency: from an event being added to (or removed from) the simulator's document to
   the dry-run line on the forwarder's stdout, at random phases of the poll cycle.
 Targets: <= 2 ms CPU per idle poll and <= 1.5x the reference; RSS <= 50 MiB; latency p99 <=
@@ -24,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,14 +37,22 @@ sys.path.insert(0, str(ROOT))
 
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import ChildProcess, forwarder, server  # noqa: E402
+from emulators.servicebus.testing import running_emulator  # noqa: E402
 
 IDLE_SCENARIO = ROOT / "benchmarks" / "idle-scenario.json"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    """CPU time of every thread of ``pid`` in nanoseconds (schedstat), as seconds. utime+stime
+    in /proc/<pid>/stat counts 10 ms ticks: over 60 polls that is 0.17 ms a poll, too coarse
+    for costs of a millisecond or two. The idle processes measured keep their threads."""
+    tasks = list(Path(f"/proc/{pid}/task").glob("*/schedstat"))
+    try:
+        return sum(int(t.read_text().split()[0]) for t in tasks) / 1e9
+    except (OSError, ValueError, IndexError):  # no schedstat: fall back to ticks
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -84,11 +98,27 @@ def main(argv: list[str] | None = None) -> int:
 
     sim_process, url = server("imds-sim", "--scenario", str(IDLE_SCENARIO))
     sim = SimClient(url)
-    state = tempfile.mkdtemp(prefix="bench-forwarder-")
-    fw = forwarder(url, state, poll_interval=args.interval).start()
+    cleanup = ExitStack()
+    bus = cleanup.enter_context(
+        running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
+    )
+    fw = forwarder(url, tempfile.mkdtemp(prefix="bench-fw-"), poll_interval=args.interval)
+    onvm = forwarder(
+        url,
+        tempfile.mkdtemp(prefix="bench-fw-bus-"),
+        "--connection-string",
+        bus.connection_string,
+        dry_run=False,
+        poll_interval=args.interval,
+        heartbeat_interval=300,  # the production default
+    )
     reference = None
     try:
-        fw.wait_for(lambda _: "starting" in fw.stderr_text(), 30)
+        fw.start()
+        onvm.start()
+        for child, ready in ((fw, "starting"), (onvm, "receiving commands")):
+            if not child.wait_for(lambda _, c=child, r=ready: r in c.stderr_text(), 60):
+                raise RuntimeError(f"{child.name} not ready:\n{child.stderr_text()[-2000:]}")
         if not args.no_reference:
             import subprocess
 
@@ -104,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                 stderr=subprocess.DEVNULL,
             )
         time.sleep(3 * args.interval)  # warm-up: imports done, connections open
-        assert fw.process is not None
-        pids = {"forwarder": fw.process.pid}
+        assert fw.process is not None and onvm.process is not None
+        pids = {"forwarder": fw.process.pid, "forwarder+bus": onvm.process.pid}
         if reference is not None:
             pids["reference"] = reference.pid
         start_cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -120,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         if reference is not None:
             reference.terminate()
             reference.wait(timeout=10)
+        onvm_log = onvm.stderr_text()
+        onvm.close()  # the latency rounds below are the dry-run forwarder's alone
+        if "poll failed" in onvm_log or "publish failed" in onvm_log:
+            raise RuntimeError(f"forwarder+bus was not idle and healthy:\n{onvm_log[-2000:]}")
 
         latencies: dict[str, list[float]] = {"Scheduled": [], "Cancelled": []}
         rng = random.Random(7)
@@ -140,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         if reference is not None and reference.poll() is None:
             reference.kill()
         fw.close()
+        onvm.close()
+        cleanup.close()
         sim_process.close()
 
     both = latencies["Scheduled"] + latencies["Cancelled"]
@@ -149,15 +185,19 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
     print(f"idle polls measured: {polls:.0f} at {args.interval:g} s")
-    print(f"forwarder CPU per idle poll: {cpu_ms['forwarder']:.2f} ms (target <= 2 ms)")
-    if "reference" in cpu_ms:
-        ratio = cpu_ms["forwarder"] / cpu_ms["reference"] if cpu_ms["reference"] else float("inf")
-        print(
-            f"reference CPU per poll: {cpu_ms['reference']:.2f} ms; forwarder/reference "
-            f"{ratio:.2f}x (target <= 1.5x)"
+    reference_ms = cpu_ms.get("reference")
+    for name in ("forwarder", "forwarder+bus"):
+        ratio = (
+            f"; {cpu_ms[name] / reference_ms:.2f}x the reference (target <= 1.5x)"
+            if reference_ms
+            else ""
         )
-        print(f"reference peak RSS: {rss['reference']:.1f} MiB")
-    print(f"forwarder peak RSS: {rss['forwarder']:.1f} MiB (target <= 50 MiB)")
+        print(f"{name} CPU per idle poll: {cpu_ms[name]:.2f} ms (target <= 2 ms){ratio}")
+    if reference_ms is not None:
+        print(f"reference CPU per poll: {reference_ms:.2f} ms")
+    for name in pids:
+        target = "" if name == "reference" else " (target <= 50 MiB)"
+        print(f"{name} peak RSS: {rss[name]:.1f} MiB{target}")
     for name, values in (*latencies.items(), ("all", both)):
         p50, p95, p99 = (percentile(values, q) * 1000 for q in (50, 95, 99))
         print(
@@ -166,11 +206,16 @@ def main(argv: list[str] | None = None) -> int:
             f" mean {statistics.mean(values) * 1000:.0f} ms"
         )
     p99 = percentile(both, 99)
-    print(
-        f"latency p99 {p99 * 1000:.0f} ms vs target {limit * 1000:.0f} ms: "
-        f"{'met' if p99 <= limit else 'MISSED'}"
-    )
-    return 0
+    verdicts = {"latency p99 <= poll interval + 50 ms": p99 <= limit}
+    for name in ("forwarder", "forwarder+bus"):
+        verdicts[f"{name} RSS <= 50 MiB"] = rss[name] <= 50
+        verdicts[f"{name} CPU <= 2 ms/poll"] = cpu_ms[name] <= 2
+        if reference_ms:
+            verdicts[f"{name} CPU <= 1.5x reference"] = cpu_ms[name] <= 1.5 * reference_ms
+    print(f"latency p99 {p99 * 1000:.0f} ms vs target {limit * 1000:.0f} ms")
+    for what, met in verdicts.items():
+        print(f"{'met   ' if met else 'MISSED'} {what}")
+    return 0 if all(verdicts.values()) else 1
 
 
 if __name__ == "__main__":
