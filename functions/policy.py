@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from functions.impact import DEFAULT_FREEZE_THRESHOLD
+from functions.impact import DEFAULT_RULES, ImpactRules
 from sebridge.contract.events import Observer
 from sebridge.imds import ScheduledEvent
 
@@ -39,26 +39,24 @@ class PolicyError(ValueError):
     """The policy text is not a valid rule list; the message says where."""
 
 
-def default_policy(
-    freeze_threshold_seconds: int = DEFAULT_FREEZE_THRESHOLD, *, freeze_always_drains: bool = False
-) -> dict[str, Any]:
+def default_policy(impact: ImpactRules = DEFAULT_RULES) -> dict[str, Any]:
     """The documented default: user-initiated events and short freezes go ahead at once;
     anything else waits until lb-pools has taken the VMs out of their pools.
 
-    "Short" is whatever lb-pools does not drain: a Freeze under LB_FREEZE_THRESHOLD_SECONDS,
-    so the rule's max is the threshold - 1 (8 at the default 9). Were the two set apart, the
-    gate could approve at once a Freeze that lb-pools is still draining. With threshold 0, or
-    Freeze among LB_IMPACTFUL_EVENT_TYPES, every Freeze drains and the rule is left out.
+    "Short" is whatever lb-pools (``impact``) does not drain: a Freeze under
+    LB_FREEZE_THRESHOLD_SECONDS, so the rule's max is the threshold - 1 (8 at the default 9).
+    Were the two set apart, the gate could approve at once a Freeze that lb-pools is still
+    draining. When every Freeze drains, the rule is left out.
     """
     rules: list[dict[str, Any]] = [
         {"name": "user-initiated", "match": {"eventSource": ["User"]}, "action": "approve"}
     ]
-    if freeze_threshold_seconds > 0 and not freeze_always_drains:
-        short = {"min": 0, "max": freeze_threshold_seconds - 1}
+    longest = impact.longest_undrained_freeze()
+    if longest is not None:
         rules.append(
             {
                 "name": "short-freeze",
-                "match": {"eventType": ["Freeze"], "durationSeconds": short},
+                "match": {"eventType": ["Freeze"], "durationSeconds": {"min": 0, "max": longest}},
                 "action": "approve",
             }
         )
@@ -66,8 +64,7 @@ def default_policy(
     return {"rules": rules, "default": "manual"}
 
 
-DEFAULT_POLICY: dict[str, Any] = default_policy()  # at the default threshold, as documented
-DEFAULT_POLICY_JSON = json.dumps(DEFAULT_POLICY)
+DEFAULT_POLICY: dict[str, Any] = default_policy()  # at the default settings, as documented
 MATCH_KEYS = ("eventType", "eventSource", "durationSeconds", "vmName", "resourceGroup")
 MAX_RULES = 100
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from functions.impact import DEFAULT_FREEZE_THRESHOLD, FREEZE
+from functions.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
 from functions.policy import Policy, PolicyError, default_policy, parse_policy
 
 # Every app setting the Function App reads, for the Bicep tests and the README.
@@ -52,7 +52,6 @@ SECRET_SETTING_NAMES: tuple[str, ...] = (
     "ServiceBusConnection",
 )
 
-DEFAULT_IMPACTFUL = "Reboot,Redeploy,Preempt,Terminate"
 DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
 DEFAULT_HEARTBEAT_STALE = 900
 HEARTBEAT_CONTAINER = "sebridge-heartbeats"
@@ -204,9 +203,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     )
     # Without a policy of its own the app takes the default, kept in step with what lb-pools
     # drains (see functions.policy.default_policy); a policy that is set is used as written.
-    default = default_policy(
-        max(0, threshold), freeze_always_drains=FREEZE.lower() in {t.lower() for t in impactful}
-    )
+    default = default_policy(ImpactRules(frozenset(impactful), max(0, threshold)))
     policy_text = get("APPROVAL_POLICY")
     try:
         policy = parse_policy(policy_text or default)

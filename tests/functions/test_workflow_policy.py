@@ -8,21 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from functions.impact import ImpactRules
+from functions.impact import DEFAULT_IMPACTFUL, ImpactRules
 from functions.policy import (
     DEFAULT_POLICY,
-    DEFAULT_POLICY_JSON,
     Action,
     PolicyError,
     default_policy,
     parse_policy,
 )
-from functions.settings import DEFAULT_IMPACTFUL
 from sebridge.contract.events import Observer
 from tests.fixtures import golden
 from tests.functions.support import event
 
-DEFAULT = parse_policy(DEFAULT_POLICY_JSON)
+DEFAULT = parse_policy(DEFAULT_POLICY)
 
 
 @pytest.mark.parametrize(
@@ -130,12 +128,12 @@ def test_invalid_policies_say_why(text: str, message: str) -> None:
 
 
 def test_the_default_is_valid_json_with_a_manual_fallback() -> None:
-    assert json.loads(DEFAULT_POLICY_JSON)["default"] == "manual"
+    assert json.loads(json.dumps(DEFAULT_POLICY))["default"] == "manual"
     assert [r.name for r in DEFAULT.rules] == ["user-initiated", "short-freeze", "prepare-first"]
 
 
 def test_the_default_at_threshold_9_is_the_documented_one() -> None:
-    assert default_policy(9) == DEFAULT_POLICY
+    assert default_policy(ImpactRules(frozenset(DEFAULT_IMPACTFUL.split(",")), 9)) == DEFAULT_POLICY
     assert DEFAULT_POLICY["rules"][1] == {
         "name": "short-freeze",
         "match": {"eventType": ["Freeze"], "durationSeconds": {"min": 0, "max": 8}},
@@ -151,8 +149,8 @@ def test_the_default_at_threshold_9_is_the_documented_one() -> None:
 def test_the_default_approves_at_once_exactly_the_freezes_lb_pools_does_not_drain(
     threshold: int,
 ) -> None:
-    policy = parse_policy(default_policy(threshold))
     impact = ImpactRules(frozenset(DEFAULT_IMPACTFUL.split(",")), threshold)
+    policy = parse_policy(default_policy(impact))
     for duration in [-1, *range(threshold + 3)]:
         freeze = event(EventType="Freeze", DurationInSeconds=duration)
         at_once = policy.decide(freeze, golden.OBSERVER).action is Action.APPROVE
@@ -163,5 +161,6 @@ def test_the_default_approves_at_once_exactly_the_freezes_lb_pools_does_not_drai
     ("threshold", "always"), [(0, False), (9, True)], ids=["threshold-0", "freeze-impactful"]
 )
 def test_no_short_freeze_rule_when_every_freeze_drains(threshold: int, always: bool) -> None:
-    policy = parse_policy(default_policy(threshold, freeze_always_drains=always))
+    impactful = {*DEFAULT_IMPACTFUL.split(","), *(["Freeze"] if always else [])}
+    policy = parse_policy(default_policy(ImpactRules(frozenset(impactful), threshold)))
     assert [r.name for r in policy.rules] == ["user-initiated", "prepare-first"]
