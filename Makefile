@@ -9,12 +9,15 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION ?= 3.2.369
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck bench install clean
+.PHONY: demo test lint typecheck bench install clean dist
 
-$(BIN)/.installed: pyproject.toml
+# The VM package (this directory) and the local tools (emulators/) as editable installs, the
+# Function App's requirements.txt, and the test tools.
+$(BIN)/.installed: pyproject.toml emulators/pyproject.toml requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[local,test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e . -e ./emulators \
+		-r requirements.txt -r requirements-dev.txt
 	touch $@
 
 $(CHECKOV_VENV)/.installed: Makefile
@@ -46,5 +49,9 @@ BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fl
 bench: $(BIN)/.installed
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py || exit 1; done
 
+# The two deliverables: the VM wheel and the Function App zip, in dist/.
+dist: $(BIN)/.installed
+	$(BIN)/python scripts/build-dist
+
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf dist $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache

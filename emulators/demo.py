@@ -115,8 +115,8 @@ def watch_topic(
     from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient
     from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
 
-    from forwarder.approvals import message_body
     from sebridge.contract.events import ContractError, parse_message
+    from sebridge.servicebus import message_body
 
     with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
         while not stop.is_set():

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
-from forwarder.outbox import DEFAULT_MAX_ROWS
+from sebridge.forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
+from sebridge.forwarder.outbox import DEFAULT_MAX_ROWS
+from sebridge.values import parse_bool
 
 DEFAULT_STATE_DIR = "/var/lib/sebridge"
 DEFAULT_TOPIC = "scheduled-events"
@@ -64,12 +65,10 @@ class ForwarderConfig:
 
 
 def _env_bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off", ""}:
-        return False
-    raise ConfigError(f"not a boolean: {value!r}")
+    try:
+        return parse_bool(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:

@@ -23,16 +23,7 @@ from typing import Any
 
 from sebridge.contract.events import Transition
 from sebridge.imds import Document, ScheduledEvent
-
-# Fields whose change on a Scheduled event is an Updated transition, in reporting order.
-WATCHED_FIELDS = (
-    "NotBefore",
-    "Resources",
-    "DurationInSeconds",
-    "Description",
-    "EventType",
-    "EventSource",
-)
+from sebridge.lifecycle import field_changes
 
 
 @dataclass(frozen=True)
@@ -40,26 +31,6 @@ class Change:
     transition: Transition
     event: ScheduledEvent
     changes: Mapping[str, Any] | None = None  # {"NotBefore": {"from": ..., "to": ...}} for Updated
-
-
-def _comparable(event: ScheduledEvent, name: str) -> object:
-    if name == "NotBefore":
-        # RFC 1123 and ISO 8601 spellings of one instant are the same NotBefore.
-        return event.not_before or event.raw.get("NotBefore", "")
-    if name == "Resources":
-        return sorted(r.lower() for r in event.resources)  # VM names are case-insensitive
-    if name == "DurationInSeconds":
-        return event.duration_in_seconds
-    return event.raw.get(name)
-
-
-def field_changes(before: ScheduledEvent, after: ScheduledEvent) -> dict[str, dict[str, Any]]:
-    """The watched fields that differ, with their IMDS values before and after."""
-    return {
-        name: {"from": before.raw.get(name), "to": after.raw.get(name)}
-        for name in WATCHED_FIELDS
-        if _comparable(before, name) != _comparable(after, name)
-    }
 
 
 def diff(

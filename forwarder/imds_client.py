@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import requests
 
 from sebridge.contract.events import Observer
 from sebridge.imds import Document, InvalidDocument
+from sebridge.retry import parse_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +49,7 @@ class ApprovalResponse:
 
 
 def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP date: rare from IMDS, and our own backoff covers it
+    return parse_retry_after(response.headers.get("Retry-After"), time.time())
 
 
 def _excerpt(text: str, limit: int = 200) -> str:

@@ -9,13 +9,13 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
-from forwarder.config import ConfigError, ForwarderConfig, parse_config
-from forwarder.imds_client import ImdsClient
-from forwarder.outbox import Outbox
-from forwarder.publisher import DryRunPublisher, Publisher, ServiceBusPublisher
-from forwarder.service import Forwarder
-from forwarder.state import StateStore, ensure_dir
 from sebridge import __version__
+from sebridge.forwarder.config import ConfigError, ForwarderConfig, parse_config
+from sebridge.forwarder.imds_client import ImdsClient
+from sebridge.forwarder.outbox import Outbox
+from sebridge.forwarder.publisher import DryRunPublisher, Publisher, ServiceBusPublisher
+from sebridge.forwarder.service import Forwarder
+from sebridge.forwarder.state import StateStore, ensure_dir
 from sebridge.logs import setup_logging
 
 log = logging.getLogger("forwarder")
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if forwarder.run_once() else 1
         workers: tuple[Callable[[], None], ...] = ()
         if not config.dry_run:
-            from forwarder.approvals import approvals_worker
+            from sebridge.forwarder.approvals import approvals_worker
 
             workers = (approvals_worker(forwarder, config),)
         forwarder.run(workers)

@@ -54,9 +54,6 @@ class Outbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a reported transition must survive power loss
         self._db.execute(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
-        if "ready" not in columns:  # an outbox from before held rows existed
-            self._db.execute("ALTER TABLE outbox ADD COLUMN ready INTEGER NOT NULL DEFAULT 1")
 
     def close(self) -> None:
         with self._lock:

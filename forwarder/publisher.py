@@ -7,8 +7,9 @@ import logging
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol, TextIO, cast
+from typing import Any, Protocol, TextIO
 
+from sebridge import servicebus
 from sebridge.contract.events import Envelope
 
 log = logging.getLogger(__name__)
@@ -50,39 +51,6 @@ class DryRunPublisher:
         return None
 
 
-def service_bus_client(
-    *, namespace: str | None, connection_string: str | None, client_id: str | None = None
-) -> Any:
-    """The composition point for Service Bus clients: managed identity in production, a
-    connection string for emulators. Imported lazily so dry-run never loads the SDK."""
-    from azure.servicebus import ServiceBusClient
-
-    options: dict[str, Any] = {"retry_total": 1, "retry_backoff_factor": 0.5}
-    if connection_string:
-        return ServiceBusClient.from_connection_string(connection_string, **options)
-    if not namespace:
-        raise ValueError("a Service Bus namespace or connection string is required")
-    from azure.identity import DefaultAzureCredential
-
-    credential = DefaultAzureCredential(managed_identity_client_id=client_id)
-    return ServiceBusClient(namespace, credential, **options)
-
-
-def to_service_bus_message(envelope: Envelope) -> Any:
-    from azure.servicebus import ServiceBusMessage
-
-    return ServiceBusMessage(
-        body=envelope.body_bytes(),
-        message_id=envelope.message_id,
-        session_id=envelope.session_id,
-        subject=envelope.subject,
-        content_type=envelope.content_type,
-        application_properties=cast(
-            "dict[str | bytes, Any]", dict(envelope.application_properties)
-        ),
-    )
-
-
 class ServiceBusPublisher:
     """Sends to the topic with one long-lived sender, rebuilt after any failure."""
 
@@ -103,10 +71,12 @@ class ServiceBusPublisher:
 
     def _ensure_sender(self) -> Any:
         if self._sender is None:
-            self._client = service_bus_client(
+            self._client = servicebus.client(
                 namespace=self._namespace,
                 connection_string=self._connection_string,
                 client_id=self._client_id,
+                retry_total=1,
+                retry_backoff_factor=0.5,
             )
             self._sender = self._client.get_topic_sender(self.topic)
         return self._sender
@@ -126,7 +96,7 @@ class ServiceBusPublisher:
         try:
             sender = self._ensure_sender()
             sender.send_messages(
-                [to_service_bus_message(e) for e in envelopes], timeout=SEND_TIMEOUT
+                [servicebus.envelope_message(e) for e in envelopes], timeout=SEND_TIMEOUT
             )
         except Exception as exc:
             self.close()

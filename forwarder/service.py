@@ -15,14 +15,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from forwarder.backoff import Backoff
-from forwarder.diff import diff, index
-from forwarder.imds_client import ImdsClient, ImdsError, hostname_observer
-from forwarder.outbox import Outbox
-from forwarder.publisher import Publisher, PublishError
-from forwarder.state import ForwarderState, StateStore
-from sebridge import __version__
+from sebridge import __version__, lifecycle
 from sebridge.contract.events import Envelope, Observer, event_message, heartbeat_message
+from sebridge.forwarder.diff import diff, index
+from sebridge.forwarder.imds_client import ImdsClient, ImdsError, hostname_observer
+from sebridge.forwarder.outbox import Outbox
+from sebridge.forwarder.publisher import Publisher, PublishError
+from sebridge.forwarder.state import ForwarderState, StateStore, bounded_lives
+from sebridge.retry import Backoff
 
 log = logging.getLogger("forwarder")
 
@@ -125,18 +125,25 @@ class Forwarder:
         observed_at = self.now()
         changes = diff(self.state.events, document, observed_at)
         held_up_to = 0
+        lives = dict(self.state.lives)
         if changes:
-            envelopes = [
-                event_message(
-                    c.transition,
-                    c.event,
-                    self.observer,
-                    document.incarnation,
-                    observed_at,
-                    changes=c.changes,
+            envelopes = []
+            for c in changes:
+                life, message_id = lifecycle.advance(
+                    lives.pop(c.event.key, None), c.transition.value, c.event
                 )
-                for c in changes
-            ]
+                lives[c.event.key] = life  # re-inserted: the most recently touched come last
+                envelopes.append(
+                    event_message(
+                        c.transition,
+                        c.event,
+                        self.observer,
+                        document.incarnation,
+                        observed_at,
+                        message_id=message_id,
+                        changes=c.changes,
+                    )
+                )
             # Held until the state that produced them is saved (see Outbox): a crash in
             # between loses nothing and publishes nothing the saved state does not know.
             held_up_to = self.outbox.put(envelopes, hold=True)
@@ -151,10 +158,12 @@ class Forwarder:
                     extra={"transition": change.transition.value, "messageId": envelope.message_id},
                 )
         if changes or document.incarnation != self.state.incarnation:
+            events = index(document.events)
             self.state = ForwarderState(
                 document.incarnation,
-                index(document.events),
+                events,
                 max(self.state.outbox_seq, held_up_to),
+                bounded_lives(lives, set(events)),
             )
             self.store.save(self.state)
         if held_up_to:
@@ -178,6 +187,10 @@ class Forwarder:
                 last_successful_poll=self.last_successful_poll,
             )
         )
+
+    def life_of(self, key: str) -> lifecycle.Life | None:
+        """What this forwarder remembers of an event (for the ids of what it reports on it)."""
+        return self.state.lives.get(key)
 
     def enqueue(self, envelope: Envelope) -> None:
         self.outbox.put([envelope])

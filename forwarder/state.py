@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from sebridge.imds import InvalidDocument, ScheduledEvent
+from sebridge.lifecycle import Life
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
+MAX_LIVES = 1000  # EventIds remembered for their message ids, present ones and recent past ones
 
 
 @dataclass
@@ -29,6 +31,9 @@ class ForwarderState:
     incarnation: int | None = None
     events: dict[str, ScheduledEvent] = field(default_factory=dict)
     outbox_seq: int = 0  # the highest outbox row whose transition this state accounts for
+    # What is remembered of each EventId for its message ids (sebridge.lifecycle), including
+    # events that ended, so that one coming back is told apart from its first appearance.
+    lives: dict[str, Life] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -36,6 +41,7 @@ class ForwarderState:
             "incarnation": self.incarnation,
             "outboxSeq": self.outbox_seq,
             "events": [event.to_imds() for event in self.events.values()],
+            "lives": {key: life.to_json() for key, life in self.lives.items()},
             "savedAt": datetime.now(UTC).isoformat(),
         }
 
@@ -53,9 +59,25 @@ class ForwarderState:
         if not isinstance(outbox_seq, int) or isinstance(outbox_seq, bool) or outbox_seq < 0:
             raise ValueError("outboxSeq is not a non-negative integer")
         events = [ScheduledEvent.from_imds(raw) for raw in raw_events]
+        raw_lives = obj.get("lives", {})
+        if not isinstance(raw_lives, dict):
+            raise ValueError("lives is not an object")
+        lives = {str(key): Life.from_json(life) for key, life in raw_lives.items()}
         return cls(
-            incarnation=incarnation, events={e.key: e for e in events}, outbox_seq=outbox_seq
+            incarnation=incarnation,
+            events={e.key: e for e in events},
+            outbox_seq=outbox_seq,
+            lives=lives,
         )
+
+
+def bounded_lives(lives: dict[str, Life], present: set[str]) -> dict[str, Life]:
+    """At most MAX_LIVES: every present event's, then the most recently touched past ones."""
+    if len(lives) <= MAX_LIVES:
+        return lives
+    past = [key for key in lives if key not in present]
+    keep = set(present) | set(past[-max(0, MAX_LIVES - len(present)) :])
+    return {key: life for key, life in lives.items() if key in keep}
 
 
 def ensure_dir(path: Path) -> None:

@@ -12,7 +12,7 @@ import logging
 
 import azure.functions as func
 
-from functions.triggers import decode
+from functions.shared.triggers import decode
 from sebridge.contract.events import TransitionMessage
 
 log = logging.getLogger("sebridge.functions.custom")

@@ -18,45 +18,42 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-SCHEDULED = "Scheduled"
 STARTED = "Started"
-
-# The IMDS event fields, in the order IMDS documents them.
-EVENT_FIELDS = (
-    "EventId",
-    "EventType",
-    "ResourceType",
-    "Resources",
-    "EventStatus",
-    "NotBefore",
-    "Description",
-    "EventSource",
-    "DurationInSeconds",
-)
 
 
 class InvalidDocument(ValueError):
     """The body is not a scheduled-events document we can diff safely."""
 
 
+MAX_TIME_TEXT = 64  # longer than any real spelling of a date
+
+
 def parse_not_before(value: object) -> datetime | None:
-    """RFC 1123 (real IMDS) or ISO 8601 (mock server) to an aware UTC datetime; "" -> None."""
-    if not isinstance(value, str) or not value.strip():
+    """RFC 1123 (real IMDS) or ISO 8601 (mock server) to an aware UTC datetime; "" -> None.
+
+    Anything else, including a time that cannot be expressed in UTC (year 9999 with a negative
+    offset), is None: the caller keeps the verbatim value, and one event's odd field never
+    fails the document it is in.
+    """
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_TIME_TEXT:
         return None
     text = value.strip()
     parsed: datetime | None
     try:
         parsed = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         parsed = None
     if parsed is None:
         try:
             parsed = datetime.fromisoformat(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             return None
     if parsed.tzinfo is None:  # IMDS times are UTC even when the zone is left out
         parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        return None
 
 
 def isoformat_utc(moment: datetime) -> str:

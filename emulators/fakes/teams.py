@@ -11,7 +11,7 @@ from collections import deque
 from typing import Any
 
 from emulators.fakes._server import LoopbackServer, Reply, Request
-from functions.cards import ATTACHMENT_TYPE, card_text_lines
+from functions.teams.cards import ATTACHMENT_TYPE, card_text_lines
 
 WEBHOOK_PATH = "/workflows/sebridge/triggers/manual/paths/invoke"
 

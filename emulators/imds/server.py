@@ -1,7 +1,7 @@
 """``sebridge imds-sim``: a loopback IMDS that replays scheduled-events scenarios.
 
 Standard library only (``http.server`` with HTTP/1.1 keep-alive, one thread per connection).
-It answers like real IMDS (see /work/shared/DESIGN.md and Microsoft's "Scheduled Events for
+It answers like real IMDS (see Microsoft's "Scheduled Events for
 Linux VMs"):
 
 ``GET  /metadata/scheduledevents?api-version=V`` (header ``Metadata: true``)

@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
-from functions.ports import ArmDocument, PermissionDenied, PreconditionFailed
+from functions.shared.ports import ArmDocument, PermissionDenied, PreconditionFailed
 
 log = logging.getLogger("sebridge.functions.arm")
 

@@ -25,11 +25,11 @@ from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.teams import FakeTeams
 from emulators.processes import server
 from emulators.servicebus.testing import running_emulator
-from forwarder.approvals import message_body
-from forwarder.publisher import to_service_bus_message
 from sebridge.contract.commands import parse_command
 from sebridge.contract.events import Transition, event_message
 from sebridge.imds import Document
+from sebridge.servicebus import envelope_message as to_service_bus_message
+from sebridge.servicebus import message_body
 from tests.fixtures import golden
 from tests.support.bus import receive_all
 from tests.support.waiting import wait_until

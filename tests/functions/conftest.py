@@ -19,8 +19,8 @@ from emulators.fakes.arm import FakeArm
 from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams
-from functions import composition
-from functions.settings import load_settings
+from functions.shared import composition
+from functions.shared.settings import load_settings
 from tests.functions.support import App, Clock, RecordingCommands, RecordingPublisher, base_env
 
 

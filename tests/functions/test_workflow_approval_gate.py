@@ -13,8 +13,8 @@ import pytest
 
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.storage import FakeBlobStorage
-from functions import tokens
-from functions.settings import HEARTBEAT_CONTAINER
+from functions.approval_gate import tokens
+from functions.shared.settings import HEARTBEAT_CONTAINER
 from sebridge.contract.commands import parse_command
 from sebridge.contract.events import heartbeat_message
 from tests.fixtures import golden

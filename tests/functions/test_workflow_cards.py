@@ -10,7 +10,13 @@ import adaptive_cards
 import jsonschema
 import pytest
 
-from functions.cards import build_card, card_text_lines, duration_text, relative, teams_payload
+from functions.teams.cards import (
+    build_card,
+    card_text_lines,
+    duration_text,
+    relative,
+    teams_payload,
+)
 from sebridge.contract.events import parse_message
 from tests.fixtures import golden
 from tests.functions.support import NOW, envelope

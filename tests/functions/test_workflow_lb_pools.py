@@ -9,10 +9,10 @@ import pytest
 
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.identity import FakeIdentity
-from functions import pools
 from functions.adapters.arm import ArmError
 from functions.adapters.retry import TransientHttpError
-from sebridge.contract.events import Observer, parse_message
+from functions.lb_pools import nic_pools
+from sebridge.contract.events import Observer, Transition, derived_message_id, parse_message
 from tests.fixtures import golden
 from tests.functions.support import EVENT_ID, RG, SUB, App, envelope
 
@@ -51,10 +51,16 @@ def test_scheduled_drains_every_affected_vm_and_publishes_prepared(
     app.deliver("lb_pools", golden.build()["scheduled"])
     assert app.arm.vm_pools(world["web-1"]) == [] and app.arm.vm_pools(world["web-2"]) == []
     tags = app.arm.nic(nic_id(world, "web-1"))["tags"]
-    assert tags[pools.TAG] == "ipconfig1=lb-web/pool-a,lb-web/pool-b,rg-shared/lb-int/pool-x"
+    assert tags[nic_pools.TAG] == "ipconfig1=lb-web/pool-a,lb-web/pool-b,rg-shared/lb-int/pool-x"
     assert tags["owner"] == "web-team"
     (prepared,) = app.publisher.published
-    assert prepared.message_id == f"{EVENT_ID}:Prepared"
+    scheduled = golden.build()["scheduled"]
+    assert prepared.message_id == derived_message_id(
+        parse_message(scheduled.body_bytes()).event,  # type: ignore[arg-type]
+        Transition.PREPARED,
+        scheduled.message_id,
+    )
+    assert prepared.message_id.startswith(f"{EVENT_ID}:Prepared:")
     assert prepared.session_id == EVENT_ID and prepared.subject == "Prepared"
     parsed = parse_message(prepared.body_bytes())
     assert parsed.source == "urn:sebridge:function:lb-pools"
@@ -77,8 +83,10 @@ def test_replays_change_nothing_more(app: App, world: dict[str, str]) -> None:
     app.deliver("lb_pools", golden.build()["updated"])
     app.deliver("lb_pools", golden.build()["started"])
     assert len(app.arm.writes()) == writes
-    # Prepared again for the replays: the same message_id, collapsed by duplicate detection
-    assert {m.message_id for m in app.publisher.published} == {f"{EVENT_ID}:Prepared"}
+    # Prepared again for each replay of one message: the same message_id, collapsed by
+    # duplicate detection; the Updated is another cause, so another Prepared
+    published = [m.message_id for m in app.publisher.published]
+    assert len(published) == 3 and published[0] == published[1] != published[2]
 
 
 def test_completed_restores_exactly_what_was_removed(app: App, world: dict[str, str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from functions.settings import APP_SETTING_NAMES, SettingsError, load_settings
+from functions.shared.settings import APP_SETTING_NAMES, SettingsError, load_settings
 
 GOOD = {
     "ServiceBusConnection__fullyQualifiedNamespace": "ns.servicebus.windows.net",
@@ -52,7 +52,10 @@ def test_secrets_stay_out_of_repr_and_describe() -> None:
         ({"LB_IMPACTFUL_EVENT_TYPES": "Reboot,Rebooot"}, "LB_IMPACTFUL_EVENT_TYPES: unknown"),
         ({"LB_FREEZE_THRESHOLD_SECONDS": "nine"}, "LB_FREEZE_THRESHOLD_SECONDS: 'nine'"),
         ({"HEARTBEAT_STALE_SECONDS": "5"}, "HEARTBEAT_STALE_SECONDS: 5 is outside"),
-        ({"ACKNOWLEDGE_FALLBACK_ENABLED": "maybe"}, "ACKNOWLEDGE_FALLBACK_ENABLED: 'maybe'"),
+        (
+            {"ACKNOWLEDGE_FALLBACK_ENABLED": "maybe"},
+            "ACKNOWLEDGE_FALLBACK_ENABLED: not a boolean: 'maybe'",
+        ),
         ({"ACKNOWLEDGE_FALLBACK_ENABLED": "true"}, "HEARTBEAT_STORE_URL: required"),
         ({"CUSTOM_SUBSCRIBER_ENABLED": "true"}, "CustomSubscriptionName: required"),
         ({"ARM_ENDPOINT": "http://management.example"}, "ARM_ENDPOINT: must use https"),

@@ -9,8 +9,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from functions import tokens
 from functions.adapters.retry import TransientHttpError
+from functions.approval_gate import tokens
 from tests.fixtures import golden
 from tests.functions.support import EVENT_ID, NOW, SIGNING_KEY, App, envelope, sb_message
 from tests.functions.test_workflow_cards import assert_valid

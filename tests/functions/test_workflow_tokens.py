@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from functions.tokens import ApprovalClaims, TokenError, sign, verify
+from functions.approval_gate.tokens import ApprovalClaims, TokenError, sign, verify
 from tests.functions.support import EVENT_ID, NOW
 
 KEY = b"k" * 32

@@ -106,7 +106,7 @@ def test_the_forwarder_accepts_the_written_configuration(installed: Path) -> Non
     config_module = REPO / "forwarder" / "config.py"
     if not config_module.exists():
         pytest.fail("forwarder/config.py is missing: cannot check the installed configuration")
-    from forwarder.config import parse_config
+    from sebridge.forwarder.config import parse_config
 
     config = parse_config([], read_env_file(installed / ENV_PATH))
     assert config.namespace == NAMESPACE

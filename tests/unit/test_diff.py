@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from forwarder.diff import diff, index
 from sebridge.contract.events import Transition
+from sebridge.forwarder.diff import diff, index
 from sebridge.imds import Document, InvalidDocument
 
 A = "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f"

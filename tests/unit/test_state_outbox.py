@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from forwarder.outbox import Outbox
-from forwarder.state import STATE_FILE, ForwarderState, StateStore
 from sebridge.contract.events import Observer, Transition, event_message, heartbeat_message
+from sebridge.forwarder.outbox import Outbox
+from sebridge.forwarder.state import STATE_FILE, ForwarderState, StateStore
 from sebridge.imds import Document
 
 EVENT = {

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import azure.functions as func
 
-from functions import composition, notify
-from functions.triggers import decode
+from functions.shared import composition
+from functions.shared.triggers import decode
+from functions.teams import core as notify
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 

@@ -11,8 +11,8 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from functions import tokens
-from functions.ports import CommandSender
+from functions.approval_gate import tokens
+from functions.shared.ports import CommandSender
 from sebridge.contract.commands import approve_command
 
 log = logging.getLogger("sebridge.functions.approve")

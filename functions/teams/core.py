@@ -7,9 +7,10 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from functions import cards, tokens
-from functions.policy import Action, Policy
-from functions.ports import TeamsPoster
+from functions.approval_gate import tokens
+from functions.approval_gate.policy import Action, Policy
+from functions.shared.ports import TeamsPoster
+from functions.teams import cards
 from sebridge.contract.events import Transition, TransitionMessage
 
 log = logging.getLogger("sebridge.functions.teams")

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from functions import pools
+from functions.lb_pools import nic_pools
 
 SUB = "00000000-0000-4000-8000-000000000001"
 NIC = f"/subscriptions/{SUB}/resourceGroups/rg-web/providers/Microsoft.Network/networkInterfaces/n1"
@@ -48,87 +48,94 @@ def nic(*configs: list[str], tags: dict[str, str] | None = None) -> dict[str, ob
     ],
 )
 def test_compact_refs_round_trip(pool_id: str, ref: str) -> None:
-    assert pools.compact_ref(pool_id, NIC) == ref
-    assert pools.expand_ref(ref, NIC).lower() == pool_id.lower()
+    assert nic_pools.compact_ref(pool_id, NIC) == ref
+    assert nic_pools.expand_ref(ref, NIC).lower() == pool_id.lower()
 
 
 def test_drain_removes_every_pool_and_records_it() -> None:
     before = nic([pool("a"), pool("b", group="rg-shared")], [pool("c")], [])
-    change = pools.plan_drain(before, NIC)
+    change = nic_pools.plan_drain(before, NIC)
     assert change is not None
-    assert pools.pools_of(change.body) == {}
+    assert nic_pools.pools_of(change.body) == {}
     assert change.body["tags"]["owner"] == "web"  # other tags are kept
     assert (
-        change.body["tags"][pools.TAG] == "ipconfig1=lb-web/a,rg-shared/lb-web/b;ipconfig2=lb-web/c"
+        change.body["tags"][nic_pools.TAG]
+        == "ipconfig1=lb-web/a,rg-shared/lb-web/b;ipconfig2=lb-web/c"
     )
-    assert pools.decode_record(change.body["tags"], NIC) == pools.pools_of(before)
+    assert nic_pools.decode_record(change.body["tags"], NIC) == nic_pools.pools_of(before)
     assert before["properties"]["ipConfigurations"][0]["properties"][
         "loadBalancerBackendAddressPools"
     ]  # type: ignore[index]
 
 
 def test_drain_of_a_drained_nic_is_a_no_op() -> None:
-    change = pools.plan_drain(nic([pool("a")]), NIC)
+    change = nic_pools.plan_drain(nic([pool("a")]), NIC)
     assert change is not None
-    assert pools.plan_drain(change.body, NIC) is None
+    assert nic_pools.plan_drain(change.body, NIC) is None
 
 
 def test_drain_merges_with_an_existing_record() -> None:
     """Someone re-added a pool between drain and restore: both end up recorded."""
-    first = pools.plan_drain(nic([pool("a")]), NIC)
+    first = nic_pools.plan_drain(nic([pool("a")]), NIC)
     assert first is not None
     again = copy.deepcopy(first.body)
     again["properties"]["ipConfigurations"][0]["properties"]["loadBalancerBackendAddressPools"] = [
         {"id": pool("b")}
     ]
-    second = pools.plan_drain(again, NIC)
+    second = nic_pools.plan_drain(again, NIC)
     assert second is not None
-    assert pools.decode_record(second.body["tags"], NIC) == {"ipconfig1": [pool("a"), pool("b")]}
+    assert nic_pools.decode_record(second.body["tags"], NIC) == {
+        "ipconfig1": [pool("a"), pool("b")]
+    }
 
 
 def test_restore_puts_back_exactly_the_record_and_drops_the_tag() -> None:
     before = nic([pool("a"), pool("b")], [pool("c")])
-    drained = pools.plan_drain(before, NIC)
+    drained = nic_pools.plan_drain(before, NIC)
     assert drained is not None
-    restored = pools.plan_restore(drained.body, NIC)
+    restored = nic_pools.plan_restore(drained.body, NIC)
     assert restored is not None
-    assert pools.pools_of(restored.body) == pools.pools_of(before)
+    assert nic_pools.pools_of(restored.body) == nic_pools.pools_of(before)
     assert restored.body["tags"] == {"owner": "web"}
-    assert pools.plan_restore(restored.body, NIC) is None  # replay: nothing left to do
+    assert nic_pools.plan_restore(restored.body, NIC) is None  # replay: nothing left to do
 
 
 def test_restore_does_not_duplicate_a_pool_that_is_back_already() -> None:
-    drained = pools.plan_drain(nic([pool("a"), pool("b")]), NIC)
+    drained = nic_pools.plan_drain(nic([pool("a"), pool("b")]), NIC)
     assert drained is not None
     body = copy.deepcopy(drained.body)
     body["properties"]["ipConfigurations"][0]["properties"]["loadBalancerBackendAddressPools"] = [
         {"id": pool("a").upper()}
     ]
-    restored = pools.plan_restore(body, NIC)
+    restored = nic_pools.plan_restore(body, NIC)
     assert restored is not None
     assert restored.pools == {"ipconfig1": [pool("b")]}
-    assert len(pools.pools_of(restored.body)["ipconfig1"]) == 2
+    assert len(nic_pools.pools_of(restored.body)["ipconfig1"]) == 2
 
 
 def test_a_long_record_spans_several_tags_within_the_limit() -> None:
     many = [pool(f"pool-{i:02d}", lb=f"loadbalancer-{i:02d}") for i in range(20)]
-    change = pools.plan_drain(nic(many), NIC)
+    change = nic_pools.plan_drain(nic(many), NIC)
     assert change is not None
-    record_tags = {k: v for k, v in change.body["tags"].items() if k.startswith(pools.TAG)}
+    record_tags = {k: v for k, v in change.body["tags"].items() if k.startswith(nic_pools.TAG)}
     assert len(record_tags) > 1
-    assert all(len(v) <= pools.TAG_VALUE_LIMIT for v in record_tags.values())
-    assert pools.decode_record(change.body["tags"], NIC) == {"ipconfig1": many}
-    restored = pools.plan_restore(change.body, NIC)
-    assert restored is not None and not any(k.startswith(pools.TAG) for k in restored.body["tags"])
+    assert all(len(v) <= nic_pools.TAG_VALUE_LIMIT for v in record_tags.values())
+    assert nic_pools.decode_record(change.body["tags"], NIC) == {"ipconfig1": many}
+    restored = nic_pools.plan_restore(change.body, NIC)
+    assert restored is not None and not any(
+        k.startswith(nic_pools.TAG) for k in restored.body["tags"]
+    )
 
 
 def test_a_record_too_large_for_the_tags_changes_nothing() -> None:
     other = "99999999-0000-4000-8000-000000000001"
     many = [pool(f"pool-{i:02d}", sub=other) for i in range(12)]  # full ids, ~170 chars each
-    with pytest.raises(pools.RecordTooLarge, match="tags hold 1024"):
-        pools.plan_drain(nic(many), NIC)
+    with pytest.raises(nic_pools.RecordTooLarge, match="tags hold 1024"):
+        nic_pools.plan_drain(nic(many), NIC)
 
 
 def test_an_unreadable_record_entry_is_skipped() -> None:
-    tags = {pools.TAG: "ipconfig1=lb-web/a,x/y/z/w;garbage;=lb/p"}
-    assert pools.decode_record(tags, NIC) == {"ipconfig1": [pool("a").replace("rg-web", "rg-web")]}
+    tags = {nic_pools.TAG: "ipconfig1=lb-web/a,x/y/z/w;garbage;=lb/p"}
+    assert nic_pools.decode_record(tags, NIC) == {
+        "ipconfig1": [pool("a").replace("rg-web", "rg-web")]
+    }

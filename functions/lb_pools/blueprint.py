@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import azure.functions as func
 
-from functions import composition, lbflow
-from functions.triggers import decode
+from functions.lb_pools import core as lbflow
+from functions.shared import composition
+from functions.shared.triggers import decode
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 

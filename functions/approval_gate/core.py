@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from functions import pools
-from functions.impact import ImpactRules
-from functions.policy import Action, Policy
-from functions.ports import ArmClient, CommandSender, HeartbeatStore, PermissionDenied
-from functions.vms import UnresolvableScope, VmKind, affected_vms, resolve
+from functions.approval_gate.policy import Action, Policy
+from functions.lb_pools import nic_pools
+from functions.shared.impact import ImpactRules
+from functions.shared.ports import ArmClient, CommandSender, HeartbeatStore, PermissionDenied
+from functions.shared.vms import UnresolvableScope, VmKind, affected_vms, resolve
 from sebridge.contract.commands import approve_command
 from sebridge.contract.events import Transition, TransitionMessage
 
@@ -90,7 +90,7 @@ class Gate:
                     return self._not_checkable(event.key, vm.problem)
                 for nic_id in vm.nic_ids:
                     nic = self.arm.get_nic(nic_id)
-                    if nic is not None and pools.in_any_pool(nic.body):
+                    if nic is not None and nic_pools.in_any_pool(nic.body):
                         return False
         except UnresolvableScope as exc:
             log.error("cannot check the pools: %s", exc, extra={"eventId": event.key})

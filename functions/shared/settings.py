@@ -8,13 +8,13 @@ host indexes it (visible in the deployment log) rather than at the first message
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from functions.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
-from functions.policy import Policy, PolicyError, default_policy, parse_policy
+from functions.approval_gate.policy import Policy, PolicyError, default_policy, parse_policy
+from functions.shared.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
+from sebridge.values import is_loopback, parse_bool
 
 # Every app setting the Function App reads, for the Bicep tests and the README.
 APP_SETTING_NAMES: tuple[str, ...] = (
@@ -45,11 +45,6 @@ LOCAL_OR_PLATFORM_SETTING_NAMES: tuple[str, ...] = (
     "ServiceBusConnection",
     "WEBSITE_HOSTNAME",
     "AzureWebJobsStorage__accountName",
-)
-SECRET_SETTING_NAMES: tuple[str, ...] = (
-    "TEAMS_WEBHOOK_URL",
-    "APPROVAL_SIGNING_KEY",
-    "ServiceBusConnection",
 )
 
 DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
@@ -106,34 +101,23 @@ class Settings:
         }
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _url(name: str, value: str, problems: list[str]) -> str:
     """https anywhere; plain http only for loopback stand-ins."""
     parts = urlsplit(value)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         problems.append(f"{name}: not an http(s) URL")
         return value
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         problems.append(f"{name}: must use https (plain http is allowed for loopback only)")
     return value.rstrip("/")
 
 
 def _bool(name: str, value: str, problems: list[str]) -> bool:
-    text = value.strip().lower()
-    if text in {"true", "1", "yes"}:
-        return True
-    if text in {"false", "0", "no", ""}:
+    try:
+        return parse_bool(value)
+    except ValueError as exc:
+        problems.append(f"{name}: {exc}")
         return False
-    problems.append(f"{name}: {value!r} is not true or false")
-    return False
 
 
 def _int(name: str, value: str, problems: list[str], *, minimum: int, maximum: int) -> int:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from functions.ports import ArmClient, PermissionDenied
+from functions.shared.ports import ArmClient, PermissionDenied
 from sebridge.contract.events import Observer
 
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from functions import pools
-from functions.impact import ImpactRules, restores_afterwards
-from functions.ports import ArmClient, PermissionDenied, PreconditionFailed, TopicPublisher
-from functions.vms import ResolvedVm, UnresolvableScope, VmKind, affected_vms, resolve
+from functions.lb_pools import nic_pools
+from functions.shared.impact import ImpactRules, restores_afterwards
+from functions.shared.ports import ArmClient, PermissionDenied, PreconditionFailed, TopicPublisher
+from functions.shared.vms import ResolvedVm, UnresolvableScope, VmKind, affected_vms, resolve
 from sebridge.contract.events import Transition, TransitionMessage, prepared_message
 
 log = logging.getLogger("sebridge.functions.lb_pools")
@@ -43,7 +43,7 @@ class LbOutcome:
 def _change_nic(
     arm: ArmClient,
     nic_id: str,
-    plan: Callable[[dict[str, object], str], pools.NicChange | None],
+    plan: Callable[[dict[str, object], str], nic_pools.NicChange | None],
 ) -> tuple[bool, bool]:
     """(changed, gone): read, plan, PUT with If-Match; re-read when someone else wrote first."""
     for _ in range(MAX_ETAG_RETRIES):
@@ -83,8 +83,8 @@ def _drain_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
         return
     for nic_id in vm.nic_ids:
         try:
-            changed, gone = _change_nic(arm, nic_id, pools.plan_drain)
-        except pools.RecordTooLarge as exc:
+            changed, gone = _change_nic(arm, nic_id, nic_pools.plan_drain)
+        except nic_pools.RecordTooLarge as exc:
             log.error("NIC left in its pools: %s", exc, extra={"vm": vm.name, "nic": nic_id})
             outcome.not_ready.append(vm.name)
             continue
@@ -105,7 +105,7 @@ def _drain_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
 
 
 def _restore_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
-    restore_by_hand = f"its NICs keep what was removed in the tag {pools.TAG}"
+    restore_by_hand = f"its NICs keep what was removed in the tag {nic_pools.TAG}"
     if vm.kind is VmKind.FORBIDDEN:
         log.error(
             "VM %s cannot be restored to its pools: %s; %s",
@@ -120,7 +120,7 @@ def _restore_vm(arm: ArmClient, vm: ResolvedVm, outcome: LbOutcome) -> None:
         return
     for nic_id in vm.nic_ids:
         try:
-            changed, gone = _change_nic(arm, nic_id, pools.plan_restore)
+            changed, gone = _change_nic(arm, nic_id, nic_pools.plan_restore)
         except PermissionDenied as exc:
             log.error(
                 "NIC %s cannot be restored to its pools: %s; %s",
@@ -193,6 +193,8 @@ def handle(
                 now,
                 source=SOURCE,
                 prepared_vms=list(vms),
+                cause=message.message_id or event.key,
+                prepared_by="lb-pools",
             )
         )
         outcome.published_prepared = True

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from functions.impact import DEFAULT_RULES, ImpactRules
+from functions.shared.impact import DEFAULT_RULES, ImpactRules
 from sebridge.contract.events import Observer
 from sebridge.imds import ScheduledEvent
 
@@ -64,7 +64,6 @@ def default_policy(impact: ImpactRules = DEFAULT_RULES) -> dict[str, Any]:
     return {"rules": rules, "default": "manual"}
 
 
-DEFAULT_POLICY: dict[str, Any] = default_policy()  # at the default settings, as documented
 MATCH_KEYS = ("eventType", "eventSource", "durationSeconds", "vmName", "resourceGroup")
 MAX_RULES = 100
 

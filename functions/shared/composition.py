@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from functions.gate import Fallback, Gate
-from functions.impact import ImpactRules
-from functions.ports import (
+from functions.approval_gate.core import Fallback, Gate
+from functions.shared.impact import ImpactRules
+from functions.shared.ports import (
     ArmClient,
     Clock,
     CommandSender,
@@ -25,7 +25,7 @@ from functions.ports import (
     TeamsPoster,
     TopicPublisher,
 )
-from functions.settings import Settings, load_settings
+from functions.shared.settings import Settings, load_settings
 
 log = logging.getLogger("sebridge.functions")
 

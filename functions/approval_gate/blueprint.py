@@ -6,9 +6,10 @@ from urllib.parse import parse_qs
 
 import azure.functions as func
 
-from functions import approval_link, composition
-from functions.notify import APPROVE_ROUTE
-from functions.triggers import decode
+from functions.approval_gate import link as approval_link
+from functions.shared import composition
+from functions.shared.triggers import decode
+from functions.teams.core import APPROVE_ROUTE
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 MAX_FORM_BYTES = 4096
