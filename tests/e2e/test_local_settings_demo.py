@@ -82,7 +82,7 @@ def test_the_functions_host_runs_the_app_against_the_demo_world_with_it(tmp_path
             ],
         )
         host = ChildProcess("functions-host", ["--settings", str(settings_file)], cwd=REPO)
-        with fakes.start(), host.start():
+        with fakes, host:
             fakes.wait_for_line("}", timeout=30)  # the settings it printed: it is serving
             assert (
                 host.wait_for_line("listening on", timeout=60)
