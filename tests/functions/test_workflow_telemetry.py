@@ -66,8 +66,12 @@ def lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def full_app(make_app: Callable[..., App]) -> App:
-    """Every Service Bus trigger registered: the custom subscriber too."""
-    return make_app(CUSTOM_SUBSCRIBER_ENABLED="true", CustomSubscriptionName="vm-loss")
+    """Every Service Bus trigger registered: the custom subscriber and webhooks too."""
+    return make_app(
+        CUSTOM_SUBSCRIBER_ENABLED="true",
+        CustomSubscriptionName="vm-loss",
+        WebhooksSubscriptionName="webhooks",
+    )
 
 
 def _service_bus_functions(app: App) -> list[str]:
@@ -80,7 +84,7 @@ def _service_bus_functions(app: App) -> list[str]:
 
 def test_every_service_bus_trigger_logs_its_invocations(full_app: App) -> None:
     names = _service_bus_functions(full_app)
-    assert names == ["approval_gate", "custom_example", "lb_pools", "teams"]
+    assert names == ["approval_gate", "custom_example", "lb_pools", "teams", "webhooks"]
     for name in names:
         user = full_app.functions[name].get_user_function()
         assert getattr(user, "__wrapped__", None) is not None, f"{name} lacks @log_invocation"
