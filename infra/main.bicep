@@ -64,6 +64,12 @@ param webhookEndpoints array = []
 @description('App settings that hold the webhook secrets (URLs, PagerDuty routing keys), e.g. WEBHOOK_OPS_SLACK_URL: each becomes a Key Vault reference to the secret of the same name in lower case with dashes (webhook-ops-slack-url), which you set after deployment.')
 param webhookSecretSettings array = []
 
+@description('Deploy the alert rules: dead-lettered messages (topic and approvals queue) and forwarders whose Heartbeat stopped.')
+param alertsEnabled bool = false
+
+@description('Resource ids of the action groups the alert rules notify; empty: the alerts show in the portal only.')
+param alertActionGroupIds array = []
+
 @description('Upper bound of Function App instances.')
 @minValue(1)
 @maxValue(1000)
@@ -227,6 +233,21 @@ module poolRoles 'modules/managed-group-roles.bicep' = [for rg in lbManagedResou
     functionAppPrincipalId: functionApp.outputs.principalId
   }
 }]
+
+module alerts 'modules/alerts.bicep' = if (alertsEnabled) {
+  name: 'alerts'
+  params: {
+    location: location
+    namePrefix: '${abbrs.alertRule}sebridge-${environmentName}'
+    namespaceName: serviceBus.outputs.namespaceName
+    topicName: serviceBus.outputs.topicName
+    approvalsQueueName: serviceBus.outputs.approvalsQueueName
+    appInsightsName: monitoring.outputs.appInsightsName
+    heartbeatStaleSeconds: heartbeatStaleSeconds
+    actionGroupIds: alertActionGroupIds
+    tags: allTags
+  }
+}
 
 @description('Fully qualified Service Bus namespace (SEBRIDGE_NAMESPACE on the VMs).')
 output serviceBusNamespace string = serviceBus.outputs.fullyQualifiedNamespace

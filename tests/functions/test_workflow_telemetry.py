@@ -8,6 +8,7 @@ import json
 import logging
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import azure.functions as func
@@ -182,3 +183,11 @@ def test_note_refuses_names_that_would_break_the_log_record() -> None:
     with pytest.raises(ValueError, match="may not be named"):
         note(None, outcome="x")
     note("ignored outside an invocation", posted=1)  # no invocation: nothing happens
+
+
+def test_invocation_lines_are_never_sampled_away() -> None:
+    """Adaptive sampling would drop lines at random: an event's path would have gaps and the
+    heartbeat alert would see a live forwarder as silent."""
+    host = json.loads((Path(__file__).resolve().parents[2] / "host.json").read_text())
+    sampling = host["logging"]["applicationInsights"]["samplingSettings"]
+    assert sampling.get("isEnabled") is False or "Trace" in sampling["excludedTypes"].split(";")
