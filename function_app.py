@@ -12,6 +12,7 @@ from functions.approval_gate.blueprint import bp as approval_gate
 from functions.lb_pools.blueprint import bp as lb_pools
 from functions.shared import composition
 from functions.teams.blueprint import bp as teams
+from functions.webhooks.blueprint import bp as webhooks
 
 settings = composition.settings()
 
@@ -21,3 +22,5 @@ app.register_functions(lb_pools)
 app.register_functions(approval_gate)
 if settings.custom_subscriber_enabled:
     app.register_functions(custom_example.bp)
+if settings.webhooks_subscription:
+    app.register_functions(webhooks)

@@ -58,6 +58,18 @@ param customSubscriberEnabled bool = false
 @description('Subscription your own subscriber function reads (CustomSubscriptionName): its own, not one of teams, lb-pools, approval-gate, audit. Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
 param customSubscriptionName string = ''
 
+@description('Webhook endpoints of the webhooks workflow (WEBHOOKS): objects with name, preset (slack, pagerduty, generic), urlSetting, routingKeySetting, transitions, eventTypes, impactfulOnly, template. No secret here: urlSetting and routingKeySetting name app settings listed in webhookSecretSettings.')
+param webhookEndpoints array = []
+
+@description('App settings that hold the webhook secrets (URLs, PagerDuty routing keys), e.g. WEBHOOK_OPS_SLACK_URL: each becomes a Key Vault reference to the secret of the same name in lower case with dashes (webhook-ops-slack-url), which you set after deployment.')
+param webhookSecretSettings array = []
+
+@description('Deploy the alert rules: dead-lettered messages (topic and approvals queue) and forwarders whose Heartbeat stopped.')
+param alertsEnabled bool = false
+
+@description('Resource ids of the action groups the alert rules notify; empty: the alerts show in the portal only.')
+param alertActionGroupIds array = []
+
 @description('Upper bound of Function App instances.')
 @minValue(1)
 @maxValue(1000)
@@ -87,10 +99,12 @@ var allTags = union(tags, {
 var teamsSubscriptionName = 'teams'
 var lbPoolsSubscriptionName = 'lb-pools'
 var approvalGateSubscriptionName = 'approval-gate'
+var webhooksSubscriptionName = 'webhooks'
 var builtInSubscriptionNames = [
   teamsSubscriptionName
   lbPoolsSubscriptionName
   approvalGateSubscriptionName
+  webhooksSubscriptionName
 ]
 var customSubscriptionNames = (customSubscriberEnabled && !empty(customSubscriptionName)) ? [
   customSubscriptionName
@@ -168,6 +182,7 @@ module functionApp 'modules/functionapp.bicep' = {
     teamsSubscriptionName: teamsSubscriptionName
     lbPoolsSubscriptionName: lbPoolsSubscriptionName
     approvalGateSubscriptionName: approvalGateSubscriptionName
+    webhooksSubscriptionName: webhooksSubscriptionName
     approvalsQueueName: serviceBus.outputs.approvalsQueueName
     keyVaultUri: keyVault.outputs.vaultUri
     teamsWebhookSecretName: teamsWebhookSecretName
@@ -180,6 +195,8 @@ module functionApp 'modules/functionapp.bicep' = {
     heartbeatStaleSeconds: heartbeatStaleSeconds
     customSubscriberEnabled: customSubscriberEnabled
     customSubscriptionName: customSubscriptionName
+    webhookEndpoints: webhookEndpoints
+    webhookSecretSettings: webhookSecretSettings
     heartbeatStoreUrl: storage.outputs.heartbeatContainerUrl
     maximumInstanceCount: functionMaximumInstanceCount
   }
@@ -217,6 +234,21 @@ module poolRoles 'modules/managed-group-roles.bicep' = [for rg in lbManagedResou
   }
 }]
 
+module alerts 'modules/alerts.bicep' = if (alertsEnabled) {
+  name: 'alerts'
+  params: {
+    location: location
+    namePrefix: '${abbrs.alertRule}sebridge-${environmentName}'
+    namespaceName: serviceBus.outputs.namespaceName
+    topicName: serviceBus.outputs.topicName
+    approvalsQueueName: serviceBus.outputs.approvalsQueueName
+    appInsightsName: monitoring.outputs.appInsightsName
+    heartbeatStaleSeconds: heartbeatStaleSeconds
+    actionGroupIds: alertActionGroupIds
+    tags: allTags
+  }
+}
+
 @description('Fully qualified Service Bus namespace (SEBRIDGE_NAMESPACE on the VMs).')
 output serviceBusNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 
@@ -239,6 +271,7 @@ output keyVaultName string = keyVault.outputs.name
 output keyVaultSecretNames object = {
   teamsWebhookUrl: teamsWebhookSecretName
   approvalSigningKey: approvalSigningKeySecretName
+  webhooks: [for setting in webhookSecretSettings: toLower(replace(setting, '_', '-'))]
 }
 
 @description('Client id of the forwarders\' identity (AZURE_CLIENT_ID on the VMs).')

@@ -26,11 +26,15 @@ from functions.shared.ports import (
     TopicPublisher,
 )
 from functions.shared.settings import Settings, load_settings
+from functions.webhooks.ports import WebhookPoster
 
 log = logging.getLogger("sebridge.functions")
 
 TEAMS_RETRY_ATTEMPTS = 3
 TEAMS_RETRY_TOTAL_SECONDS = 30.0
+# Webhook endpoints get the Teams workflow's retry rules, per endpoint.
+WEBHOOK_RETRY_ATTEMPTS = TEAMS_RETRY_ATTEMPTS
+WEBHOOK_RETRY_TOTAL_SECONDS = TEAMS_RETRY_TOTAL_SECONDS
 
 
 def utcnow() -> datetime:
@@ -46,6 +50,7 @@ class Dependencies:
     commands: CommandSender
     heartbeats: HeartbeatStore | None
     clock: Clock = utcnow
+    webhooks: WebhookPoster | None = None
 
     @property
     def impact(self) -> ImpactRules:
@@ -118,8 +123,20 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         if config.heartbeat_store_url
         else None
     )
+    if "webhooks" not in overrides:
+        parts["webhooks"] = _webhook_poster(session)
     parts.update(overrides)
     return Dependencies(settings=config, **parts)
+
+
+def _webhook_poster(session: Any) -> WebhookPoster:
+    from functions.adapters.retry import RetryPolicy
+    from functions.adapters.webhook_poster import HttpWebhookPoster
+
+    policy = RetryPolicy(
+        attempts=WEBHOOK_RETRY_ATTEMPTS, max_total_wait=WEBHOOK_RETRY_TOTAL_SECONDS
+    )
+    return HttpWebhookPoster(session=session, policy=policy)
 
 
 def dependencies() -> Dependencies:

@@ -9,11 +9,12 @@ host indexes it (visible in the deployment log) rather than at the first message
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from functions.approval_gate.policy import Policy, PolicyError, default_policy, parse_policy
 from functions.shared.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
+from functions.webhooks.config import Endpoint, load_endpoints
 from sebridge.values import is_loopback, parse_bool
 
 # Every app setting the Function App reads, for the Bicep tests and the README.
@@ -37,6 +38,8 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "HEARTBEAT_STALE_SECONDS",
     "HEARTBEAT_STORE_URL",
     "CUSTOM_SUBSCRIBER_ENABLED",
+    "WebhooksSubscriptionName",
+    "WEBHOOKS",
 )
 # Read but never set by the Bicep: a local emulator connection string, and what the platform
 # sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
@@ -80,6 +83,10 @@ class Settings:
     teams_webhook_url: str = field(repr=False, default="")
     approval_signing_key: bytes = field(repr=False, default=b"")
     servicebus_connection_string: str = field(repr=False, default="")
+    # webhooks (functions/webhooks/config.py): the function is registered when the
+    # subscription is set; endpoint secrets stay out of repr (Endpoint hides them).
+    webhooks_subscription: str = ""
+    webhooks: tuple[Endpoint, ...] = ()
 
     def describe(self) -> dict[str, object]:
         """The effective configuration without secrets, for the start-up log line."""
@@ -98,6 +105,9 @@ class Settings:
             "armEndpoint": self.arm_endpoint,
             "acknowledgeFallback": self.acknowledge_fallback_enabled,
             "customSubscriber": self.custom_subscriber_enabled,
+            "webhooks": [f"{e.name} ({e.preset})" for e in self.webhooks]
+            if self.webhooks_subscription
+            else "off",
         }
 
 
@@ -239,8 +249,19 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         approval_signing_key=key.encode("utf-8"),
         servicebus_connection_string=connection_string,
     )
+    settings = _with_webhooks(settings, env, problems)
     if settings.custom_subscriber_enabled and not settings.custom_subscription:
         problems.append("CustomSubscriptionName: required when CUSTOM_SUBSCRIBER_ENABLED is true")
     if problems:
         raise SettingsError("invalid app settings: " + "; ".join(problems))
     return settings
+
+
+def _with_webhooks(settings: Settings, env: Mapping[str, str], problems: list[str]) -> Settings:
+    """The webhooks workflow's settings (WebhooksSubscriptionName, WEBHOOKS and the secret
+    settings its endpoints name), validated by functions/webhooks/config.py."""
+    subscription = env.get("WebhooksSubscriptionName", "").strip()
+    endpoints = load_endpoints(
+        env, problems, subscription=subscription, known_event_types=KNOWN_EVENT_TYPES
+    )
+    return replace(settings, webhooks_subscription=subscription, webhooks=endpoints)

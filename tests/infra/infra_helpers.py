@@ -22,7 +22,7 @@ INFRA = REPO / "infra"
 MODULES = INFRA / "modules"
 EMULATOR_CONFIG = INFRA / "servicebus-emulator" / "Config.json"
 FUNCTION_APP = REPO / "function_app.py"
-SETTINGS_MODULE = REPO / "functions" / "settings.py"
+SETTINGS_MODULE = REPO / "functions" / "shared" / "settings.py"
 
 
 def bicep_files() -> list[Path]:
