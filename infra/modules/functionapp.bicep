@@ -89,6 +89,18 @@ param heartbeatStoreUrl string
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
+@description('Run the Event Grid ingestion function (agentless mode).')
+param eventGridIngestEnabled bool = false
+
+@description('Blob container URL for the ingestion function\'s per-event records (empty while it is disabled).')
+param eventGridStateUrl string = ''
+
+@description('Resource groups whose VMs run no forwarder (the gate acknowledges through ARM).')
+param agentlessResourceGroups array = []
+
+@description('VM and scale-set name patterns that run no forwarder.')
+param agentlessVmPatterns array = []
+
 @description('Memory per instance (MB).')
 @allowed([
   512
@@ -127,6 +139,10 @@ var requiredSettings = {
   HEARTBEAT_STALE_SECONDS: string(heartbeatStaleSeconds)
   HEARTBEAT_STORE_URL: heartbeatStoreUrl
   CUSTOM_SUBSCRIBER_ENABLED: customSubscriberEnabled ? 'true' : 'false'
+  EVENTGRID_INGEST_ENABLED: eventGridIngestEnabled ? 'true' : 'false'
+  EVENTGRID_STATE_URL: eventGridStateUrl
+  AGENTLESS_RESOURCE_GROUPS: join(agentlessResourceGroups, ',')
+  AGENTLESS_VM_PATTERNS: join(agentlessVmPatterns, ',')
 }
 
 // Set only when given: unset means "use the documented default policy".
