@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
 from functions.shared.impact import ImpactRules
@@ -62,7 +63,10 @@ class Dependencies:
             fallback = Fallback(
                 self.heartbeats, timedelta(seconds=self.settings.heartbeat_stale_seconds)
             )
-        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback)
+        agentless = AgentlessRules.of(
+            self.settings.agentless_resource_groups, self.settings.agentless_vm_patterns
+        )
+        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback, agentless)
 
     @property
     def eventgrid_ingest(self) -> Ingestor:
