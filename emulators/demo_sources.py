@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.eventgrid import (
     EventGridDeliveryError,
     EventGridPublisher,
@@ -31,6 +32,7 @@ from emulators.fakes.eventgrid import (
 
 SOURCES = ("forwarder", "eventgrid", "both")
 FUNCTION = "eventgrid_ingest"
+STATE_CONTAINER = "sebridge-eventgrid-state"
 log = logging.getLogger("sebridge.demo.eventgrid")
 
 
@@ -38,13 +40,21 @@ def webhook_url(host_url: str) -> str:
     return f"{host_url}/runtime/webhooks/EventGrid?functionName={FUNCTION}"
 
 
-def app_settings(source: str, state_container_url: str, group: str) -> dict[str, str]:
+def state_storage() -> FakeConditionalBlobStorage:
+    """The blob fake for the ingestion's per-event records (not started)."""
+    return FakeConditionalBlobStorage()
+
+
+def app_settings(source: str, storage: FakeConditionalBlobStorage, group: str) -> dict[str, str]:
     """What the Function App needs for ``source``: the ingestion and its store; with Event Grid
     alone, the demo's resource group runs without forwarders (the gate acknowledges through
     ARM)."""
     if source == "forwarder":
         return {}
-    settings = {"EVENTGRID_INGEST_ENABLED": "true", "EVENTGRID_STATE_URL": state_container_url}
+    settings = {
+        "EVENTGRID_INGEST_ENABLED": "true",
+        "EVENTGRID_STATE_URL": storage.container_url(STATE_CONTAINER),
+    }
     if source == "eventgrid":
         settings["AGENTLESS_RESOURCE_GROUPS"] = group
     return settings
@@ -156,9 +166,11 @@ def start_event_grid(
     vm_name: str,
     report: Callable[[str], None],
     deadline: float = 30.0,
+    start_clock: bool = False,
 ) -> tuple[PlatformEventGrid, AcknowledgementsToPlatform]:
     """Validate the event subscription against the host (as Event Grid does when it is
-    created; retried until the host answers) and start publishing."""
+    created; retried until the host answers) and start publishing. ``start_clock``: nobody
+    polls IMDS (no forwarder), so one read starts a simulator run with --start-on-first-poll."""
     publisher = EventGridPublisher(webhook_url(host_url), retry_delays=(0.2, 0.5, 1.0))
     until = time.monotonic() + deadline
     while True:
@@ -170,6 +182,8 @@ def start_event_grid(
                 raise EventGridDeliveryError(f"the host never took the handshake: {exc}") from exc
             time.sleep(0.2)
     report("event subscription validated (SubscriptionValidation handshake)")
+    if start_clock:
+        sim.document()
     platform = PlatformEventGrid(
         sim, publisher, subscription=subscription, group=group, vm_name=vm_name, report=report
     )
@@ -201,3 +215,23 @@ def one_message_per_transition(seen: list[dict[str, Any]]) -> list[str]:
         for key, n in counts.items()
         if n > 1
     ]
+
+
+def verdict(source: str, seen: list[dict[str, Any]]) -> list[str]:
+    """What the source adds to the demo's verdict: with both sources, one message per
+    transition."""
+    return one_message_per_transition(list(seen)) if source == "both" else []
+
+
+def summary(source: str, seen: list[dict[str, Any]]) -> list[str]:
+    if source == "forwarder":
+        return []
+    lines = [f"{len(seen)} message(s) on the topic, one per transition"]
+    if source == "eventgrid":
+        lines.append("no forwarder ran: Event Grid carried every state, ARM took the approvals")
+    else:
+        lines.append(
+            "forwarder and Event Grid published each transition under the same message id; "
+            "the topic's duplicate detection kept one"
+        )
+    return lines

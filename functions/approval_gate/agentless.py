@@ -39,6 +39,13 @@ class Route(StrEnum):
 
 
 @dataclass(frozen=True)
+class RouteChoice:
+    route: Route
+    reason: str
+    alarming: bool = False  # a forwarder that should be there is silent: worth a warning
+
+
+@dataclass(frozen=True)
 class AgentlessRules:
     """Which VMs are expected to run without a forwarder (AGENTLESS_* settings)."""
 
@@ -74,20 +81,26 @@ def choose_route(
     rules: AgentlessRules | None,
     heartbeats: HeartbeatStore | None,
     stale_after: timedelta | None,
-) -> tuple[Route, str]:
+) -> RouteChoice:
     """The route for approving ``message``'s event, and why (for the log)."""
     observer = message.observer
     if not observer.resource_id:
-        return Route.COMMAND, "the message names no ARM id to acknowledge on"
+        return RouteChoice(Route.COMMAND, "the message names no ARM id to acknowledge on")
     if rules is not None and not rules.expects_forwarder(observer):
-        return Route.ACKNOWLEDGE, "agentless by settings (AGENTLESS_RESOURCE_GROUPS/_VM_PATTERNS)"
+        return RouteChoice(
+            Route.ACKNOWLEDGE, "agentless by settings (AGENTLESS_RESOURCE_GROUPS/_VM_PATTERNS)"
+        )
     from_event_grid = through_event_grid(message)
     if from_event_grid and not names_a_vm(observer):
-        return Route.ACKNOWLEDGE, "a scale set's or availability set's event from Event Grid"
+        return RouteChoice(
+            Route.ACKNOWLEDGE, "a scale set's or availability set's event from Event Grid"
+        )
     if heartbeats is not None:
         last = heartbeats.last(observer.vm_name)
         if last is None and from_event_grid:
-            return Route.ACKNOWLEDGE, "no forwarder on record (no Heartbeat) for this VM"
+            return RouteChoice(Route.ACKNOWLEDGE, "no forwarder on record (no Heartbeat)")
         if last is not None and stale_after is not None and now - last > stale_after:
-            return Route.ACKNOWLEDGE, f"forwarder silent since {last.isoformat()}"
-    return Route.COMMAND, "the VM's forwarder approves through IMDS"
+            return RouteChoice(
+                Route.ACKNOWLEDGE, f"forwarder silent since {last.isoformat()}", alarming=True
+            )
+    return RouteChoice(Route.COMMAND, "the VM's forwarder approves through IMDS")

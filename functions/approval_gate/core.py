@@ -119,17 +119,18 @@ class Gate:
             log.info("NotBefore has passed, nothing to approve", extra={"eventId": event.key})
             return GateOutcome.TOO_LATE
         observer = message.observer
-        route, why = choose_route(
+        choice = choose_route(
             message,
             now,
             rules=self.agentless,
             heartbeats=self.fallback.store if self.fallback else None,
             stale_after=self.fallback.stale_after if self.fallback else None,
         )
-        if route is Route.ACKNOWLEDGE:
-            log.warning(
+        if choice.route is Route.ACKNOWLEDGE:
+            log.log(
+                logging.WARNING if choice.alarming else logging.INFO,
                 "acknowledging through ARM: %s",
-                why,
+                choice.reason,
                 extra={"eventId": event.key, "vm": observer.vm_name},
             )
             self.arm.acknowledge_event(observer.resource_id, event.key)

@@ -94,16 +94,15 @@ def test_the_route(
     message: Any, rules: AgentlessRules | None, beats: dict[str, datetime] | None, route: Route
 ) -> None:
     store = Heartbeats(dict(beats)) if beats is not None else None
-    got, why = choose_route(message, NOW, rules=rules, heartbeats=store, stale_after=STALE)
-    assert got is route, why
+    choice = choose_route(message, NOW, rules=rules, heartbeats=store, stale_after=STALE)
+    assert choice.route is route, choice.reason
 
 
 def test_a_message_without_an_arm_id_always_gets_the_command() -> None:
     bare = replace(FORWARDER, observer=Observer(vm_name="web-1"))
     rules = AgentlessRules.of([], ["*"])
-    assert choose_route(bare, NOW, rules=rules, heartbeats=None, stale_after=None)[0] is (
-        Route.COMMAND
-    )
+    choice = choose_route(bare, NOW, rules=rules, heartbeats=None, stale_after=None)
+    assert choice.route is Route.COMMAND
 
 
 def test_patterns_match_the_scale_set_name_too() -> None:
