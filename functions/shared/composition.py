@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
+from functions.eventgrid_ingest.core import EventStateStore, Ingestor
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
     ArmClient,
@@ -51,6 +53,7 @@ class Dependencies:
     heartbeats: HeartbeatStore | None
     clock: Clock = utcnow
     webhooks: WebhookPoster | None = None
+    event_state: EventStateStore | None = None  # only with EVENTGRID_INGEST_ENABLED
 
     @property
     def impact(self) -> ImpactRules:
@@ -65,7 +68,16 @@ class Dependencies:
             fallback = Fallback(
                 self.heartbeats, timedelta(seconds=self.settings.heartbeat_stale_seconds)
             )
-        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback)
+        agentless = AgentlessRules.of(
+            self.settings.agentless_resource_groups, self.settings.agentless_vm_patterns
+        )
+        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback, agentless)
+
+    @property
+    def eventgrid_ingest(self) -> Ingestor:
+        if self.event_state is None:
+            raise RuntimeError("the Event Grid ingestion is not enabled (EVENTGRID_INGEST_ENABLED)")
+        return Ingestor(self.event_state, self.publisher, self.clock)
 
 
 _lock = threading.Lock()
@@ -89,6 +101,7 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
     from azure.identity import DefaultAzureCredential
 
     from functions.adapters.arm import ArmRestClient
+    from functions.adapters.event_state import BlobEventStateStore
     from functions.adapters.heartbeats import BlobHeartbeatStore
     from functions.adapters.retry import RetryPolicy
     from functions.adapters.servicebus import (
@@ -125,6 +138,10 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
     )
     if "webhooks" not in overrides:
         parts["webhooks"] = _webhook_poster(session)
+    if config.eventgrid_ingest_enabled and "event_state" not in overrides:
+        parts["event_state"] = BlobEventStateStore(
+            config.eventgrid_state_url, credential, session=session
+        )
     parts.update(overrides)
     return Dependencies(settings=config, **parts)
 

@@ -98,6 +98,18 @@ param heartbeatStoreUrl string
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
+@description('Run the Event Grid ingestion function (agentless mode).')
+param eventGridIngestEnabled bool = false
+
+@description('Blob container URL for the ingestion function\'s per-event records (empty while it is disabled).')
+param eventGridStateUrl string = ''
+
+@description('Resource groups whose VMs run no forwarder (the gate acknowledges through ARM).')
+param agentlessResourceGroups array = []
+
+@description('VM and scale-set name patterns that run no forwarder.')
+param agentlessVmPatterns array = []
+
 @description('Memory per instance (MB).')
 @allowed([
   512
@@ -138,6 +150,10 @@ var requiredSettings = {
   HEARTBEAT_STORE_URL: heartbeatStoreUrl
   CUSTOM_SUBSCRIBER_ENABLED: customSubscriberEnabled ? 'true' : 'false'
   WEBHOOKS: string(webhookEndpoints)
+  EVENTGRID_INGEST_ENABLED: eventGridIngestEnabled ? 'true' : 'false'
+  EVENTGRID_STATE_URL: eventGridStateUrl
+  AGENTLESS_RESOURCE_GROUPS: join(agentlessResourceGroups, ',')
+  AGENTLESS_VM_PATTERNS: join(agentlessVmPatterns, ',')
 }
 
 // The webhook secrets' settings, one versionless Key Vault reference each. Their names come from

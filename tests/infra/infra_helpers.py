@@ -216,6 +216,10 @@ _PLACEHOLDERS = {
     # On, so the optional subscriber's bindings are checked too (the name of README's example).
     "CUSTOM_SUBSCRIBER_ENABLED": "true",
     "CustomSubscriptionName": "vm-loss",
+    # Agentless mode: values main.bicep computes or passes through.
+    "EVENTGRID_STATE_URL": "https://sttest.blob.core.windows.net/sebridge-eventgrid-state",
+    "AGENTLESS_RESOURCE_GROUPS": "rg-batch-test",
+    "AGENTLESS_VM_PATTERNS": "batch-*",
 }
 
 
