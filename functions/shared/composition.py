@@ -16,15 +16,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from functions.approval_gate.core import Fallback, Gate
+from functions.lb_pools.core import LbPools
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
     ArmClient,
     Clock,
     CommandSender,
     HeartbeatStore,
+    PoolStore,
     TeamsPoster,
     TopicPublisher,
 )
+from functions.shared.scope import TrustRules
 from functions.shared.settings import Settings, load_settings
 
 log = logging.getLogger("sebridge.functions")
@@ -46,6 +49,22 @@ class Dependencies:
     commands: CommandSender
     heartbeats: HeartbeatStore | None
     clock: Clock = utcnow
+    pools: PoolStore | None = None  # the capacity guard's locks and held events
+
+    @property
+    def trust(self) -> TrustRules:
+        return TrustRules.of(self.settings.managed_resource_groups)
+
+    @property
+    def lb_pools(self) -> LbPools:
+        return LbPools(
+            self.arm,
+            self.publisher,
+            self.impact,
+            rules=self.trust,
+            pools=self.pools,
+            min_healthy=self.settings.min_healthy,
+        )
 
     @property
     def impact(self) -> ImpactRules:
@@ -60,7 +79,9 @@ class Dependencies:
             fallback = Fallback(
                 self.heartbeats, timedelta(seconds=self.settings.heartbeat_stale_seconds)
             )
-        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback)
+        return Gate(
+            self.settings.policy, self.impact, self.arm, self.commands, fallback, self.trust
+        )
 
 
 _lock = threading.Lock()
@@ -84,7 +105,9 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
     from azure.identity import DefaultAzureCredential
 
     from functions.adapters.arm import ArmRestClient
+    from functions.adapters.arm_cache import CachedVmReads
     from functions.adapters.heartbeats import BlobHeartbeatStore
+    from functions.adapters.pool_state import BlobPoolStore
     from functions.adapters.retry import RetryPolicy
     from functions.adapters.servicebus import (
         SdkCommandSender,
@@ -105,7 +128,10 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
             ),
         )
     if "arm" not in overrides:
-        parts["arm"] = ArmRestClient(config.arm_endpoint, credential, session=session)
+        # The scope check reads the same VMs for every message: cached (bounded in time).
+        parts["arm"] = CachedVmReads(
+            ArmRestClient(config.arm_endpoint, credential, session=session)
+        )
     if "publisher" not in overrides or "commands" not in overrides:
         sender = ServiceBusSender(
             namespace=config.servicebus_namespace,
@@ -118,6 +144,8 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         if config.heartbeat_store_url
         else None
     )
+    if config.pool_state_url and "pools" not in overrides:
+        parts["pools"] = BlobPoolStore(config.pool_state_url, credential, session=session)
     parts.update(overrides)
     return Dependencies(settings=config, **parts)
 

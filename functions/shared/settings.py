@@ -37,6 +37,8 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "HEARTBEAT_STALE_SECONDS",
     "HEARTBEAT_STORE_URL",
     "CUSTOM_SUBSCRIBER_ENABLED",
+    "LB_MIN_HEALTHY",
+    "LB_POOL_STATE_URL",
 )
 # Read but never set by the Bicep: a local emulator connection string, and what the platform
 # sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
@@ -50,6 +52,8 @@ LOCAL_OR_PLATFORM_SETTING_NAMES: tuple[str, ...] = (
 DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
 DEFAULT_HEARTBEAT_STALE = 900
 HEARTBEAT_CONTAINER = "sebridge-heartbeats"
+POOL_STATE_CONTAINER = "sebridge-pools"
+DEFAULT_MIN_HEALTHY = 1
 MIN_SIGNING_KEY_LENGTH = 32
 KNOWN_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 
@@ -77,6 +81,10 @@ class Settings:
     heartbeat_stale_seconds: int
     heartbeat_store_url: str  # "" unless the fallback is enabled
     custom_subscriber_enabled: bool
+    # The capacity guard: fewest healthy members lb-pools leaves in a backend pool (0: off),
+    # and the blob container holding each pool's lock and held events.
+    min_healthy: int = DEFAULT_MIN_HEALTHY
+    pool_state_url: str = ""
     teams_webhook_url: str = field(repr=False, default="")
     approval_signing_key: bytes = field(repr=False, default=b"")
     servicebus_connection_string: str = field(repr=False, default="")
@@ -98,6 +106,9 @@ class Settings:
             "armEndpoint": self.arm_endpoint,
             "acknowledgeFallback": self.acknowledge_fallback_enabled,
             "customSubscriber": self.custom_subscriber_enabled,
+            "managedResourceGroups": list(self.managed_resource_groups),
+            "minHealthy": self.min_healthy,
+            "poolState": self.pool_state_url,
         }
 
 
@@ -215,6 +226,25 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     elif store_url:
         store_url = _url("HEARTBEAT_STORE_URL", store_url, problems)
 
+    min_healthy = _int(
+        "LB_MIN_HEALTHY",
+        get("LB_MIN_HEALTHY", str(DEFAULT_MIN_HEALTHY)),
+        problems,
+        minimum=0,
+        maximum=1000,
+    )
+    pool_state_url = get("LB_POOL_STATE_URL")
+    if not pool_state_url and get("AzureWebJobsStorage__accountName"):
+        account = get("AzureWebJobsStorage__accountName")
+        pool_state_url = f"https://{account}.blob.core.windows.net/{POOL_STATE_CONTAINER}"
+    if min_healthy > 0 and not pool_state_url:
+        problems.append(
+            "LB_POOL_STATE_URL: required while LB_MIN_HEALTHY is above 0 (or set "
+            "AzureWebJobsStorage__accountName): the capacity guard locks each pool there"
+        )
+    elif pool_state_url:
+        pool_state_url = _url("LB_POOL_STATE_URL", pool_state_url, problems)
+
     settings = Settings(
         topic_name=required("TopicName"),
         teams_subscription=required("TeamsSubscriptionName"),
@@ -235,6 +265,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         custom_subscriber_enabled=_bool(
             "CUSTOM_SUBSCRIBER_ENABLED", get("CUSTOM_SUBSCRIBER_ENABLED"), problems
         ),
+        min_healthy=min_healthy,
+        pool_state_url=pool_state_url,
         teams_webhook_url=webhook,
         approval_signing_key=key.encode("utf-8"),
         servicebus_connection_string=connection_string,

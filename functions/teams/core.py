@@ -1,4 +1,9 @@
-"""teams: one Adaptive Card per transition, with an Approve link when a human decides (core)."""
+"""teams: one Adaptive Card per transition, with an Approve link when a human decides (core).
+
+Every card is built from untrusted text made inert (functions.teams.cards). The Approve link
+sends a command to the observer's session when clicked, so it is offered only for a message
+that passes the scope check (functions.shared.scope); otherwise the card says why it has none.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ from urllib.parse import urlencode
 
 from functions.approval_gate import tokens
 from functions.approval_gate.policy import Action, Policy
-from functions.shared.ports import TeamsPoster
+from functions.shared import scope as trust
+from functions.shared.ports import ArmClient, TeamsPoster
 from functions.teams import cards
 from sebridge.contract.events import Transition, TransitionMessage
 
@@ -42,17 +48,24 @@ def notify(
     signing_key: bytes,
     base_url: str,
     now: datetime,
+    arm: ArmClient,
+    rules: trust.TrustRules,
 ) -> dict[str, Any]:
     event = message.event
     if event is None:
         raise ValueError("teams gets no Heartbeat (the subscription filter drops them)")
-    url = None
+    url = unverified = None
     if needs_human(message, policy, now):
         assert event.not_before is not None
-        url = approve_link(
-            base_url, signing_key, event.key, message.observer.vm_name, event.not_before
-        )
-    card = cards.build_card(message, now, approve_url=url)
+        checked = trust.check(arm, message, rules)
+        if isinstance(checked, trust.Refusal):
+            trust.log_refusal("teams", message, checked)
+            unverified = checked.reason
+        else:
+            url = approve_link(
+                base_url, signing_key, event.key, message.observer.vm_name, event.not_before
+            )
+    card = cards.build_card(message, now, approve_url=url, unverified=unverified)
     poster.post(card)
     log.info(
         "card posted",

@@ -16,6 +16,7 @@ GOOD = {
     "TEAMS_WEBHOOK_URL": "https://prod.westeurope.logic.azure.com/workflows/x?sig=secret",
     "APPROVAL_SIGNING_KEY": "s" * 40,
     "WEBSITE_HOSTNAME": "func-sebridge.azurewebsites.net",
+    "LB_POOL_STATE_URL": "https://stsebridge.blob.core.windows.net/sebridge-pools",
 }
 
 
