@@ -72,17 +72,18 @@ def _props(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return props if isinstance(props, Mapping) else {}
 
 
-def pool_view(lb: Mapping[str, Any], pool_id: str) -> tuple[str, frozenset[str], frozenset[str]]:
-    """(pool id as ARM spells it, its members, the ids of the rules that cover it), lower case."""
+def pool_view(lb: Mapping[str, Any], pool_id: str) -> tuple[str, frozenset[str], list[str]]:
+    """(pool id as ARM spells it, its members in lower case, the ids of the rules that cover
+    it as ARM spells them)."""
     wanted = pool_id.lower()
-    spelled, members, rules = pool_id, frozenset[str](), set[str]()
+    spelled, members, rules = pool_id, frozenset[str](), dict[str, str]()
     for pool in _props(lb).get("backendAddressPools") or []:
         if isinstance(pool, Mapping) and str(pool.get("id", "")).lower() == wanted:
             spelled = str(pool["id"])
             members = frozenset(
                 i.lower() for i in _ids(_props(pool).get("backendIPConfigurations"))
             )
-            rules.update(i.lower() for i in _ids(_props(pool).get("loadBalancingRules")))
+            rules.update((i.lower(), i) for i in _ids(_props(pool).get("loadBalancingRules")))
     for rule in _props(lb).get("loadBalancingRules") or []:
         if not isinstance(rule, Mapping) or not isinstance(rule.get("id"), str):
             continue
@@ -90,8 +91,8 @@ def pool_view(lb: Mapping[str, Any], pool_id: str) -> tuple[str, frozenset[str],
         single = props.get("backendAddressPool")
         targets = _ids(props.get("backendAddressPools")) + _ids([single] if single else [])
         if wanted in {t.lower() for t in targets}:
-            rules.add(str(rule["id"]).lower())
-    return spelled, members, frozenset(rules)
+            rules[str(rule["id"]).lower()] = str(rule["id"])
+    return spelled, members, [rules[key] for key in sorted(rules)]
 
 
 def measure(arm: ArmClient, pool_ids: Iterable[str]) -> dict[str, PoolHealth]:
@@ -110,10 +111,11 @@ def measure(arm: ArmClient, pool_ids: Iterable[str]) -> dict[str, PoolHealth]:
                 continue
             spelled, members, rules = pool_view(document.body, pool_id)
             up: frozenset[str] | None = None
-            for rule_id in sorted(rules):
-                if rule_id not in states:
-                    states[rule_id] = arm.rule_health(rule_id)
-                rule_up = frozenset(i for i, s in states[rule_id].items() if s.lower() == "up")
+            for rule_id in rules:
+                key = rule_id.lower()
+                if key not in states:
+                    states[key] = arm.rule_health(rule_id)
+                rule_up = frozenset(i for i, s in states[key].items() if s.lower() == "up")
                 up = rule_up if up is None else up & rule_up
             result[pool_id.lower()] = PoolHealth(spelled, members, up)
     return result

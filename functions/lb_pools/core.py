@@ -3,10 +3,11 @@
 Scheduled, Updated and Started of an impactful event drain every NIC of every affected VM;
 once all of them are out of all pools (or gone), a Scheduled or Updated publishes ``Prepared``
 for the approval gate. Completed and Cancelled restore what the NIC's tag recorded, except
-after Terminate and Preempt (the VM is gone). Every step reads ARM first, so a replay finds
-the work done and changes nothing. Faults propagate: Service Bus redelivers the message.
-A missing permission (ARM 403) is not a fault a retry repairs: it is logged at ERROR naming the
-permission and scope, the VM stays in its pools (no Prepared) and the message completes.
+after a Terminate or Preempt that completed (the VM is gone; a cancelled one is restored).
+Every step reads ARM first, so a replay finds the work done and changes nothing. Faults
+propagate: Service Bus redelivers the message. A missing permission (ARM 403) is not a fault
+a retry repairs: it is logged at ERROR naming the permission and scope, the VM stays in its
+pools (no Prepared) and the message completes.
 
 Trust: nothing is done before the message passed the scope check (functions.shared.scope):
 the observer is who it claims to be and every affected VM shares its availability set or scale
@@ -130,8 +131,8 @@ class LbPools:
     min_healthy: int = 0
     sleep: Callable[[float], None] = time.sleep
     monotonic: Callable[[], float] = time.monotonic
-    settle_seconds: float = SETTLE_SECONDS
-    settle_poll_seconds: float = SETTLE_POLL_SECONDS
+    settle_seconds: float | None = None  # None: SETTLE_SECONDS
+    settle_poll_seconds: float | None = None  # None: SETTLE_POLL_SECONDS
 
     @property
     def guarded(self) -> bool:
@@ -172,7 +173,9 @@ class LbPools:
             if message.transition is Transition.UPDATED:
                 self._restore_dropped(message, checked.observer, outcome, now)
             return outcome
-        self._end(message, vms, outcome, now, restore=restores_afterwards(event))
+        # A cancelled Terminate or Preempt never happened: the VM is still there, put it back.
+        restore = message.transition is Transition.CANCELLED or restores_afterwards(event)
+        self._end(message, vms, outcome, now, restore=restore)
         return outcome
 
     def _restore_dropped(
@@ -495,17 +498,19 @@ class LbPools:
         """Try the held events of the pools that got members back; wait (bounded) for those
         members to be probed Up while an event is still held because of them."""
         assert self.pools is not None
-        deadline = self.monotonic() + self.settle_seconds
+        settle = SETTLE_SECONDS if self.settle_seconds is None else self.settle_seconds
+        poll = SETTLE_POLL_SECONDS if self.settle_poll_seconds is None else self.settle_poll_seconds
+        deadline = self.monotonic() + settle
         while True:
             still_held = self._resume_once(sorted(restored), outcome, now, skip=skip)
             if not still_held:
                 return
             health = capacity.measure(self.arm, still_held)
             settling = any(restored[p] - health[p].healthy for p in still_held if p in health)
-            if not settling or self.monotonic() + self.settle_poll_seconds > deadline:
+            if not settling or self.monotonic() + poll > deadline:
                 return
             log.info("waiting for restored members to be probed Up before resuming held events")
-            self.sleep(self.settle_poll_seconds)
+            self.sleep(poll)
 
     def _resume_once(
         self, pools: list[str], outcome: LbOutcome, now: datetime, *, skip: str
