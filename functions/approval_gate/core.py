@@ -30,7 +30,7 @@ from functions.shared import scope as trust
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import ArmClient, CommandSender, HeartbeatStore, PermissionDenied
 from functions.shared.vms import VmKind
-from sebridge.contract.commands import approve_command
+from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
 
 log = logging.getLogger("sebridge.functions.approval_gate")
@@ -78,6 +78,17 @@ class Gate:
             return GateOutcome.HEARTBEAT
         event = message.event
         if event is None or message.transition not in DECIDE_ON or event.is_started:
+            return GateOutcome.IGNORED
+        try:
+            canonical_event_id(event.key)
+        except CommandError as exc:
+            # IMDS EventIds are GUIDs; no approve command can name anything else.
+            log.error(
+                "message %s cannot be approved: %s",
+                message.message_id,
+                exc,
+                extra={"messageId": message.message_id, "reason": "InvalidEventId"},
+            )
             return GateOutcome.IGNORED
         decision = self.policy.decide(event, message.observer)
         fields = {"eventId": event.key, "rule": decision.rule, "action": decision.action.value}

@@ -17,6 +17,7 @@ from functions.approval_gate.policy import Action, Policy
 from functions.shared import scope as trust
 from functions.shared.ports import ArmClient, TeamsPoster
 from functions.teams import cards
+from sebridge.contract.commands import CommandError, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
 
 log = logging.getLogger("sebridge.functions.teams")
@@ -37,7 +38,14 @@ def needs_human(message: TransitionMessage, policy: Policy, now: datetime) -> bo
         return False
     if event.not_before is None or event.not_before <= now:
         return False  # the token must expire by NotBefore; past it there is nothing to approve
-    return policy.decide(event, message.observer).action is Action.MANUAL
+    if policy.decide(event, message.observer).action is not Action.MANUAL:
+        return False
+    try:
+        canonical_event_id(event.key)
+    except CommandError as exc:
+        log.error("no Approve link for message %s: %s", message.message_id, exc)
+        return False
+    return True
 
 
 def notify(
