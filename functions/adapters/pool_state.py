@@ -77,8 +77,7 @@ class _Lease:
         self._thread.start()
 
     def _renew(self) -> None:
-        interval = max(1.0, self._store.lease_seconds / 3)
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self._store.renew_every):
             for pool_id, lease_id in self._leases.items():
                 try:
                     self._store.lease_action(pool_id, "renew", lease_id)
@@ -118,6 +117,7 @@ class BlobPoolStore:
         acquire_timeout: float = ACQUIRE_TIMEOUT,
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
+        renew_every: float | None = None,  # default: a third of the lease
     ) -> None:
         if not 15 <= lease_seconds <= 60:
             raise ValueError("a blob lease lasts 15 to 60 seconds")
@@ -126,6 +126,7 @@ class BlobPoolStore:
         self._session = session or requests.Session()
         self._policy = policy or RetryPolicy(attempts=3, max_total_wait=10.0, timeout=10.0)
         self.lease_seconds = lease_seconds
+        self.renew_every = renew_every or max(1.0, lease_seconds / 3)
         self._acquire_timeout = acquire_timeout
         self._sleep = sleep
         self._monotonic = monotonic
