@@ -20,6 +20,7 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
+    at: float = field(default_factory=time.time)  # when the request came in (wall clock)
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None

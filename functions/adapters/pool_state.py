@@ -48,6 +48,9 @@ log = logging.getLogger("sebridge.functions.pool_state")
 
 LEASE_SECONDS = 30
 ACQUIRE_TIMEOUT = 30.0  # seconds to wait for a pool another instance holds
+# A waiting instance asks again within this long: a pool is held for tens to hundreds of ms (one
+# decision and one NIC write), so a longer wait would only leave the pool idle.
+ACQUIRE_POLL_CAP = 0.2
 MAX_STATE_BYTES = 4 * 1024 * 1024
 
 
@@ -246,7 +249,7 @@ class BlobPoolStore:
         self._ensure_blob(pool_id)
         proposed = str(uuid.uuid4())
         deadline = self._monotonic() + self._acquire_timeout
-        backoff = Backoff(0.05, 1.0, floor=0.0)
+        backoff = Backoff(0.02, ACQUIRE_POLL_CAP, floor=0.0)
         waited = False
         while True:
             response = self._send(

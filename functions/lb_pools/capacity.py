@@ -95,16 +95,29 @@ def pool_view(lb: Mapping[str, Any], pool_id: str) -> tuple[str, frozenset[str],
     return spelled, members, [rules[key] for key in sorted(rules)]
 
 
-def measure(arm: ArmClient, pool_ids: Iterable[str]) -> dict[str, PoolHealth]:
-    """Health of each pool (keyed by lower-case id): one GET per load balancer, one health
-    query per covering rule. A load balancer that is gone leaves its pools empty."""
+Probes = dict[str, dict[str, str]]  # lower-case rule id -> ip configuration -> Up/Down
+
+
+def measure(
+    arm: ArmClient, pool_ids: Iterable[str], probes: Probes | None = None
+) -> dict[str, PoolHealth]:
+    """Health of each pool (keyed by lower-case id): one GET per load balancer (membership is
+    always read now), one health query per covering rule unless ``probes`` already holds that
+    rule's verdicts (they are added to it). A load balancer that is gone leaves its pools empty.
+
+    Why the probe verdicts may come from a moment earlier while membership may not: lb-pools
+    asks the (slow, long-running) health API before it waits for the pools' locks, and reads
+    membership under them. A member drained meanwhile is gone from the fresh membership; one
+    put back meanwhile is missing from the older verdicts and counts as not healthy (the safe
+    side); a member whose probe turned Down meanwhile is the one thing seen late, by at most
+    the wait for the locks, well within the probe's own interval times its threshold."""
+    probes = {} if probes is None else probes
     by_lb: dict[str, list[str]] = {}
     for pool_id in pool_ids:
         by_lb.setdefault(load_balancer_of(pool_id), []).append(pool_id)
     result: dict[str, PoolHealth] = {}
     for lb_id, pools in sorted(by_lb.items()):
         document = arm.get_load_balancer(lb_id) if lb_id else None
-        states: dict[str, dict[str, str]] = {}
         for pool_id in pools:
             if document is None:
                 result[pool_id.lower()] = PoolHealth(pool_id, frozenset(), None)
@@ -113,9 +126,9 @@ def measure(arm: ArmClient, pool_ids: Iterable[str]) -> dict[str, PoolHealth]:
             up: frozenset[str] | None = None
             for rule_id in rules:
                 key = rule_id.lower()
-                if key not in states:
-                    states[key] = arm.rule_health(rule_id)
-                rule_up = frozenset(i for i, s in states[key].items() if s.lower() == "up")
+                if key not in probes:
+                    probes[key] = arm.rule_health(rule_id)
+                rule_up = frozenset(i for i, s in probes[key].items() if s.lower() == "up")
                 up = rule_up if up is None else up & rule_up
             result[pool_id.lower()] = PoolHealth(spelled, members, up)
     return result

@@ -37,6 +37,7 @@ from functions.shared import scope as trust
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
     ArmClient,
+    ArmDocument,
     PermissionDenied,
     PoolLease,
     PoolStore,
@@ -64,6 +65,7 @@ MAX_ETAG_RETRIES = 3
 MAX_LOCK_ROUNDS = 3
 SETTLE_SECONDS = 60.0  # how long a restore waits for its members to be probed Up again
 SETTLE_POLL_SECONDS = 5.0
+PROBE_MAX_AGE_SECONDS = 10.0  # probe verdicts older than this are asked for again
 
 Restored = dict[str, set[str]]  # lower-case pool id -> ip configuration ids put back
 
@@ -84,11 +86,12 @@ def _change_nic(
     arm: ArmClient,
     nic_id: str,
     plan: Callable[[dict[str, object], str], nic_pools.NicChange | None],
+    read: ArmDocument | None = None,
 ) -> tuple[nic_pools.NicChange | None, bool]:
-    """(the change made or None, gone): read, plan, PUT with If-Match; re-read when someone
-    else wrote first."""
+    """(the change made or None, gone): read (or take ``read``, just read), plan, PUT with
+    If-Match; re-read when someone else wrote first."""
     for _ in range(MAX_ETAG_RETRIES):
-        nic = arm.get_nic(nic_id)
+        nic, read = read or arm.get_nic(nic_id), None
         if nic is None:
             return None, True
         change = plan(nic.body, nic_id)
@@ -253,8 +256,23 @@ class LbPools:
                 for vm in changeable:  # in no pool: nothing to decide, nothing to lock
                     self._drain_vm(vm, outcome)
                 return
+            # Only this event's own messages (one session, in order) put it on a held list, or
+            # keep it there; so if no list names it now, none will while we hold the locks, and
+            # the lists need not be read in there.
+            assert message.event is not None
+            was_held = resume_pool is not None or any(
+                message.event.key in held.read(self.pools.peek(p)) for p in sorted(wanted)
+            )
+            # The probe verdicts are asked for before the locks are taken (the health API is a
+            # long-running operation in Azure: it must not lengthen the time a pool is locked);
+            # membership is read again under them (capacity.measure says why that is sound).
+            probes: capacity.Probes = {}
+            probed_at = self.monotonic()
+            if check:
+                capacity.measure(self.arm, wanted, probes)
             with self.pools.hold(sorted(wanted)) as lease:
-                members = self._memberships(changeable)  # again, under the locks
+                fresh: dict[str, ArmDocument] = {}
+                members = self._memberships(changeable, read=fresh)  # again, under the locks
                 if not set(members) <= wanted:
                     log.info("the VMs joined other pools meanwhile, locking again")
                     outside = members
@@ -265,15 +283,18 @@ class LbPools:
                     outcome.reason = "no longer held"
                     return
                 if check:
-                    health = capacity.measure(self.arm, members)
+                    if self.monotonic() - probed_at > PROBE_MAX_AGE_SECONDS:
+                        probes = {}  # waited long for the locks: ask the probes again
+                    health = capacity.measure(self.arm, members, probes)
                     blocked = capacity.first_blocked(health, members, self.min_healthy)
                     if blocked is not None:
                         self._hold(lease, message, blocked, changeable, members, outcome, now)
                         return
                 for vm in changeable:
                     lease.check()
-                    self._drain_vm(vm, outcome)
-                self._forget(lease, wanted, message.event.key)
+                    self._drain_vm(vm, outcome, fresh)
+                if was_held:
+                    self._forget(lease, wanted, message.event.key)
             return
         raise PreconditionFailed("pool membership kept changing while the pools were locked")
 
@@ -322,9 +343,14 @@ class LbPools:
         return readable, members
 
     def _memberships(
-        self, vms: Iterable[ResolvedVm], *, skip_forbidden: bool = False
+        self,
+        vms: Iterable[ResolvedVm],
+        *,
+        skip_forbidden: bool = False,
+        read: dict[str, ArmDocument] | None = None,
     ) -> dict[str, set[str]]:
-        """Lower-case pool id -> the ip configurations of ``vms`` in it now (reads the NICs)."""
+        """Lower-case pool id -> the ip configurations of ``vms`` in it now (reads the NICs;
+        what was read is kept in ``read``, by NIC id)."""
         members: dict[str, set[str]] = {}
         for vm in vms:
             for nic_id in vm.nic_ids:
@@ -334,6 +360,8 @@ class LbPools:
                     if not skip_forbidden:
                         raise
                     continue
+                if nic is not None and read is not None:
+                    read[nic_id] = nic
                 if nic is None:
                     continue
                 for ipc, pools in nic_pools.pools_of(nic.body).items():
@@ -343,10 +371,14 @@ class LbPools:
                         )
         return members
 
-    def _drain_vm(self, vm: ResolvedVm, outcome: LbOutcome) -> None:
+    def _drain_vm(
+        self, vm: ResolvedVm, outcome: LbOutcome, read: dict[str, ArmDocument] | None = None
+    ) -> None:
         for nic_id in vm.nic_ids:
             try:
-                change, gone = _change_nic(self.arm, nic_id, nic_pools.plan_drain)
+                change, gone = _change_nic(
+                    self.arm, nic_id, nic_pools.plan_drain, (read or {}).pop(nic_id, None)
+                )
             except nic_pools.RecordTooLarge as exc:
                 log.error("NIC left in its pools: %s", exc, extra={"vm": vm.name, "nic": nic_id})
                 outcome.not_ready.append(vm.name)
