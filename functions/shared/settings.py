@@ -38,15 +38,16 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "HEARTBEAT_STORE_URL",
     "CUSTOM_SUBSCRIBER_ENABLED",
     "LB_MIN_HEALTHY",
-    "LB_POOL_STATE_URL",
 )
 # Read but never set by the Bicep: a local emulator connection string, and what the platform
 # sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
-# heartbeat store default).
+# heartbeat store and pool state defaults); LB_POOL_STATE_URL only where there is no host
+# storage account to default to (local runs).
 LOCAL_OR_PLATFORM_SETTING_NAMES: tuple[str, ...] = (
     "ServiceBusConnection",
     "WEBSITE_HOSTNAME",
     "AzureWebJobsStorage__accountName",
+    "LB_POOL_STATE_URL",
 )
 
 DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
