@@ -19,6 +19,12 @@ otherwise non-zero with the reasons. Every process it started is stopped either 
 through Event Grid and the ingestion function, and the gate approves through ARM;
 ``--source both`` runs the two side by side and requires one message per transition on the
 topic (emulators/demo_sources.py).
+
+The VMs share one availability set (the scope check lets web-1 report events of the others),
+and pool-a keeps one spare member (web-spare) so that the capacity guard (LB_MIN_HEALTHY=1)
+never holds a packaged scenario's drain. The demo's own scenario ``capacity-hold`` has no
+spare: two overlapping events on the pool of two show a ``Held`` (the second drain would
+empty the pool), and the held event is drained and approved once the first completes.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ DEFAULT_SCENARIO = "redeploy"
 SUBSCRIPTION = "00000000-0000-4000-8000-0000000000de"
 GROUP = "rg-web"
 GONE_FOR_GOOD = {"Terminate", "Preempt"}  # the VM does not come back: nothing to restore
+MIN_HEALTHY = 1  # LB_MIN_HEALTHY in the demo (the app's default)
 
 
 @dataclass
@@ -68,17 +75,77 @@ class Timeline:
         return [f"{at:7.2f}s  {source:<7} {text}" for at, source, text in ordered]
 
 
+# -- scenarios of the demo's own (not IMDS simulator fixtures) ----------------------------
+CAPACITY_HOLD = "capacity-hold"
+
+
+@dataclass(frozen=True)
+class DemoWorld:
+    spares: int = 1  # pool members no event names (keep the guard from holding)
+    expect_held: bool = False  # the run must show a Held transition
+
+
+def _capacity_hold() -> dict[str, Any]:
+    """Two Reboots on the two members of one pool, the second while the first is drained."""
+
+    def reboot(event_id: str, vm: str, at: int, not_before_in: int) -> dict[str, Any]:
+        return {
+            "EventId": event_id,
+            "EventType": "Reboot",
+            "ResourceType": "VirtualMachine",
+            "Resources": [vm],
+            "Description": "Virtual machine is going to be restarted (host maintenance).",
+            "EventSource": "Platform",
+            "DurationInSeconds": -1,
+            "timeline": [
+                {"at": at, "status": "Scheduled", "notBeforeIn": not_before_in},
+                {"at": at + not_before_in, "status": "Started"},
+                {"at": at + not_before_in + 16, "status": "gone"},
+            ],
+        }
+
+    first, second = "a1a1a1a1-0001-4000-8000-00000000c0de", "b2b2b2b2-0002-4000-8000-00000000c0de"
+    return {
+        "name": CAPACITY_HOLD,
+        "description": "Two overlapping Reboots on a pool of two: the second drain is held "
+        "until the first completes (LB_MIN_HEALTHY=1).",
+        "provenance": "Composed for the demo of the capacity guard: one Reboot per member of "
+        "a two-member backend pool, the second scheduled while the first is drained.",
+        "events": [reboot(first, "vm-a", 0, 60), reboot(second, "vm-b", 6, 84)],
+        "expect": [
+            {"transition": "Scheduled", "eventId": first},
+            {"transition": "Scheduled", "eventId": second},
+            {"transition": "Started", "eventId": first},
+            {"transition": "Completed", "eventId": first},
+            {"transition": "Started", "eventId": second},
+            {"transition": "Completed", "eventId": second},
+        ],
+    }
+
+
+DEMO_SCENARIOS: dict[str, tuple[dict[str, Any], DemoWorld]] = {
+    CAPACITY_HOLD: (_capacity_hold(), DemoWorld(spares=0, expect_held=True)),
+}
+
+
 # -- the demo world ---------------------------------------------------------------------
 def scenario_names() -> list[str]:
     from emulators.imds.testing import scenario_names as names
 
-    return names()
+    return sorted([*names(), *DEMO_SCENARIOS])
 
 
 def load_packaged(name: str) -> dict[str, Any]:
+    if name in DEMO_SCENARIOS:
+        copied: dict[str, Any] = json.loads(json.dumps(DEMO_SCENARIOS[name][0]))
+        return copied
     text = resources.files("emulators.imds").joinpath("scenarios", f"{name}.json").read_text()
     loaded: dict[str, Any] = json.loads(text)
     return loaded
+
+
+def demo_world(name: str) -> DemoWorld:
+    return DEMO_SCENARIOS[name][1] if name in DEMO_SCENARIOS else DemoWorld()
 
 
 def rehome(scenario: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -200,6 +267,7 @@ def run(
     from emulators import demo_sources
     from emulators.fakes.arm import FakeArm
     from emulators.fakes.identity import FakeIdentity
+    from emulators.fakes.storage import FakeBlobStorage
     from emulators.fakes.teams import FakeTeams, card_lines
     from emulators.functions_host.host import FunctionsHost
     from emulators.imds.testing import SimClient
@@ -208,21 +276,33 @@ def run(
 
     scenario = load_packaged(scenario_name)
     world, vms = rehome(scenario)
+    options = demo_world(scenario_name)
+    spares = [f"web-spare{'' if n == 0 else n + 1}" for n in range(options.spares)]
     timeline = Timeline(live=verbose)
     stop = threading.Event()
     stack: list[Callable[[], object]] = []
     topic_seen: list[dict[str, Any]] = []
     print(f"sebridge demo: scenario {scenario_name} at speed {speed:g}: {scenario['description']}")
-    print(f"world: {', '.join(vms)} in {GROUP}, behind lb-web/pool-a; everything on 127.0.0.1\n")
+    print(
+        f"world: {', '.join([*vms, *spares])} in {GROUP} (one availability set), behind "
+        f"lb-web/pool-a (LB_MIN_HEALTHY={MIN_HEALTHY}); everything on 127.0.0.1\n"
+    )
     try:
         teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
+        storage = FakeBlobStorage()
         state_storage = demo_sources.state_storage()
-        for fake in (teams, arm, identity, state_storage):
+        for fake in (teams, arm, identity, storage, state_storage):
             fake.start()
             stack.append(fake.stop)
-        lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
+        lb = arm.add_load_balancer(
+            SUBSCRIPTION, GROUP, "lb-web", ["pool-a"], rules={"http": "pool-a"}
+        )
         pool = f"{lb}/backendAddressPools/pool-a"
-        vm_ids = {vm: arm.add_vm(SUBSCRIPTION, GROUP, vm, [pool]) for vm in vms}
+        aset = arm.add_availability_set(SUBSCRIPTION, GROUP, "as-web")
+        vm_ids = {
+            vm: arm.add_vm(SUBSCRIPTION, GROUP, vm, [pool], availability_set=aset)
+            for vm in [*vms, *spares]
+        }
         initial = {vm: sorted(arm.vm_pools(vm_id)) for vm, vm_id in vm_ids.items()}
 
         emulator_cm = running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
@@ -242,6 +322,8 @@ def run(
             "TEAMS_WEBHOOK_URL": teams.webhook_url,
             "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
             "ARM_ENDPOINT": arm.url,
+            "LB_MIN_HEALTHY": str(MIN_HEALTHY),
+            "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
             **identity.environ(),
             **demo_sources.app_settings(source, state_storage, GROUP),
         }
@@ -346,6 +428,8 @@ def run(
         while time.monotonic() < deadline:
             reasons = verdict(expected_events, topic_seen, posts_seen, arm, vm_ids, initial)
             reasons += demo_sources.verdict(source, topic_seen)
+            if options.expect_held and not any(t["transition"] == "Held" for t in topic_seen):
+                reasons.append("no drain was held (the capacity guard did not act)")
             if not reasons:
                 break
             if source != "eventgrid" and not fw.alive:
@@ -363,9 +447,10 @@ def run(
             if verbose:
                 print(fw.stderr_text()[-4000:])
             return 1
+        held = " A drain was held until capacity allowed it." if options.expect_held else ""
         print(
             f"\nOK in {elapsed:.1f} s: every event ended, was approved through IMDS where it "
-            "could be, and the pools are as they were."
+            f"could be, and the pools are as they were.{held}"
         )
         for line in demo_sources.summary(source, topic_seen):
             print(line)

@@ -172,6 +172,7 @@ module storage 'modules/storage.bicep' = {
     name: take('${abbrs.storageAccount}${toLower(environmentName)}${resourceToken}', 24)
     deploymentContainerName: 'app-package'
     heartbeatContainerName: 'sebridge-heartbeats'
+    poolStateContainerName: 'sebridge-pools'
     tags: allTags
   }
 }

@@ -27,10 +27,26 @@ DEMO_SUBSCRIPTION = "00000000-0000-4000-8000-000000000001"
 DEMO_GROUP = "rg-web"
 
 
+# The golden test world's observer (tests/fixtures/golden.py): its messages pass the scope check.
+DEMO_OBSERVER_VM_ID = "5c1a2c2a-79e3-4bd2-9a55-000000000001"
+
+
 def seed_demo_world(arm: FakeArm) -> None:
+    """web-1 (with the golden observer's vmId), web-2 and web-3 in one availability set behind
+    lb-web's pool-a: web-3 keeps the pool above LB_MIN_HEALTHY while web-1 and web-2 drain."""
     lb = arm.add_load_balancer(DEMO_SUBSCRIPTION, DEMO_GROUP, "lb-web", ["pool-a"])
-    for vm in ("web-1", "web-2"):
-        arm.add_vm(DEMO_SUBSCRIPTION, DEMO_GROUP, vm, [f"{lb}/backendAddressPools/pool-a"])
+    aset = arm.add_availability_set(DEMO_SUBSCRIPTION, DEMO_GROUP, "as-web")
+    pool = f"{lb}/backendAddressPools/pool-a"
+    arm.add_vm(
+        DEMO_SUBSCRIPTION,
+        DEMO_GROUP,
+        "web-1",
+        [pool],
+        availability_set=aset,
+        vm_id=DEMO_OBSERVER_VM_ID,
+    )
+    for vm in ("web-2", "web-3"):
+        arm.add_vm(DEMO_SUBSCRIPTION, DEMO_GROUP, vm, [pool], availability_set=aset)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "TEAMS_WEBHOOK_URL": teams.webhook_url,
         "ARM_ENDPOINT": arm.url,
         "HEARTBEAT_STORE_URL": storage.container_url("sebridge-heartbeats"),
+        "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
         **identity.environ(),
     }
     print(json.dumps(settings, indent=2), flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -19,6 +20,7 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
+    at: float = field(default_factory=time.time)  # when the request came in (wall clock)
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
@@ -42,6 +44,10 @@ class LoopbackServer:
 
     def handle(self, request: Request) -> Reply:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def delay(self, request: Request) -> float:
+        """Seconds to wait before handling ``request``, outside the lock (slow-server faults)."""
+        return 0.0
 
     @property
     def port(self) -> int:
@@ -74,6 +80,9 @@ class LoopbackServer:
                     headers={k.lower(): v for k, v in self.headers.items()},
                     body=body,
                 )
+                pause = fake.delay(request)
+                if pause > 0:
+                    time.sleep(pause)
                 with fake.lock:
                     fake.requests.append(request)
                     reply = fake.handle(request)

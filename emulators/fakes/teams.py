@@ -14,6 +14,8 @@ from emulators.fakes._server import LoopbackServer, Reply, Request
 
 # What Teams Workflows takes: a message with one Adaptive Card attachment.
 ATTACHMENT_TYPE = "application/vnd.microsoft.card.adaptive"
+# The bridge's cards put each fact in a RichTextBlock whose id starts so (functions/teams/cards.py).
+FACT_PREFIX = "fact-"
 WEBHOOK_PATH = "/workflows/sebridge/triggers/manual/paths/invoke"
 
 
@@ -65,6 +67,15 @@ def card_lines(card: dict[str, Any]) -> list[str]:
             kind = item.get("type")
             if kind == "TextBlock":
                 lines.append(str(item.get("text", "")))
+            elif kind == "RichTextBlock":
+                text = "".join(
+                    i if isinstance(i, str) else str(i.get("text", ""))
+                    for i in item.get("inlines", [])
+                    if isinstance(i, str | dict)
+                )
+                lines.append(
+                    ("  " if str(item.get("id", "")).startswith(FACT_PREFIX) else "") + text
+                )
             elif kind == "FactSet":
                 lines.extend(f"  {f.get('title')}: {f.get('value')}" for f in item.get("facts", []))
             elif kind == "Container":

@@ -91,7 +91,9 @@ def choose_route(
             Route.ACKNOWLEDGE, "agentless by settings (AGENTLESS_RESOURCE_GROUPS/_VM_PATTERNS)"
         )
     from_event_grid = through_event_grid(message)
-    if from_event_grid and not names_a_vm(observer):
+    if not names_a_vm(observer):
+        # Only Event Grid names a scale set or availability set as the observer (a forwarder
+        # is always a VM): there is no VM to send a command to.
         return RouteChoice(
             Route.ACKNOWLEDGE, "a scale set's or availability set's event from Event Grid"
         )

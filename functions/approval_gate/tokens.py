@@ -1,9 +1,10 @@
 """Signed approval tokens for the Teams "Approve" link (pure).
 
-``<payload>.<mac>``, both base64url without padding. The payload is
-``v1|<eventId>|<vmName>|<expiry as Unix seconds>``; the MAC is HMAC-SHA256 over a purpose
-prefix plus the encoded payload, so a token can't be reused for anything but approving that
-one event on that one VM before it expires. About 120 characters: fits in any URL.
+``<payload>.<mac>``, both base64url without padding, read strictly: one spelling per token
+(characters appended to the MAC, padding, or bits a lenient decoder ignores are refused).
+The payload is ``v1|<eventId>|<vmName>|<expiry as Unix seconds>``; the MAC is HMAC-SHA256
+over a purpose prefix plus the encoded payload, so a token can't be reused for anything but
+approving that one event on that one VM before it expires. About 120 characters: fits in any URL.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -37,11 +39,22 @@ def _b64encode(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")
+MAC_LENGTH = 43  # a SHA-256 digest in base64url without padding
+
+
 def _b64decode(text: str) -> bytes:
+    """Strict: only the base64url alphabet, no padding, and the one canonical spelling of its
+    bytes (so nothing can be appended to or changed in a token that still decodes the same)."""
+    if not _B64URL.fullmatch(text):
+        raise TokenError("token is not base64url")
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, ValueError) as exc:
         raise TokenError("token is not base64url") from exc
+    if _b64encode(raw) != text:
+        raise TokenError("token is not in canonical base64url")
+    return raw
 
 
 def _mac(key: bytes, payload: str) -> bytes:
@@ -67,10 +80,8 @@ def verify(
     if not token or len(token) > MAX_TOKEN_LENGTH or token.count(".") != 1:
         raise TokenError("token is malformed")
     payload, mac = token.split(".")
-    try:
-        payload.encode("ascii")
-    except UnicodeEncodeError as exc:
-        raise TokenError("token is malformed") from exc
+    if len(mac) != MAC_LENGTH or not _B64URL.fullmatch(payload):
+        raise TokenError("token is malformed")
     # The MAC first, in constant time: nothing in an unauthenticated payload is trusted.
     if not hmac.compare_digest(_b64decode(mac), _mac(key, payload)):
         raise TokenError("token signature does not match")

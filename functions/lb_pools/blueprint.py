@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import azure.functions as func
 
-from functions.lb_pools import core as lbflow
 from functions.shared import composition
 from functions.shared.triggers import decode, log_invocation
 
@@ -25,6 +24,4 @@ def lb_pools(msg: func.ServiceBusMessage) -> None:
     if message is None:
         return
     deps = composition.dependencies()
-    lbflow.handle(
-        message, arm=deps.arm, publisher=deps.publisher, impact=deps.impact, now=deps.clock()
-    )
+    deps.lb_pools.handle(message, deps.clock())

@@ -18,15 +18,19 @@ from typing import Any
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
+from functions.lb_pools.core import LbPools
+from functions.shared import seal
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
     ArmClient,
     Clock,
     CommandSender,
     HeartbeatStore,
+    PoolStore,
     TeamsPoster,
     TopicPublisher,
 )
+from functions.shared.scope import TrustRules
 from functions.shared.settings import Settings, load_settings
 from functions.webhooks.ports import WebhookPoster
 
@@ -54,6 +58,25 @@ class Dependencies:
     clock: Clock = utcnow
     webhooks: WebhookPoster | None = None
     event_state: EventStateStore | None = None  # only with EVENTGRID_INGEST_ENABLED
+    pools: PoolStore | None = None  # the capacity guard's locks and held events
+
+    @property
+    def trust(self) -> TrustRules:
+        return TrustRules.of(
+            self.settings.managed_resource_groups,
+            seal.app_key(self.settings.approval_signing_key),
+        )
+
+    @property
+    def lb_pools(self) -> LbPools:
+        return LbPools(
+            self.arm,
+            self.publisher,
+            self.impact,
+            rules=self.trust,
+            pools=self.pools,
+            min_healthy=self.settings.min_healthy,
+        )
 
     @property
     def impact(self) -> ImpactRules:
@@ -71,7 +94,15 @@ class Dependencies:
         agentless = AgentlessRules.of(
             self.settings.agentless_resource_groups, self.settings.agentless_vm_patterns
         )
-        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback, agentless)
+        return Gate(
+            self.settings.policy,
+            self.impact,
+            self.arm,
+            self.commands,
+            fallback,
+            rules=self.trust,
+            agentless=agentless,
+        )
 
     @property
     def eventgrid_ingest(self) -> Ingestor:
@@ -101,8 +132,10 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
     from azure.identity import DefaultAzureCredential
 
     from functions.adapters.arm import ArmRestClient
+    from functions.adapters.arm_cache import CachedVmReads
     from functions.adapters.event_state import BlobEventStateStore
     from functions.adapters.heartbeats import BlobHeartbeatStore
+    from functions.adapters.pool_state import BlobPoolStore
     from functions.adapters.retry import RetryPolicy
     from functions.adapters.servicebus import (
         SdkCommandSender,
@@ -123,7 +156,10 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
             ),
         )
     if "arm" not in overrides:
-        parts["arm"] = ArmRestClient(config.arm_endpoint, credential, session=session)
+        # The scope check reads the same VMs for every message: cached (bounded in time).
+        parts["arm"] = CachedVmReads(
+            ArmRestClient(config.arm_endpoint, credential, session=session)
+        )
     if "publisher" not in overrides or "commands" not in overrides:
         sender = ServiceBusSender(
             namespace=config.servicebus_namespace,
@@ -142,7 +178,13 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         parts["event_state"] = BlobEventStateStore(
             config.eventgrid_state_url, credential, session=session
         )
+    if config.pool_state_url and "pools" not in overrides:
+        parts["pools"] = BlobPoolStore(config.pool_state_url, credential, session=session)
     parts.update(overrides)
+    # Whatever the app publishes to the topic carries its seal (functions.shared.seal).
+    parts["publisher"] = seal.SealingPublisher(
+        parts["publisher"], seal.app_key(config.approval_signing_key)
+    )
     return Dependencies(settings=config, **parts)
 
 

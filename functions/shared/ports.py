@@ -6,6 +6,8 @@ The cores in this package talk only to these; the composition root wires the rea
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -50,20 +52,40 @@ class PermissionDenied(Exception):
         )
 
 
+@dataclass(frozen=True)
+class VmRecord:
+    """What the workflows need to know of one VM from ARM (read, never from a message)."""
+
+    id: str  # the ARM id as ARM spells it
+    name: str
+    vm_id: str  # properties.vmId: the identity IMDS reports as compute.vmId
+    nic_ids: tuple[str, ...]
+    availability_set: str = ""  # lower-case ARM id, "" when the VM is in none
+    scale_set: str = ""  # lower-case ARM id of its scale set (Flexible or Uniform), else ""
+    uniform: bool = False  # a Uniform scale-set instance (NICs belong to the scale-set model)
+
+
 class ArmClient(Protocol):
     """The few ARM calls the workflows make. ``None`` means 404 (the resource is gone);
-    :class:`PermissionDenied` means 403 (reads and the NIC write)."""
+    :class:`PermissionDenied` means 403. Names are checked (functions.shared.names) before they
+    are passed here; ids come from ARM's own documents."""
 
-    def vm_nic_ids(self, subscription: str, group: str, vm_name: str) -> list[str] | None: ...
+    def get_vm(self, subscription: str, group: str, vm_name: str) -> VmRecord | None: ...
 
-    def vmss_vm_nic_ids(
+    def get_scale_set_vm(
         self, subscription: str, group: str, scale_set: str, instance_id: str
-    ) -> list[str] | None: ...
+    ) -> VmRecord | None: ...
 
     def get_nic(self, nic_id: str) -> ArmDocument | None: ...
 
     def put_nic(self, nic_id: str, body: dict[str, Any], etag: str | None) -> None:
         """PUT the NIC (If-Match ``etag``) and wait for the operation to finish."""
+
+    def get_load_balancer(self, lb_id: str) -> ArmDocument | None: ...
+
+    def rule_health(self, rule_id: str) -> dict[str, str]:
+        """The load balancer's own probe verdict per backend ip configuration of one
+        load-balancing rule: lower-case ip configuration id -> ``Up`` or ``Down``."""
 
     def acknowledge_event(self, vm_resource_id: str, event_id: str) -> None: ...
 
@@ -80,3 +102,29 @@ class HeartbeatStore(Protocol):
     def record(self, vm_name: str, at: datetime) -> None: ...
 
     def last(self, vm_name: str) -> datetime | None: ...
+
+
+class PoolBusy(Exception):
+    """Another instance held a pool's lock for longer than we may wait (the message is
+    redelivered and tried again)."""
+
+
+class PoolLease(Protocol):
+    """The locks on some backend pools, held: read and write their state while holding them."""
+
+    def state(self, pool_id: str) -> Mapping[str, Any]: ...
+
+    def save(self, pool_id: str, state: Mapping[str, Any]) -> None: ...
+
+    def check(self) -> None:
+        """Raise if a lock was lost (it expired and someone else took it)."""
+
+
+class PoolStore(Protocol):
+    """Per-pool serialisation and durable per-pool state (held events)."""
+
+    def hold(self, pool_ids: Sequence[str]) -> AbstractContextManager[PoolLease]:
+        """Take the locks of ``pool_ids`` (in a fixed order), or raise :class:`PoolBusy`."""
+
+    def peek(self, pool_id: str) -> Mapping[str, Any]:
+        """The pool's state without taking its lock (may be stale the moment it returns)."""

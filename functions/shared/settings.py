@@ -45,19 +45,24 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "EVENTGRID_STATE_URL",
     "AGENTLESS_RESOURCE_GROUPS",
     "AGENTLESS_VM_PATTERNS",
+    "LB_MIN_HEALTHY",
 )
 # Read but never set by the Bicep: a local emulator connection string, and what the platform
 # sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
-# heartbeat store default).
+# heartbeat store and pool state defaults); LB_POOL_STATE_URL only where there is no host
+# storage account to default to (local runs).
 LOCAL_OR_PLATFORM_SETTING_NAMES: tuple[str, ...] = (
     "ServiceBusConnection",
     "WEBSITE_HOSTNAME",
     "AzureWebJobsStorage__accountName",
+    "LB_POOL_STATE_URL",
 )
 
 DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
 DEFAULT_HEARTBEAT_STALE = 900
 HEARTBEAT_CONTAINER = "sebridge-heartbeats"
+POOL_STATE_CONTAINER = "sebridge-pools"
+DEFAULT_MIN_HEALTHY = 1
 MIN_SIGNING_KEY_LENGTH = 32
 KNOWN_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 EVENTGRID_STATE_CONTAINER = "sebridge-eventgrid-state"
@@ -89,6 +94,10 @@ class Settings:
     heartbeat_stale_seconds: int
     heartbeat_store_url: str  # "" unless the fallback is enabled
     custom_subscriber_enabled: bool
+    # The capacity guard: fewest healthy members lb-pools leaves in a backend pool (0: off),
+    # and the blob container holding each pool's lock and held events.
+    min_healthy: int = DEFAULT_MIN_HEALTHY
+    pool_state_url: str = ""
     teams_webhook_url: str = field(repr=False, default="")
     approval_signing_key: bytes = field(repr=False, default=b"")
     servicebus_connection_string: str = field(repr=False, default="")
@@ -125,6 +134,9 @@ class Settings:
             "eventGridIngest": self.eventgrid_ingest_enabled,
             "agentlessResourceGroups": list(self.agentless_resource_groups),
             "agentlessVmPatterns": list(self.agentless_vm_patterns),
+            "managedResourceGroups": list(self.managed_resource_groups),
+            "minHealthy": self.min_healthy,
+            "poolState": self.pool_state_url,
         }
 
 
@@ -265,6 +277,24 @@ def load_settings(env: Mapping[str, str]) -> Settings:
                 f"AGENTLESS_VM_PATTERNS: {pattern[:100]!r} is not a VM name pattern "
                 "(letters, digits, _ . - and the wildcards * ? [ ] !)"
             )
+    min_healthy = _int(
+        "LB_MIN_HEALTHY",
+        get("LB_MIN_HEALTHY", str(DEFAULT_MIN_HEALTHY)),
+        problems,
+        minimum=0,
+        maximum=1000,
+    )
+    pool_state_url = get("LB_POOL_STATE_URL")
+    if not pool_state_url and get("AzureWebJobsStorage__accountName"):
+        account = get("AzureWebJobsStorage__accountName")
+        pool_state_url = f"https://{account}.blob.core.windows.net/{POOL_STATE_CONTAINER}"
+    if min_healthy > 0 and not pool_state_url:
+        problems.append(
+            "LB_POOL_STATE_URL: required while LB_MIN_HEALTHY is above 0 (or set "
+            "AzureWebJobsStorage__accountName): the capacity guard locks each pool there"
+        )
+    elif pool_state_url:
+        pool_state_url = _url("LB_POOL_STATE_URL", pool_state_url, problems)
 
     settings = Settings(
         topic_name=required("TopicName"),
@@ -286,6 +316,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         custom_subscriber_enabled=_bool(
             "CUSTOM_SUBSCRIBER_ENABLED", get("CUSTOM_SUBSCRIBER_ENABLED"), problems
         ),
+        min_healthy=min_healthy,
+        pool_state_url=pool_state_url,
         teams_webhook_url=webhook,
         approval_signing_key=key.encode("utf-8"),
         servicebus_connection_string=connection_string,

@@ -1,4 +1,4 @@
-"""Resolving an event's Resources to network interfaces through the ARM port (core).
+"""The VMs an event concerns, as ARM knows them (core).
 
 IMDS names affected VMs, not ARM ids. Availability-set and standalone VMs, and the VMs of
 Flexible scale sets, are ordinary VMs: looked up by name in the observer's resource group.
@@ -6,7 +6,8 @@ Uniform scale-set instances are named ``<scaleSet>_<instanceId>`` and are found 
 scale-set VM API; their NICs live in the scale-set model and can't be PUT one by one (see
 the README, Workflows), so they resolve as ``uniform`` and lb-pools leaves them alone.
 A VM that ARM will not show us (403) resolves as ``forbidden``: nothing may be changed on it
-and it never counts as prepared.
+and it never counts as prepared. Which VMs may be resolved at all is the scope check's
+business (functions.shared.scope): names reach this module only after it checked them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from functions.shared.ports import ArmClient, PermissionDenied
+from functions.shared.ports import ArmClient, VmRecord
 from sebridge.contract.events import Observer
 
 
@@ -32,31 +33,27 @@ class ResolvedVm:
     kind: VmKind
     nic_ids: tuple[str, ...] = ()
     problem: str = ""  # FORBIDDEN: which permission is missing on which scope
+    record: VmRecord | None = None
+
+    @classmethod
+    def of(cls, name: str, record: VmRecord) -> ResolvedVm:
+        kind = VmKind.UNIFORM if record.uniform else VmKind.VM
+        return cls(name, kind, record.nic_ids, record=record)
 
 
-class UnresolvableScope(ValueError):
-    """The message does not say which subscription and resource group the VMs are in."""
-
-
-def resolve(arm: ArmClient, observer: Observer, vm_name: str) -> ResolvedVm:
+def lookup(arm: ArmClient, observer: Observer, vm_name: str) -> VmRecord | None:
+    """The VM called ``vm_name`` in the observer's resource group: a VM resource, else (when the
+    observer is in a scale set and the name is ``<scaleSet>_<n>``) a Uniform instance.
+    Raises PermissionDenied on 403."""
     subscription, group = observer.subscription_id, observer.resource_group
-    if not subscription or not group:
-        raise UnresolvableScope(
-            f"observer {observer.vm_name} carries no subscriptionId/resourceGroup"
-        )
-    try:
-        nics = arm.vm_nic_ids(subscription, group, vm_name)
-        if nics is not None:
-            return ResolvedVm(vm_name, VmKind.VM, tuple(nics))
-        scale_set = observer.vm_scale_set_name
-        match = re.fullmatch(rf"{re.escape(scale_set)}_(\d+)", vm_name) if scale_set else None
-        if match:
-            nics = arm.vmss_vm_nic_ids(subscription, group, scale_set, match.group(1))
-            if nics is not None:
-                return ResolvedVm(vm_name, VmKind.UNIFORM, tuple(nics))
-    except PermissionDenied as exc:
-        return ResolvedVm(vm_name, VmKind.FORBIDDEN, problem=str(exc))
-    return ResolvedVm(vm_name, VmKind.GONE)
+    record = arm.get_vm(subscription, group, vm_name)
+    if record is not None:
+        return record
+    scale_set = observer.vm_scale_set_name
+    match = re.fullmatch(rf"{re.escape(scale_set)}_(\d{{1,10}})", vm_name) if scale_set else None
+    if match:
+        return arm.get_scale_set_vm(subscription, group, scale_set, match.group(1))
+    return None
 
 
 def affected_vms(resources: tuple[str, ...], observer: Observer) -> tuple[str, ...]:

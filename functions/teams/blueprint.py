@@ -32,4 +32,6 @@ def teams(msg: func.ServiceBusMessage) -> None:
         signing_key=deps.settings.approval_signing_key,
         base_url=deps.settings.approval_base_url,
         now=deps.clock(),
+        arm=deps.arm,
+        rules=deps.trust,
     )

@@ -1,4 +1,9 @@
-"""teams: one Adaptive Card per transition, with an Approve link when a human decides (core)."""
+"""teams: one Adaptive Card per transition, with an Approve link when a human decides (core).
+
+Every card is built from untrusted text made inert (functions.teams.cards). The Approve link
+sends a command to the observer's session when clicked, so it is offered only for a message
+that passes the scope check (functions.shared.scope); otherwise the card says why it has none.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ from urllib.parse import urlencode
 
 from functions.approval_gate import tokens
 from functions.approval_gate.policy import Action, Policy
-from functions.shared.ports import TeamsPoster
+from functions.shared import scope as trust
+from functions.shared.ports import ArmClient, TeamsPoster
 from functions.teams import cards
+from sebridge.contract.commands import CommandError, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
 
 log = logging.getLogger("sebridge.functions.teams")
@@ -31,7 +38,14 @@ def needs_human(message: TransitionMessage, policy: Policy, now: datetime) -> bo
         return False
     if event.not_before is None or event.not_before <= now:
         return False  # the token must expire by NotBefore; past it there is nothing to approve
-    return policy.decide(event, message.observer).action is Action.MANUAL
+    if policy.decide(event, message.observer).action is not Action.MANUAL:
+        return False
+    try:
+        canonical_event_id(event.key)
+    except CommandError as exc:
+        log.error("no Approve link for message %s: %s", message.message_id, exc)
+        return False
+    return True
 
 
 def notify(
@@ -42,17 +56,24 @@ def notify(
     signing_key: bytes,
     base_url: str,
     now: datetime,
+    arm: ArmClient,
+    rules: trust.TrustRules,
 ) -> dict[str, Any]:
     event = message.event
     if event is None:
         raise ValueError("teams gets no Heartbeat (the subscription filter drops them)")
-    url = None
+    url = unverified = None
     if needs_human(message, policy, now):
         assert event.not_before is not None
-        url = approve_link(
-            base_url, signing_key, event.key, message.observer.vm_name, event.not_before
-        )
-    card = cards.build_card(message, now, approve_url=url)
+        checked = trust.check(arm, message, rules)
+        if isinstance(checked, trust.Refusal):
+            trust.log_refusal("teams", message, checked)
+            unverified = checked.reason
+        else:
+            url = approve_link(
+                base_url, signing_key, event.key, message.observer.vm_name, event.not_before
+            )
+    card = cards.build_card(message, now, approve_url=url, unverified=unverified)
     poster.post(card)
     log.info(
         "card posted",

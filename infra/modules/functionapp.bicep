@@ -77,6 +77,11 @@ param lbFreezeThresholdSeconds int = 9
 @description('Resource groups whose load balancer pools lb-pools may change.')
 param lbManagedResourceGroups array = []
 
+@description('Fewest healthy members lb-pools leaves in a backend pool (0: no capacity guard).')
+@minValue(0)
+@maxValue(1000)
+param lbMinHealthy int = 1
+
 @description('Use the ARM acknowledge API when the observing forwarder is silent.')
 param acknowledgeFallbackEnabled bool = false
 
@@ -144,6 +149,9 @@ var requiredSettings = {
   LB_IMPACTFUL_EVENT_TYPES: lbImpactfulEventTypes
   LB_FREEZE_THRESHOLD_SECONDS: string(lbFreezeThresholdSeconds)
   LB_MANAGED_RESOURCE_GROUPS: join(lbManagedResourceGroups, ',')
+  // LB_POOL_STATE_URL is left unset: the app uses the container sebridge-pools of its host
+  // storage account (AzureWebJobsStorage__accountName), created by storage.bicep.
+  LB_MIN_HEALTHY: string(lbMinHealthy)
   ARM_ENDPOINT: armEndpoint
   ACKNOWLEDGE_FALLBACK_ENABLED: acknowledgeFallbackEnabled ? 'true' : 'false'
   HEARTBEAT_STALE_SECONDS: string(heartbeatStaleSeconds)

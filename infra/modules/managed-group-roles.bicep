@@ -6,6 +6,9 @@
 //   GET  Microsoft.Compute/virtualMachines/{vm}                       Scheduled Events Contributor
 //   GET  Microsoft.Network/networkInterfaces/{nic}                    Network Contributor
 //   PUT  Microsoft.Network/networkInterfaces/{nic}                    Network Contributor
+//   GET  Microsoft.Network/loadBalancers/{lb}                         Network Contributor
+//   POST Microsoft.Network/loadBalancers/{lb}/loadBalancingRules/{rule}/health
+//                                                                     Network Contributor
 //   POST {vm}/providers/Microsoft.Maintenance/scheduledevents/{id}/acknowledge
 //                                                                     Scheduled Events Contributor
 //   GET  Microsoft.Compute/virtualMachineScaleSets/{ss}/virtualMachines/{id} (and its NICs)

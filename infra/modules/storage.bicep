@@ -16,6 +16,9 @@ param deploymentContainerName string
 @description('Blob container where the approval gate keeps the last Heartbeat of each forwarder.')
 param heartbeatContainerName string
 
+@description('Blob container where lb-pools keeps one blob per backend pool: its lock (a blob lease) and its held events.')
+param poolStateContainerName string
+
 @description('Redundancy of the storage account.')
 @allowed([
   'Standard_LRS'
@@ -77,6 +80,14 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
 resource heartbeatContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
   parent: blobService
   name: heartbeatContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+resource poolStateContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: poolStateContainerName
   properties: {
     publicAccess: 'None'
   }

@@ -350,13 +350,14 @@ def heartbeat_message(
 def prepared_message(
     event: ScheduledEvent,
     observer: Observer,
-    incarnation: int,
+    incarnation: int | None,
     observed_at: datetime,
     *,
     source: str,
     prepared_vms: list[str],
     cause: str,
     prepared_by: str,
+    event_grid: Mapping[str, Any] | None = None,
 ) -> Envelope:
     """The affected VMs are ready for the event (out of their pools, drained, checkpointed).
 
@@ -366,7 +367,7 @@ def prepared_message(
     (``lb-pools``, ``hooks``, ``drain-probe``). ``cause`` is the id of the message that led to
     it: a replay of that message gives the same id.
     """
-    data = event_data(event, observer, incarnation)
+    data = event_data(event, observer, incarnation, event_grid=event_grid)
     data["prepared"] = {"vms": list(prepared_vms), "preparedBy": prepared_by}
     return _envelope(
         message_id=derived_message_id(event, Transition.PREPARED, cause),
@@ -383,7 +384,7 @@ def prepared_message(
 def held_message(
     event: ScheduledEvent,
     observer: Observer,
-    incarnation: int,
+    incarnation: int | None,
     observed_at: datetime,
     *,
     source: str,
@@ -392,10 +393,11 @@ def held_message(
     healthy: int,
     minimum: int,
     vms: list[str],
+    event_grid: Mapping[str, Any] | None = None,
 ) -> Envelope:
     """lb-pools left ``vms`` in their pools: draining them would leave backend pool ``pool``
     with ``healthy`` healthy members, fewer than ``minimum``. The gate does not approve early."""
-    data = event_data(event, observer, incarnation)
+    data = event_data(event, observer, incarnation, event_grid=event_grid)
     data["held"] = {"pool": pool, "healthy": healthy, "minimum": minimum, "vms": list(vms)}
     return _envelope(
         message_id=derived_message_id(event, Transition.HELD, cause),

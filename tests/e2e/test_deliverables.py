@@ -165,6 +165,8 @@ def test_the_function_app_zip_imports_with_requirements_txt_alone(
         "TEAMS_WEBHOOK_URL": "https://example.invalid/hook",
         "APPROVAL_SIGNING_KEY": "k" * 48,
         "WEBSITE_HOSTNAME": "app.example.invalid",
+        # Always set in Azure (identity-based host storage); the pool locks default to it.
+        "AzureWebJobsStorage__accountName": "stexample",
     }
     script = (
         "import function_app, json; "

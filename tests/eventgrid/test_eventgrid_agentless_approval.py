@@ -24,6 +24,7 @@ from emulators.servicebus.testing import running_emulator
 from functions.approval_gate.agentless import AgentlessRules, Route, choose_route
 from functions.eventgrid_ingest.core import Ingestor
 from functions.eventgrid_ingest.notification import raw_from_json
+from functions.shared import seal
 from functions.shared.settings import HEARTBEAT_CONTAINER
 from sebridge.contract.events import Envelope, Observer, heartbeat_message, parse_message
 from tests.eventgrid.support import (
@@ -34,7 +35,7 @@ from tests.eventgrid.support import (
     event_json,
 )
 from tests.fixtures import golden
-from tests.functions.support import EVENT_ID, NOW, RG, SUB, App, envelope
+from tests.functions.support import EVENT_ID, NOW, RG, SIGNING_KEY, SUB, App, envelope, web_vm
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +52,10 @@ def published_for(body: dict[str, Any]) -> Envelope:
 
 
 def via_event_grid(status: str = "Scheduled", **fields: Any) -> Envelope:
-    """The message the ingestion publishes for a notification about VM web-1."""
-    return published_for(event_json(status, 0, **fields))
+    """The message the ingestion publishes for a notification about VM web-1, sealed as the
+    app seals what it publishes (functions.shared.seal)."""
+    key = seal.app_key(SIGNING_KEY.encode())
+    return seal.seal(published_for(event_json(status, 0, **fields)), key)
 
 
 # -- the route, as a table ----------------------------------------------------------------
@@ -116,17 +119,21 @@ def test_patterns_match_the_scale_set_name_too() -> None:
 @pytest.fixture
 def world(arm_fake: FakeArm) -> dict[str, str]:
     lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"])
-    return {"web-1": arm_fake.add_vm(SUB, RG, "web-1", [f"{lb}/backendAddressPools/pool-a"])}
+    pool = f"{lb}/backendAddressPools/pool-a"
+    web_vm(arm_fake, "web-spare", [pool])  # so that the capacity guard lets web-1 go
+    return {"web-1": web_vm(arm_fake, "web-1", [pool])}
 
 
 def test_an_agentless_resource_group_is_acknowledged_through_arm(
     make_app: Callable[..., App], world: dict[str, str]
 ) -> None:
     app = make_app(AGENTLESS_RESOURCE_GROUPS=RG)
-    app.deliver("approval_gate", envelope("Scheduled", EventSource="User"))
+    scheduled = envelope("Scheduled", EventSource="User")
+    app.deliver("lb_pools", scheduled)  # an impactful event is approved once drained
+    app.deliver("approval_gate", scheduled)
     assert not app.commands.sent
     assert app.arm.acknowledged == [(world["web-1"], EVENT_ID)]
-    (ack,) = app.arm.writes()
+    (ack,) = [w for w in app.arm.writes() if w.method == "POST"]  # besides the drain's PUT
     assert ack.path.endswith(f"/scheduledevents/{EVENT_ID}/acknowledge")
 
 
@@ -137,7 +144,9 @@ def test_an_event_grid_event_of_a_vm_without_heartbeats_is_acknowledged(
         ACKNOWLEDGE_FALLBACK_ENABLED="true",
         HEARTBEAT_STORE_URL=storage_fake.container_url(HEARTBEAT_CONTAINER),
     )
-    app.deliver("approval_gate", via_event_grid(EventSource="User"))
+    scheduled = via_event_grid(EventSource="User")
+    app.deliver("lb_pools", scheduled)  # an impactful event is approved once drained
+    app.deliver("approval_gate", scheduled)
     assert not app.commands.sent
     assert app.arm.acknowledged == [(world["web-1"], EVENT_ID)]
 
@@ -158,7 +167,9 @@ def test_an_event_grid_event_of_a_vm_with_a_live_forwarder_gets_the_command(
         last_successful_poll=None,
     )
     app.deliver("approval_gate", beat)
-    app.deliver("approval_gate", via_event_grid(EventSource="User"))
+    scheduled = via_event_grid(EventSource="User")
+    app.deliver("lb_pools", scheduled)  # an impactful event is approved once drained
+    app.deliver("approval_gate", scheduled)
     ((_, session),) = app.commands.sent
     assert session == "web-1" and not app.arm.acknowledged
 
@@ -192,6 +203,7 @@ def test_agentless_end_to_end(tmp_path: Path) -> None:
                 "EVENTGRID_INGEST_ENABLED": "true",
                 "EVENTGRID_STATE_URL": storage.container_url("sebridge-eventgrid-state"),
                 "AGENTLESS_RESOURCE_GROUPS": RG,
+                "LB_MIN_HEALTHY": "0",  # the capacity guard is not what this test is about
                 **identity.environ(),
             }
             settings = tmp_path / "local.settings.json"

@@ -134,6 +134,7 @@ BASE = {
     "TEAMS_WEBHOOK_URL": "https://teams.invalid/x",
     "APPROVAL_SIGNING_KEY": "k" * 40,
     "APPROVAL_BASE_URL": "https://func.example",
+    "LB_POOL_STATE_URL": "https://account.blob.core.windows.net/sebridge-pools",
 }
 
 

@@ -64,6 +64,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 "ARM_ENDPOINT": "http://127.0.0.1:9",
                 "EVENTGRID_INGEST_ENABLED": "true",
                 "EVENTGRID_STATE_URL": storage.container_url(STATE_CONTAINER),
+                "LB_MIN_HEALTHY": "0",  # only the ingestion runs here
                 **identity.environ(),
             }
             path = tmp_path_factory.mktemp("host") / "local.settings.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,9 +27,60 @@ SCHEMA = json.loads(SCHEMA_FILE.read_text())
 VALIDATOR = jsonschema.Draft6Validator(SCHEMA)
 
 
+TEAMS_CARD_LIMIT = 28 * 1024  # bytes: what Teams accepts for one card (adaptive-cards-py too)
+
+
 def assert_valid(card: dict[str, object]) -> None:
     errors = sorted(VALIDATOR.iter_errors(card), key=str)
     assert not errors, [e.message for e in errors]
+    assert len(json.dumps(card).encode()) <= TEAMS_CARD_LIMIT
+
+
+MARKDOWN_FIELDS = ("TextBlock", "Fact")  # where Teams renders Markdown
+
+
+def markdown_texts(card: object) -> list[str]:
+    """Every string Teams would render as Markdown: TextBlock.text, Fact.title, Fact.value."""
+    found: list[str] = []
+    if isinstance(card, dict):
+        if card.get("type") == "TextBlock":
+            found.append(str(card.get("text", "")))
+        if card.get("type") == "FactSet":
+            for item in card.get("facts", []):
+                found += [str(item.get("title", "")), str(item.get("value", ""))]
+        for value in card.values():
+            found += markdown_texts(value)
+    elif isinstance(card, list):
+        for value in card:
+            found += markdown_texts(value)
+    return found
+
+
+def run_texts(card: object) -> list[str]:
+    found: list[str] = []
+    if isinstance(card, dict):
+        if card.get("type") == "TextRun":
+            found.append(str(card.get("text", "")))
+        for value in card.values():
+            found += run_texts(value)
+    elif isinstance(card, list):
+        for value in card:
+            found += run_texts(value)
+    return found
+
+
+# TextRuns render no Markdown, so "[x](y)" is inert there; an URL may still be auto-linked.
+LINKISH = re.compile(r"://|www\.|<|>|@|\{\{", re.IGNORECASE)
+
+
+def assert_markup_free(card: dict[str, object], *, hostile: tuple[str, ...] = ()) -> None:
+    """No message text where Markdown renders, and no link, mention or function anywhere."""
+    for text in markdown_texts(card):
+        for piece in hostile:
+            assert piece not in text, f"message text {piece!r} in a Markdown field: {text!r}"
+    for text in run_texts(card):
+        assert not LINKISH.search(text), f"a link, mention or function survived: {text!r}"
+        assert all(c.isprintable() for c in text), f"a control character survived: {text!r}"
 
 
 @pytest.mark.parametrize(
@@ -82,7 +134,7 @@ def test_severity_colour_and_icon(event_type: str, transition: str, style: str, 
     assert_valid(card)
     header = card["body"][0]
     assert header["style"] == style
-    assert header["items"][0]["text"].startswith(icon)
+    assert header["items"][0]["inlines"][0]["text"].startswith(icon)
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,19 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from emulators.fakes.arm import FakeArm
 from functions.adapters.retry import TransientHttpError
 from functions.approval_gate import tokens
 from tests.fixtures import golden
-from tests.functions.support import EVENT_ID, NOW, SIGNING_KEY, App, envelope, sb_message
+from tests.functions.support import (
+    EVENT_ID,
+    NOW,
+    SIGNING_KEY,
+    App,
+    envelope,
+    sb_message,
+    web_vm,
+)
 from tests.functions.test_workflow_cards import assert_valid
 
 MANUAL_POLICY = json.dumps({"rules": [], "default": "manual"})
@@ -32,8 +41,14 @@ def test_one_valid_card_per_transition(app: App, name: str) -> None:
     assert request.headers["content-type"].startswith("application/json")
 
 
+@pytest.fixture
+def world(arm_fake: FakeArm) -> None:
+    web_vm(arm_fake, "web-1", [])
+    web_vm(arm_fake, "web-2", [])
+
+
 @pytest.mark.timeout(20)
-def test_a_manual_decision_adds_a_signed_approve_link(make_app) -> None:  # type: ignore[no-untyped-def]
+def test_a_manual_decision_adds_a_signed_approve_link(make_app, world) -> None:  # type: ignore[no-untyped-def]
     app = make_app(APPROVAL_POLICY=MANUAL_POLICY)
     app.deliver("teams", golden.build()["scheduled"])
     (card,) = app.teams.cards
