@@ -29,7 +29,13 @@ import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
 from functions.shared import names
-from functions.shared.ports import ArmDocument, PermissionDenied, PreconditionFailed, VmRecord
+from functions.shared.ports import (
+    AcknowledgeRefused,
+    ArmDocument,
+    PermissionDenied,
+    PreconditionFailed,
+    VmRecord,
+)
 from sebridge.contract.commands import CommandError, canonical_event_id
 
 log = logging.getLogger("sebridge.functions.arm")
@@ -55,6 +61,7 @@ READ_SCALE_SET_VM_NIC = (
 )
 READ_NIC = "Microsoft.Network/networkInterfaces/read"
 WRITE_NIC = "Microsoft.Network/networkInterfaces/write"
+ACKNOWLEDGE = "Microsoft.Maintenance/scheduledevents/acknowledge/action"
 READ_LB = "Microsoft.Network/loadBalancers/read"
 RULE_HEALTH = "Microsoft.Network/loadBalancers/loadBalancingRules/health/action"
 # ARM's AuthorizationFailed: "... does not have authorization to perform action '<action>' over
@@ -296,8 +303,18 @@ class ArmRestClient:
             f"scheduledevents/{names.segment(event)}/acknowledge"
         )
         response = self._call("POST", path, what="acknowledge", api_version=MAINTENANCE_API)
-        if response.status_code not in (200, 202, 204):
-            raise ArmError(f"acknowledge: HTTP {response.status_code}")
+        status = response.status_code
+        if status in (200, 202, 204):
+            return
+        if status == 403:
+            raise _refused(response, "acknowledge", ACKNOWLEDGE, vm_resource_id)
+        if 400 <= status < 500 and status not in (401, 408, 429):
+            try:
+                code = str((response.json().get("error") or {}).get("code", ""))[:100]
+            except (ValueError, AttributeError):
+                code = ""
+            raise AcknowledgeRefused(f"acknowledge: HTTP {status} {code}".rstrip())
+        raise ArmError(f"acknowledge: HTTP {status}")
 
     def _final(self, response: requests.Response, what: str) -> requests.Response:
         """Poll a 202's Location until it stops answering 202 (bounded); its last answer."""

@@ -29,7 +29,13 @@ from functions.approval_gate.policy import Action, Policy
 from functions.lb_pools import nic_pools
 from functions.shared import scope as trust
 from functions.shared.impact import ImpactRules
-from functions.shared.ports import ArmClient, CommandSender, HeartbeatStore, PermissionDenied
+from functions.shared.ports import (
+    AcknowledgeRefused,
+    ArmClient,
+    CommandSender,
+    HeartbeatStore,
+    PermissionDenied,
+)
 from functions.shared.vms import VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
@@ -42,7 +48,8 @@ DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
 
 class GateOutcome(StrEnum):
     COMMAND_SENT = "command-sent"
-    ACKNOWLEDGED = "acknowledged"  # through ARM (fallback)
+    ACKNOWLEDGED = "acknowledged"  # through ARM (agentless, or the fallback)
+    NOT_ACKNOWLEDGED = "not-acknowledged"  # ARM refused it for good (logged)
     WAITING = "waiting-for-prepared"
     MANUAL = "manual"
     NEVER = "never"
@@ -143,6 +150,29 @@ class Gate:
         )
         return False
 
+    def acknowledge_target(
+        self, message: TransitionMessage, checked: trust.Scope, now: datetime
+    ) -> str | None:
+        """Where an approval of this event goes: None for the approve command to the
+        observer's forwarder, else the ARM id to acknowledge it on (agentless.choose_route):
+        always the id ARM returned for the verified observer, never an id from the message."""
+        choice = choose_route(
+            message,
+            now,
+            rules=self.agentless,
+            heartbeats=self.fallback.store if self.fallback else None,
+            stale_after=self.fallback.stale_after if self.fallback else None,
+        )
+        if choice.route is not Route.ACKNOWLEDGE:
+            return None
+        log.log(
+            logging.WARNING if choice.alarming else logging.INFO,
+            "approving through ARM: %s",
+            choice.reason,
+            extra={"eventId": message.event_id, "vm": message.observer.vm_name},
+        )
+        return checked.observer.id
+
     def approve(
         self, message: TransitionMessage, checked: trust.Scope, now: datetime, *, reason: str
     ) -> GateOutcome:
@@ -154,22 +184,20 @@ class Gate:
             log.info("NotBefore has passed, nothing to approve", extra={"eventId": event.key})
             return GateOutcome.TOO_LATE
         observer = message.observer
-        choice = choose_route(
-            message,
-            now,
-            rules=self.agentless,
-            heartbeats=self.fallback.store if self.fallback else None,
-            stale_after=self.fallback.stale_after if self.fallback else None,
-        )
-        if choice.route is Route.ACKNOWLEDGE:
-            log.log(
-                logging.WARNING if choice.alarming else logging.INFO,
-                "acknowledging through ARM: %s",
-                choice.reason,
-                extra={"eventId": event.key, "vm": observer.vm_name},
-            )
-            # The id ARM gave for the verified observer, not the one the message claims.
-            self.arm.acknowledge_event(checked.observer.id, event.key)
+        target = self.acknowledge_target(message, checked, now)
+        if target is not None:
+            try:
+                self.arm.acknowledge_event(target, event.key)
+            except (AcknowledgeRefused, PermissionDenied) as exc:
+                # No retry changes it (a missing role, an event ARM no longer has, one already
+                # acknowledged): logged, and Azure starts the event at NotBefore as planned.
+                log.error(
+                    "ARM did not take the acknowledgement of %s: %s",
+                    event.key,
+                    exc,
+                    extra={"eventId": event.key, "vm": observer.vm_name, "reason": str(exc)},
+                )
+                return GateOutcome.NOT_ACKNOWLEDGED
             return GateOutcome.ACKNOWLEDGED
         command = approve_command(event.key, REQUESTED_BY, reason, expires_at)
         self.commands.send(command, observer.vm_name)

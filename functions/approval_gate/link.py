@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from functions.approval_gate import tokens
-from functions.shared.ports import CommandSender
+from functions.shared.ports import ArmClient, CommandSender
 from sebridge.contract.commands import approve_command
 
 log = logging.getLogger("sebridge.functions.approve")
@@ -58,13 +58,29 @@ def confirm_page(key: bytes, token: str, event_id: str | None, now: datetime) ->
 
 
 def approve(
-    key: bytes, token: str, event_id: str | None, now: datetime, commands: CommandSender
+    key: bytes,
+    token: str,
+    event_id: str | None,
+    now: datetime,
+    commands: CommandSender,
+    arm: ArmClient | None = None,
 ) -> Page:
     try:
         claims = _check(key, token, event_id, now)
     except tokens.TokenError as exc:
         log.warning("approval refused: %s", exc)
         return Page(403, _page("Not approved", f"<p>{html.escape(str(exc))}.</p>"))
+    if claims.acknowledge_on:
+        # No forwarder takes a command for this VM (agentless): ARM's acknowledge API, on the
+        # id the app signed into the token (never one from the request).
+        if arm is None:
+            raise RuntimeError("an ARM client is needed to approve through ARM")
+        arm.acknowledge_event(claims.acknowledge_on, claims.event_id)
+        log.info(
+            "approved from Teams through ARM",
+            extra={"eventId": claims.event_id, "vm": claims.vm_name},
+        )
+        return Page(200, _page("Approved", "<p>Azure has the approval.</p>"))
     command = approve_command(
         claims.event_id, REQUESTED_BY, "approved from the Teams card", claims.expires_at
     )

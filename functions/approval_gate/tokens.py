@@ -2,9 +2,11 @@
 
 ``<payload>.<mac>``, both base64url without padding, read strictly: one spelling per token
 (characters appended to the MAC, padding, or bits a lenient decoder ignores are refused).
-The payload is ``v1|<eventId>|<vmName>|<expiry as Unix seconds>``; the MAC is HMAC-SHA256
-over a purpose prefix plus the encoded payload, so a token can't be reused for anything but
-approving that one event on that one VM before it expires. About 120 characters: fits in any URL.
+The payload is ``v1|<eventId>|<vmName>|<expiry as Unix seconds>``, or for an event approved
+through ARM (agentless VMs, scale sets, availability sets: no forwarder takes the command)
+``v2|<eventId>|<vmName>|<expiry>|<ARM id to acknowledge on>``; the MAC is HMAC-SHA256 over a
+purpose prefix plus the encoded payload, so a token can't be reused for anything but approving
+that one event on that one target before it expires. At most a few hundred characters.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from datetime import UTC, datetime
 from sebridge.contract.commands import CommandError, canonical_event_id
 
 VERSION = "v1"
+VERSION_ACKNOWLEDGE = "v2"
 _PURPOSE = b"sebridge-approve-v1."
 MAX_TOKEN_LENGTH = 512
 
@@ -33,6 +36,7 @@ class ApprovalClaims:
     event_id: str  # canonical lower-case GUID
     vm_name: str  # the observer whose forwarder gets the command
     expires_at: datetime
+    acknowledge_on: str = ""  # an ARM id: approve through the acknowledge API, not a command
 
 
 def _b64encode(raw: bytes) -> str:
@@ -66,10 +70,15 @@ def sign(key: bytes, claims: ApprovalClaims) -> str:
         raise ValueError("an empty signing key")
     if "|" in claims.vm_name or not claims.vm_name:
         raise ValueError("a VM name must be non-empty and must not contain '|'")
+    if "|" in claims.acknowledge_on:
+        raise ValueError("an ARM id must not contain '|'")
     expiry = int(claims.expires_at.timestamp())
-    payload = _b64encode(
-        f"{VERSION}|{canonical_event_id(claims.event_id)}|{claims.vm_name}|{expiry}".encode()
-    )
+    fields = [canonical_event_id(claims.event_id), claims.vm_name, str(expiry)]
+    if claims.acknowledge_on:
+        fields = [VERSION_ACKNOWLEDGE, *fields, claims.acknowledge_on]
+    else:
+        fields = [VERSION, *fields]
+    payload = _b64encode("|".join(fields).encode())
     return f"{payload}.{_b64encode(_mac(key, payload))}"
 
 
@@ -86,13 +95,23 @@ def verify(
     if not hmac.compare_digest(_b64decode(mac), _mac(key, payload)):
         raise TokenError("token signature does not match")
     try:
-        version, event_id, vm_name, expiry = _b64decode(payload).decode("utf-8").split("|")
+        parts = _b64decode(payload).decode("utf-8").split("|")
+        version = parts[0]
+        if version == VERSION and len(parts) == 4:
+            _, event_id, vm_name, expiry = parts
+            acknowledge_on = ""
+        elif version == VERSION_ACKNOWLEDGE and len(parts) == 5:
+            _, event_id, vm_name, expiry, acknowledge_on = parts
+            if not acknowledge_on:
+                raise ValueError("no ARM id")
+        else:
+            raise TokenError(f"token version {version[:8]!r} is not supported")
         expires_at = datetime.fromtimestamp(int(expiry), tz=UTC)
         event_id = canonical_event_id(event_id)
-    except (UnicodeDecodeError, ValueError, CommandError, OverflowError) as exc:
+    except TokenError:
+        raise
+    except (UnicodeDecodeError, ValueError, CommandError, OverflowError, IndexError) as exc:
         raise TokenError("token payload is malformed") from exc
-    if version != VERSION:
-        raise TokenError(f"token version {version!r} is not supported")
     if expires_at <= now:
         raise TokenError("token has expired")
     if expected_event_id is not None:
@@ -102,4 +121,6 @@ def verify(
             raise TokenError("eventId is not a GUID") from exc
         if expected != event_id:
             raise TokenError("token was issued for another event")
-    return ApprovalClaims(event_id=event_id, vm_name=vm_name, expires_at=expires_at)
+    return ApprovalClaims(
+        event_id=event_id, vm_name=vm_name, expires_at=expires_at, acknowledge_on=acknowledge_on
+    )

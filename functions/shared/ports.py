@@ -65,6 +65,10 @@ class VmRecord:
     uniform: bool = False  # a Uniform scale-set instance (NICs belong to the scale-set model)
 
 
+class AcknowledgeRefused(Exception):
+    """ARM refused an acknowledgement for good (a 4xx other than 401, 403, 408 and 429)."""
+
+
 class ArmClient(Protocol):
     """The few ARM calls the workflows make. ``None`` means 404 (the resource is gone);
     :class:`PermissionDenied` means 403. Names are checked (functions.shared.names) before they
@@ -87,7 +91,10 @@ class ArmClient(Protocol):
         """The load balancer's own probe verdict per backend ip configuration of one
         load-balancing rule: lower-case ip configuration id -> ``Up`` or ``Down``."""
 
-    def acknowledge_event(self, vm_resource_id: str, event_id: str) -> None: ...
+    def acknowledge_event(self, vm_resource_id: str, event_id: str) -> None:
+        """POST the acknowledge. PermissionDenied on 403; AcknowledgeRefused when ARM answers
+        that no retry will change (another 4xx: the event is gone, already acknowledged or
+        started, or the id is not one ARM takes)."""
 
 
 class CommandSender(Protocol):

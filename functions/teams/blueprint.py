@@ -34,4 +34,5 @@ def teams(msg: func.ServiceBusMessage) -> None:
         now=deps.clock(),
         arm=deps.arm,
         rules=deps.trust,
+        route=deps.gate.acknowledge_target,
     )

@@ -8,6 +8,7 @@ that passes the scope check (functions.shared.scope); otherwise the card says wh
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -26,8 +27,21 @@ APPROVE_ROUTE = "approve"
 ASKS_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
 
 
-def approve_link(base_url: str, key: bytes, event_id: str, vm_name: str, expires: datetime) -> str:
-    token = tokens.sign(key, tokens.ApprovalClaims(event_id, vm_name, expires))
+# Where an approval goes (the gate's Gate.acknowledge_target): None for the command to the
+# observer's forwarder, else the ARM id to acknowledge the event on.
+Router = Callable[[TransitionMessage, trust.Scope, datetime], str | None]
+
+
+def approve_link(
+    base_url: str,
+    key: bytes,
+    event_id: str,
+    vm_name: str,
+    expires: datetime,
+    acknowledge_on: str = "",
+) -> str:
+    claims = tokens.ApprovalClaims(event_id, vm_name, expires, acknowledge_on)
+    token = tokens.sign(key, claims)
     return f"{base_url}/api/{APPROVE_ROUTE}?{urlencode({'token': token})}"
 
 
@@ -58,6 +72,7 @@ def notify(
     now: datetime,
     arm: ArmClient,
     rules: trust.TrustRules,
+    route: Router | None = None,
 ) -> dict[str, Any]:
     event = message.event
     if event is None:
@@ -70,8 +85,16 @@ def notify(
             trust.log_refusal("teams", message, checked)
             unverified = checked.reason
         else:
+            # The link approves the way the gate would: the command, or ARM for a VM that has
+            # no forwarder to take it (agentless mode).
+            target = route(message, checked, now) if route is not None else None
             url = approve_link(
-                base_url, signing_key, event.key, message.observer.vm_name, event.not_before
+                base_url,
+                signing_key,
+                event.key,
+                message.observer.vm_name,
+                event.not_before,
+                acknowledge_on=target or "",
             )
     card = cards.build_card(message, now, approve_url=url, unverified=unverified)
     poster.post(card)

@@ -250,3 +250,34 @@ def receive_queue(connection_string: str) -> list[Any]:
                 return list(receiver.receive_messages(max_wait_time=1))
         except OperationTimeoutError:
             return []
+
+
+@pytest.mark.parametrize("status", [400, 404, 409, 403])
+def test_an_acknowledgement_arm_refuses_for_good_is_logged_not_retried(
+    make_app: Callable[..., App],
+    world: dict[str, str],
+    status: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A refusal no retry changes (the event gone or already acknowledged, a missing role)
+    completes the message with an ERROR instead of cycling it into the dead-letter queue."""
+    app = make_app(AGENTLESS_RESOURCE_GROUPS=RG)
+    scheduled = envelope("Scheduled", EventSource="User")
+    app.deliver("lb_pools", scheduled)
+    app.arm.fail(status, times=1, method="POST", path_contains="/acknowledge")
+    app.deliver("approval_gate", scheduled)  # returns: the message completes
+    assert not app.arm.acknowledged and not app.commands.sent
+    assert any("did not take the acknowledgement" in r.getMessage() for r in caplog.records)
+
+
+def test_a_transient_acknowledgement_failure_is_redelivered(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    from functions.adapters.retry import TransientHttpError
+
+    app = make_app(AGENTLESS_RESOURCE_GROUPS=RG)
+    scheduled = envelope("Scheduled", EventSource="User")
+    app.deliver("lb_pools", scheduled)
+    app.arm.fail(503, times=10, method="POST", path_contains="/acknowledge")
+    with pytest.raises(TransientHttpError):
+        app.deliver("approval_gate", scheduled)
