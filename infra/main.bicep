@@ -42,6 +42,11 @@ param lbImpactfulEventTypes string = 'Reboot,Redeploy,Preempt,Terminate'
 @minValue(0)
 param lbFreezeThresholdSeconds int = 9
 
+@description('Fewest healthy members lb-pools leaves in a backend pool (LB_MIN_HEALTHY); 0 turns the capacity guard off.')
+@minValue(0)
+@maxValue(1000)
+param lbMinHealthy int = 1
+
 @description('Approval policy JSON (APPROVAL_POLICY); empty uses the documented default.')
 param approvalPolicy string = ''
 
@@ -173,6 +178,7 @@ module storage 'modules/storage.bicep' = {
     deploymentContainerName: 'app-package'
     heartbeatContainerName: 'sebridge-heartbeats'
     poolStateContainerName: 'sebridge-pools'
+    eventGridStateContainerName: eventGridStateContainerName
     tags: allTags
   }
 }
@@ -219,6 +225,7 @@ module functionApp 'modules/functionapp.bicep' = {
     approvalPolicy: approvalPolicy
     lbImpactfulEventTypes: lbImpactfulEventTypes
     lbFreezeThresholdSeconds: lbFreezeThresholdSeconds
+    lbMinHealthy: lbMinHealthy
     lbManagedResourceGroups: lbManagedResourceGroups
     acknowledgeFallbackEnabled: acknowledgeFallbackEnabled
     heartbeatStaleSeconds: heartbeatStaleSeconds

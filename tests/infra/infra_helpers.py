@@ -133,7 +133,12 @@ def role_assignments(path: Path) -> list[dict[str, Any]]:
                 "scope_type": scope_type,
                 "principal": body["properties"]["principalId"],
                 "role_var": role_var,
-                "role_guid": string_value(tree, role_var),
+                # A built-in role's GUID literal, or "custom:<var>" for a role defined here.
+                "role_guid": (
+                    value
+                    if isinstance(value := string_value(tree, role_var), str)
+                    else f"custom:{role_var}"
+                ),
                 "name_function": guid_call["type"],
                 "name_parts": list(guid_call["parameters"].values()),
                 "is_loop": "loop_type" in resource["config"],
