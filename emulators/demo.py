@@ -33,6 +33,7 @@ import argparse
 import json
 import logging
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -49,7 +50,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SCENARIO = "redeploy"
 SUBSCRIPTION = "00000000-0000-4000-8000-0000000000de"
 GROUP = "rg-web"
-GONE_FOR_GOOD = {"Terminate", "Preempt"}  # the VM does not come back: nothing to restore
 MIN_HEALTHY = 1  # LB_MIN_HEALTHY in the demo (the app's default)
 
 
@@ -151,8 +151,16 @@ def demo_world(name: str) -> DemoWorld:
 def rehome(scenario: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The scenario with its VM and Resources mapped onto web-1, web-2, ... in rg-web."""
     names: dict[str, str] = {}
+
+    def step_resources(event: dict[str, Any]) -> list[str]:
+        return [
+            r
+            for step in event.get("timeline", [])
+            for r in (step.get("set") or {}).get("Resources") or []
+        ]
+
     for event in scenario["events"]:
-        for resource in event.get("Resources", []):
+        for resource in [*event.get("Resources", []), *step_resources(event)]:
             names.setdefault(resource.lower(), f"web-{len(names) + 1}")
     if not names:
         names["vm"] = "web-1"
@@ -165,8 +173,22 @@ def rehome(scenario: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         "location": "westeurope",
         "zone": "1",
     }
+
+    def renamed(resources: list[str]) -> list[str]:
+        return [names[r.lower()] for r in resources]
+
+    def step(s: dict[str, Any]) -> dict[str, Any]:
+        fields = s.get("set")
+        if isinstance(fields, dict) and isinstance(fields.get("Resources"), list):
+            return {**s, "set": {**fields, "Resources": renamed(fields["Resources"])}}
+        return s
+
     world["events"] = [
-        {**e, "Resources": [names[r.lower()] for r in e.get("Resources", [])]}
+        {
+            **e,
+            "Resources": renamed(e.get("Resources", [])),
+            "timeline": [step(s) for s in e.get("timeline", [])],
+        }
         for e in scenario["events"]
     ]
     return world, sorted(set(names.values()))
@@ -265,6 +287,7 @@ def run(
     scenario_name: str, speed: float, timeout: float, verbose: bool, source: str = "forwarder"
 ) -> int:
     from emulators import demo_sources
+    from emulators.demo_verdict import Verdict, judge, plan_for
     from emulators.fakes.arm import FakeArm
     from emulators.fakes.identity import FakeIdentity
     from emulators.fakes.storage import FakeBlobStorage
@@ -277,6 +300,7 @@ def run(
     scenario = load_packaged(scenario_name)
     world, vms = rehome(scenario)
     options = demo_world(scenario_name)
+    plan = plan_for(world, held=options.expect_held)
     spares = [f"web-spare{'' if n == 0 else n + 1}" for n in range(options.spares)]
     timeline = Timeline(live=verbose)
     stop = threading.Event()
@@ -327,6 +351,13 @@ def run(
             **identity.environ(),
             **demo_sources.app_settings(source, state_storage, GROUP),
         }
+        if plan.policy is not None:
+            settings["APPROVAL_POLICY"] = plan.policy
+            timeline.add(
+                "setup",
+                "policy: a human decides (no early approval), so the scenario's Updated or "
+                "Cancelled can happen before NotBefore",
+            )
         http_port = free_port()
         settings["APPROVAL_BASE_URL"] = f"http://127.0.0.1:{http_port}"  # the Approve links
         host = FunctionsHost(ROOT / "function_app.py", settings, logger=host_logger, port=http_port)
@@ -367,7 +398,9 @@ def run(
         stack.append(join_watchers)
         stack.append(stop.set)
 
-        scenario_file = Path(tempfile.mkdtemp(prefix="sebridge-demo-")) / "scenario.json"
+        workdir = Path(tempfile.mkdtemp(prefix="sebridge-demo-"))
+        stack.insert(0, lambda: shutil.rmtree(workdir, ignore_errors=True))  # removed last
+        scenario_file = workdir / "scenario.json"
         scenario_file.write_text(json.dumps(world))
         sim_process, sim_url = server(
             "imds-sim",
@@ -422,36 +455,40 @@ def run(
 
         expected_events = {e["EventId"].lower(): e for e in world["events"]}
         deadline = time.monotonic() + timeout - (time.time() - timeline.start)
-        reasons: list[str] = ["not finished"]
         if not verbose:
             print("running the scenario; the timeline follows when the loop is done...\n")
+        judged = Verdict(missing=["not finished"])
         while time.monotonic() < deadline:
-            reasons = verdict(expected_events, topic_seen, posts_seen, arm, vm_ids, initial)
-            reasons += demo_sources.verdict(source, topic_seen)
-            if options.expect_held and not any(t["transition"] == "Held" for t in topic_seen):
-                reasons.append("no drain was held (the capacity guard did not act)")
-            if not reasons:
+            judged = judge(
+                plan,
+                expected_events,
+                topic_seen,
+                approved_event_ids(posts_seen),
+                lambda vm: arm.vm_pools(vm_ids[vm]),
+                initial,
+            )
+            judged.missing += demo_sources.verdict(source, topic_seen)
+            if not judged.missing:
                 break
             if source != "eventgrid" and not fw.alive:
-                reasons = [f"the forwarder exited:\n{fw.stderr_text()[-2000:]}"]
+                judged.missing = [f"the forwarder exited:\n{fw.stderr_text()[-2000:]}"]
                 break
             time.sleep(0.2)
         time.sleep(0.3)  # let the watchers catch the last lines
         elapsed = time.time() - timeline.start
         if not verbose:
             print("\n".join(timeline.render()))
-        if reasons:
-            print(f"\nFAILED after {elapsed:.1f} s: the loop did not complete")
-            for reason in reasons:
+        if judged.missing:
+            print(f"\nFAILED after {elapsed:.1f} s: the demo did not show what it exists to show")
+            for reason in judged.missing:
                 print(f"  - {reason}")
             if verbose:
                 print(fw.stderr_text()[-4000:])
             return 1
-        held = " A drain was held until capacity allowed it." if options.expect_held else ""
-        print(
-            f"\nOK in {elapsed:.1f} s: every event ended, was approved through IMDS where it "
-            f"could be, and the pools are as they were.{held}"
-        )
+        shown = ", ".join(sorted({t for t, _ in plan.shows} | ({"Held"} if plan.held else set())))
+        print(f"\nOK in {elapsed:.1f} s: the scenario showed {shown}.")
+        for line in judged.story:
+            print(line)
         for line in demo_sources.summary(source, topic_seen):
             print(line)
         return 0
@@ -472,37 +509,17 @@ def render_post(post: dict[str, Any]) -> str:
     return f"POST StartRequests {event_id} -> {post['status']}"
 
 
-def verdict(
-    expected: dict[str, dict[str, Any]],
-    seen: list[dict[str, Any]],
-    posts: list[dict[str, Any]],
-    arm: Any,
-    vm_ids: dict[str, str],
-    initial: dict[str, list[str]],
-) -> list[str]:
-    """What is still missing for the loop to count as complete (empty = done)."""
-    missing: list[str] = []
-    by_event: dict[str, list[str]] = {}
-    for item in list(seen):
-        by_event.setdefault(item["event"].key, []).append(item["transition"])
-    approved = {
-        json.loads(p["body"])["StartRequests"][0]["EventId"].lower()
-        for p in list(posts)
-        if p.get("status") == 200
-    }
-    impacted: set[str] = set()
-    for key, event in expected.items():
-        transitions = by_event.get(key, [])
-        if not {"Completed", "Cancelled"} & set(transitions):
-            missing.append(f"event {key[:8]} has not ended (seen: {transitions or 'nothing'})")
-        if transitions[:1] == ["Scheduled"] and key not in approved:
-            missing.append(f"event {key[:8]} was never approved through IMDS")
-        if event.get("EventType") in GONE_FOR_GOOD:
-            impacted.update(event.get("Resources", []))
-    for vm, vm_id in vm_ids.items():
-        if vm not in impacted and sorted(arm.vm_pools(vm_id)) != initial[vm]:
-            missing.append(f"{vm} is not back in its pools")
-    return missing
+def approved_event_ids(posts: list[dict[str, Any]]) -> set[str]:
+    """The EventIds IMDS took a StartRequests for (answered 200)."""
+    approved: set[str] = set()
+    for post in list(posts):
+        if post.get("status") != 200:
+            continue
+        try:
+            approved.add(json.loads(post["body"])["StartRequests"][0]["EventId"].lower())
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            continue
+    return approved
 
 
 def main(argv: list[str] | None = None) -> int:
