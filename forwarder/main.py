@@ -5,8 +5,8 @@ died; 2 bad configuration; :data:`EXIT_STATE_DIR` (73) the state directory canno
 (read-only, no permission, not a directory), said in one log line.
 
 Stopping is bounded: SIGTERM ends the process within :data:`STOP_WITHIN` seconds in every state
-(an IMDS read in progress is abandoned at once, the threads get JOIN_TIMEOUT together, closing
-the clients a second); whatever is still stuck after that (a Service Bus call that does not
+(an IMDS read in progress is abandoned at once, the threads get 2 s together, closing the
+clients a second); whatever is still stuck after that (a Service Bus call that does not
 return) is left behind and the process exits anyway. Everything durable was already written
 atomically, so there is nothing to lose by not waiting.
 """

@@ -2,10 +2,13 @@
 
 IMDS throttles a VM above 5 requests/s (429). The poller and the approvals handler each have
 their own connection, but they share this limit, so a flood of approval commands (each re-reads
-the document) can never push the VM over it. The poller is never starved: commands may use all
-but :attr:`RequestLimit.reserved` of the slots of any one-second window, the poller all of them.
+the document) can never push the VM over it. Neither side can starve the other: within any
+window, the poller (``priority``) may start at most ``max_requests - 1`` requests and the
+others at most ``max_requests - 2``, and all together at most ``max_requests``. So commands
+always leave the poller two slots (it needs at most two in a window at 1 poll/s), and even a
+poller run at a sub-second interval (simulator tests) leaves commands one.
 
-A sliding window (the times of the last requests), not a token bucket: a bucket's burst would
+A sliding window (the start times of the requests), not a token bucket: a bucket's burst would
 allow up to twice the rate within one second.
 """
 
@@ -29,30 +32,38 @@ class RequestLimit:
         max_requests: int = IMDS_REQUESTS_PER_SECOND,
         window: float = WINDOW_SECONDS,
         *,
-        reserved: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_requests < 1 or not 0 <= reserved < max_requests or window <= 0:
-            raise ValueError("need max_requests >= 1, 0 <= reserved < max_requests, window > 0")
+        if max_requests < 3 or window <= 0:
+            raise ValueError("need max_requests >= 3 and window > 0")
         self.max_requests = max_requests
         self.window = window
-        self.reserved = reserved
         self.clock = clock
         self._lock = threading.Lock()
-        self._sent: deque[float] = deque()  # start times of the requests in the last window
+        # Start times of the requests in the last window, by class (poller, others).
+        self._sent: dict[bool, deque[float]] = {True: deque(), False: deque()}
         self.waited = 0.0  # seconds callers spent waiting for a slot, in total
 
     def _wait_needed(self, now: float, priority: bool) -> float:
         """0 if a request may start now (and records it), else how long to wait."""
-        while self._sent and self._sent[0] <= now - self.window:
-            self._sent.popleft()
-        allowed = self.max_requests if priority else self.max_requests - self.reserved
-        if len(self._sent) < allowed:
-            self._sent.append(now)
+        for times in self._sent.values():
+            while times and times[0] <= now - self.window:
+                times.popleft()
+        own, other = self._sent[priority], self._sent[not priority]
+        own_cap = self.max_requests - (1 if priority else 2)
+        total = len(own) + len(other)
+        if len(own) < own_cap and total < self.max_requests:
+            own.append(now)
             return 0.0
-        # The slot frees when the request `allowed` places back leaves the window.
-        oldest_blocking = self._sent[len(self._sent) - allowed]
-        return max(oldest_blocking + self.window - now, 0.001)
+        # The earliest moment a slot frees: one of ours (over our cap) or any (over the total)
+        # leaves the window.
+        candidates = []
+        if len(own) >= own_cap:
+            candidates.append(own[len(own) - own_cap] + self.window)
+        if total >= self.max_requests:
+            merged = sorted([*own, *other])
+            candidates.append(merged[total - self.max_requests] + self.window)
+        return max(max(candidates) - now, 0.001)
 
     def acquire(
         self,

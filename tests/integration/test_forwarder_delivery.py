@@ -260,3 +260,29 @@ def test_a_b_a_b_and_a_comeback_reach_subscribers_once_each_from_two_vms(
         f"{event_id}:Scheduled:2",
         f"{event_id}:Cancelled:2",
     ]
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_ends_the_process_within_5_seconds_with_service_bus_links_open(
+    imds: ImdsStub, bus: Any, tmp_path: Path
+) -> None:
+    """As on a VM: the topic sender open and the approvals receiver waiting for commands
+    (a receive blocks up to 5 s), while IMDS is in the middle of a stalled body."""
+    import signal
+
+    with publishing(imds, bus, tmp_path) as fw:
+        logged(fw, "receiving commands on approvals")
+        imds.set_events([reboot()])
+        receive_all(bus.connection_string, "lb-pools", want=1, timeout=30)
+        imds.mode = "stall-body"
+        count = len(imds.gets())
+        wait_until(lambda: len(imds.gets()) > count, 10, "a poll with a stalled body")
+        time.sleep(1)
+        assert fw.process is not None
+        started = time.monotonic()
+        fw.process.send_signal(signal.SIGTERM)
+        code = fw.process.wait(timeout=30)
+        took = time.monotonic() - started
+        log = fw.stderr_text()
+    assert took < 5.0, (took, log[-2000:])
+    assert code == 0, log[-2000:]

@@ -108,7 +108,7 @@ def max_in_any_window(times: Sequence[float], window: float = 1.0) -> int:
     ordered = sorted(times)
     best, start = 0, 0
     for end, at in enumerate(ordered):
-        while at - ordered[start] >= window:
+        while at - ordered[start] >= window - 1e-9:  # exactly a window apart: not within it
             start += 1
         best = max(best, end - start + 1)
     return best
