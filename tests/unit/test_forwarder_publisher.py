@@ -11,8 +11,17 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusConnectionError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sebridge.contract.events import Envelope, Observer, Transition, event_message
+from sebridge import servicebus
+from sebridge.contract.events import (
+    Envelope,
+    Observer,
+    Transition,
+    event_message,
+    heartbeat_message,
+)
 from sebridge.forwarder.ports import MessageRefused, PublishError
 from sebridge.forwarder.publisher import STANDARD_MAX_MESSAGE_BYTES, ServiceBusPublisher
 from sebridge.imds import ScheduledEvent
@@ -153,3 +162,68 @@ def test_broker_and_network_failures_are_retried_not_set_aside() -> None:
     with pytest.raises(PublishError, match="connection lost"):
         pub.publish([envelope(1)])
     assert pub._sender is None  # rebuilt on the next try
+
+
+# -- every message built from whatever IMDS sends encodes with the real SDK --------------------
+
+
+odd_text = st.text(st.characters(codec=None, categories=None), max_size=300) | st.just("a\ud800b")
+odd_value = st.one_of(
+    odd_text,
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.none(),
+    st.booleans(),
+    st.lists(odd_text, max_size=5),
+)
+odd_events = st.fixed_dictionaries(
+    {"EventId": st.one_of(st.uuids().map(str), odd_text.filter(lambda t: t.strip()))},
+    optional={
+        "EventType": odd_value,
+        "EventStatus": st.sampled_from(["Scheduled", "Started"]) | odd_value,
+        "Resources": st.lists(odd_text, max_size=30) | odd_value,
+        "NotBefore": odd_value,
+        "Description": odd_value,
+        "EventSource": odd_value,
+        "DurationInSeconds": odd_value,
+        "ResourceType": odd_value,
+    },
+)
+observers = st.builds(
+    Observer,
+    vm_name=odd_text.filter(lambda t: t.strip()),
+    resource_group=odd_text,
+    subscription_id=odd_text,
+    vm_scale_set_name=odd_text,
+    resource_id=odd_text,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(odd_events, observers, st.sampled_from(list(Transition)[:5]))
+def test_whatever_imds_sends_makes_a_message_the_sdk_encodes(
+    raw: dict[str, Any], observer: Observer, transition: Transition
+) -> None:
+    event = ScheduledEvent.from_imds(raw)
+    changes = {"NotBefore": {"from": None, "to": raw.get("NotBefore")}}
+    message = event_message(
+        transition,
+        event,
+        observer,
+        2**40,
+        NOW,
+        changes=changes if transition is Transition.UPDATED else None,
+    )
+    batch = ServiceBusMessageBatch(max_size_in_bytes=16 * 2**20)
+    batch.add_message(servicebus.envelope_message(message))  # the SDK's own AMQP encoding
+    assert len(message.message_id) <= 128 and len(message.session_id) <= 128
+    beat = heartbeat_message(
+        observer,
+        NOW,
+        forwarder_version="t",
+        last_incarnation=2**70,
+        outbox_depth=0,
+        last_successful_poll=None,
+        health={"lastError": raw.get("Description")},
+    )
+    batch.add_message(servicebus.envelope_message(beat))
