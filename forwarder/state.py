@@ -86,7 +86,7 @@ class ForwarderState:
             or not 0 <= outbox_seq <= MAX_SQLITE_INTEGER
         ):
             raise ValueError("outboxSeq is not an outbox row number")
-        events = [ScheduledEvent.from_imds(raw) for raw in raw_events]
+        events = [ScheduledEvent.from_imds(raw, strict=False) for raw in raw_events]
         raw_lives = obj.get("lives", {})
         if not isinstance(raw_lives, dict) or len(raw_lives) > 10 * MAX_LIVES:
             raise ValueError("lives is not an object of the expected size")

@@ -35,7 +35,7 @@ import pytest
 
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract import commands
-from sebridge.contract.events import Observer, parse_message
+from sebridge.contract.events import ContractError, Observer, parse_message
 from sebridge.forwarder.approval_handler import CommandHandler
 from sebridge.forwarder.imds_client import ImdsClient
 from sebridge.forwarder.main import EXIT_STATE_DIR
@@ -241,8 +241,16 @@ def test_out_of_range_and_odd_values_never_blind_the_forwarder(
     assert got[genuine["EventId"].lower()]["body"]["data"]["notBefore"] is not None
     props = got[odd[5]["EventId"].lower()]["application_properties"]
     assert "durationInSeconds" not in props  # outside int32: left out, not sent broken
-    for message in got.values():
-        parse_message(json.dumps(message["body"]).encode())  # every one is a valid message
+    # Published with the IMDS values verbatim; a consumer reads each, and refuses (with a
+    # reason, ContractError) only the events whose type, status or Resources it cannot read.
+    unreadable = {odd[i]["EventId"].lower() for i in (4, 5)}
+    for key, message in got.items():
+        body = json.dumps(message["body"]).encode()
+        if key in unreadable:
+            with pytest.raises(ContractError):
+                parse_message(body)
+        else:
+            parse_message(body)
 
 
 # -- item 6: bounded IMDS requests and a bounded stop -------------------------------------------

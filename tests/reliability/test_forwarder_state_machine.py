@@ -117,7 +117,7 @@ class ContinuousObserver:
             life = self.lives[key] = Life()
         elif life.ended and transition in ("Scheduled", "Started"):
             life = self.lives[key] = Life(life.appearance + 1)
-        digest = content_digest(ScheduledEvent.from_imds(raw))
+        digest = content_digest(ScheduledEvent.from_imds(raw, strict=False))
         if transition in ("Scheduled", "Started") and not life.versions:
             life.versions[digest] = 1
         elif transition == "Updated":
@@ -140,8 +140,13 @@ class ContinuousObserver:
                 out.append((key, "Started" if is_started else "Scheduled", raw))
             elif is_started and before["EventStatus"] != "Started":
                 out.append((key, "Started", raw))
-            elif not is_started and comparable(raw) != comparable(before):
+            elif (
+                not is_started
+                and before["EventStatus"] != "Started"
+                and comparable(raw) != comparable(before)
+            ):
                 out.append((key, "Updated", raw))
+            # Started -> Scheduled (IMDS never does it) is not a transition.
         for key, before in self.known.items():
             if key in current:
                 continue

@@ -323,3 +323,16 @@ def test_the_gap_threshold_is_shorter_than_started_lasts_and_longer_than_polling
 
     assert timedelta(seconds=READ_TIMEOUT + MAX_POLL_BACKOFF) < STARTED_HIDDEN_BY_GAP
     assert timedelta(minutes=5) / 5 >= STARTED_HIDDEN_BY_GAP
+
+
+@pytest.mark.parametrize(
+    "fields", [{"EventType": 42}, {"EventStatus": None}, {"Resources": "vm1"}, {"Resources": [1]}]
+)
+def test_a_single_event_read_on_its_own_is_strict_by_default(fields: dict[str, Any]) -> None:
+    """A message's data and an Event Grid notification are one event each: a consumer refuses
+    what it cannot read, with a reason. Only documents (and the forwarder's state) tolerate."""
+    from sebridge.imds import ScheduledEvent
+
+    with pytest.raises(InvalidDocument):
+        ScheduledEvent.from_imds(ev(**fields))
+    assert ScheduledEvent.from_imds(ev(**fields), strict=False).key == A.lower()
