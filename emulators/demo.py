@@ -14,6 +14,11 @@ IMDS POST -> Started -> Completed -> pool restored. It exits 0 when every event 
 scenario ended (Completed or Cancelled), every event first seen Scheduled was approved through
 IMDS, and every pool change was undone (except after Terminate and Preempt, whose VM is gone);
 otherwise non-zero with the reasons. Every process it started is stopped either way.
+
+``--source eventgrid`` runs the same scenario with no forwarder: the events reach the topic
+through Event Grid and the ingestion function, and the gate approves through ARM;
+``--source both`` runs the two side by side and requires one message per transition on the
+topic (emulators/demo_sources.py).
 """
 
 from __future__ import annotations
@@ -139,7 +144,13 @@ def watch_topic(
                         if parsed.event is None:
                             continue  # Heartbeat
                         event = parsed.event
-                        seen.append({"transition": parsed.transition.value, "event": event})
+                        seen.append(
+                            {
+                                "transition": parsed.transition.value,
+                                "event": event,
+                                "message_id": message.message_id,
+                            }
+                        )
                         extra = ""
                         if parsed.transition.value == "Approved":
                             approval = parsed.data.get("approval", {})
@@ -183,7 +194,10 @@ def watch_list(
 
 
 # -- the run ------------------------------------------------------------------------------
-def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
+def run(
+    scenario_name: str, speed: float, timeout: float, verbose: bool, source: str = "forwarder"
+) -> int:
+    from emulators import demo_sources
     from emulators.fakes.arm import FakeArm
     from emulators.fakes.identity import FakeIdentity
     from emulators.fakes.teams import FakeTeams, card_lines
@@ -202,7 +216,8 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
     print(f"world: {', '.join(vms)} in {GROUP}, behind lb-web/pool-a; everything on 127.0.0.1\n")
     try:
         teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
-        for fake in (teams, arm, identity):
+        state_storage = demo_sources.state_storage()
+        for fake in (teams, arm, identity, state_storage):
             fake.start()
             stack.append(fake.stop)
         lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
@@ -228,6 +243,7 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
             "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
             "ARM_ENDPOINT": arm.url,
             **identity.environ(),
+            **demo_sources.app_settings(source, state_storage, GROUP),
         }
         http_port = free_port()
         settings["APPROVAL_BASE_URL"] = f"http://127.0.0.1:{http_port}"  # the Approve links
@@ -305,9 +321,22 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
             dry_run=False,
             poll_interval=1.0,
         )
-        fw.start()
-        stack.append(fw.close)
-        timeline.add("setup", "forwarder polling IMDS once a second")
+        if source != "eventgrid":
+            fw.start()
+            stack.append(fw.close)
+            timeline.add("setup", "forwarder polling IMDS once a second")
+        if source != "forwarder":
+            for stop_source in demo_sources.start_event_grid(
+                host.url,
+                sim,
+                arm,
+                subscription=SUBSCRIPTION,
+                group=GROUP,
+                vm_name=world["vm"]["name"],
+                report=lambda text: timeline.add("evgrid", text),
+                start_clock=source == "eventgrid",
+            ):
+                stack.append(stop_source.stop)
 
         expected_events = {e["EventId"].lower(): e for e in world["events"]}
         deadline = time.monotonic() + timeout - (time.time() - timeline.start)
@@ -316,9 +345,10 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
             print("running the scenario; the timeline follows when the loop is done...\n")
         while time.monotonic() < deadline:
             reasons = verdict(expected_events, topic_seen, posts_seen, arm, vm_ids, initial)
+            reasons += demo_sources.verdict(source, topic_seen)
             if not reasons:
                 break
-            if not fw.alive:
+            if source != "eventgrid" and not fw.alive:
                 reasons = [f"the forwarder exited:\n{fw.stderr_text()[-2000:]}"]
                 break
             time.sleep(0.2)
@@ -337,6 +367,8 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
             f"\nOK in {elapsed:.1f} s: every event ended, was approved through IMDS where it "
             "could be, and the pools are as they were."
         )
+        for line in demo_sources.summary(source, topic_seen):
+            print(line)
         return 0
     finally:
         stop.set()
@@ -407,6 +439,13 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="give up after this many seconds (default %(default)s)",
     )
+    parser.add_argument(
+        "--source",
+        choices=("forwarder", "eventgrid", "both"),
+        default="forwarder",
+        help="where events come from: the forwarder polling IMDS, Event Grid with no forwarder "
+        "at all (agentless), or both at once (default %(default)s)",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--verbose", action="store_true", help="show the functions host's log")
     args = parser.parse_args(argv)
@@ -425,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return run(args.scenario, args.speed, args.timeout, args.verbose)
+    return run(args.scenario, args.speed, args.timeout, args.verbose, args.source)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
-"""``python -m emulators.fakes``: run the four fakes on loopback and print the app settings.
+"""``sebridge fakes``: run the four fakes on loopback and print the app settings they need.
 
 With ``--demo-world`` the fake ARM holds the golden test world: web-1 and web-2 in rg-web,
 both in lb-web's pool-a. Cards and pool changes are printed as they happen. Stops on Ctrl-C or
 SIGTERM, or after ``--seconds``.
+
+With ``--port-base N`` the fakes listen on fixed ports (Teams N, ARM N+1, identity N+2, blob
+N+3) and with ``--identity-header`` the identity endpoint takes a fixed header, so that a
+settings file can name them: ``emulators/local.settings.demo.json`` does, for
+``--port-base 17071 --identity-header local-demo-identity-header``.
 """
 
 from __future__ import annotations
@@ -29,13 +34,34 @@ def seed_demo_world(arm: FakeArm) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emulators.fakes", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sebridge fakes",
+        description="Run the Teams, ARM, managed-identity and blob fakes on 127.0.0.1 and print "
+        "the app settings that point at them.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--demo-world", action="store_true", help="seed the fake ARM")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=0,
+        help="Teams on this port, ARM +1, identity +2, blob +3 (0: free ports)",
+    )
+    parser.add_argument(
+        "--identity-header",
+        default=None,
+        help="the X-IDENTITY-HEADER the identity fake expects (default: a random one)",
+    )
     parser.add_argument("--seconds", type=float, default=24 * 3600.0, help="stop after this long")
     args = parser.parse_args(argv)
+    if not (args.port_base == 0 or 1024 <= args.port_base <= 65532):
+        parser.error("--port-base must be 0 or 1024..65532")
     teams, arm = FakeTeams(print_cards=True), FakeArm(print_changes=True)
-    identity, storage = FakeIdentity(), FakeBlobStorage()
-    servers = [teams.start(), arm.start(), identity.start(), storage.start()]
+    identity, storage = FakeIdentity(header=args.identity_header), FakeBlobStorage()
+    ports = [args.port_base + i if args.port_base else 0 for i in range(4)]
+    servers = [
+        fake.start(port) for fake, port in zip((teams, arm, identity, storage), ports, strict=True)
+    ]
     if args.demo_world:
         seed_demo_world(arm)
     settings = {

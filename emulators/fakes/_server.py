@@ -53,7 +53,8 @@ class LoopbackServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> LoopbackServer:
+    def start(self, port: int = 0) -> LoopbackServer:
+        """Serve on 127.0.0.1:``port`` (0: a free one) in a thread."""
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -96,7 +97,7 @@ class LoopbackServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # tests read self.requests; stderr stays quiet
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever,

@@ -11,8 +11,9 @@ from collections import deque
 from typing import Any
 
 from emulators.fakes._server import LoopbackServer, Reply, Request
-from functions.teams.cards import ATTACHMENT_TYPE, card_text_lines
 
+# What Teams Workflows takes: a message with one Adaptive Card attachment.
+ATTACHMENT_TYPE = "application/vnd.microsoft.card.adaptive"
 WEBHOOK_PATH = "/workflows/sebridge/triggers/manual/paths/invoke"
 
 
@@ -54,5 +55,23 @@ class FakeTeams(LoopbackServer):
 
 
 def card_lines(card: dict[str, Any]) -> list[str]:
-    """A card as readable text lines (title, facts, text, buttons) for the demo."""
-    return card_text_lines(card)
+    """A card as readable lines (for the demo and for logs): title, facts, text, buttons."""
+    lines: list[str] = []
+
+    def walk(items: list[Any]) -> None:
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            kind = item.get("type")
+            if kind == "TextBlock":
+                lines.append(str(item.get("text", "")))
+            elif kind == "FactSet":
+                lines.extend(f"  {f.get('title')}: {f.get('value')}" for f in item.get("facts", []))
+            elif kind == "Container":
+                walk(item.get("items", []))
+
+    walk(card.get("body", []))
+    for action in card.get("actions", []):
+        # The URL carries a signed token: show that there is a button, not the credential.
+        lines.append(f"  [{action.get('title')}] ({action.get('type')})")
+    return lines

@@ -8,7 +8,7 @@ import azure.functions as func
 
 from functions.approval_gate import link as approval_link
 from functions.shared import composition
-from functions.shared.triggers import decode
+from functions.shared.triggers import decode, log_invocation
 from functions.teams.core import APPROVE_ROUTE
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
@@ -23,6 +23,7 @@ MAX_FORM_BYTES = 4096
     connection="ServiceBusConnection",
     is_sessions_enabled=True,
 )
+@log_invocation
 def approval_gate(msg: func.ServiceBusMessage) -> None:
     message = decode(msg, "approval_gate")
     if message is None:

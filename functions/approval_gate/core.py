@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from functions.approval_gate.agentless import AgentlessRules, Route, choose_route
 from functions.approval_gate.policy import Action, Policy
 from functions.lb_pools import nic_pools
 from functions.shared.impact import ImpactRules
@@ -52,6 +53,7 @@ class Gate:
     arm: ArmClient
     commands: CommandSender
     fallback: Fallback | None = None  # None: ACKNOWLEDGE_FALLBACK_ENABLED is false
+    agentless: AgentlessRules | None = None  # AGENTLESS_* settings (agentless.py)
 
     def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
         if message.transition is Transition.HEARTBEAT:
@@ -117,17 +119,22 @@ class Gate:
             log.info("NotBefore has passed, nothing to approve", extra={"eventId": event.key})
             return GateOutcome.TOO_LATE
         observer = message.observer
-        if self.fallback is not None and observer.resource_id:
-            last = self.fallback.store.last(observer.vm_name)
-            # No record at all is no evidence of silence: the forwarder just sent this event.
-            if last is not None and now - last > self.fallback.stale_after:
-                log.warning(
-                    "forwarder silent since %s, acknowledging through ARM",
-                    last.isoformat(),
-                    extra={"eventId": event.key, "vm": observer.vm_name},
-                )
-                self.arm.acknowledge_event(observer.resource_id, event.key)
-                return GateOutcome.ACKNOWLEDGED
+        choice = choose_route(
+            message,
+            now,
+            rules=self.agentless,
+            heartbeats=self.fallback.store if self.fallback else None,
+            stale_after=self.fallback.stale_after if self.fallback else None,
+        )
+        if choice.route is Route.ACKNOWLEDGE:
+            log.log(
+                logging.WARNING if choice.alarming else logging.INFO,
+                "acknowledging through ARM: %s",
+                choice.reason,
+                extra={"eventId": event.key, "vm": observer.vm_name},
+            )
+            self.arm.acknowledge_event(observer.resource_id, event.key)
+            return GateOutcome.ACKNOWLEDGED
         command = approve_command(event.key, REQUESTED_BY, reason, expires_at)
         self.commands.send(command, observer.vm_name)
         log.info("approve command sent", extra={"eventId": event.key, "vm": observer.vm_name})

@@ -6,7 +6,7 @@ import azure.functions as func
 
 from functions.lb_pools import core as lbflow
 from functions.shared import composition
-from functions.shared.triggers import decode
+from functions.shared.triggers import decode, log_invocation
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
@@ -19,6 +19,7 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
     connection="ServiceBusConnection",
     is_sessions_enabled=True,
 )
+@log_invocation
 def lb_pools(msg: func.ServiceBusMessage) -> None:
     message = decode(msg, "lb_pools")
     if message is None:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
+from functions.eventgrid_ingest.core import EventStateStore, Ingestor
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
     ArmClient,
@@ -26,11 +28,15 @@ from functions.shared.ports import (
     TopicPublisher,
 )
 from functions.shared.settings import Settings, load_settings
+from functions.webhooks.ports import WebhookPoster
 
 log = logging.getLogger("sebridge.functions")
 
 TEAMS_RETRY_ATTEMPTS = 3
 TEAMS_RETRY_TOTAL_SECONDS = 30.0
+# Webhook endpoints get the Teams workflow's retry rules, per endpoint.
+WEBHOOK_RETRY_ATTEMPTS = TEAMS_RETRY_ATTEMPTS
+WEBHOOK_RETRY_TOTAL_SECONDS = TEAMS_RETRY_TOTAL_SECONDS
 
 
 def utcnow() -> datetime:
@@ -46,6 +52,8 @@ class Dependencies:
     commands: CommandSender
     heartbeats: HeartbeatStore | None
     clock: Clock = utcnow
+    webhooks: WebhookPoster | None = None
+    event_state: EventStateStore | None = None  # only with EVENTGRID_INGEST_ENABLED
 
     @property
     def impact(self) -> ImpactRules:
@@ -60,7 +68,16 @@ class Dependencies:
             fallback = Fallback(
                 self.heartbeats, timedelta(seconds=self.settings.heartbeat_stale_seconds)
             )
-        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback)
+        agentless = AgentlessRules.of(
+            self.settings.agentless_resource_groups, self.settings.agentless_vm_patterns
+        )
+        return Gate(self.settings.policy, self.impact, self.arm, self.commands, fallback, agentless)
+
+    @property
+    def eventgrid_ingest(self) -> Ingestor:
+        if self.event_state is None:
+            raise RuntimeError("the Event Grid ingestion is not enabled (EVENTGRID_INGEST_ENABLED)")
+        return Ingestor(self.event_state, self.publisher, self.clock)
 
 
 _lock = threading.Lock()
@@ -84,6 +101,7 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
     from azure.identity import DefaultAzureCredential
 
     from functions.adapters.arm import ArmRestClient
+    from functions.adapters.event_state import BlobEventStateStore
     from functions.adapters.heartbeats import BlobHeartbeatStore
     from functions.adapters.retry import RetryPolicy
     from functions.adapters.servicebus import (
@@ -118,8 +136,24 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         if config.heartbeat_store_url
         else None
     )
+    if "webhooks" not in overrides:
+        parts["webhooks"] = _webhook_poster(session)
+    if config.eventgrid_ingest_enabled and "event_state" not in overrides:
+        parts["event_state"] = BlobEventStateStore(
+            config.eventgrid_state_url, credential, session=session
+        )
     parts.update(overrides)
     return Dependencies(settings=config, **parts)
+
+
+def _webhook_poster(session: Any) -> WebhookPoster:
+    from functions.adapters.retry import RetryPolicy
+    from functions.adapters.webhook_poster import HttpWebhookPoster
+
+    policy = RetryPolicy(
+        attempts=WEBHOOK_RETRY_ATTEMPTS, max_total_wait=WEBHOOK_RETRY_TOTAL_SECONDS
+    )
+    return HttpWebhookPoster(session=session, policy=policy)
 
 
 def dependencies() -> Dependencies:

@@ -8,12 +8,14 @@ host indexes it (visible in the deployment log) rather than at the first message
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from functions.approval_gate.policy import Policy, PolicyError, default_policy, parse_policy
 from functions.shared.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
+from functions.webhooks.config import Endpoint, load_endpoints
 from sebridge.values import is_loopback, parse_bool
 
 # Every app setting the Function App reads, for the Bicep tests and the README.
@@ -37,6 +39,12 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "HEARTBEAT_STALE_SECONDS",
     "HEARTBEAT_STORE_URL",
     "CUSTOM_SUBSCRIBER_ENABLED",
+    "WebhooksSubscriptionName",
+    "WEBHOOKS",
+    "EVENTGRID_INGEST_ENABLED",
+    "EVENTGRID_STATE_URL",
+    "AGENTLESS_RESOURCE_GROUPS",
+    "AGENTLESS_VM_PATTERNS",
 )
 # Read but never set by the Bicep: a local emulator connection string, and what the platform
 # sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
@@ -52,6 +60,10 @@ DEFAULT_HEARTBEAT_STALE = 900
 HEARTBEAT_CONTAINER = "sebridge-heartbeats"
 MIN_SIGNING_KEY_LENGTH = 32
 KNOWN_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+EVENTGRID_STATE_CONTAINER = "sebridge-eventgrid-state"
+# AGENTLESS_VM_PATTERNS: shell-style patterns (fnmatch) over VM and scale-set names.
+_PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]!-]{1,80}")
+_GROUP = re.compile(r"[-\w.()]{0,89}[-\w()]")
 
 
 class SettingsError(ValueError):
@@ -80,6 +92,15 @@ class Settings:
     teams_webhook_url: str = field(repr=False, default="")
     approval_signing_key: bytes = field(repr=False, default=b"")
     servicebus_connection_string: str = field(repr=False, default="")
+    # webhooks (functions/webhooks/config.py): the function is registered when the
+    # subscription is set; endpoint secrets stay out of repr (Endpoint hides them).
+    webhooks_subscription: str = ""
+    webhooks: tuple[Endpoint, ...] = ()
+    # Agentless mode (Event Grid ingestion) and which VMs run without a forwarder.
+    eventgrid_ingest_enabled: bool = False
+    eventgrid_state_url: str = ""  # "" unless the ingestion is enabled
+    agentless_resource_groups: tuple[str, ...] = ()
+    agentless_vm_patterns: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, object]:
         """The effective configuration without secrets, for the start-up log line."""
@@ -98,6 +119,12 @@ class Settings:
             "armEndpoint": self.arm_endpoint,
             "acknowledgeFallback": self.acknowledge_fallback_enabled,
             "customSubscriber": self.custom_subscriber_enabled,
+            "webhooks": [f"{e.name} ({e.preset})" for e in self.webhooks]
+            if self.webhooks_subscription
+            else "off",
+            "eventGridIngest": self.eventgrid_ingest_enabled,
+            "agentlessResourceGroups": list(self.agentless_resource_groups),
+            "agentlessVmPatterns": list(self.agentless_vm_patterns),
         }
 
 
@@ -215,6 +242,30 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     elif store_url:
         store_url = _url("HEARTBEAT_STORE_URL", store_url, problems)
 
+    eventgrid = _bool("EVENTGRID_INGEST_ENABLED", get("EVENTGRID_INGEST_ENABLED"), problems)
+    state_url = get("EVENTGRID_STATE_URL")
+    if not state_url and get("AzureWebJobsStorage__accountName"):
+        account = get("AzureWebJobsStorage__accountName")
+        state_url = f"https://{account}.blob.core.windows.net/{EVENTGRID_STATE_CONTAINER}"
+    if eventgrid and not state_url:
+        problems.append(
+            "EVENTGRID_STATE_URL: required when EVENTGRID_INGEST_ENABLED is true "
+            "(or set AzureWebJobsStorage__accountName)"
+        )
+    elif state_url:
+        state_url = _url("EVENTGRID_STATE_URL", state_url, problems)
+    agentless_groups = _list(get("AGENTLESS_RESOURCE_GROUPS"))
+    for group in agentless_groups:
+        if not _GROUP.fullmatch(group):
+            problems.append(f"AGENTLESS_RESOURCE_GROUPS: {group[:100]!r} is not a resource group")
+    agentless_patterns = _list(get("AGENTLESS_VM_PATTERNS"))
+    for pattern in agentless_patterns:
+        if not _PATTERN.fullmatch(pattern):
+            problems.append(
+                f"AGENTLESS_VM_PATTERNS: {pattern[:100]!r} is not a VM name pattern "
+                "(letters, digits, _ . - and the wildcards * ? [ ] !)"
+            )
+
     settings = Settings(
         topic_name=required("TopicName"),
         teams_subscription=required("TeamsSubscriptionName"),
@@ -238,9 +289,24 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         teams_webhook_url=webhook,
         approval_signing_key=key.encode("utf-8"),
         servicebus_connection_string=connection_string,
+        eventgrid_ingest_enabled=eventgrid,
+        eventgrid_state_url=state_url if eventgrid else "",
+        agentless_resource_groups=agentless_groups,
+        agentless_vm_patterns=agentless_patterns,
     )
+    settings = _with_webhooks(settings, env, problems)
     if settings.custom_subscriber_enabled and not settings.custom_subscription:
         problems.append("CustomSubscriptionName: required when CUSTOM_SUBSCRIBER_ENABLED is true")
     if problems:
         raise SettingsError("invalid app settings: " + "; ".join(problems))
     return settings
+
+
+def _with_webhooks(settings: Settings, env: Mapping[str, str], problems: list[str]) -> Settings:
+    """The webhooks workflow's settings (WebhooksSubscriptionName, WEBHOOKS and the secret
+    settings its endpoints name), validated by functions/webhooks/config.py."""
+    subscription = env.get("WebhooksSubscriptionName", "").strip()
+    endpoints = load_endpoints(
+        env, problems, subscription=subscription, known_event_types=KNOWN_EVENT_TYPES
+    )
+    return replace(settings, webhooks_subscription=subscription, webhooks=endpoints)

@@ -1,4 +1,8 @@
-"""What every Service Bus trigger does before its core: decode, or log why not."""
+"""What every Service Bus trigger does before its core: decode, or log why not.
+
+Every Service Bus trigger is also decorated with :func:`log_invocation` (one structured line per
+invocation, functions/shared/invocations.py); ``decode`` tells it what the message was.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,11 @@ import logging
 
 import azure.functions as func
 
+from functions.shared.invocations import log_invocation, note
+from functions.shared.invocations import remember as _remember
 from sebridge.contract.events import ContractError, TransitionMessage, parse_message
+
+__all__ = ["decode", "log_invocation", "note"]
 
 log = logging.getLogger("sebridge.functions")
 
@@ -20,8 +28,9 @@ def decode(message: func.ServiceBusMessage, function: str) -> TransitionMessage 
     inspection, so nothing is lost by completing it here.
     """
     try:
-        return parse_message(message.get_body(), message.message_id)
+        parsed = parse_message(message.get_body(), message.message_id)
     except ContractError as exc:
+        _remember(None)
         log.error(
             "%s: message %s breaks contract v1 and is dropped: %s",
             function,
@@ -30,3 +39,5 @@ def decode(message: func.ServiceBusMessage, function: str) -> TransitionMessage 
             extra={"messageId": message.message_id, "reason": str(exc)},
         )
         return None
+    _remember(parsed)
+    return parsed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import azure.functions as func
 
 from functions.shared import composition
-from functions.shared.triggers import decode
+from functions.shared.triggers import decode, log_invocation
 from functions.teams import core as notify
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
@@ -19,6 +19,7 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
     connection="ServiceBusConnection",
     is_sessions_enabled=True,
 )
+@log_invocation
 def teams(msg: func.ServiceBusMessage) -> None:
     message = decode(msg, "teams")
     if message is None or message.event is None:

@@ -143,26 +143,3 @@ def build_card(
             {"type": "Action.OpenUrl", "title": "Approve", "url": approve_url, "style": "positive"}
         ]
     return card
-
-
-def card_text_lines(card: dict[str, Any]) -> list[str]:
-    """A card as readable lines (for the demo and for logs): title, facts, text, buttons."""
-    lines: list[str] = []
-
-    def walk(items: list[Any]) -> None:
-        for item in items:
-            if not isinstance(item, dict):
-                continue
-            kind = item.get("type")
-            if kind == "TextBlock":
-                lines.append(str(item.get("text", "")))
-            elif kind == "FactSet":
-                lines.extend(f"  {f.get('title')}: {f.get('value')}" for f in item.get("facts", []))
-            elif kind == "Container":
-                walk(item.get("items", []))
-
-    walk(card.get("body", []))
-    for action in card.get("actions", []):
-        # The URL carries a signed token: show that there is a button, not the credential.
-        lines.append(f"  [{action.get('title')}] ({action.get('type')})")
-    return lines

@@ -72,7 +72,14 @@ class ContractError(ValueError):
 
 @dataclass(frozen=True)
 class Observer:
-    """The VM whose forwarder saw the document (from IMDS instance metadata)."""
+    """The VM whose forwarder saw the document (from IMDS instance metadata).
+
+    For a transition observed through Event Grid it is derived from the scheduled event's ARM
+    id: the VM (``vm_name``, ``resource_id`` = the VM's id), or for a scale set the scale set
+    (``vm_name`` = ``vm_scale_set_name`` = its name, ``resource_id`` = its id), or for an
+    availability set the availability set (``vm_name`` = its name). ``vm_id`` and ``zone`` are
+    then empty; ``source`` is ``resource_id`` either way.
+    """
 
     vm_name: str
     vm_id: str = ""
@@ -235,11 +242,15 @@ def _envelope(
 def event_data(
     event: ScheduledEvent,
     observer: Observer,
-    incarnation: int,
+    incarnation: int | None,
     *,
     changes: Mapping[str, Any] | None = None,
     approval: Mapping[str, str] | None = None,
+    event_grid: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``incarnation`` is None for a transition observed through Event Grid (no IMDS document);
+    ``event_grid`` then names the notification it was derived from (``id``, ``eventTime``,
+    ``topic``, ``resourceId``)."""
     data: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION}
     data.update(event.to_imds())  # the IMDS fields verbatim
     data["notBefore"] = isoformat_utc(event.not_before) if event.not_before else None
@@ -249,6 +260,8 @@ def event_data(
         data["changes"] = dict(changes)
     if approval is not None:
         data["approval"] = dict(approval)
+    if event_grid is not None:
+        data["eventGrid"] = dict(event_grid)
     return data
 
 
@@ -256,17 +269,19 @@ def event_message(
     transition: Transition,
     event: ScheduledEvent,
     observer: Observer,
-    incarnation: int,
+    incarnation: int | None,
     observed_at: datetime,
     *,
     message_id: str | None = None,
     changes: Mapping[str, Any] | None = None,
     approval: Mapping[str, str] | None = None,
+    event_grid: Mapping[str, Any] | None = None,
 ) -> Envelope:
     """A lifecycle transition (or ``Approved``) of one event, as seen by ``observer``.
 
     ``message_id`` comes from :func:`sebridge.lifecycle.advance` with what the observer
-    remembers of the event; without it, the id a first observer would give.
+    remembers of the event; without it, the id a first observer would give. A transition
+    observed through Event Grid has no ``incarnation`` (None) and carries ``event_grid``.
     """
     if transition in (Transition.HEARTBEAT, Transition.PREPARED, Transition.HELD):
         raise ValueError(f"use the {transition.value.lower()}_message builder")
@@ -281,7 +296,9 @@ def event_message(
         source=observer.source,
         subject=event.key,
         observed_at=observed_at,
-        data=event_data(event, observer, incarnation, changes=changes, approval=approval),
+        data=event_data(
+            event, observer, incarnation, changes=changes, approval=approval, event_grid=event_grid
+        ),
         properties=_event_properties(transition, event, observer),
     )
 

@@ -10,9 +10,9 @@ import adaptive_cards
 import jsonschema
 import pytest
 
+from emulators.fakes.teams import card_lines
 from functions.teams.cards import (
     build_card,
-    card_text_lines,
     duration_text,
     relative,
     teams_payload,
@@ -39,7 +39,7 @@ def test_golden_transitions_make_valid_cards(name: str) -> None:
     card = build_card(message, NOW)
     assert_valid(card)
     assert card["version"] == "1.5"
-    text = "\n".join(card_text_lines(card))
+    text = "\n".join(card_lines(card))
     assert "web-1, web-2" in text
     assert "Observed by: web-1" in text
     assert "actions" not in card
@@ -57,12 +57,12 @@ def test_the_approve_button_is_an_open_url_action() -> None:
             "url": "https://app.example/api/approve?token=abc",
         }
     ]
-    assert "token=abc" not in "\n".join(card_text_lines(card))  # the demo never prints it
+    assert "token=abc" not in "\n".join(card_lines(card))  # the demo never prints it
 
 
 def test_not_before_is_shown_in_utc_and_relative() -> None:
     message = parse_message(golden.build()["scheduled"].body_bytes())
-    lines = card_text_lines(build_card(message, NOW))
+    lines = card_lines(build_card(message, NOW))
     assert "  Not before (UTC): 2026-11-22T01:35:00Z (in 14 min)" in lines
 
 

@@ -22,7 +22,7 @@ INFRA = REPO / "infra"
 MODULES = INFRA / "modules"
 EMULATOR_CONFIG = INFRA / "servicebus-emulator" / "Config.json"
 FUNCTION_APP = REPO / "function_app.py"
-SETTINGS_MODULE = REPO / "functions" / "settings.py"
+SETTINGS_MODULE = REPO / "functions" / "shared" / "settings.py"
 
 
 def bicep_files() -> list[Path]:
@@ -216,6 +216,10 @@ _PLACEHOLDERS = {
     # On, so the optional subscriber's bindings are checked too (the name of README's example).
     "CUSTOM_SUBSCRIBER_ENABLED": "true",
     "CustomSubscriptionName": "vm-loss",
+    # Agentless mode: values main.bicep computes or passes through.
+    "EVENTGRID_STATE_URL": "https://sttest.blob.core.windows.net/sebridge-eventgrid-state",
+    "AGENTLESS_RESOURCE_GROUPS": "rg-batch-test",
+    "AGENTLESS_VM_PATTERNS": "batch-*",
 }
 
 

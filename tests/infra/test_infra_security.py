@@ -28,6 +28,7 @@ STORAGE_BLOB_DATA_OWNER = "b7e6dc6d-f1e8-4753-8033-0f276bb0955b"
 MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 NETWORK_CONTRIBUTOR = "4d97b98b-1d4f-4787-a291-c67834d212e7"
 SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"
+STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 ROLE_NAMES = {
     SERVICE_BUS_DATA_RECEIVER: "Azure Service Bus Data Receiver",
     SERVICE_BUS_DATA_SENDER: "Azure Service Bus Data Sender",
@@ -37,6 +38,7 @@ ROLE_NAMES = {
     MONITORING_METRICS_PUBLISHER: "Monitoring Metrics Publisher",
     NETWORK_CONTRIBUTOR: "Network Contributor",
     SCHEDULED_EVENTS_CONTRIBUTOR: "Scheduled Events Contributor",
+    STORAGE_BLOB_DATA_CONTRIBUTOR: "Storage Blob Data Contributor",
 }
 # Broad roles nobody here may get.
 FORBIDDEN_ROLES = {
@@ -64,6 +66,11 @@ EXPECTED_ROLES = {
     # Forwarders: publish to the topic, receive approve commands.
     ("forwarderPrincipalId", f"{SB}/topics"): SERVICE_BUS_DATA_SENDER,
     ("forwarderPrincipalId", f"{SB}/queues"): SERVICE_BUS_DATA_RECEIVER,
+    # Agentless mode: the Event Grid system topic dead-letters into one container.
+    (
+        "systemTopicPrincipalId",
+        "Microsoft.Storage/storageAccounts/blobServices/containers",
+    ): STORAGE_BLOB_DATA_CONTRIBUTOR,
     # Operator who sets the two secret values after deployment (optional).
     ("secretsOfficerPrincipalId", "Microsoft.KeyVault/vaults"): KEY_VAULT_SECRETS_OFFICER,
 }
