@@ -292,3 +292,23 @@ def test_the_unit_bounds_memory_and_stop_time() -> None:
     )
     assert values["MemoryMax"] == "192M" and values["MemoryHigh"] == "128M"
     assert int(values["TimeoutStopSec"]) >= 3 * 5  # SIGTERM ends it within 5 s
+
+
+def test_an_approved_message_the_outbox_cannot_take_is_kept_and_retried() -> None:
+    from sebridge.contract.events import Transition, event_message
+    from sebridge.imds import ScheduledEvent
+
+    world = World()
+    approved = event_message(
+        Transition.APPROVED,
+        ScheduledEvent.from_imds(scheduled(A)),
+        world.forwarder.observer,
+        1,
+        world.clock.now(),
+        approval={"requestedBy": "ops", "reason": "patching"},
+    )
+    world.outbox.fail_writes = 1
+    world.forwarder.enqueue(approved)  # the approvals thread: never raises
+    assert world.outbox.depth() == 0
+    poll_and_send(world)  # the next tick writes it
+    assert delivered(world) == [("Approved", A)]
