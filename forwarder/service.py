@@ -505,6 +505,7 @@ class Forwarder:
         for thread in threads:
             thread.start()
         self.stop_event.wait()
+        self.stop()  # the stop event may have been set alone (a signal): wake the sender too
         deadline = self.clock.monotonic() + join_timeout
         for thread in threads:
             thread.join(max(0.0, deadline - self.clock.monotonic()))

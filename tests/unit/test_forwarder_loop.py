@@ -312,3 +312,20 @@ def test_an_approved_message_the_outbox_cannot_take_is_kept_and_retried() -> Non
     assert world.outbox.depth() == 0
     poll_and_send(world)  # the next tick writes it
     assert delivered(world) == [("Approved", A)]
+
+
+def test_a_stop_signal_ends_every_loop_at_once() -> None:
+    """main's SIGTERM handler only sets the stop event: the sender, waiting for work, must be
+    woken as well, or the process would wait out the join timeout (and the 5 s bound)."""
+    import threading
+    import time
+
+    world = World()
+    result: list[bool] = []
+    runner = threading.Thread(target=lambda: result.append(world.forwarder.run()))
+    runner.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    world.forwarder.stop_event.set()
+    runner.join(5)
+    assert result == [True] and time.monotonic() - started < 1.0
