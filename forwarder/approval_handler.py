@@ -67,7 +67,7 @@ class CommandHandler:
         require_listed: bool = False,
         budget: float = COMMAND_IMDS_BUDGET,
         read_timeout: float = READ_TIMEOUT,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.forwarder = forwarder
@@ -80,7 +80,8 @@ class CommandHandler:
         self.approved: set[str] = set()
 
     def _request_timeout(self, deadline: float) -> float:
-        """The read timeout for the next IMDS request: READ_TIMEOUT, cut to the time left."""
+        """The deadline of the next IMDS request (all of it): READ_TIMEOUT, cut to the time
+        left of the command's budget."""
         left = deadline - self.clock()
         if left < MIN_REQUEST_SECONDS:
             raise ImdsError(f"the command's {self.budget:g} s for IMDS are used up", transient=True)

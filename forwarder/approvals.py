@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sebridge import servicebus
 from sebridge.forwarder.approval_handler import CommandHandler, Outcome
 from sebridge.forwarder.imds_client import ImdsClient
+from sebridge.forwarder.ratelimit import RequestLimit
 from sebridge.retry import Backoff
 
 if TYPE_CHECKING:
@@ -35,12 +36,14 @@ RECEIVER_SOCKET_TIMEOUT = 1.0
 # only between commands, so every command must be settled well inside one lock period.
 # The lock is renewed once it is SESSION_RENEW_EVERY old (checked before each command, after
 # each settlement and after each receive); a command then spends at most COMMAND_IMDS_BUDGET
-# on IMDS (re-reads, the pauses between them and the POST; each request's read timeout is cut
-# to what is left, its connect timeout can add up to 2 s) and is abandoned when that is used
-# up. So a lock is at most 15 + 25 + 2 = 42 s old when the command is settled, and at most
-# 15 + 30 = 45 s old after the pause that follows an abandon (Backoff cap 30 s): both < 60 s.
-# The slow first call of IMDS (up to 2 minutes while the feature is enabled) is the poller's
-# to wait out; a command never uses that timeout and is simply redelivered later.
+# on IMDS (waiting for a request slot of the shared 5/s limit, re-reads, the pauses between
+# them and the POST; each request's overall deadline, connect and a trickling body included,
+# is cut to what is left) and is abandoned when that is used up. So a lock is at most
+# 15 + 25 = 40 s old when the command is settled (the bound test adds 2 s of connect time as a
+# margin), and at most 15 + 30 = 45 s old after the pause that follows an abandon (Backoff cap
+# 30 s): both < 60 s. The slow first call of IMDS (up to 2 minutes while the feature is
+# enabled) is the poller's to wait out; a command never uses that timeout and is simply
+# redelivered later.
 SESSION_RENEW_EVERY = 15.0
 ABANDON_PAUSE_MAX = 30.0
 
@@ -70,20 +73,25 @@ class SessionLock:
             self.renewed = self.clock()
 
 
-def approvals_worker(forwarder: Forwarder, config: ForwarderConfig) -> Callable[[], None]:
-    """The receiver thread's body: reconnects with backoff until the forwarder stops."""
+def approvals_worker(
+    forwarder: Forwarder, config: ForwarderConfig, limit: RequestLimit | None = None
+) -> Callable[[], None]:
+    """The receiver thread's body: reconnects with backoff until the forwarder stops.
+    ``limit`` is the IMDS request budget it shares with the poller (which has priority)."""
+    stop = forwarder.stop_event
     handler = CommandHandler(
         forwarder,
-        # Its own client: every request passes the command's own read timeout (see above).
-        ImdsClient(config.imds_endpoint, api_version=config.api_version),
+        # Its own connection: every request has the command's own deadline (see above), and
+        # ends at once when the forwarder stops.
+        ImdsClient(config.imds_endpoint, api_version=config.api_version, limit=limit, cancel=stop),
         require_listed=config.require_listed,
+        sleep=stop.wait,
     )
 
     def approvals() -> None:
         from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
         backoff = Backoff(1.0, ABANDON_PAUSE_MAX)
-        stop = forwarder.stop_event
         while not stop.is_set():
             session_id = forwarder.observer.vm_name
             client = None

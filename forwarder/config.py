@@ -11,6 +11,7 @@ from typing import Any
 
 from sebridge.forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
 from sebridge.forwarder.outbox import DEFAULT_MAX_ROWS
+from sebridge.forwarder.publisher import STANDARD_MAX_MESSAGE_BYTES
 from sebridge.values import parse_bool
 
 DEFAULT_STATE_DIR = "/var/lib/sebridge"
@@ -38,6 +39,7 @@ class ForwarderConfig:
     require_listed: bool = False
     heartbeat_interval: float = DEFAULT_HEARTBEAT_SECONDS
     outbox_max: int = DEFAULT_MAX_ROWS
+    max_message_size: int = STANDARD_MAX_MESSAGE_BYTES
     log_format: str = "text"
     log_level: str = "INFO"
     once: bool = False
@@ -59,6 +61,7 @@ class ForwarderConfig:
             "requireListed": self.require_listed,
             "heartbeatInterval": self.heartbeat_interval,
             "outboxMax": self.outbox_max,
+            "maxMessageSize": self.max_message_size,
             "once": self.once,
             "dryRun": self.dry_run,
         }
@@ -149,6 +152,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "[SEBRIDGE_OUTBOX_MAX] (default %(default)s)",
     )
     p.add_argument(
+        "--max-message-size",
+        default=default("SEBRIDGE_MAX_MESSAGE_SIZE", str(STANDARD_MAX_MESSAGE_BYTES)),
+        help="largest message and batch in bytes: Standard 262144, Premium up to the entity's "
+        "limit [SEBRIDGE_MAX_MESSAGE_SIZE] (default %(default)s)",
+    )
+    p.add_argument(
         "--log-format",
         choices=("text", "json"),
         default=default("SEBRIDGE_LOG_FORMAT", "text"),
@@ -189,6 +198,9 @@ def parse_config(
     poll = _number("--poll-interval", args.poll_interval, minimum=0.05, maximum=60)
     heartbeat = _number("--heartbeat-interval", args.heartbeat_interval, minimum=0, maximum=86_400)
     outbox_max = int(_number("--outbox-max", args.outbox_max, minimum=1, maximum=10_000_000))
+    max_message_size = int(
+        _number("--max-message-size", args.max_message_size, minimum=1024, maximum=100 * 2**20)
+    )
     if not args.imds_endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"--imds-endpoint must be an http(s) URL, not {args.imds_endpoint!r}")
     if not (args.dry_run or args.namespace or args.connection_string):
@@ -212,6 +224,7 @@ def parse_config(
         require_listed=bool(args.require_listed),
         heartbeat_interval=heartbeat,
         outbox_max=outbox_max,
+        max_message_size=max_message_size,
         log_format=args.log_format,
         log_level=args.log_level.upper(),
         once=bool(args.once),

@@ -315,8 +315,11 @@ def heartbeat_message(
 ) -> Envelope:
     """Liveness of one forwarder; its session is the VM name, its id is unique per tick.
 
-    ``health`` (optional) carries what is wrong while it lasts: ``stateSaveFailing``,
-    ``setAside`` (messages set aside since start), ``lastError``.
+    ``health`` (optional, absent while all is well) carries what is wrong while it lasts:
+    ``stateSaveFailing`` (+ ``stateSaveFailingSince``: transitions are held back until the
+    state file can be saved), ``outboxWriteFailing`` (+ ``...Since``), ``pollFailures`` and
+    ``publishFailures`` (in a row), ``setAside`` (messages kept in the outbox's aside table
+    because they can never be sent), ``lastError``.
     """
     stamp = observed_at.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     heartbeat: dict[str, Any] = {

@@ -31,6 +31,7 @@ PURE_MODULES = (
     "sebridge.contract.commands",
     "sebridge.forwarder.diff",
     "sebridge.forwarder.approval_decision",
+    "sebridge.forwarder.health",
     "functions.shared.impact",
     "functions.shared.ports",
     "functions.shared.vms",
