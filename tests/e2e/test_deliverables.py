@@ -83,7 +83,7 @@ def test_the_vm_wheel_puts_only_sebridge_into_site_packages(dist: Path) -> None:
         for line in metadata.splitlines()
         if line.startswith("Requires-Dist:")
     )
-    assert [r.split(">")[0] for r in requires] == ["azure-identity", "azure-servicebus", "requests"]
+    assert [r.split(">")[0] for r in requires] == ["azure-identity", "azure-servicebus"]
     assert not [r for r in requires if "azure-functions" in r]
     assert "[sebridge.commands]" in entry_points and "emulators" not in entry_points
 

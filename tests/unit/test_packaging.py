@@ -27,12 +27,8 @@ def _names(requirements: list[str]) -> set[str]:
     return {r.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip() for r in requirements}
 
 
-def test_the_vm_package_depends_on_the_servicebus_sdk_identity_and_requests_only() -> None:
-    assert _names(PYPROJECT["project"]["dependencies"]) == {
-        "azure-servicebus",
-        "azure-identity",
-        "requests",
-    }
+def test_the_vm_package_depends_on_the_servicebus_sdk_and_identity_only() -> None:
+    assert _names(PYPROJECT["project"]["dependencies"]) == {"azure-servicebus", "azure-identity"}
     assert "optional-dependencies" not in PYPROJECT["project"]
 
 
