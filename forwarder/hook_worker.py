@@ -181,6 +181,9 @@ class HookWorker:
             threading.Thread(target=self._loop, args=(stop,), name=f"hooks-{i}", daemon=True)
             for i in range(1, self.max_parallel)
         ]
+        helpers.append(
+            threading.Thread(target=self._wake_on, args=(stop,), name="hooks-stop", daemon=True)
+        )
         for thread in helpers:
             thread.start()
         try:
@@ -191,6 +194,11 @@ class HookWorker:
             for thread in helpers:
                 thread.join(timeout=2.0)
 
+    def _wake_on(self, stop: threading.Event) -> None:
+        stop.wait()
+        with self._cond:
+            self._cond.notify_all()
+
     def _next(self, stop: threading.Event) -> _Job | None:
         with self._cond:
             while not stop.is_set():
@@ -198,7 +206,7 @@ class HookWorker:
                     if queue and key not in self._active:
                         self._active.add(key)
                         return queue.popleft()
-                self._cond.wait(0.5)
+                self._cond.wait(5.0)  # woken by new work and by stop (_wake_on)
         return None
 
     def _loop(self, stop: threading.Event) -> None:
