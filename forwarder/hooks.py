@@ -269,3 +269,40 @@ def load_hooks(path: Path, trusted: Collection[int] = (0,)) -> HooksFile:
         raise HooksFileError(f"hooks file {path}: not JSON: {exc}") from exc
     parsed = parse_hooks(obj, f"hooks file {path}")
     return HooksFile(parsed.hooks, str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sebridge.forwarder.hooks [--content-only] FILE``: check a hooks file as the
+    forwarder would at start (the installer runs it before installing one)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m sebridge.forwarder.hooks", description=main.__doc__
+    )
+    parser.add_argument("file", type=Path)
+    parser.add_argument(
+        "--content-only", action="store_true", help="skip the ownership check (not installed yet)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.content_only:
+            with open(args.file, "rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
+                raise HooksFileError(f"{args.file}: larger than {MAX_FILE_BYTES} bytes")
+            try:
+                hooks = parse_hooks(json.loads(data), str(args.file))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise HooksFileError(f"{args.file}: not JSON: {exc}") from exc
+        else:
+            hooks = load_hooks(args.file)
+    except (HooksFileError, OSError) as exc:
+        print(f"hooks file refused: {exc}", file=sys.stderr)
+        return 1
+    print(f"hooks file ok: {len(hooks.hooks)} hook(s): {', '.join(h.name for h in hooks.hooks)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
