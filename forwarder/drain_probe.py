@@ -45,7 +45,7 @@ from sebridge.impact import ImpactRules
 
 log = logging.getLogger("forwarder.drain-probe")
 
-MAX_CONNECTIONS = 32
+MAX_CONNECTIONS = 8  # a load balancer probes once per interval; the forwarder has a TasksMax
 REQUEST_TIMEOUT = 5.0  # seconds a client has to send its request
 UPSTREAM_TIMEOUT = 3.0  # seconds the application's health check has to answer
 HEALTHY = (200, b"ok\n")
