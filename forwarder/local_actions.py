@@ -71,6 +71,9 @@ class LocalSettings:
         }
 
 
+NO_LOCAL_ACTIONS = LocalSettings()
+
+
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument(
         "--hooks-file",
@@ -251,8 +254,8 @@ class LocalActions:
             self.hooks.resume()
         self.preparations.check_all()
 
-    def health(self) -> dict[str, Any]:
-        """What a Heartbeat should carry about local actions: only what is wrong."""
+    def heartbeat_health(self) -> dict[str, Any]:
+        """What a Heartbeat carries about local actions: only what is wrong."""
         out: dict[str, Any] = {}
         if self.hooks is not None:
             out.update(self.hooks.health())

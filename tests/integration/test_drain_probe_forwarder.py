@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,9 @@ def add_event(
     return event_id
 
 
-def start(sim: RunningSimulator, state: Path, port: int, *extra: str) -> ChildProcess:
+@contextmanager
+def running(sim: RunningSimulator, state: Path, port: int, *extra: str) -> Iterator[ChildProcess]:
+    """The forwarder with its probe on 127.0.0.1:port, once the probe answers."""
     fw = forwarder(
         sim.base_url,
         state,
@@ -100,8 +103,11 @@ def start(sim: RunningSimulator, state: Path, port: int, *extra: str) -> ChildPr
         "127.0.0.1",
         *extra,
     ).start()
-    wait_status(port, 200, timeout=60)
-    return fw
+    try:
+        wait_status(port, 200, timeout=60)
+        yield fw
+    finally:
+        fw.close()
 
 
 def prepared(fw: ChildProcess, event_id: str) -> list[dict[str, Any]]:
@@ -120,7 +126,7 @@ def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
     port = free_port()
-    with start(sim, tmp_path / "state", port, "--drain-seconds", "300") as fw:
+    with running(sim, tmp_path / "state", port, "--drain-seconds", "300") as fw:
         other = add_event(sim, resources=["vmss_vm2"])  # another VM's: stays healthy
         short = add_event(sim, event_type="Freeze", duration=5)  # too short to drain
         assert fw.wait_for(lambda _: len(subjects(fw, short)) == 1, 20)
@@ -144,7 +150,7 @@ def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
 
 def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_path: Path) -> None:
     port = free_port()
-    with start(sim, tmp_path / "state", port, "--drain-seconds", "3") as fw:
+    with running(sim, tmp_path / "state", port, "--drain-seconds", "3") as fw:
         event_id = add_event(sim)
         wait_status(port, 503)
         flipped = time.monotonic()
@@ -168,15 +174,12 @@ def test_a_restart_while_draining_drains_again_at_once_and_publishes_prepared_on
 ) -> None:
     port = free_port()
     state = tmp_path / "state"
-    fw = start(sim, state, port, "--drain-seconds", "1")
-    try:
+    with running(sim, state, port, "--drain-seconds", "1") as fw:
         event_id = add_event(sim)
         wait_status(port, 503)
         assert fw.wait_for(lambda _: prepared(fw, event_id), 30)
         first_id = prepared(fw, event_id)[0]["message_id"]
         fw.kill()
-    finally:
-        fw.close()
     again = forwarder(
         sim.base_url,
         state,
@@ -237,7 +240,7 @@ def test_with_an_upstream_the_applications_health_counts_and_down_is_503(
     upstream = Upstream()
     port = free_port()
     try:
-        with start(sim, tmp_path / "state", port, "--drain-probe-upstream", upstream.url) as fw:
+        with running(sim, tmp_path / "state", port, "--drain-probe-upstream", upstream.url) as fw:
             upstream.status = 500
             wait_status(port, 503)
             upstream.status = 204

@@ -98,8 +98,9 @@ def recording_hook(base: Path, name: str, on: list[str], **extra: Any) -> dict[s
     return {"name": name, "on": on, "command": [script(base, f"{name}.sh", body)], **extra}
 
 
-def start(sim: RunningSimulator, state: Path, hooks: Path, *extra: str) -> ChildProcess:
-    return forwarder(sim.base_url, state, "--hooks-file", str(hooks), *extra).start()
+def make(sim: RunningSimulator, state: Path, hooks: Path, *extra: str) -> ChildProcess:
+    """The forwarder with the hooks file, not started yet (``with`` starts and stops it)."""
+    return forwarder(sim.base_url, state, "--hooks-file", str(hooks), *extra)
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -113,7 +114,7 @@ def test_each_transition_reaches_the_hook_as_environment_and_stdin(
     transitions = ["Scheduled", "Updated", "Started", "Completed", "Cancelled"]
     hooks = write_hooks(etc, [recording_hook(etc, "record", transitions)])
     runs = etc / "runs"
-    with start(sim, tmp_path / "state", hooks) as fw:
+    with make(sim, tmp_path / "state", hooks) as fw:
         first = add_event(sim)
         wait_subject(fw, first, "Scheduled")
         sim.event("update", eventId=first, notBeforeIn=900)
@@ -167,7 +168,7 @@ def test_only_this_vms_events_unless_all_events(sim: RunningSimulator, tmp_path:
             recording_hook(etc, "every", ["Scheduled"], allEvents=True),
         ],
     )
-    with start(sim, tmp_path / "state", hooks) as fw:
+    with make(sim, tmp_path / "state", hooks) as fw:
         other = add_event(sim, resources=["vmss_vm7"])
         wait_subject(fw, other, "Scheduled")
         wait_file(etc / "runs" / f"every-Scheduled-{other}-1.stdin")
@@ -200,7 +201,7 @@ def test_a_hook_that_times_out_is_killed_with_its_process_group(
             }
         ],
     )
-    with start(sim, tmp_path / "state", hooks) as fw:
+    with make(sim, tmp_path / "state", hooks) as fw:
         event_id = add_event(sim)
         wait_subject(fw, event_id, "Scheduled")
         wait_file(pids)
@@ -241,7 +242,7 @@ def test_a_hook_cut_short_by_a_crash_runs_again_and_a_finished_one_does_not(
         ],
     )
     state = tmp_path / "state"
-    fw = start(sim, state, hooks)
+    fw = make(sim, state, hooks).start()
     try:
         event_id = add_event(sim)
         wait_subject(fw, event_id, "Scheduled")
@@ -255,7 +256,7 @@ def test_a_hook_cut_short_by_a_crash_runs_again_and_a_finished_one_does_not(
         os.killpg(pgid, signal.SIGKILL)
     finally:
         fw.close()
-    with start(sim, state, hooks) as again:
+    with make(sim, state, hooks) as again:
         deadline = time.monotonic() + 30
         while "long-done 2" not in ledger.read_text():
             assert time.monotonic() < deadline, again.stderr_text()
@@ -296,7 +297,7 @@ def test_hooks_never_delay_detection(sim: RunningSimulator, tmp_path: Path) -> N
             },
         ],
     )
-    with start(sim, tmp_path / "state", hooks) as fw:
+    with make(sim, tmp_path / "state", hooks) as fw:
         first = add_event(sim)
         wait_subject(fw, first, "Scheduled")
         assert fw.wait_for(lambda _: "hook sleep-prepare starting" in fw.stderr_text(), 10)
@@ -342,7 +343,7 @@ def test_a_hooks_file_anyone_but_root_could_change_is_refused_at_start(
         )
     elif damage == "missing":
         hooks = etc / "nothing.json"
-    fw = start(sim, tmp_path / "state", hooks)
+    fw = make(sim, tmp_path / "state", hooks).start()
     try:
         assert fw.process is not None
         code = fw.process.wait(timeout=60)
