@@ -91,7 +91,10 @@ def world() -> dict[str, Any]:
                 ],
             }
         ],
-        "expect": [],
+        "expect": [
+            {"transition": transition, "eventId": EVENT_ID}
+            for transition in ("Scheduled", "Started", "Completed")
+        ],
     }
 
 
