@@ -49,23 +49,17 @@ def test_the_vm_side_demo_prepares_the_vm_itself() -> None:
             f"missing {milestone!r} in:\n{result.stdout}\n{result.stderr[-3000:]}"
         )
         positions.append(index)
-    # The hook and the probe race each other after the Scheduled; the rest is in order.
-    assert positions[1] < min(positions[2:5])
-    assert (
-        max(positions[2:6])
-        < positions[6]
-        <= positions[7]
-        < positions[8]
-        < positions[9]
-        < positions[10]
-    )
+    # The Scheduled on the topic, the hook and the probe race each other (the timeline stamps
+    # log lines when it reads them); then Prepared, Started, Completed and the probe in order.
+    assert max(positions[1:6]) < min(positions[6:8])
+    assert max(positions[6:8]) < positions[8] < positions[9] < positions[10]
     approval = next((i for i, line in enumerate(lines) if re.search(GATE_MILESTONE, line)), None)
     if approval is None:
         assert result.returncode == 1
         assert "the approval gate did not approve early after the VM-side Prepared" in result.stdout
         pytest.xfail("the approval gate does not accept a VM-side Prepared yet (issue 16 report)")
     assert result.returncode == 0, result.stdout[-3000:]
-    assert positions[7] < approval < positions[8]  # approved after Prepared, before it started
+    assert max(positions[6:8]) < approval < positions[8]  # after Prepared, before it started
 
 
 @pytest.mark.timeout(30)
