@@ -163,6 +163,13 @@ class DrainProbe:
             log.info("draining again after a restart for %d event(s)", count)
         return count
 
+    def forget(self, event_key: str) -> None:
+        """The event ended unseen (see LocalActions.reconcile)."""
+        with self._cond:
+            if self._drains.pop(event_key, None) is not None:
+                log.info("drain for %s over: it ended while the forwarder was down", event_key)
+            self._cond.notify_all()
+
     @property
     def draining(self) -> bool:
         with self._cond:

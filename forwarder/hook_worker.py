@@ -20,6 +20,7 @@ import collections
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -191,8 +192,9 @@ class HookWorker:
         finally:
             with self._cond:
                 self._cond.notify_all()
+            deadline = time.monotonic() + 2.0  # together: the forwarder stops within 5 s
             for thread in helpers:
-                thread.join(timeout=2.0)
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _wake_on(self, stop: threading.Event) -> None:
         stop.wait()

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sebridge.contract.events import Envelope, Transition
+from sebridge.contract.events import Envelope, Observer, Transition
 from sebridge.forwarder.drain_probe import DrainProbe, ProbeError, check_upstream
 from sebridge.forwarder.hook_journal import Journal, JournalError
 from sebridge.forwarder.hook_worker import HookWorker
 from sebridge.forwarder.hooks import HooksFile, HooksFileError, load_hooks
 from sebridge.forwarder.preparation import Observed, Preparations
+from sebridge.imds import ScheduledEvent
 from sebridge.impact import (
     DEFAULT_FREEZE_THRESHOLD,
     DEFAULT_IMPACTFUL,
@@ -184,6 +185,10 @@ class LocalActions:
         self.preparations = preparations
         self.hooks = hooks
         self.probe = probe
+        # What the forwarder knows now (its events and its observer), for :meth:`reconcile`
+        # after the first successful poll; set by the composition root.
+        self.current: Callable[[], tuple[Mapping[str, ScheduledEvent], Observer]] | None = None
+        self._reconciled = False
 
     # -- the listener -----------------------------------------------------------------------
     def transitions_recorded(self, envelopes: Sequence[Envelope]) -> None:
@@ -193,7 +198,48 @@ class LocalActions:
                 self.observe(observed)
 
     def polled(self, health: object) -> None:
-        """Nothing to do per poll."""
+        """After the first successful poll: :meth:`reconcile` with what the forwarder knows."""
+        if self._reconciled or self.current is None:
+            return
+        if getattr(health, "last_successful_poll", None) is None:
+            return
+        self._reconciled = True
+        try:
+            events, observer = self.current()
+            self.reconcile(events, observer)
+        except Exception:
+            log.exception("reconciling the local actions failed; going on")
+
+    def reconcile(self, events: Mapping[str, ScheduledEvent], observer: Observer) -> None:
+        """Close the window between the forwarder's state file and the journal (a crash between
+        the two writes): an event the journal still has open but the forwarder no longer knows
+        ended unseen, and an impactful event of this VM the forwarder knows is drained for,
+        whatever the journal says."""
+        try:
+            open_keys = [p.event_key for p in self.journal.open_preparations()]
+        except JournalError as exc:
+            log.error("cannot read the journal: %s", exc)
+            open_keys = []
+        for key in open_keys:
+            if key not in events:
+                log.info("event %s ended while the forwarder was down: local actions end", key)
+                with self.preparations.observing():
+                    try:
+                        self.journal.end(key)
+                    except JournalError as exc:
+                        log.error("cannot journal the end of %s: %s", key, exc)
+                    if self.probe is not None:
+                        self.probe.forget(key)
+        if self.probe is not None:
+            self.probe.restore(
+                Observed(
+                    Transition.STARTED if event.is_started else Transition.SCHEDULED,
+                    event,
+                    "",
+                    observer,
+                )
+                for event in events.values()
+            )
 
     def observe(self, observed: Observed) -> None:
         """One transition, on the poller's thread. Never raises, never waits on a hook."""
