@@ -136,11 +136,9 @@ def local(tmp_path: Path) -> Iterator[tuple[LocalActions, Recorder, Path]]:
     settings = LocalSettings(
         hooks_file=hooks, probe_port=0, probe_address="127.0.0.1", drain_seconds=0.5
     )
-    actions = (
-        build_local_actions(settings, tmp_path / "state-dir", outbox)
-        if (tmp_path / "state-dir").mkdir() is None
-        else None
-    )
+    state_dir = tmp_path / "state-dir"
+    state_dir.mkdir()
+    actions = build_local_actions(settings, state_dir, outbox)
     assert actions is not None
     stop = threading.Event()
     threads = [threading.Thread(target=w, daemon=True) for w in actions.workers(stop)]
