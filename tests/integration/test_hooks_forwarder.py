@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -353,3 +354,85 @@ def test_a_hooks_file_anyone_but_root_could_change_is_refused_at_start(
     assert code == 2, stderr
     assert problem in stderr
     assert "refused" in stderr or "cannot check" in stderr or "hooks file" in stderr
+
+
+def test_a_failed_prepare_hook_publishes_no_prepared_and_heartbeats_say_so(
+    sim: RunningSimulator, tmp_path: Path
+) -> None:
+    etc = root_dir(tmp_path)
+    hooks = write_hooks(
+        etc,
+        [
+            {
+                "name": "checkpoint",
+                "on": ["Scheduled"],
+                "prepare": True,
+                "command": [script(etc, "fail.sh", "echo no space left >&2; exit 28")],
+            },
+        ],
+    )
+    with make(sim, tmp_path / "state", hooks, "--heartbeat-interval", "1") as fw:
+        event_id = add_event(sim)
+        wait_subject(fw, event_id, "Scheduled")
+
+        def reported() -> list[dict[str, Any]]:
+            return [
+                m["body"]["data"]["heartbeat"].get("health", {})
+                for m in fw.json_lines()
+                if m.get("subject") == "Heartbeat"
+                and m["body"]["data"]["heartbeat"].get("health", {}).get("hooksFailed")
+            ]
+
+        assert fw.wait_for(lambda _: reported(), 30), fw.stderr_text()[-3000:]
+        health = reported()[-1]
+        log = fw.stderr_text()
+    assert health["hooksFailed"] == 1 and health["notPrepared"] == 1
+    assert "checkpoint" in health["lastHookFailure"] and "exit code 28" in health["lastHookFailure"]
+    assert "Prepared" not in subjects(fw, event_id)
+    assert "NOT PREPARED" in log and "no space left" in log
+
+
+def test_hooks_and_probe_together_publish_one_prepared_when_both_are_done(
+    sim: RunningSimulator, tmp_path: Path
+) -> None:
+    etc = root_dir(tmp_path)
+    done = etc / "checkpoint.done"
+    hooks = write_hooks(
+        etc,
+        [
+            {
+                "name": "checkpoint",
+                "on": ["Scheduled"],
+                "prepare": True,
+                "command": [script(etc, "cp.sh", f"sleep 3; touch {done}")],
+            },
+        ],
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with make(
+        sim,
+        tmp_path / "state",
+        hooks,
+        "--drain-probe-port",
+        str(port),
+        "--drain-probe-address",
+        "127.0.0.1",
+        "--drain-seconds",
+        "1",
+    ) as fw:
+        event_id = add_event(sim)
+        wait_subject(fw, event_id, "Scheduled")
+        # The drain is done after 1 s, the checkpoint after 3 s: Prepared waits for both.
+        assert fw.wait_for(lambda _: "Prepared" in subjects(fw, event_id), 30), fw.stderr_text()[
+            -3000:
+        ]
+        assert done.exists()
+        time.sleep(1.5)
+        prepared = [m for m in fw.json_lines() if m.get("subject") == "Prepared"]
+    assert len(prepared) == 1
+    assert prepared[0]["body"]["data"]["prepared"] == {
+        "vms": [VM],
+        "preparedBy": "hooks+drain-probe",
+    }
