@@ -245,11 +245,10 @@ class LocalActions:
         """One transition, on the poller's thread. Never raises, never waits on a hook."""
         try:
             with self.preparations.observing():
-                if observed.affects_this_vm:
-                    try:
-                        self.preparations.observe(observed)
-                    except JournalError as exc:
-                        log.error("cannot journal %s: %s", observed.message_id, exc)
+                try:
+                    self.preparations.observe(observed)
+                except JournalError as exc:
+                    log.error("cannot journal %s: %s", observed.message_id, exc)
                 if self.hooks is not None:
                     self.hooks.observe(observed)
                 if self.probe is not None:

@@ -137,11 +137,13 @@ class Preparations:
         return self._lock
 
     def observe(self, observed: Observed) -> None:
-        """Called for every transition of an event that affects this VM, before the
-        preparers hear of it. Raises JournalError."""
+        """Called for every transition, before the preparers hear of it. An event that ends,
+        or that an Updated no longer lets affect this VM, has nothing more to prepare.
+        Raises JournalError."""
         key = observed.event.key
-        if observed.transition in ENDS:
-            self.journal.end(key)
+        if observed.transition in ENDS or not observed.affects_this_vm:
+            if self.journal.preparation(key) is not None:
+                self.journal.end(key)
         else:
             cause = observed.message_id if observed.transition in PREPARE_CAUSES else None
             self.journal.observe(key, cause, observed.payload())

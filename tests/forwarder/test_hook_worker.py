@@ -45,8 +45,7 @@ class Running:
     def observe(self, *items: Any) -> None:
         for item in items:
             with self.preparations.observing():
-                if item.affects_this_vm:
-                    self.preparations.observe(item)
+                self.preparations.observe(item)
                 self.worker.observe(item)
                 if item.transition in (Transition.SCHEDULED, Transition.UPDATED):
                     self.preparations.check(item.event.key)
@@ -279,3 +278,18 @@ def test_a_damaged_journal_is_set_aside_and_a_fresh_one_started(tmp_path: Path) 
     assert journal.unfinished() == []
     assert list(tmp_path.glob(f"{JOURNAL_FILE}.corrupt-*"))
     journal.close()
+
+
+def test_an_updated_that_drops_this_vm_ends_its_preparation(
+    tmp_path: Path, running: list[Running]
+) -> None:
+    hooks = [recorder_hook(tmp_path, "checkpoint", on=["Scheduled"], prepare=True, body="sleep 1")]
+    run = Running(tmp_path, hooks)
+    running.append(run)
+    run.observe(observed("Scheduled"))
+    run.observe(observed("Updated", resources=["web-2"]))  # while the checkpoint runs
+    run.settle()
+    time.sleep(0.3)
+    assert run.outbox.envelopes == []  # no longer this VM's event: nothing to prepare
+    record = run.journal.preparation(observed("Scheduled").event.key)
+    assert record is not None and record.ended
