@@ -57,12 +57,14 @@ DESCRIPTION = (
 EVENT_ID = "5c0ffee0-1616-4d16-9616-000000000016"
 VM = "web_0"
 SCALE_SET = "web"
+VM_ID = "0b16c0de-1616-4616-8616-000000000016"
 DRAIN_SECONDS = 3
 NOT_BEFORE_IN = 60  # scenario seconds
 GATE_STEP = "the approval gate did not approve early after the VM-side Prepared"
 
 
-def world() -> dict[str, Any]:
+def world(resource_id: str) -> dict[str, Any]:
+    """The IMDS scenario; the VM's ids are the ones the ARM fake holds (the gate checks them)."""
     return {
         "name": NAME,
         "description": DESCRIPTION,
@@ -72,6 +74,8 @@ def world() -> dict[str, Any]:
             "subscriptionId": SUBSCRIPTION,
             "resourceGroupName": GROUP,
             "vmScaleSetName": SCALE_SET,
+            "vmId": VM_ID,
+            "resourceId": resource_id,
             "location": "westeurope",
             "zone": "1",
         },
@@ -202,8 +206,8 @@ def run_vm_side(speed: float, timeout: float, verbose: bool) -> tuple[list[str],
             fake.start()
             stack.append(fake.stop)
         lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
-        arm.add_vmss_instance(
-            SUBSCRIPTION, GROUP, SCALE_SET, "0", [f"{lb}/backendAddressPools/pool-a"]
+        instance_id = arm.add_vmss_instance(
+            SUBSCRIPTION, GROUP, SCALE_SET, "0", [f"{lb}/backendAddressPools/pool-a"], vm_id=VM_ID
         )
 
         emulator_cm = running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
@@ -223,6 +227,8 @@ def run_vm_side(speed: float, timeout: float, verbose: bool) -> tuple[list[str],
             "TEAMS_WEBHOOK_URL": teams.webhook_url,
             "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
             "ARM_ENDPOINT": arm.url,
+            # No capacity guard: lb-pools cannot drain a Uniform instance in any case.
+            "LB_MIN_HEALTHY": "0",
             "APPROVAL_BASE_URL": f"http://127.0.0.1:{http_port}",
             **identity.environ(),
         }
@@ -232,7 +238,7 @@ def run_vm_side(speed: float, timeout: float, verbose: bool) -> tuple[list[str],
         timeline.add("setup", "functions host running function_app.py")
 
         scenario_file = work / "scenario.json"
-        scenario_file.write_text(json.dumps(world()))
+        scenario_file.write_text(json.dumps(world(instance_id)))
         hooks_path, checkpoints = write_hooks(work)
         sim_process, sim_url = server(
             "imds-sim",
