@@ -551,11 +551,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--verbose", action="store_true", help="show the functions host's log")
     args = parser.parse_args(argv)
+    from emulators import demo_hooks  # the VM-side scenario (issue 16) lives there
+
     if args.list:
         for name in scenario_names():
             print(f"{name:<24} {load_packaged(name)['description']}")
+        print(f"{demo_hooks.NAME:<24} {demo_hooks.DESCRIPTION}")
         return 0
-    if args.scenario not in scenario_names():
+    if args.scenario not in [*scenario_names(), demo_hooks.NAME]:
         print(f"sebridge demo: unknown scenario {args.scenario!r} (see --list)", file=sys.stderr)
         return 2
     if not 0.1 <= args.speed <= 20 or args.timeout <= 0:
@@ -566,6 +569,11 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.scenario == demo_hooks.NAME:
+        if args.source != "forwarder":
+            print("sebridge demo: the vm-side scenario is the forwarder's", file=sys.stderr)
+            return 2
+        return demo_hooks.run(args.speed, args.timeout, args.verbose)
     return run(args.scenario, args.speed, args.timeout, args.verbose, args.source)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sebridge.forwarder import local_actions
 from sebridge.forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
 from sebridge.forwarder.outbox import DEFAULT_MAX_ROWS
 from sebridge.forwarder.publisher import STANDARD_MAX_MESSAGE_BYTES
@@ -44,6 +45,8 @@ class ForwarderConfig:
     log_level: str = "INFO"
     once: bool = False
     dry_run: bool = False
+    # Hooks and the drain probe (sebridge.forwarder.local_actions): off unless configured.
+    local: local_actions.LocalSettings = local_actions.NO_LOCAL_ACTIONS
 
     def describe(self) -> dict[str, Any]:
         """The effective configuration for the start-up log line: never a secret."""
@@ -64,6 +67,7 @@ class ForwarderConfig:
             "maxMessageSize": self.max_message_size,
             "once": self.once,
             "dryRun": self.dry_run,
+            **self.local.describe(),
         }
 
 
@@ -175,6 +179,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=_env_bool(default("SEBRIDGE_DRY_RUN", "false")),
         help="send nothing: print each message as one JSON line on stdout",
     )
+    local_actions.add_arguments(p, env)
     return p
 
 
@@ -210,6 +215,10 @@ def parse_config(
         )
     if args.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise ConfigError(f"--log-level {args.log_level!r} is not DEBUG/INFO/WARNING/ERROR")
+    try:
+        local = local_actions.settings_from_args(args)
+    except local_actions.LocalActionsError as exc:
+        raise ConfigError(str(exc)) from exc
     return ForwarderConfig(
         imds_endpoint=args.imds_endpoint,
         api_version=args.api_version,
@@ -229,4 +238,5 @@ def parse_config(
         log_level=args.log_level.upper(),
         once=bool(args.once),
         dry_run=bool(args.dry_run),
+        local=local,
     )

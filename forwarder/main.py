@@ -26,6 +26,7 @@ from types import FrameType
 from sebridge import __version__
 from sebridge.forwarder.config import ConfigError, ForwarderConfig, parse_config
 from sebridge.forwarder.imds_client import ImdsClient
+from sebridge.forwarder.local_actions import LocalActions, LocalActionsError, build_local_actions
 from sebridge.forwarder.outbox import Outbox, OutboxError
 from sebridge.forwarder.ports import Publisher
 from sebridge.forwarder.publisher import DryRunPublisher, ServiceBusPublisher
@@ -142,14 +143,29 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STATE_DIR
     forwarder = wiring.forwarder
     clean = True
+    local: LocalActions | None = None
     try:
         if config.once:
+            if config.local.enabled:
+                log.warning("--once runs no hooks and serves no drain probe")
             return 0 if forwarder.run_once() else 1
+        try:
+            local = build_local_actions(config.local, config.state_dir, forwarder.enqueue)
+        except LocalActionsError as exc:
+            log.error("cannot start: %s", exc)
+            print(f"sebridge forwarder: {exc}", file=sys.stderr)
+            return 2
         workers: tuple[Callable[[], None], ...] = ()
+        if local is not None:
+            # Told of every transition by the poller; works on threads of its own.
+            local.current = lambda: (forwarder.state.events, forwarder.observer)
+            forwarder.listeners.append(local)
+            local.resume()
+            workers += local.workers(stop)
         if not config.dry_run:
             from sebridge.forwarder.approvals import approvals_worker
 
-            workers = (approvals_worker(forwarder, config, limit),)
+            workers += (approvals_worker(forwarder, config, limit),)
         clean = forwarder.run(workers)
         log.info("stopped: %d poll(s), %d message(s) pending", forwarder.polls, _depth(forwarder))
         return 1 if forwarder.crashed else 0
@@ -159,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         clean = _bounded("IMDS", wiring.imds.close, CLOSE_TIMEOUT / 4) and clean
         if clean:
             wiring.outbox.close()
+            if local is not None:
+                local.close()
         else:
             _exit_now(1 if forwarder.crashed else 0)
 

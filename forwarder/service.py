@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from sebridge import __version__, lifecycle
 from sebridge.contract.events import Envelope, Observer, event_message, heartbeat_message
@@ -324,11 +325,24 @@ class Forwarder:
             last_incarnation=self.state.incarnation,
             outbox_depth=health.outbox_depth or 0,
             last_successful_poll=self.last_successful_poll,
-            health=health.heartbeat_health() or None,
+            health={**health.heartbeat_health(), **self._listener_health()} or None,
         )
         with self._lock:
             self._heartbeat = envelope  # only the latest matters
         self.outbox_ready.set()
+
+    def _listener_health(self) -> dict[str, Any]:
+        """What listeners report as wrong (hooks that failed, say), for the Heartbeat."""
+        out: dict[str, Any] = {}
+        for listener in self.listeners:
+            report = getattr(listener, "heartbeat_health", None)
+            if report is None:
+                continue
+            try:
+                out.update(report())
+            except Exception:
+                log.exception("listener %r health failed; ignored", listener)
+        return out
 
     def life_of(self, key: str) -> lifecycle.Life | None:
         """What this forwarder remembers of an event (for the ids of what it reports on it)."""
