@@ -8,6 +8,7 @@ forwarder without metrics does not carry it in memory.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import threading
 from collections.abc import Callable
@@ -82,6 +83,10 @@ def install_telemetry(
     forwarder.publisher = ObservedPublisher(forwarder.publisher, watchers)
     listeners.append(telemetry.status)
     if notifier is not None:
+        if notifier.watchdog:
+            # Killed by the watchdog (SIGABRT), the forwarder first writes every thread's
+            # stack to stderr (the journal): where the poll loop was stuck.
+            faulthandler.enable()
         telemetry.systemd = SystemdListener(notifier)
         listeners.append(telemetry.systemd)
         log.info(
