@@ -207,7 +207,7 @@ class MetricsServer:
     def serve(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (a worker of :meth:`Forwarder.run`)."""
         thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.5}, name="metrics-http"
+            target=self.server.serve_forever, kwargs={"poll_interval": 1.0}, name="metrics-http"
         )
         thread.daemon = True
         thread.start()
