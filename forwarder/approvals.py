@@ -31,6 +31,17 @@ RECEIVE_WAIT = 5.0  # seconds a receive call blocks when the session is empty
 # forwarder's CPU (benchmarks/forwarder_poll.py). A read returns as soon as a frame arrives, so
 # a longer wait delays no command; it only lets receive_messages overrun RECEIVE_WAIT by as much.
 RECEIVER_SOCKET_TIMEOUT = 1.0
+# Why prefetch 1 and keep_alive 0: with prefetch 0 the SDK (azure-servicebus 7.15, pyamqp)
+# starts a keep-alive thread that every 5 s calls listen(wait=socket_timeout) on the receiver's
+# connection, and a read holds the transport's socket lock for its whole wait. A command that
+# arrives during that second is read by the keep-alive thread, and this thread, which was
+# waiting for the lock, then blocks in its own read for up to RECEIVER_SOCKET_TIMEOUT before it
+# looks at the message already buffered; flows, settlements and lock renewals wait for the lock
+# the same way. So ~1 command in 5 took ~1 s longer (benchmarks/e2e_latency.py, cmd-sent ->
+# cmd-recv). The keep-alive thread is only started for prefetch 0 (interval 5 s) or when
+# keep_alive is set; this loop always listens, so it needs none. Prefetch 1 changes nothing
+# else that matters here: the session is this VM's alone and its lock covers its messages.
+RECEIVER_PREFETCH = 1
 # Why a command's time on IMDS is bounded: this receiver holds the session lock on the
 # approvals queue (LockDuration PT1M, infra/servicebus-emulator/Config.json) and can renew it
 # only between commands, so every command must be settled well inside one lock period.
@@ -73,6 +84,19 @@ class SessionLock:
             self.renewed = self.clock()
 
 
+def open_receiver(client: Any, queue: str, session_id: str) -> Any:
+    """The approvals receiver on ``session_id`` (not yet open): one thread reads its
+    connection, with no SDK keep-alive thread beside it (see RECEIVER_PREFETCH)."""
+    return client.get_queue_receiver(
+        queue,
+        session_id=session_id,
+        max_wait_time=RECEIVE_WAIT,
+        socket_timeout=RECEIVER_SOCKET_TIMEOUT,
+        prefetch_count=RECEIVER_PREFETCH,
+        keep_alive=0,
+    )
+
+
 def approvals_worker(
     forwarder: Forwarder, config: ForwarderConfig, limit: RequestLimit | None = None
 ) -> Callable[[], None]:
@@ -103,12 +127,7 @@ def approvals_worker(
                     retry_total=1,
                     retry_backoff_factor=0.5,
                 )
-                with client.get_queue_receiver(
-                    config.reply_queue,
-                    session_id=session_id,
-                    max_wait_time=RECEIVE_WAIT,
-                    socket_timeout=RECEIVER_SOCKET_TIMEOUT,
-                ) as receiver:
+                with open_receiver(client, config.reply_queue, session_id) as receiver:
                     log.info("receiving commands on %s, session %s", config.reply_queue, session_id)
                     lock = SessionLock(receiver)
                     while not stop.is_set() and forwarder.observer.vm_name == session_id:
@@ -117,6 +136,11 @@ def approvals_worker(
                         for message in receiver.receive_messages(
                             max_message_count=1, max_wait_time=RECEIVE_WAIT
                         ):
+                            log.debug(
+                                "command %s received (enqueued %s)",
+                                message.message_id,
+                                message.enqueued_time_utc,
+                            )
                             lock.keep()
                             outcome = handler.handle(
                                 servicebus.message_body(message), message.message_id

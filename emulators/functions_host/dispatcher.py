@@ -9,12 +9,18 @@ Semantics follow the Functions Service Bus extension (v5):
   the broker redelivers it. A warning says so once per function. Failures are still abandoned.
 - Session triggers accept NEXT_AVAILABLE_SESSION on up to maxConcurrentSessions threads and
   process one session's messages in order on one thread, releasing it when it stays idle
-  for sessionIdleTimeout.
+  for sessionIdleTimeout. Like the extension's session processor (AcceptNextSessionAsync
+  waits clientRetryOptions.tryTimeout, 1 minute by default), an accept waits on the broker
+  for tryTimeout, and the broker hands a session that gets messages to a waiting accept at
+  once. (Accepts of 2 s each, as before, made every idle thread open a new connection every
+  2 s: with 4 session triggers x 16 threads, ~30 connection set-ups a second, which kept the
+  host's CPU busy and delayed the accept of a new session by up to ~0.9 s.)
 - Plain triggers run maxConcurrentCalls receivers. cardinality many receives up to
   maxMessageBatchSize messages and invokes once with the list; they are settled together.
 - Any receiver fault (broker gone, link detached) closes that thread's client and reconnects
   after exponential backoff with jitter; nothing here exits on it.
-On stop, threads finish the invocation in flight and settle it, then close their receivers.
+On stop, threads finish the invocation in flight and settle it, then close their receivers;
+a thread waiting in an accept has its connection closed, so it leaves at once.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +60,6 @@ from emulators.functions_host.logs import event
 from emulators.functions_host.sbclient import ClientFactory, OutputSender, make_client
 from sebridge.retry import Backoff
 
-SESSION_ACCEPT_WAIT_S = 2.0  # how long one NEXT_AVAILABLE_SESSION accept waits on the broker
 RECEIVE_WAIT_S = 0.5  # one receive call's wait: also how quickly a thread notices stop
 SETTLE_ATTEMPTS = 3  # complete/abandon tries before the message is left to redelivery
 MIN_ACCEPT_INTERVAL_S = 0.5  # a broker that refuses accepts at once must not be spun on
@@ -68,6 +74,15 @@ def describe_error(exc: BaseException) -> str:
         last = frames[-1]
         summary += f" (at {Path(last.filename).name}:{last.lineno})"
     return summary
+
+
+def _iso(moment: Any) -> str | None:
+    """An aware datetime or epoch seconds as ISO 8601 UTC with milliseconds; None stays None."""
+    if moment is None:
+        return None
+    if isinstance(moment, int | float):
+        moment = datetime.fromtimestamp(moment, UTC)
+    return str(moment.astimezone(UTC).isoformat(timespec="milliseconds"))
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,9 @@ class Dispatcher:
         self._warn_lock = threading.Lock()
 
     def start(self) -> None:
+        sdk_logger = logging.getLogger(_SDK_HANDLER_LOGGER)
+        if _ACCEPT_FILTER not in sdk_logger.filters:
+            sdk_logger.addFilter(_ACCEPT_FILTER)
         if self._functions:
             renewal = self._options.max_lock_renewal.total_seconds()
             self._renewer = AutoLockRenewer(max_lock_renewal_duration=renewal)
@@ -116,6 +134,12 @@ class Dispatcher:
         """Stop receiving; wait up to `grace` seconds for invocations in flight to settle."""
         self._stop.set()
         deadline = time.monotonic() + grace
+        for worker in self._workers:
+            if worker.accepting:
+                # Waiting for a session for up to tryTimeout: nothing in flight to lose. The
+                # SDK logs the accept it sees torn down as an unexpected error; not news here.
+                worker.closed_for_stop = True
+                worker.force_close()
         for worker in self._workers:
             # Idle threads leave within one receive wait; busy ones get the whole grace.
             worker.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -152,12 +176,26 @@ class Dispatcher:
         return self._options.auto_complete
 
 
+class _StoppedAcceptFilter(logging.Filter):
+    """Drops the SDK's error records from receiver threads whose accept stop() tore down."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        thread = threading.current_thread()
+        return not (isinstance(thread, _ReceiverWorker) and thread.closed_for_stop)
+
+
+_SDK_HANDLER_LOGGER = "azure.servicebus._base_handler"
+_ACCEPT_FILTER = _StoppedAcceptFilter()
+
+
 class _ReceiverWorker(threading.Thread):
     def __init__(self, dispatcher: Dispatcher, function: ServiceBusFunction, index: int) -> None:
         super().__init__(name=f"sb-{function.spec.name}-{index}", daemon=True)
         self.dispatcher = dispatcher
         self.function = function
         self.busy = False
+        self.accepting = False  # waiting on the broker for the next available session
+        self.closed_for_stop = False  # stop() closed its connection while it waited
         self.current_message_id: str | None = None
         self._client: ServiceBusClient | None = None
         self._client_lock = threading.Lock()
@@ -258,12 +296,16 @@ class _ReceiverWorker(threading.Thread):
     def _session_loop(self, client: ServiceBusClient) -> None:
         stop = self.dispatcher.stopping
         idle = max(0.1, self._options.session_idle_timeout.total_seconds())
+        accept_wait = max(0.1, self._options.try_timeout.total_seconds())
         while not stop.is_set():
             started = time.monotonic()
             receiver = self._receiver(
-                client, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=SESSION_ACCEPT_WAIT_S
+                client, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=accept_wait
             )
+            self.accepting = True
             try:
+                if stop.is_set():  # stop() may have looked before this thread said it accepts
+                    raise OperationTimeoutError(message="stopping")
                 receiver.__enter__()
             except (OperationTimeoutError, SessionCannotBeLockedError):
                 # No session is waiting: not a fault. Close the half-open link and ask again.
@@ -274,6 +316,8 @@ class _ReceiverWorker(threading.Thread):
             except Exception:
                 self._safe_close(receiver)
                 raise
+            finally:
+                self.accepting = False
             with receiver:
                 self._backoff.reset()
                 session = receiver.session
@@ -323,6 +367,7 @@ class _ReceiverWorker(threading.Thread):
         first = messages[0]
         self.busy = True
         self.current_message_id = first.message_id
+        started_at = time.time()
         started = time.perf_counter()
         error: str | None = None
         try:
@@ -354,6 +399,10 @@ class _ReceiverWorker(threading.Thread):
             message_ids=[m.message_id for m in messages] if len(messages) > 1 else None,
             session=first.session_id,
             delivery_count=convert.delivery_count(first),
+            # When the broker took the message and when the function began: how long it
+            # waited for a receiver (benchmarks/e2e_latency.py reads the two).
+            enqueued_at=_iso(first.enqueued_time_utc),
+            started_at=_iso(started_at),
             duration_ms=duration_ms,
             outcome="succeeded" if error is None else "failed",
             settlement=settlement,

@@ -26,6 +26,9 @@ DEFAULT_MAX_CONCURRENT_SESSIONS = 8  # the extension's own default
 DEFAULT_MAX_MESSAGE_BATCH_SIZE = 1000
 DEFAULT_LOCK_RENEWAL = timedelta(minutes=5)
 DEFAULT_SESSION_IDLE = timedelta(seconds=2)
+# clientRetryOptions.tryTimeout: how long one operation may take, and so how long an accept of
+# the next available session waits on the broker (AcceptNextSessionAsync waits TryTimeout).
+DEFAULT_TRY_TIMEOUT = timedelta(minutes=1)
 
 _TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.(\d{1,7}))?$")
 
@@ -60,6 +63,7 @@ class ServiceBusOptions:
     max_message_batch_size: int = DEFAULT_MAX_MESSAGE_BATCH_SIZE
     max_lock_renewal: timedelta = DEFAULT_LOCK_RENEWAL
     session_idle_timeout: timedelta = DEFAULT_SESSION_IDLE
+    try_timeout: timedelta = DEFAULT_TRY_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,15 @@ def parse_host_json(document: Any) -> HostConfig:
             options["session_idle_timeout"] = parse_timespan(value, what=where)
         elif key in {"messagehandleroptions", "sessionhandleroptions", "batchoptions"}:
             _read_v4_section(key, _lower_keys(value, where), where, options, ignored)
+        elif key == "clientretryoptions":
+            for retry_key, retry_value in _lower_keys(value, where).items():
+                if retry_key == "trytimeout":
+                    timeout = parse_timespan(retry_value, what=f"{where}.{retry_key}")
+                    if timeout <= timedelta(0):
+                        raise HostConfigError(f"host.json {where}.{retry_key}: must be positive")
+                    options["try_timeout"] = timeout
+                else:
+                    ignored.append(f"{where}.{retry_key}")
         else:
             ignored.append(where)
 

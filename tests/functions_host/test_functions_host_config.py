@@ -115,7 +115,7 @@ def test_host_json_v5_flat_options() -> None:
                     "maxMessageBatchSize": 50,
                     "maxAutoLockRenewalDuration": "00:10:00",
                     "sessionIdleTimeout": "00:00:05",
-                    "clientRetryOptions": {"mode": "exponential"},
+                    "clientRetryOptions": {"mode": "exponential", "tryTimeout": "00:00:30"},
                 },
             },
         }
@@ -127,9 +127,10 @@ def test_host_json_v5_flat_options() -> None:
     assert (sb.max_concurrent_sessions, sb.max_message_batch_size) == (3, 50)
     assert sb.max_lock_renewal == timedelta(minutes=10)
     assert sb.session_idle_timeout == timedelta(seconds=5)
+    assert sb.try_timeout == timedelta(seconds=30)
     assert set(config.ignored) == {
         "extensions.http.maxconcurrentrequests",
-        "extensions.serviceBus.clientretryoptions",
+        "extensions.serviceBus.clientretryoptions.mode",
     }
 
 

@@ -1,0 +1,93 @@
+"""Session triggers wait for the next session like the extension: one accept per idle thread.
+
+Issue 17: accepts of 2 s made every idle session thread open a new connection every 2 s
+(64 threads for the Function App: ~30 connection set-ups a second), which kept the host busy
+and delayed new sessions. Now an accept waits clientRetryOptions.tryTimeout (1 minute by
+default) on the broker, a session that gets messages is handed to a waiting accept, and stop()
+closes the waiting accepts so the host still stops at once. Against the real emulator.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from apps import sb_app
+from apps import sb_blueprint as recorded
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from conftest import HERE
+
+from emulators.functions_host.host import FunctionsHost
+from emulators.functions_host.hostconfig import HostConfig, ServiceBusOptions
+
+testing = pytest.importorskip("emulators.servicebus.testing")
+
+CONFIG = HERE / "emulator-config.json"
+TOPIC = "fh-events"
+SESSIONS = 2
+OPTIONS = ServiceBusOptions(
+    max_concurrent_calls=1,
+    max_concurrent_sessions=SESSIONS,
+    session_idle_timeout=dt.timedelta(seconds=1),
+)  # try_timeout: the default, 1 minute
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[Any]:
+    with testing.running_emulator(CONFIG) as running:
+        yield running
+
+
+class AcceptCounter:
+    """Counts the session receivers the host asks the SDK for (then lets the SDK build them)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+        real = ServiceBusClient.get_subscription_receiver
+
+        def counting(client: ServiceBusClient, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("session_id") is not None:
+                with self.lock:
+                    self.calls += 1
+            return real(client, *args, **kwargs)
+
+        monkeypatch.setattr(ServiceBusClient, "get_subscription_receiver", counting)
+
+
+@pytest.mark.timeout(60)
+def test_idle_session_threads_wait_in_one_accept_and_stop_at_once(
+    emulator: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    accepts = AcceptCounter(monkeypatch)
+    recorded.ordered.clear()
+    settings = {"FhServiceBus": emulator.connection_string, "FhTopicName": TOPIC}
+    host = FunctionsHost(
+        sb_app, settings, host_config=HostConfig(service_bus=OPTIONS), functions=["ordered"]
+    ).start()
+    stopped_in: float | None = None
+    try:
+        time.sleep(6.0)  # three of the old 2 s accept periods
+        # One waiting accept per thread, none renewed (the old loop: ~3 per thread by now).
+        assert accepts.calls == SESSIONS
+        with (
+            ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+            client.get_topic_sender(TOPIC) as sender,
+        ):
+            sender.send_messages(
+                ServiceBusMessage(
+                    "new:0", session_id="new", application_properties={"kind": "ordered"}
+                )
+            )
+        # A waiting accept takes the new session (a generous bound: it is ~0.1 s).
+        assert recorded.ordered.wait_for(1, timeout=10) == [("new", "new:0")]
+    finally:
+        started = time.monotonic()
+        host.stop()
+        stopped_in = time.monotonic() - started
+    # Threads waiting up to a minute in an accept do not hold the stop up.
+    assert stopped_in < 5.0, f"stop took {stopped_in:.1f} s"
