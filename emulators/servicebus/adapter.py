@@ -31,7 +31,7 @@ import uuid
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from proton import Condition, Delivery, Endpoint, Link, SSLDomain, Terminus, Transport, symbol
 from proton._handlers import IOHandler
@@ -53,6 +53,7 @@ from emulators.servicebus.codec import (
     decode_sections,
     decode_value_message,
     encode_value_message,
+    read_value,
     split_batch,
 )
 from emulators.servicebus.management import handle as handle_management
@@ -93,7 +94,7 @@ class LinkState:
     deadline: float = 0.0  # for a pending next-available session attach
 
 
-class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
+class EmulatorHandler(MessagingHandler):
     def __init__(
         self,
         namespace: Namespace,
@@ -330,7 +331,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         link.open()
-        link.condition = Condition(condition, description)
+        link.condition = error_condition(condition, description)
         link.close()
 
     def _authorize(self, conn: ConnState, address: str) -> None:
@@ -486,7 +487,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
     def _close_link(self, state: LinkState, condition: str, description: str) -> None:
         self._forget(state)
         with suppress(Exception):
-            state.link.condition = Condition(condition, description)
+            state.link.condition = error_condition(condition, description)
             state.link.close()
 
     # -- delivery ----------------------------------------------------------------------------
@@ -539,7 +540,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         self.stats[what] = self.stats.get(what, 0) + 1
 
     def _reject(self, dlv: Delivery, condition: str, description: str) -> None:
-        dlv.local.condition = Condition(condition, description)
+        dlv.local.condition = error_condition(condition, description)
         dlv.update(Delivery.REJECTED)
         dlv.settle()
 
@@ -573,8 +574,10 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         if isinstance(target, Queue) and target.store.session_mode:
             for message in messages:
                 if message.properties[10] is None:
-                    raise InvalidRequest(
-                        f"queue {target.name!r} requires sessions: set session_id on the message"
+                    raise _NotAllowed(
+                        "The SessionId was not set on a message, and it cannot be sent to the "
+                        f"entity {target.name!r}. Entities that have session support enabled "
+                        "can only receive messages that have the SessionId set to a valid value."
                     )
         for message in messages:
             target.accept(message, now)
@@ -636,7 +639,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         if tag is None:
             self._tag += 1
             tag = self._tag.to_bytes(8, "big")
-        dlv = link.delivery(tag)
+        dlv = link.delivery(cast(Any, tag))  # proton's stub says str; bytes is what it takes
         link.stream(payload)
         link.advance()
         if settle:
@@ -673,8 +676,8 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 if message is None:
                     break
                 locked = state.peek_lock and not state.session_mode
-                payload = encode_delivery(message, locked=locked)
                 token = message.lock_token
+                payload = encode_delivery(message, locked=locked, lock_token=token)
                 tag = token.bytes_le if token is not None else uuid.uuid4().bytes_le
                 dlv = self._send(link, payload, settle=not state.peek_lock, tag=tag)
                 self._count("delivered")
@@ -697,8 +700,8 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
             if outcome == Delivery.ACCEPTED:
                 store.complete(token, now)
             elif outcome == Delivery.REJECTED:
-                info = (remote.condition.info if remote.condition else None) or {}
-                info = {str(k): v for k, v in dict(info).items()}
+                raw_info: Any = (remote.condition.info if remote.condition else None) or {}
+                info = {str(k): v for k, v in dict(raw_info).items()}
                 reason = info.get("DeadLetterReason")
                 description = info.get("DeadLetterErrorDescription")
                 store.dead_letter(
@@ -729,7 +732,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 self._reject(dlv, exc.condition, exc.description)
 
 
-_OUTCOMES = {
+_OUTCOMES: dict[Any, str] = {
     Delivery.ACCEPTED: "accepted",
     Delivery.REJECTED: "rejected",
     Delivery.RELEASED: "released",
@@ -748,6 +751,20 @@ class _NotAllowed(BrokerError):
     status = 403
 
 
+def error_condition(condition: str, description: str) -> Condition:
+    """An AMQP error as Service Bus sends them: ``info`` is always a map (with a tracking id).
+
+    azure-servicebus reads a rejected transfer's ``error[2]`` unconditionally; without it the
+    send's completion callback fails and the sender waits out its timeout instead of raising.
+    """
+    tracking = str(uuid.uuid4())
+    return Condition(
+        condition,
+        f"{description} TrackingId:{tracking}",
+        {symbol("com.microsoft:tracking-id"): tracking},
+    )
+
+
 def _filters(link: Link) -> dict[Any, Any]:
     data = link.remote_source.filter
     if data is None:
@@ -755,5 +772,5 @@ def _filters(link: Link) -> dict[Any, Any]:
     data.rewind()
     if not data.next():
         return {}
-    value = data.get_object()
+    value = read_value(data)
     return dict(value) if isinstance(value, dict) else {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from emulators.servicebus.codec import PROPERTY_FIELDS, Sections, encode_application_properties
+from emulators.servicebus.codec import PROPERTY_FIELDS, Sections, with_application_properties
 from emulators.servicebus.config import (
     NamespaceConfig,
     ReceiverSettings,
@@ -356,12 +356,12 @@ class MessageStore:
         copy = message.copy_for()
         copy.delivery_count = message.delivery_count
         copy.dead_letter_source = self.path
-        application = dict(message.sections.application)
+        updates: dict[str, str] = {}
         if reason is not None:
-            application["DeadLetterReason"] = reason
+            updates["DeadLetterReason"] = reason
         if description is not None:
-            application["DeadLetterErrorDescription"] = description
-        copy.application_raw = encode_application_properties(application)
+            updates["DeadLetterErrorDescription"] = description
+        copy.application_raw = with_application_properties(message.application_bytes(), updates)
         self.dead_letter_queue.enqueue(copy, now)
 
     # -- deferred and peek -------------------------------------------------------------------
@@ -409,15 +409,15 @@ class MessageStore:
             for sid in idle:  # forget sessions with nothing left, so this scan stays short
                 del self.sessions[sid]
             return None if chosen is None else self._lock_session(chosen, owner, now)
-        info = self.sessions.get(session_id)
-        if info is None:
-            info = self.sessions[session_id] = SessionInfo(session_id)
-        if not self._session_free(info, now):
+        named = self.sessions.get(session_id)
+        if named is None:
+            named = self.sessions[session_id] = SessionInfo(session_id)
+        if not self._session_free(named, now):
             raise SessionCannotBeLocked(
                 f"The requested session '{session_id}' cannot be accepted. "
                 "It may be locked by another receiver."
             )
-        return self._lock_session(info, owner, now)
+        return self._lock_session(named, owner, now)
 
     def _session_free(self, info: SessionInfo, now: float) -> bool:
         if info.owner is not None and info.locked_until <= now:

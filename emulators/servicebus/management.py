@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from proton import UNDESCRIBED, Array, Data
 
@@ -36,7 +36,7 @@ NO_CONTENT = 204
 
 
 def _array(kind: int, values: list[Any]) -> Array:
-    return Array(UNDESCRIBED, kind, *values)
+    return Array(cast(Any, UNDESCRIBED), kind, *values)
 
 
 def _require(body: Mapping[str, Any], key: str) -> Any:

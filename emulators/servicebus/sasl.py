@@ -14,12 +14,12 @@ import logging
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, ulong
 
 from emulators.servicebus.auth import SasPolicy, check_plain
-from emulators.servicebus.codec import owned
+from emulators.servicebus.codec import MessageDecodeError, decode_value
 
 LOG = logging.getLogger("sebridge.servicebus_emulator.sasl")
 
@@ -61,19 +61,22 @@ def decode_frame(frame: bytes) -> tuple[int, list[Any]]:
     size, doff, kind, _channel = struct.unpack(">IBBH", frame[:8])
     if kind != 1 or size != len(frame) or doff < 2:
         raise SaslError(f"not a SASL frame (type {kind}, size {size}, doff {doff})")
-    data = Data()
-    data.decode(frame[doff * 4 :])
-    data.rewind()
-    data.next()
-    value = data.get_object()
-    if not isinstance(value, Described):
+    try:
+        value, _used = decode_value(frame[doff * 4 :])
+    except MessageDecodeError as exc:
+        raise SaslError(f"undecodable SASL frame: {exc}") from exc
+    if not isinstance(value, Described) or not isinstance(value.value, list | None):
         raise SaslError("SASL frame body is not a described list")
-    return int(value.descriptor), owned(list(value.value or []))
+    descriptor: Any = value.descriptor
+    if not isinstance(descriptor, int):
+        raise SaslError(f"SASL frame descriptor {descriptor!r} is not numeric")
+    return int(descriptor), list(value.value or [])
 
 
 def mechanisms_frame() -> bytes:
     return encode_frame(
-        SASL_MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL, *(symbol(m) for m in MECHANISMS))]
+        SASL_MECHANISMS,
+        [Array(cast(Any, UNDESCRIBED), Data.SYMBOL, *(symbol(m) for m in MECHANISMS))],
     )
 
 
