@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import select
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -33,20 +35,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from proton import Condition, Delivery, Endpoint, Link, SSLDomain, Terminus, Transport, symbol
+from proton import Condition, Delivery, Endpoint, Link, Terminus, Transport, symbol
 from proton._handlers import IOHandler
 from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, EventInjector
 
+from emulators.servicebus import bridge
 from emulators.servicebus.auth import SasPolicy, check_token
+from emulators.servicebus.bridge import Listener
 from emulators.servicebus.broker import (
     BrokerError,
+    EntityNotFound,
     InvalidRequest,
     MessageStore,
     Namespace,
     Queue,
     Resolved,
     SendTarget,
+    entity_path,
 )
 from emulators.servicebus.codec import (
     MessageDecodeError,
@@ -57,7 +63,7 @@ from emulators.servicebus.codec import (
     split_batch,
 )
 from emulators.servicebus.management import handle as handle_management
-from emulators.servicebus.sasl import SaslError, SaslResult, handshake
+from emulators.servicebus.sasl import SaslResult
 from emulators.servicebus.wire import encode_delivery, to_ticks
 
 LOG = logging.getLogger("sebridge.servicebus_emulator")
@@ -98,27 +104,28 @@ class EmulatorHandler(MessagingHandler):
     def __init__(
         self,
         namespace: Namespace,
-        listener: socket.socket,
+        listeners: list[Listener],
         policy: SasPolicy | None,
         *,
-        tls_port: int | None = None,
+        tls: ssl.SSLContext | None = None,
+        ca_cert: Path | None = None,
         tls_info: Path | None = None,
-        tls_files: tuple[Path, Path] | None = None,
+        listen_info: Path | None = None,
     ) -> None:
         super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
         self.handlers = []  # raw events only: this class does its own flow and settlement
         self.namespace = namespace
-        self.listener = listener
-        self.host = listener.getsockname()[0]
+        self.listeners = listeners
+        self.host = str(listeners[0].sock.getsockname()[0])
         self.policy = policy
-        self.tls_port = tls_port
+        self.tls = tls
+        self.ca_cert = ca_cert
         self.tls_info = tls_info
-        self.tls_files = tls_files
-        self.bound_port = int(listener.getsockname()[1])
+        self.listen_info = listen_info
+        self.bound_port = listeners[0].port
         self.stop_requested = False
-        self._adopt: queue.Queue[tuple[socket.socket, SaslResult, bytes]] = queue.Queue()
+        self._adopt: queue.Queue[tuple[socket.socket, SaslResult]] = queue.Queue()
         self._injector = EventInjector()
-        self._acceptor: Any = None
         self._container: Any = None
         self._consumers: dict[MessageStore, list[LinkState]] = {}
         self._pending: list[LinkState] = []
@@ -132,64 +139,73 @@ class EmulatorHandler(MessagingHandler):
     def on_reactor_init(self, event: Any) -> None:
         container = self._container = event.container
         container.selectable(self._injector)
-        if self.tls_port is not None and self.tls_files is not None:
-            cert, key = self.tls_files
-            domain = SSLDomain(SSLDomain.MODE_SERVER)
-            domain.set_credentials(str(cert), str(key), None)
-            domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
-            self._acceptor = container.listen(f"amqps://{self.host}:{self.tls_port}", domain)
-            tls_port = int(self._acceptor._selectable._delegate.getsockname()[1])
-            LOG.info("TLS on amqps://127.0.0.1:%s, certificate %s", tls_port, cert)
-            if self.tls_info is not None:
-                self.tls_info.write_text(json.dumps({"port": tls_port, "ca_cert": str(cert)}))
         threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
-        shown = "127.0.0.1" if self.host in ("127.0.0.1", "0.0.0.0") else f"[{self.host}]"  # noqa: S104
-        sys.stdout.write(f"listening on amqp://{shown}:{self.bound_port}\n")
+        ports = {listener.scheme: listener.port for listener in self.listeners}
+        if self.tls_info is not None and "amqps" in ports:
+            self.tls_info.write_text(
+                json.dumps({"port": ports["amqps"], "ca_cert": str(self.ca_cert)})
+            )
+        if self.listen_info is not None:
+            self.listen_info.write_text(json.dumps({**ports, "ca_cert": _str(self.ca_cert)}))
+        shown = "127.0.0.1" if self.host == "127.0.0.1" else self.host
+        for listener in self.listeners:  # the first line is amqp://: tools read its port
+            sys.stdout.write(f"listening on {listener.url(shown)}\n")
+            LOG.info("listening on %s", listener.url(shown))
         sys.stdout.flush()
-        LOG.info("listening on %s:%s", self.host, self.bound_port)
+        if self.ca_cert is not None:
+            LOG.info("TLS certificate (self-signed, trust it to connect): %s", self.ca_cert)
         container.schedule(TICK, self)
 
-    # -- accepting plain TCP connections (SASL done here, then handed to the reactor) ---------
+    # -- accepting connections (TLS, WebSocket and SASL run in bridge.py, then the reactor) ---
     def _accept_loop(self) -> None:
-        self.listener.settimeout(0.5)
+        by_fd = {listener.sock.fileno(): listener for listener in self.listeners}
+        for listener in self.listeners:
+            listener.sock.setblocking(False)
         while not self.stop_requested:
             try:
-                sock, peer = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
+                ready, _, _ = select.select(list(by_fd), [], [], 0.5)
+            except (OSError, ValueError):
                 if self.stop_requested:
                     return
-                LOG.exception("accept failed; carrying on")
+                LOG.exception("waiting for connections failed; carrying on")
                 time.sleep(0.1)
                 continue
-            threading.Thread(
-                target=self._handshake, args=(sock, peer), name="sasl", daemon=True
-            ).start()
+            for fd in ready:
+                listener = by_fd[fd]
+                try:
+                    sock, peer = listener.sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    if self.stop_requested:
+                        return
+                    LOG.exception("accept on %s failed; carrying on", listener.scheme)
+                    time.sleep(0.1)
+                    continue
+                sock.setblocking(True)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                connection = bridge.Connection(
+                    sock,
+                    peer,
+                    listener,
+                    self.policy,
+                    self.tls,
+                    self._hand_over,
+                    lambda: self.stop_requested,
+                )
+                bridge.start(connection)
 
-    def _handshake(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            sock.settimeout(10)
-            outcome = handshake(sock, self.policy)
-        except (OSError, SaslError) as exc:
-            LOG.info("connection from %s dropped during SASL: %s", peer, exc)
-            sock.close()
-            return
-        if outcome is None:
-            sock.close()
-            return
-        result, already_read = outcome
-        sock.settimeout(None)
+    def _hand_over(self, sock: socket.socket, result: SaslResult) -> None:
+        """Called on a connection's thread once SASL is done: the reactor takes ``sock``."""
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._adopt.put((sock, result, already_read))
+        self._adopt.put((sock, result))
         self._injector.trigger(ApplicationEvent("sb_adopt"))
 
     def on_sb_adopt(self, event: Any) -> None:
         container = self._container
         while True:
             try:
-                sock, result, already_read = self._adopt.get_nowait()
+                sock, result = self._adopt.get_nowait()
             except queue.Empty:
                 return
             try:
@@ -200,8 +216,6 @@ class EmulatorHandler(MessagingHandler):
                 transport = Transport(Transport.SERVER)
                 transport.require_auth(False)
                 transport.bind(connection)
-                if already_read:
-                    transport.push(already_read)
                 selectable = container.selectable(delegate=sock)
                 selectable._transport = transport
                 transport._selectable = selectable
@@ -213,11 +227,10 @@ class EmulatorHandler(MessagingHandler):
     def on_timer_task(self, event: Any) -> None:
         if self.stop_requested:
             LOG.info("stopping; deliveries and outcomes: %s", self.stats)
-            if self._acceptor is not None:
-                self._acceptor.close()
             self._injector.close()
-            with suppress(OSError):
-                self.listener.close()
+            for listener in self.listeners:
+                with suppress(OSError):
+                    listener.sock.close()
             event.container.stop()
             return
         now = time.time()
@@ -243,12 +256,15 @@ class EmulatorHandler(MessagingHandler):
         self._flush(now)
 
     # -- connections -------------------------------------------------------------------------
-    def on_connection_bound(self, event: Any) -> None:
-        if getattr(event.connection, "sbsasl", None) is not None:
-            return  # plain TCP: SASL already done by the accept thread
-        # TLS connections: Proton's own SASL, which offers ANONYMOUS (then $cbs put-token)
-        sasl = event.transport.sasl()
-        sasl.allowed_mechs("ANONYMOUS")
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        if condition is not None:
+            # a client that broke the protocol: Proton closes its connection, others carry on
+            LOG.warning(
+                "closing a connection on a protocol error: %s: %s",
+                condition.name,
+                condition.description,
+            )
 
     def _conn_state(self, conn: Any) -> ConnState:
         state: ConnState | None = getattr(conn, "sbconn", None)
@@ -377,6 +393,13 @@ class EmulatorHandler(MessagingHandler):
         peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
         filters = _filters(link)
         wants_session = SESSION_FILTER in filters
+        requested = filters.get(SESSION_FILTER)
+        if requested is not None and not isinstance(requested, str):
+            # Service Bus refuses the attach: session ids are strings
+            raise _InvalidField(
+                f"the session id filter must be a string, got {type(requested).__name__} "
+                f"{requested!r}"
+            )
         if wants_session != store.session_mode:
             if wants_session:
                 raise InvalidRequest(
@@ -399,7 +422,6 @@ class EmulatorHandler(MessagingHandler):
         if not wants_session:
             self._complete_consumer(state)
             return
-        requested = filters.get(SESSION_FILTER)
         if requested is not None:
             info = store.accept_session(str(requested), state, now)
             assert info is not None
@@ -600,7 +622,13 @@ class EmulatorHandler(MessagingHandler):
                     now,
                 )
                 status, description = verdict.status, verdict.description
-                if verdict.ok:
+                missing = self._missing_audience(str(app.get("name", ""))) if verdict.ok else None
+                if missing is not None:
+                    # Service Bus checks the token first, then the entity: 404 on put-token,
+                    # which the SDK raises as ServiceBusAuthenticationError
+                    status, description = 404, missing
+                    LOG.info("put-token for a missing entity refused: %s", description)
+                elif verdict.ok:
                     state.conn.authorized = True
                 else:
                     LOG.info("put-token (%s) refused: %s", app.get("type"), description)
@@ -632,6 +660,21 @@ class EmulatorHandler(MessagingHandler):
             LOG.warning("no reply link for %s request (reply_to=%r)", operation, reply_to)
             return
         self._send(link, payload, settle=True)
+
+    def _missing_audience(self, audience: str) -> str | None:
+        """Service Bus's put-token description when ``audience`` names no entity, else None."""
+        if not entity_path(audience):
+            return None  # the namespace itself
+        try:
+            self.namespace.resolve(audience)
+        except EntityNotFound:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+            return (
+                f"The messaging entity '{audience}' could not be found. To know more visit "
+                f"https://aka.ms/sbResourceMgrExceptions.  TrackingId:{uuid.uuid4()}, "
+                f"SystemTracker:{self.namespace.name}:{entity_path(audience)}, Timestamp:{stamp}"
+            )
+        return None
 
     def _send(
         self, link: Link, payload: bytes, *, settle: bool, tag: bytes | None = None
@@ -746,9 +789,18 @@ class _Unauthorized(BrokerError):
     status = 401
 
 
+class _InvalidField(BrokerError):
+    condition = "amqp:invalid-field"
+    status = 400
+
+
 class _NotAllowed(BrokerError):
     condition = "amqp:not-allowed"
     status = 403
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def error_condition(condition: str, description: str) -> Condition:

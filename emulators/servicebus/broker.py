@@ -151,6 +151,7 @@ class SessionInfo:
     owner: Any = None
     locked_until: float = 0.0
     state: bytes | None = None
+    state_updated_at: float | None = None  # when set-session-state last ran (list filter)
     ready: list[tuple[int, StoredMessage]] = field(default_factory=list)
     locked_tokens: set[uuid.UUID] = field(default_factory=set)
 

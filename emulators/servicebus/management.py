@@ -33,6 +33,8 @@ class Response:
 
 OK = 200
 NO_CONTENT = 204
+# what the SDK sends as last-updated-time when no state_updated_after is given (year 10000)
+MAX_LAST_UPDATED_MS = 253402300800000
 
 
 def _array(kind: int, values: list[Any]) -> Array:
@@ -189,6 +191,7 @@ def _set_session_state(resolved: Resolved, body: dict[str, Any], now: float) -> 
     info = _store(resolved).session_for(str(_require(body, "session-id")), None, now)
     state = body.get("session-state")
     info.state = None if state is None else bytes(state)
+    info.state_updated_at = now
     return Response(OK, "OK")
 
 
@@ -196,7 +199,18 @@ def _list_sessions(resolved: Resolved, body: dict[str, Any], now: float) -> Resp
     store = _store(resolved)
     skip = int(body.get("skip", 0) or 0)
     top = int(body.get("top", 100) or 100)
-    ids = [sid for sid, info in store.sessions.items() if info.ready or info.locked_tokens]
+    cutoff = body.get("last-updated-time")
+    if cutoff is None or int(cutoff) >= MAX_LAST_UPDATED_MS:
+        # no filter: the sessions holding messages
+        ids = [sid for sid, info in store.sessions.items() if info.ready or info.locked_tokens]
+    else:
+        # state_updated_after: the sessions whose state was set after the cutoff
+        after = int(cutoff) / 1000.0
+        ids = [
+            sid
+            for sid, info in store.sessions.items()
+            if info.state_updated_at is not None and info.state_updated_at > after
+        ]
     page = ids[skip : skip + top]
     if not page:
         return Response(NO_CONTENT, "No sessions")

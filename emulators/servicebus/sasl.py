@@ -14,7 +14,7 @@ import logging
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, ulong
 
@@ -101,40 +101,57 @@ def judge_init(fields: list[Any], policy: SasPolicy | None) -> tuple[int, SaslRe
     return AUTH_FAILED, SaslResult(True, mechanism)
 
 
-def _recv_exact(sock: socket.socket, count: int) -> bytes:
-    chunks: list[bytes] = []
-    while count:
-        chunk = sock.recv(count)
-        if not chunk:
-            raise SaslError("peer closed during the SASL exchange")
-        chunks.append(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
+class ByteStream(Protocol):
+    """What the exchange reads from and writes to: a socket, or the TLS/WebSocket layers."""
+
+    def recv_exact(self, count: int) -> bytes: ...
+
+    def sendall(self, data: bytes) -> None: ...
 
 
-def handshake(sock: socket.socket, policy: SasPolicy | None) -> tuple[SaslResult, bytes] | None:
-    """Run the exchange on a blocking socket (with a timeout set by the caller).
+class SocketStream:
+    """A blocking socket as a ByteStream."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def recv_exact(self, count: int) -> bytes:
+        chunks: list[bytes] = []
+        while count:
+            chunk = self.sock.recv(count)
+            if not chunk:
+                raise SaslError("peer closed during the SASL exchange")
+            chunks.append(chunk)
+            count -= len(chunk)
+        return b"".join(chunks)
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+
+def handshake(stream: ByteStream, policy: SasPolicy | None) -> tuple[SaslResult, bytes] | None:
+    """Run the exchange on a blocking stream (with a timeout set by the caller).
 
     Returns what was established and the bytes already read that belong to the AMQP layer
     (the AMQP header when the client skipped SASL), or None when the connection is refused.
     Reads never go past the SASL frames, so a client pipelining its AMQP header is fine.
     """
-    header = _recv_exact(sock, 8)
+    header = stream.recv_exact(8)
     if header == AMQP_HEADER:
         return SaslResult(False, authenticated=policy is None), header
     if header != SASL_HEADER:
-        sock.sendall(SASL_HEADER)
+        stream.sendall(SASL_HEADER)
         LOG.info("refusing connection: unknown protocol header %r", header)
         return None
-    sock.sendall(SASL_HEADER + mechanisms_frame())
-    size = struct.unpack(">I", _recv_exact(sock, 4))[0]
+    stream.sendall(SASL_HEADER + mechanisms_frame())
+    size = struct.unpack(">I", stream.recv_exact(4))[0]
     if not 8 <= size <= MAX_SASL_FRAME:
         raise SaslError(f"SASL frame size {size} out of range")
-    code, fields = decode_frame(struct.pack(">I", size) + _recv_exact(sock, size - 4))
+    code, fields = decode_frame(struct.pack(">I", size) + stream.recv_exact(size - 4))
     if code != SASL_INIT:
         raise SaslError(f"expected sasl-init, got performative {code:#x}")
     outcome, result = judge_init(fields, policy)
-    sock.sendall(outcome_frame(outcome))
+    stream.sendall(outcome_frame(outcome))
     if outcome != OK:
         LOG.info("SASL %s refused for user %r", result.mechanism, result.user)
         return None

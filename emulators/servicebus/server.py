@@ -8,10 +8,12 @@ restart starts empty, as Microsoft's emulator does.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import shutil
 import signal
 import socket
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from proton.reactor import Container
 
 from emulators.servicebus.adapter import EmulatorHandler
 from emulators.servicebus.auth import SasPolicy
+from emulators.servicebus.bridge import Listener
 from emulators.servicebus.broker import Namespace
 from emulators.servicebus.config import ConfigError, load_config
 
@@ -37,11 +40,15 @@ def _parser() -> argparse.ArgumentParser:
             "in memory only: every start is empty. Connect with "
             "'Endpoint=sb://127.0.0.1:<port>;SharedAccessKeyName=RootManageSharedAccessKey;"
             "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;' or "
-            "ServiceBusClient('127.0.0.1:<port>', credential, use_tls=False)."
+            "ServiceBusClient('127.0.0.1:<port>', credential, use_tls=False). Over WebSockets "
+            "(--websocket-port) add transport_type=TransportType.AmqpOverWebsocket and "
+            "custom_endpoint_address='sb://127.0.0.1:<websocket port>' to that client."
         ),
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=5672, help="port; 0 picks a free one")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="loopback address to bind (127.0.0.1 or ::1)"
+    )
+    parser.add_argument("--port", type=int, default=5672, help="AMQP port; 0 picks a free one")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="Config.json path")
     parser.add_argument("--sas-key-name", default="RootManageSharedAccessKey")
     parser.add_argument(
@@ -58,10 +65,39 @@ def _parser() -> argparse.ArgumentParser:
         "custom_endpoint_address='sb://127.0.0.1:<tls port>'",
     )
     parser.add_argument(
+        "--websocket-port",
+        type=int,
+        default=None,
+        help="also serve AMQP over WebSockets (ws://, subprotocol AMQPWSB10, path "
+        "/$servicebus/websocket; 0 picks a port). Clients add "
+        "transport_type=TransportType.AmqpOverWebsocket and "
+        "custom_endpoint_address='sb://127.0.0.1:<websocket port>'",
+    )
+    parser.add_argument(
+        "--websocket-tls-port",
+        type=int,
+        default=None,
+        help="also serve AMQP over secure WebSockets (wss://, the same self-signed certificate "
+        "as --tls-port; 0 picks a port)",
+    )
+    parser.add_argument(
         "--tls-info", type=Path, default=None, help="write {port, ca_cert} JSON here once listening"
+    )
+    parser.add_argument(
+        "--listen-info",
+        type=Path,
+        default=None,
+        help="write {amqp, amqps, ws, wss: port, ca_cert} JSON here once listening",
     )
     parser.add_argument("--log-level", default="INFO")
     return parser
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def run(
@@ -72,29 +108,50 @@ def run(
     *,
     tls_port: int | None = None,
     tls_info: Path | None = None,
+    websocket_port: int | None = None,
+    websocket_tls_port: int | None = None,
+    listen_info: Path | None = None,
 ) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.create_server((host, port), family=family, backlog=128)
+    wanted = [("amqp", port), ("amqps", tls_port)]
+    wanted += [("ws", websocket_port), ("wss", websocket_tls_port)]
+    listeners: list[Listener] = []
     tls_files = None
-    if tls_port is not None:
-        # cryptography (an azure-identity dependency) is only needed for the TLS listener
-        from emulators.servicebus.tls import self_signed_certificate
-
-        tls_files = self_signed_certificate()
-    handler = EmulatorHandler(
-        namespace, listener, policy, tls_port=tls_port, tls_info=tls_info, tls_files=tls_files
-    )
-
-    def request_stop(signum: int, frame: Any) -> None:
-        handler.stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
     try:
-        Container(handler).run()
+        for scheme, number in wanted:
+            if number is not None:
+                sock = socket.create_server((host, number), family=family, backlog=128)
+                listeners.append(Listener(sock, scheme))
+        context: ssl.SSLContext | None = None
+        if tls_port is not None or websocket_tls_port is not None:
+            # cryptography (an azure-identity dependency) is only needed for the TLS listeners
+            from emulators.servicebus.tls import self_signed_certificate
+
+            tls_files = self_signed_certificate()
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(tls_files[0]), str(tls_files[1]))
+        handler = EmulatorHandler(
+            namespace,
+            listeners,
+            policy,
+            tls=context,
+            ca_cert=None if tls_files is None else tls_files[0],
+            tls_info=tls_info,
+            listen_info=listen_info,
+        )
+
+        def request_stop(signum: int, frame: Any) -> None:
+            handler.stop_requested = True
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+        try:
+            Container(handler).run()
+        finally:
+            handler.stop_requested = True
     finally:
-        handler.stop_requested = True
-        listener.close()
+        for listener in listeners:
+            listener.sock.close()
         if tls_files is not None:
             shutil.rmtree(tls_files[0].parent, ignore_errors=True)
     return 0
@@ -107,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not _loopback(args.host):
+        print(
+            f"servicebus-emulator: --host {args.host!r} is not a loopback address; the emulator "
+            "only listens on 127.0.0.1 or ::1 (it has no real authorization)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -123,7 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return run(
-            namespace, args.host, args.port, policy, tls_port=args.tls_port, tls_info=args.tls_info
+            namespace,
+            args.host,
+            args.port,
+            policy,
+            tls_port=args.tls_port,
+            tls_info=args.tls_info,
+            websocket_port=args.websocket_port,
+            websocket_tls_port=args.websocket_tls_port,
+            listen_info=args.listen_info,
         )
     except OSError as exc:
         print(

@@ -7,8 +7,10 @@ unchanged against a real namespace.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
@@ -21,6 +23,7 @@ SESSION_QUEUE = "contract-sessions"
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.usefixtures("sessions_purged")
 def test_message_without_session_id_to_a_session_queue_is_refused_at_once(
     client: ServiceBusClient,
 ) -> None:
@@ -32,7 +35,12 @@ def test_message_without_session_id_to_a_session_queue_is_refused_at_once(
             sender.send_messages(ServiceBusMessage("no session"), timeout=30)
         assert time.monotonic() - started < 5
         # the link is still usable: a message with a session id goes through
-        sender.send_messages(ServiceBusMessage("with session", session_id=f"s-{uuid.uuid4()}"))
+        session = f"s-{uuid.uuid4()}"
+        sender.send_messages(ServiceBusMessage("with session", session_id=session))
+    with client.get_queue_receiver(SESSION_QUEUE, session_id=session, max_wait_time=5) as receiver:
+        (got,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+        assert str(got) == "with session"
+        receiver.complete_message(got)  # next-available tests must not find it
 
 
 @pytest.mark.timeout(30)
@@ -106,3 +114,99 @@ def test_peek_lock_delivery_carries_its_lock_token_in_delivery_annotations(
         assert token is not None
         assert str(token) == str(got.lock_token)
         receiver.complete_message(got)
+
+
+@pytest.mark.timeout(30)
+def test_integer_session_id_is_refused(client: ServiceBusClient) -> None:
+    """Session ids are strings: Service Bus refuses a receiver whose session filter holds an int
+    (the SDK's test_session_by_session_client_conn_str_receive_handler_peeklock)."""
+    with pytest.raises(ServiceBusError):
+        with client.get_queue_receiver(SESSION_QUEUE, session_id=1, max_wait_time=1):
+            pass
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("sessions_purged")
+def test_list_sessions_honours_state_updated_after(client: ServiceBusClient, namespace) -> None:
+    # a margin on each side of the cutoff for the clock skew between this host and Azure
+    margin = 0.3 if namespace.kind == "local" else 10.0
+    old, new = f"old-{uuid.uuid4().hex[:8]}", f"new-{uuid.uuid4().hex[:8]}"
+    with client.get_queue_sender(SESSION_QUEUE) as sender:
+        sender.send_messages([ServiceBusMessage(s, session_id=s) for s in (old, new)])
+    try:
+        with client.get_queue_receiver(SESSION_QUEUE, session_id=old) as receiver:
+            receiver.session.set_state("old-state")
+        time.sleep(margin)
+        cutoff = dt.datetime.now(dt.UTC)
+        time.sleep(margin)
+        with client.get_queue_receiver(SESSION_QUEUE, session_id=new) as receiver:
+            receiver.session.set_state("new-state")
+        updated = list(client.list_queue_sessions(SESSION_QUEUE, state_updated_after=cutoff))
+        assert new in updated
+        assert old not in updated
+        holding_messages = list(client.list_queue_sessions(SESSION_QUEUE))
+        assert old in holding_messages and new in holding_messages
+    finally:
+        for session in (old, new):
+            with client.get_queue_receiver(
+                SESSION_QUEUE, session_id=session, max_wait_time=2
+            ) as receiver:
+                for message in receiver.receive_messages(max_message_count=1, max_wait_time=2):
+                    receiver.complete_message(message)
+                receiver.session.set_state(None)
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_lock_renewals_and_settlements_keep_the_connection(
+    client: ServiceBusClient, drain
+) -> None:
+    """Renewals and settlements from several threads at once (AutoLockRenewer with several
+    workers does this): the SDK's transfers then reach the broker with delivery-ids out of
+    order, which Service Bus accepts. Every operation must succeed on the one connection."""
+    drain(QUEUE)
+    count = 24
+    with client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages([ServiceBusMessage(f"c-{i}") for i in range(count)])
+    with client.get_queue_receiver(QUEUE, max_wait_time=5) as receiver:
+        got: list = []
+        deadline = time.monotonic() + 15
+        while len(got) < count and time.monotonic() < deadline:
+            got += receiver.receive_messages(max_message_count=count - len(got), max_wait_time=2)
+        assert len(got) == count
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for _round in range(3):
+                renewed = list(pool.map(receiver.renew_message_lock, got))
+                assert all(until is not None for until in renewed)
+            first = min(m.sequence_number for m in got)
+            pages = list(
+                pool.map(
+                    lambda _: receiver.peek_messages(max_message_count=2, sequence_number=first),
+                    range(8),
+                )
+            )
+            assert all([m.sequence_number for m in page] == [first, first + 1] for page in pages)
+            list(pool.map(receiver.complete_message, got))
+        assert receiver.receive_messages(max_wait_time=1) == []
+
+
+@pytest.mark.timeout(60)
+def test_round_trip_over_websockets(namespace, drain) -> None:
+    """TransportType.AmqpOverWebsocket (port 443 in Azure, what a forwarder behind a proxy
+    uses): send, receive, settle and a 200 KiB message (several WebSocket frames)."""
+    drain(QUEUE)
+    marker = f"ws-{uuid.uuid4()}"
+    large = bytes(range(256)) * 800
+    with namespace.websocket_client() as ws_client:
+        with ws_client.get_queue_sender(QUEUE) as sender:
+            sender.send_messages(ServiceBusMessage("over websockets", message_id=marker))
+            sender.send_messages(ServiceBusMessage(large, message_id=f"{marker}-large"))
+        with ws_client.get_queue_receiver(QUEUE, max_wait_time=5) as receiver:
+            got: list = []
+            deadline = time.monotonic() + 10
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += receiver.receive_messages(max_message_count=2 - len(got), max_wait_time=2)
+            assert [m.message_id for m in got] == [marker, f"{marker}-large"]
+            assert str(got[0]) == "over websockets"
+            assert b"".join(got[1].body) == large
+            for message in got:
+                receiver.complete_message(message)
