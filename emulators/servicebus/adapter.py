@@ -2,8 +2,9 @@
 
 The Proton handler here is only the adapter: it turns AMQP attaches, transfers and dispositions
 into calls on the pure broker core (broker.py, management.py, auth.py) and back. One reactor
-thread; timers (locks, sessions, TTL, scheduled messages) run every TICK seconds. Plain-TCP
-connections are accepted by a small thread that runs SASL (sasl.py) and hands the socket over.
+thread; timers (locks, sessions, TTL, scheduled messages) run every TICK seconds. Connections
+(plain, TLS, WebSocket) are accepted by one thread; each gets a bridge.Connection thread that
+runs TLS, the WebSocket upgrade and SASL and then relays AMQP to the reactor over a socket pair.
 
 How the SDK sees some answers (read from azure.servicebus._pyamqp and _transport):
 * a refused attach (unknown entity, bad session, next-available timeout) is answered like
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from proton import Condition, Delivery, Endpoint, Link, Terminus, Transport, symbol
+from proton import Condition, Delivery, Endpoint, Link, Terminus, Transport, symbol, ulong
 from proton._handlers import IOHandler
 from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, EventInjector
@@ -52,6 +53,7 @@ from emulators.servicebus.broker import (
     Queue,
     Resolved,
     SendTarget,
+    check_size,
     entity_path,
 )
 from emulators.servicebus.codec import (
@@ -73,6 +75,7 @@ CREDIT = 500  # credit kept open on incoming links
 DEFAULT_SESSION_WAIT = 60.0  # next-available wait when the client sends no com.microsoft:timeout
 SESSION_FILTER = symbol("com.microsoft:session-filter")
 LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
+MAX_BATCH_SIZE = symbol("com.microsoft:max-message-batch-size")
 OPERATION_TIMEOUT = "com.microsoft:timeout"
 
 
@@ -367,6 +370,11 @@ class EmulatorHandler(MessagingHandler):
                 raise _NotAllowed(f"cannot send to {address!r}: send to a queue or a topic")
             else:
                 state = LinkState("target", link, conn, resolved=resolved, target=resolved.target)
+                # Service Bus advertises the entity's limits: the SDK sizes
+                # ServiceBusMessageBatch from these two (create_message_batch)
+                settings = resolved.target.settings
+                link.max_message_size = settings.max_message_size
+                link.properties = {MAX_BATCH_SIZE: ulong(settings.max_batch_size)}
         link.sbstate = state
         conn.links.append(state)
         self._open(link)
@@ -593,6 +601,7 @@ class EmulatorHandler(MessagingHandler):
         sections = decode_sections(raw)
         batch = split_batch(raw, sections)
         messages = batch if batch is not None else [sections]
+        check_size(target, len(raw), None if batch is not None else sections.properties[0])
         if isinstance(target, Queue) and target.store.session_mode:
             for message in messages:
                 if message.properties[10] is None:

@@ -65,6 +65,11 @@ class SessionLockLost(BrokerError):
     status = 410
 
 
+class MessageSizeExceeded(BrokerError):
+    condition = "amqp:link:message-size-exceeded"  # the SDK raises MessageSizeExceededError
+    status = 413
+
+
 class InvalidRequest(BrokerError):
     condition = "com.microsoft:argument-error"
     status = 400
@@ -600,6 +605,23 @@ class SendTarget:
             expires_at,
             effective if effective is not None and effective <= MAX_TTL_MS else None,
             None if group_id is None else str(group_id),
+        )
+
+
+def check_size(target: SendTarget, size: int, message_id: Any = None) -> None:
+    """Refuse a transfer over the entity's limit as Service Bus does (a batch when
+    ``message_id`` is None: the SDK's batch envelope has no message id of its own)."""
+    settings = target.settings
+    if message_id is None:
+        if size > settings.max_batch_size:
+            raise MessageSizeExceeded(
+                f"The batch (size:{size} bytes) is larger than is currently allowed "
+                f"({settings.max_batch_size} bytes) on {target.name!r}."
+            )
+    elif size > settings.max_message_size:
+        raise MessageSizeExceeded(
+            f"The message (id:{message_id}, size:{size} bytes) is larger than is currently "
+            f"allowed ({settings.max_message_size} bytes) on {target.name!r}."
         )
 
 

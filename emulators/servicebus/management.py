@@ -18,6 +18,7 @@ from emulators.servicebus.broker import (
     MessageStore,
     Resolved,
     StoredMessage,
+    check_size,
 )
 from emulators.servicebus.codec import MessageDecodeError, decode_sections
 from emulators.servicebus.wire import encode_delivery, to_timestamp
@@ -165,9 +166,11 @@ def _schedule(resolved: Resolved, body: dict[str, Any], now: float) -> Response:
     sequence_numbers: list[int] = []
     for entry in entries:
         try:
-            sections = decode_sections(bytes(entry["message"]))
+            raw = bytes(entry["message"])
+            sections = decode_sections(raw)
         except (KeyError, TypeError, MessageDecodeError) as exc:
             raise InvalidRequest(f"bad scheduled message: {exc}") from exc
+        check_size(resolved.target, len(raw), sections.properties[0] or "")
         at = sections.annotations.get("x-opt-scheduled-enqueue-time")
         when = now if at is None else int(at) / 1000.0
         sequence_numbers.append(resolved.target.schedule(sections, when, now))

@@ -24,7 +24,7 @@ from emulators.servicebus.adapter import EmulatorHandler
 from emulators.servicebus.auth import SasPolicy
 from emulators.servicebus.bridge import Listener
 from emulators.servicebus.broker import Namespace
-from emulators.servicebus.config import ConfigError, load_config
+from emulators.servicebus.config import ConfigError, load_config, with_max_message_size
 
 LOG = logging.getLogger("sebridge.servicebus_emulator")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="write {amqp, amqps, ws, wss: port, ca_cert} JSON here once listening",
+    )
+    parser.add_argument(
+        "--max-message-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="lower every entity's maximum message and batch size to BYTES (the tier's limit "
+        "by default: Standard 262144; set the Tier in Config.json). Advertised on sender links "
+        "(create_message_batch obeys it) and enforced: a larger transfer is rejected with "
+        "amqp:link:message-size-exceeded (MessageSizeExceededError)",
     )
     parser.add_argument("--log-level", default="INFO")
     return parser
@@ -173,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config = load_config(args.config)
+        if args.max_message_size is not None:
+            config = with_max_message_size(config, args.max_message_size)
     except ConfigError as exc:
         print(f"servicebus-emulator: invalid config {args.config}: {exc}", file=sys.stderr)
         return 2
@@ -184,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         [q.name for q in config.queues],
         {t.name: [s.name for s in t.subscriptions] for t in config.topics},
         args.sas_key_name if policy else "(any token accepted)",
+    )
+    senders = [q.sending for q in config.queues] + [t.sending for t in config.topics]
+    limits = {(e.max_message_size, e.max_batch_size) for e in senders}
+    LOG.info(
+        "%s tier; maximum message / batch size in bytes: %s",
+        config.tier,
+        ", ".join(f"{m} / {b}" for m, b in sorted(limits)) or "(no entities)",
     )
     try:
         return run(

@@ -22,7 +22,12 @@ from emulators.servicebus.broker import (
     SessionCannotBeLocked,
 )
 from emulators.servicebus.codec import Sections
-from emulators.servicebus.config import ConfigError, load_config, parse_config
+from emulators.servicebus.config import (
+    ConfigError,
+    load_config,
+    parse_config,
+    with_max_message_size,
+)
 from emulators.servicebus.durations import DurationError, parse_duration
 from emulators.servicebus.frames import FrameRewriter
 from emulators.servicebus.sqlfilter import FilterSyntaxError, MessageFacts, compile_sql_filter
@@ -162,6 +167,16 @@ def _first_rule(ns: dict[str, Any]) -> dict[str, Any]:
         (lambda ns: _first_rule(ns).update(Action={"SqlExpression": "SET x = 1"}), "actions"),
         (lambda ns: _first_rule(ns).update(FilterType="Magic"), "FilterType"),
         (lambda ns: ns["Queues"].append(copy.deepcopy(ns["Queues"][0])), "used twice"),
+        (
+            lambda ns: _queue_props(ns).update(MaxMessageSizeInKilobytes=2048),
+            "MaxMessageSizeInKilobytes needs the Premium tier",
+        ),
+        (
+            lambda ns: (
+                ns.update(Tier="Premium") or _queue_props(ns).update(MaxMessageSizeInKilobytes=512)
+            ),
+            "MaxMessageSizeInKilobytes must be an integer in 1024..102400",
+        ),
     ],
 )
 def test_config_refuses_what_it_cannot_honour(change: Any, message: str) -> None:
@@ -170,6 +185,33 @@ def test_config_refuses_what_it_cannot_honour(change: Any, message: str) -> None
     assert message in str(caught.value)
     # the error names the entity it is about
     assert "contract-" in str(caught.value) or "used twice" in message
+
+
+def test_tier_decides_the_size_limits_and_the_flag_only_lowers_them() -> None:
+    standard = load_config(CONFIG)
+    assert standard.tier == "Standard"
+    queue = standard.queues[0].sending
+    assert (queue.max_message_size, queue.max_batch_size) == (262144, 262144)
+
+    def premium(ns: dict[str, Any]) -> None:
+        ns["Tier"] = "Premium"
+        _queue_props(ns)["MaxMessageSizeInKilobytes"] = 4096
+
+    config = parse_config(_with(premium))
+    big, default = config.queues[0].sending, config.queues[1].sending
+    assert (big.max_message_size, big.max_batch_size) == (4096 * 1024, 1024 * 1024)
+    assert (default.max_message_size, default.max_batch_size) == (1024 * 1024, 1024 * 1024)
+    with pytest.raises(ConfigError, match="Tier"):
+        parse_config(_with(lambda ns: ns.update(Tier="Basic")))
+
+    lowered = with_max_message_size(standard, 2048)
+    assert {(q.sending.max_message_size, q.sending.max_batch_size) for q in lowered.queues} == {
+        (2048, 2048)
+    }
+    assert lowered.topics[0].sending.max_batch_size == 2048
+    for bad in (100, 262145):
+        with pytest.raises(ConfigError, match="can only be lowered"):
+            with_max_message_size(standard, bad)
 
 
 def _sections(

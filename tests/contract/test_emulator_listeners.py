@@ -1,9 +1,12 @@
-"""The local emulator's listeners: AMQP over WebSockets (ws/wss), TLS, and what a misbehaving
-or departing client leaves in the log. Local only: each test starts its own emulator."""
+"""The local emulator itself: AMQP over WebSockets (ws/wss), TLS, what a misbehaving or
+departing client leaves in the log, the message size flag and tier. Local only: these start
+their own emulators."""
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import json
 import socket
 import ssl
 import time
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from azure.servicebus import AutoLockRenewer, ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import MessageSizeExceededError
 
 from emulators.servicebus.testing import EmulatorProcess, running_emulator
 
@@ -149,3 +153,52 @@ def test_tls_and_websocket_ports_need_a_trusted_certificate(emulator: EmulatorPr
         with trusting.wrap_socket(raw, server_hostname="localhost") as tls:
             tls.sendall(b"AMQP\x03\x01\x00\x00")
             assert tls.recv(8) == b"AMQP\x03\x01\x00\x00"
+
+
+@pytest.mark.timeout(60)
+def test_max_message_size_flag_lowers_what_is_advertised_and_enforced(local_only: None) -> None:
+    with running_emulator(CONFIG, extra_args=["--max-message-size", "2048"]) as small:
+        with ServiceBusClient.from_connection_string(small.connection_string, retry_total=0) as c:
+            with c.get_queue_sender(QUEUE, keep_alive=0) as sender:
+                batch = sender.create_message_batch()
+                assert batch.max_size_in_bytes == 2048
+                with pytest.raises(MessageSizeExceededError):
+                    sender.send_messages(ServiceBusMessage(b"x" * 2100))
+                with pytest.raises(MessageSizeExceededError):
+                    sender.schedule_messages(
+                        ServiceBusMessage(b"x" * 2100), dt.datetime.now(dt.UTC)
+                    )
+                with pytest.raises(ValueError, match="too large"):
+                    sender.create_message_batch(max_size_in_bytes=4096)
+                while True:
+                    try:
+                        batch.add_message(ServiceBusMessage(b"b" * 200))
+                    except MessageSizeExceededError:
+                        break
+                sender.send_messages(batch)
+                sender.send_messages(ServiceBusMessage(b"x" * 1800))
+
+
+@pytest.mark.timeout(60)
+def test_premium_tier_takes_the_entity_limit_and_a_1_mb_batch(
+    local_only: None, tmp_path: Path
+) -> None:
+    document = json.loads(CONFIG.read_text())
+    namespace = document["UserConfig"]["Namespaces"][0]
+    namespace["Tier"] = "Premium"
+    namespace["Queues"][0]["Properties"]["MaxMessageSizeInKilobytes"] = 2048
+    config = tmp_path / "Config.json"
+    config.write_text(json.dumps(document))
+    with running_emulator(config) as premium:
+        with ServiceBusClient.from_connection_string(
+            premium.connection_string, retry_total=0
+        ) as client:
+            with client.get_queue_sender(QUEUE, keep_alive=0) as sender:
+                assert sender.create_message_batch().max_size_in_bytes == 1024 * 1024
+                sender.send_messages(ServiceBusMessage(b"p" * (1536 * 1024)))
+                with pytest.raises(MessageSizeExceededError):
+                    sender.send_messages(ServiceBusMessage(b"p" * (2049 * 1024)))
+            with client.get_queue_receiver(QUEUE, max_wait_time=5) as receiver:
+                (got,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+                assert len(b"".join(got.body)) == 1536 * 1024
+                receiver.complete_message(got)

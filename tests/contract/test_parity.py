@@ -16,7 +16,7 @@ from decimal import Decimal
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusError
 
 QUEUE = "contract-queue"
 SESSION_QUEUE = "contract-sessions"
@@ -210,3 +210,39 @@ def test_round_trip_over_websockets(namespace, drain) -> None:
             assert b"".join(got[1].body) == large
             for message in got:
                 receiver.complete_message(message)
+
+
+@pytest.mark.timeout(60)
+def test_messages_and_batches_obey_the_tier_size_limit(
+    client: ServiceBusClient, namespace, drain
+) -> None:
+    """Standard: 256 KB for a message and for a batch, advertised on the sender link (the SDK
+    sizes ServiceBusMessageBatch from it) and enforced: a larger message is rejected with
+    amqp:link:message-size-exceeded, which the SDK raises as MessageSizeExceededError."""
+    drain(QUEUE)
+    with client.get_queue_sender(QUEUE) as sender:
+        batch = sender.create_message_batch()
+        limit = batch.max_size_in_bytes
+        if namespace.kind == "local":
+            assert limit == 256 * 1024  # the default tier is Standard, as in Azure
+        started = time.monotonic()
+        with pytest.raises(MessageSizeExceededError):
+            sender.send_messages(ServiceBusMessage(b"x" * (limit + 1024)), timeout=30)
+        assert time.monotonic() - started < 10
+        sender.send_messages(ServiceBusMessage(b"x" * (limit - 1024), message_id="just-under"))
+        added = 0
+        with pytest.raises(MessageSizeExceededError):
+            while added < 100:
+                batch.add_message(ServiceBusMessage(b"b" * 16 * 1024))
+                added += 1
+        assert 0 < added < 100
+        sender.send_messages(batch)  # the fullest batch the SDK builds is accepted
+    with client.get_queue_receiver(
+        QUEUE, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, max_wait_time=5
+    ) as receiver:
+        got: list = []
+        deadline = time.monotonic() + 15
+        while len(got) < added + 1 and time.monotonic() < deadline:
+            got += receiver.receive_messages(max_message_count=added + 1, max_wait_time=2)
+        assert len(got) == added + 1
+        assert got[0].message_id == "just-under"
