@@ -81,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
         "as --tls-port; 0 picks a port)",
     )
     parser.add_argument(
+        "--tls-hostname",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a DNS name the self-signed certificate is also valid for (repeatable), for "
+        "clients that reach the emulator under a namespace's name mapped to loopback",
+    )
+    parser.add_argument(
         "--tls-info", type=Path, default=None, help="write {port, ca_cert} JSON here once listening"
     )
     parser.add_argument(
@@ -121,6 +129,7 @@ def run(
     websocket_port: int | None = None,
     websocket_tls_port: int | None = None,
     listen_info: Path | None = None,
+    tls_hostnames: tuple[str, ...] = (),
 ) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     wanted = [("amqp", port), ("amqps", tls_port)]
@@ -137,7 +146,7 @@ def run(
             # cryptography (an azure-identity dependency) is only needed for the TLS listeners
             from emulators.servicebus.tls import self_signed_certificate
 
-            tls_files = self_signed_certificate()
+            tls_files = self_signed_certificate(hostnames=tls_hostnames)
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(str(tls_files[0]), str(tls_files[1]))
         handler = EmulatorHandler(
@@ -215,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             websocket_port=args.websocket_port,
             websocket_tls_port=args.websocket_tls_port,
             listen_info=args.listen_info,
+            tls_hostnames=tuple(args.tls_hostname),
         )
     except OSError as exc:
         print(
