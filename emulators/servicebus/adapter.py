@@ -72,6 +72,9 @@ LOG = logging.getLogger("sebridge.servicebus_emulator")
 
 TICK = 0.05
 CREDIT = 500  # credit kept open on incoming links
+MAX_FRAME_SIZE = 65536
+CHANNEL_MAX = 4999
+IDLE_TIMEOUT = 240.0
 DEFAULT_SESSION_WAIT = 60.0  # next-available wait when the client sends no com.microsoft:timeout
 SESSION_FILTER = symbol("com.microsoft:session-filter")
 LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
@@ -137,6 +140,7 @@ class EmulatorHandler(MessagingHandler):
         self.stats: dict[str, int] = {}
         for store in namespace.stores():
             store.notify = self._dirty.add
+            store.session_kept_alive = _waiting_for_messages
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_reactor_init(self, event: Any) -> None:
@@ -218,6 +222,12 @@ class EmulatorHandler(MessagingHandler):
                 connection._acceptor = self
                 transport = Transport(Transport.SERVER)
                 transport.require_auth(False)
+                # what Service Bus advertises in its open frame: 64 KiB frames, 4999 channels,
+                # and a 240 s idle time-out (a connection with no traffic for that long is
+                # closed; the SDK's keep-alive exists to prevent it)
+                transport.max_frame_size = MAX_FRAME_SIZE
+                transport.channel_max = CHANNEL_MAX
+                transport.idle_timeout = IDLE_TIMEOUT
                 transport.bind(connection)
                 selectable = container.selectable(delegate=sock)
                 selectable._transport = transport
@@ -591,7 +601,12 @@ class EmulatorHandler(MessagingHandler):
             dlv.settle()
             return
         if state.kind in {"cbs", "management"}:
-            self._request(state, raw, now)
+            try:
+                self._request(state, raw, now)
+            except MessageDecodeError as exc:
+                LOG.warning("undecodable %s request: %s", state.kind, exc)
+                self._reject(dlv, "amqp:decode-error", str(exc))
+                return
             dlv.update(Delivery.ACCEPTED)
             dlv.settle()
             return
@@ -729,8 +744,10 @@ class EmulatorHandler(MessagingHandler):
                     break
                 locked = state.peek_lock and not state.session_mode
                 token = message.lock_token
-                payload = encode_delivery(message, locked=locked, lock_token=token)
-                tag = token.bytes_le if token is not None else uuid.uuid4().bytes_le
+                payload = encode_delivery(message, locked=locked, lock_token=token, on_link=True)
+                # peek-lock: the lock token is the delivery tag (the SDK reads it back from
+                # there); receive-and-delete (settled): an empty tag, as Service Bus sends
+                tag = token.bytes_le if token is not None else b""
                 dlv = self._send(link, payload, settle=not state.peek_lock, tag=tag)
                 self._count("delivered")
                 if token is not None:
@@ -806,6 +823,11 @@ class _InvalidField(BrokerError):
 class _NotAllowed(BrokerError):
     condition = "amqp:not-allowed"
     status = 403
+
+
+def _waiting_for_messages(owner: Any) -> bool:
+    """A session receiver with credit outstanding: Service Bus does not let its lock lapse."""
+    return isinstance(owner, LinkState) and not owner.closed and owner.link.credit > 0
 
 
 def _str(value: object) -> str | None:

@@ -9,7 +9,30 @@ Every read is bounds-checked and raises AmqpBytesError on truncated or unknown e
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Iterator
+from typing import Any
+
+from proton import (
+    UNDESCRIBED,
+    Array,
+    Data,
+    Described,
+    byte,
+    char,
+    decimal32,
+    decimal64,
+    decimal128,
+    float32,
+    int32,
+    short,
+    symbol,
+    timestamp,
+    ubyte,
+    uint,
+    ulong,
+    ushort,
+)
 
 DESCRIBED = 0x00
 NULL = 0x40
@@ -164,3 +187,145 @@ def encode_map(items: list[bytes]) -> bytes:
     """A map32 of already-encoded keys and values (alternating)."""
     body = b"".join(items)
     return bytes([MAP32]) + struct.pack(">II", len(body) + 4, len(items)) + body
+
+
+# -- a complete decoder, for values proton.Data refuses (e.g. an array of nulls) ----------------
+def decode(buf: bytes | memoryview, pos: int = 0, depth: int = 0) -> tuple[Any, int]:
+    """(value, end offset) of the value at ``pos``, as the Python objects proton.Data gives.
+
+    Used where Proton's decoder gives up on valid AMQP that azure-servicebus sends (an array
+    whose element constructor is null: ``[None]`` lock tokens).
+    """
+    if depth > MAX_DEPTH:
+        raise AmqpBytesError(f"values nested deeper than {MAX_DEPTH}")
+    _need(buf, pos, 1)
+    code = buf[pos]
+    if code == DESCRIBED:
+        descriptor, at = decode(buf, pos + 1, depth + 1)
+        value, end = decode(buf, at, depth + 1)
+        return Described(descriptor, value), end
+    end = skip(buf, pos, depth)
+    return _decode_body(buf, code, pos + 1, end, depth), end
+
+
+def _decode_body(buf: bytes | memoryview, code: int, at: int, end: int, depth: int) -> Any:
+    data = bytes(buf[at:end])
+    if code == NULL:
+        return None
+    if code in (TRUE, FALSE):
+        return code == TRUE
+    if code in _SCALARS:
+        kind, fmt = _SCALARS[code]
+        return kind(struct.unpack(fmt, data)[0]) if fmt else kind(data[0])
+    if code in (UINT0, ULONG0):
+        return uint(0) if code == UINT0 else ulong(0)
+    if code in (0xA0, 0xB0):
+        return data[1:] if code == 0xA0 else data[4:]
+    if code in (0xA1, 0xB1):
+        return (data[1:] if code == 0xA1 else data[4:]).decode("utf-8")
+    if code in (0xA3, 0xB3):
+        return symbol((data[1:] if code == 0xA3 else data[4:]).decode("ascii"))
+    if code in (LIST0, LIST8, LIST32):
+        return [decode(buf, a, depth + 1)[0] for a, _b in elements(buf, at - 1)]
+    if code in (MAP8, MAP32):
+        items = [decode(buf, a, depth + 1)[0] for a, _b in elements(buf, at - 1)]
+        return {_key(items[i]): items[i + 1] for i in range(0, len(items) - 1, 2)}
+    if code in (0xE0, 0xF0):
+        return _array(buf, code, at, depth)
+    raise AmqpBytesError(f"unsupported constructor {code:#04x}")
+
+
+def _array(buf: bytes | memoryview, code: int, at: int, depth: int) -> Array:
+    if code == 0xE0:
+        count, pos = buf[at + 1], at + 2
+    else:
+        count, pos = struct.unpack_from(">I", buf, at + 4)[0], at + 8
+    descriptor: Any = UNDESCRIBED
+    if buf[pos] == DESCRIBED:
+        descriptor, pos = decode(buf, pos + 1, depth + 1)
+    element = buf[pos]
+    pos += 1
+    values: list[Any] = []
+    for _ in range(count):
+        # each element is the constructor's body without the constructor byte
+        probe = bytes([element]) + bytes(buf[pos : pos + _body_width(buf, element, pos)])
+        value, used = decode(probe, 0, depth + 1)
+        values.append(value)
+        pos += used - 1
+    return Array(descriptor, _ARRAY_TYPES.get(element, Data.NULL), *values)
+
+
+def _body_width(buf: bytes | memoryview, code: int, pos: int) -> int:
+    nibble = code >> 4
+    if nibble in _FIXED:
+        return _FIXED[nibble]
+    prefix = _SIZED.get(nibble)
+    if prefix is None:
+        raise AmqpBytesError(f"unknown array element constructor {code:#04x}")
+    _need(buf, pos, prefix)
+    size = buf[pos] if prefix == 1 else struct.unpack_from(">I", buf, pos)[0]
+    return int(prefix + size)
+
+
+def _key(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+_SCALARS: dict[int, tuple[Any, str]] = {
+    0x50: (ubyte, ""),
+    0x51: (byte, ">b"),
+    0x52: (uint, ""),
+    0x53: (ulong, ""),
+    0x54: (int32, ">b"),
+    0x55: (int, ">b"),
+    0x56: (bool, ""),
+    0x60: (ushort, ">H"),
+    0x61: (short, ">h"),
+    0x70: (uint, ">I"),
+    0x71: (int32, ">i"),
+    0x72: (float32, ">f"),
+    0x73: (lambda n: char(chr(n)), ">I"),
+    0x74: (decimal32, ">I"),
+    0x80: (ulong, ">Q"),
+    0x81: (int, ">q"),
+    0x82: (float, ">d"),
+    0x83: (timestamp, ">q"),
+    0x84: (decimal64, ">Q"),
+    0x94: (lambda b: decimal128(b), "16s"),
+    0x98: (lambda b: uuid.UUID(bytes=b), "16s"),
+}
+_ARRAY_TYPES = {
+    NULL: Data.NULL,
+    0x56: Data.BOOL,
+    0x41: Data.BOOL,
+    0x42: Data.BOOL,
+    0x50: Data.UBYTE,
+    0x51: Data.BYTE,
+    0x60: Data.USHORT,
+    0x61: Data.SHORT,
+    0x43: Data.UINT,
+    0x52: Data.UINT,
+    0x70: Data.UINT,
+    0x54: Data.INT,
+    0x71: Data.INT,
+    0x44: Data.ULONG,
+    0x53: Data.ULONG,
+    0x80: Data.ULONG,
+    0x55: Data.LONG,
+    0x81: Data.LONG,
+    0x72: Data.FLOAT,
+    0x82: Data.DOUBLE,
+    0x73: Data.CHAR,
+    0x83: Data.TIMESTAMP,
+    0x98: Data.UUID,
+    0xA0: Data.BINARY,
+    0xB0: Data.BINARY,
+    0xA1: Data.STRING,
+    0xB1: Data.STRING,
+    0xA3: Data.SYMBOL,
+    0xB3: Data.SYMBOL,
+    0xC0: Data.LIST,
+    0xD0: Data.LIST,
+    0xC1: Data.MAP,
+    0xD1: Data.MAP,
+}

@@ -183,6 +183,9 @@ class MessageStore:
         self.sessions: dict[str, SessionInfo] = {}
         self._session_deadlines: list[tuple[float, str]] = []
         self.notify: Callable[[MessageStore], None] | None = None
+        # Service Bus keeps a session locked while its receiver is waiting for messages (link
+        # credit outstanding; azure-service-bus#694): the adapter says whether an owner is
+        self.session_kept_alive: Callable[[Any], bool] | None = None
 
     # -- arrival -----------------------------------------------------------------------------
     def enqueue(self, message: StoredMessage, now: float) -> None:
@@ -460,7 +463,9 @@ class MessageStore:
         return info
 
     def renew_session(self, session_id: str, owner: Any, now: float) -> float:
-        info = self.session_for(session_id, owner, now)
+        return self._extend_session(self.session_for(session_id, owner, now), now)
+
+    def _extend_session(self, info: SessionInfo, now: float) -> float:
         info.locked_until = now + self.settings.lock_duration
         heapq.heappush(self._session_deadlines, (info.locked_until, info.session_id))
         for token in info.locked_tokens:
@@ -496,6 +501,9 @@ class MessageStore:
             _, sid = heapq.heappop(self._session_deadlines)
             info = self.sessions.get(sid)
             if info is not None and info.owner is not None and info.locked_until <= now:
+                if self.session_kept_alive is not None and self.session_kept_alive(info.owner):
+                    self._extend_session(info, now)
+                    continue
                 lost.append((info.owner, sid))
                 self._lose_session(info, now)
         while self._expiries and self._expiries[0][0] <= now:

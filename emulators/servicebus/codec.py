@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, uint, ulong
+from proton import UNDESCRIBED, Array, Data, DataException, Described, symbol, ubyte, uint, ulong
 
+from emulators.servicebus import amqpbytes
 from emulators.servicebus.amqpbytes import AmqpBytesError, elements, encode_map, skip
 from emulators.servicebus.decimals import DecimalError, application_properties
 
@@ -157,12 +158,16 @@ def _hashable(key: Any) -> Any:
 
 
 def decode_value(raw: bytes) -> tuple[Any, int]:
-    """The first AMQP value in ``raw`` and the number of bytes it used."""
+    """The first AMQP value in ``raw`` and the number of bytes it used (see ``_section`` for
+    what proton refuses)."""
     data = Data()
     try:
         used = data.decode(raw)
-    except Exception as exc:  # proton raises its own DataException family
-        raise MessageDecodeError(f"undecodable value: {exc}") from exc
+    except DataException:
+        try:
+            return amqpbytes.decode(raw, 0)
+        except amqpbytes.AmqpBytesError as exc:
+            raise MessageDecodeError(f"undecodable value: {exc}") from exc
     if used <= 0:
         raise MessageDecodeError("undecodable value")
     data.rewind()
@@ -185,40 +190,22 @@ def decode_sections(raw: bytes) -> Sections:
     objects: the broker keeps them as the client's bytes, whatever they hold.
     """
     out = Sections()
-    data = Data()
     view = memoryview(raw)
     offset = 0
     body_start: int | None = None
     while offset < len(raw):
-        data.clear()
         chunk = view[offset:].tobytes() if offset else bytes(raw)
-        try:
-            used = data.decode(chunk)
-        except Exception as exc:  # proton raises its own DataException family
-            raise MessageDecodeError(f"undecodable section at byte {offset}: {exc}") from exc
-        if used <= 0:
-            raise MessageDecodeError(f"undecodable section at byte {offset}")
-        data.rewind()
-        data.next()
-        if data.type() != Data.DESCRIBED:
-            raise MessageDecodeError(f"byte {offset}: a message section must be described")
-        data.enter()
-        data.next()
-        code = _code(read_value(data))
-        data.next()
+        code, value, used = _section(chunk, offset)
         if code in (DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER):
             if body_start is None:
                 body_start = offset
             if code == DATA:
-                if data.type() != Data.BINARY:
+                if not isinstance(value, bytes):
                     raise MessageDecodeError(f"byte {offset}: a data section must hold binary")
-                out.data_sections.append(bytes(data.get_binary()))
+                out.data_sections.append(value)
             elif code != FOOTER:
                 out.other_body = True
-            offset += used
-            continue
-        value = read_value(data)
-        if code == HEADER:
+        elif code == HEADER:
             out.has_header = True
             out.header = (list(value or []) + [None] * 5)[:5]
         elif code == DELIVERY_ANNOTATIONS:
@@ -236,6 +223,51 @@ def decode_sections(raw: bytes) -> Sections:
         offset += used
     out.body_raw = raw[body_start:] if body_start is not None else b""
     return out
+
+
+def _section(chunk: bytes, offset: int) -> tuple[int, Any, int]:
+    """(section code, its value, bytes used) of the section at the start of ``chunk``.
+
+    A sequence or value body is only measured (None): the broker keeps it as bytes. Proton
+    decodes; what it refuses (valid AMQP it cannot hold, such as an array of nulls) goes
+    through amqpbytes.decode, so the client gets an answer about the content instead.
+    """
+    data = Data()
+    try:
+        used = data.decode(chunk)
+    except DataException:
+        return _section_without_proton(chunk, offset)
+    if used <= 0:
+        raise MessageDecodeError(f"undecodable section at byte {offset}")
+    data.rewind()
+    data.next()
+    if data.type() != Data.DESCRIBED:
+        raise MessageDecodeError(f"byte {offset}: a message section must be described")
+    data.enter()
+    data.next()
+    code = _code(read_value(data))
+    data.next()
+    if code in (AMQP_SEQUENCE, AMQP_VALUE, FOOTER):
+        return code, None, used
+    if code == DATA:
+        if data.type() != Data.BINARY:
+            raise MessageDecodeError(f"byte {offset}: a data section must hold binary")
+        return code, bytes(data.get_binary()), used
+    return code, read_value(data), used
+
+
+def _section_without_proton(chunk: bytes, offset: int) -> tuple[int, Any, int]:
+    try:
+        if chunk[:1] != b"\x00":
+            raise MessageDecodeError(f"byte {offset}: a message section must be described")
+        descriptor, at = amqpbytes.decode(chunk, 1)
+        code = _code(descriptor)
+        if code in (AMQP_SEQUENCE, AMQP_VALUE, FOOTER):
+            return code, None, amqpbytes.skip(chunk, at)
+        value, end = amqpbytes.decode(chunk, at)
+    except amqpbytes.AmqpBytesError as exc:
+        raise MessageDecodeError(f"undecodable section at byte {offset}: {exc}") from exc
+    return code, value, end
 
 
 def _servicebus_application(chunk: bytes, used: int, offset: int) -> bytes:
@@ -330,7 +362,7 @@ def encode_message(
             ],
         )
     )
-    if delivery_annotations:
+    if delivery_annotations is not None:
         data.put_object(Described(ulong(DELIVERY_ANNOTATIONS), delivery_annotations))
     if annotations:
         data.put_object(Described(ulong(MESSAGE_ANNOTATIONS), annotations))

@@ -51,6 +51,8 @@ def _require(body: Mapping[str, Any], key: str) -> Any:
 def _tokens(body: Mapping[str, Any]) -> list[uuid.UUID]:
     raw = _require(body, "lock-tokens")
     values = list(raw.elements if isinstance(raw, Array) else raw)
+    if any(v is None for v in values):
+        raise InvalidRequest("The lock token supplied is invalid: it is null")
     try:
         return [v if isinstance(v, uuid.UUID) else uuid.UUID(str(v)) for v in values]
     except ValueError as exc:

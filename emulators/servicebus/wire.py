@@ -30,10 +30,15 @@ def to_ticks(seconds: float) -> int:
 
 
 def encode_delivery(
-    message: StoredMessage, *, locked: bool, lock_token: uuid.UUID | None = None
+    message: StoredMessage,
+    *,
+    locked: bool,
+    lock_token: uuid.UUID | None = None,
+    on_link: bool = False,
 ) -> bytes:
-    """The message as a receiver gets it. ``lock_token`` (peek-lock deliveries on a link) goes in
-    the delivery annotations as x-opt-lock-token, as Service Bus sends it."""
+    """The message as a receiver gets it. Deliveries on a link (``on_link``) carry delivery
+    annotations as Service Bus sends them: x-opt-lock-token in peek-lock mode, an empty map in
+    receive-and-delete mode; messages inside $management responses carry none."""
     sections = message.sections
     annotations: dict[Any, Any] = {symbol(str(k)): v for k, v in sections.annotations.items()}
     annotations[_ENQUEUED] = to_timestamp(message.enqueued_at)
@@ -47,5 +52,7 @@ def encode_delivery(
     durable, priority, _ttl, first_acquirer, _count = sections.header
     header = [durable, priority, message.ttl_ms, first_acquirer, message.delivery_count]
     bare = sections.properties_raw + message.application_bytes() + sections.body_raw
-    delivery = {_LOCK_TOKEN: lock_token} if lock_token is not None else None
+    delivery: dict[Any, Any] | None = None
+    if on_link:
+        delivery = {_LOCK_TOKEN: lock_token} if lock_token is not None else {}
     return encode_message(header, annotations, bare, delivery)

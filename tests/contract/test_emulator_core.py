@@ -436,3 +436,34 @@ def test_decimals_service_bus_cannot_hold_are_refused() -> None:
     too_big = bytes.fromhex("94") + bytes.fromhex("3042") + b"\x00\x00" + b"\xff" * 12
     with pytest.raises(decimals.DecimalError, match="overflows"):
         decimals.as_servicebus(too_big)
+
+
+def test_byte_level_decoder_reads_what_proton_refuses_and_agrees_elsewhere() -> None:
+    from proton import UNDESCRIBED, Array, Data, symbol, timestamp
+
+    from emulators.servicebus.codec import decode_value
+
+    token = uuid.uuid4()
+    value = {
+        "sequence-numbers": Array(UNDESCRIBED, Data.LONG, 1, 300, 2**40),
+        "symbol": symbol("com.microsoft:x"),
+        "binary": b"\x00\xff",
+        "none": None,
+        "list": [1, "a", [True, False]],
+        "token": token,
+        "when": timestamp(1_700_000_000_000),
+    }
+    data = Data()
+    data.put_object(value)
+    encoded = data.encode()
+    decoded, end = amqpbytes.decode(encoded)
+    assert end == len(encoded)
+    assert list(decoded["sequence-numbers"].elements) == [1, 300, 2**40]
+    assert {k: v for k, v in decoded.items() if k != "sequence-numbers"} == {
+        k: v for k, v in value.items() if k != "sequence-numbers"
+    }
+    # an array of nulls (azure-servicebus's "lock-tokens": [None]): proton cannot, we can
+    nulls = bytes.fromhex("c11202a10b6c6f636b2d746f6b656e73e0010140")
+    with pytest.raises(Exception):  # noqa: B017 - proton's DataException family
+        Data().decode(nulls)
+    assert list(decode_value(nulls)[0]["lock-tokens"].elements) == [None]

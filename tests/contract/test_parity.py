@@ -246,3 +246,61 @@ def test_messages_and_batches_obey_the_tier_size_limit(
             got += receiver.receive_messages(max_message_count=added + 1, max_wait_time=2)
         assert len(got) == added + 1
         assert got[0].message_id == "just-under"
+
+
+@pytest.mark.timeout(60)
+def test_settling_a_deferred_message_with_a_null_lock_token_gets_an_answer(
+    client: ServiceBusClient, drain
+) -> None:
+    """azure-servicebus settles deferred messages through $management and sends
+    ``lock-tokens: [null]`` when it has lost the token (as after the SDK suite's own
+    test_queue_receive_handler_peek_check_uniq_corr_id, which leaves a lock-token-dropping
+    parser patched in). That array of nulls is valid AMQP that Proton refuses to decode: the
+    emulator answered amqp:internal-error. It must answer the request itself, promptly."""
+    drain(QUEUE)
+    marker = f"null-token-{uuid.uuid4()}"
+    with client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages(ServiceBusMessage("deferred", message_id=marker))
+    with client.get_queue_receiver(QUEUE, max_wait_time=5) as receiver:
+        (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+        sequence_number = message.sequence_number
+        receiver.defer_message(message)
+        (deferred,) = receiver.receive_deferred_messages([sequence_number])
+        locked_until = deferred.locked_until_utc
+        deferred._received_lock_token = None  # what the SDK has after losing the token
+        started = time.monotonic()
+        with pytest.raises(ServiceBusError) as refused:
+            receiver.complete_message(deferred)
+        assert time.monotonic() - started < 10
+        assert "internal" not in str(refused.value).lower()
+    # the message is still there: deferred again once its lock runs out
+    time.sleep(max(0.0, (locked_until - dt.datetime.now(dt.UTC)).total_seconds()) + 0.5)
+    with client.get_queue_receiver(QUEUE, max_wait_time=5) as receiver:
+        (again,) = receiver.receive_deferred_messages([sequence_number])
+        assert again.message_id == marker
+        receiver.complete_message(again)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("sessions_purged")
+def test_session_lock_is_held_while_its_receiver_waits_for_messages(
+    client: ServiceBusClient,
+) -> None:
+    """contract-sessions has a 5 s lock. A session receiver waiting for messages (link credit
+    outstanding) longer than that keeps its session, as Service Bus does (azure-service-bus#694;
+    the SDK's test_session_by_queue_client_conn_str_receive_handler_receiveanddelete relies on
+    it); the emulator used to take the session away and fail the receive."""
+    session = f"waiting-{uuid.uuid4().hex[:8]}"
+    with client.get_queue_sender(SESSION_QUEUE) as sender:
+        sender.send_messages(ServiceBusMessage("only", session_id=session))
+    with client.get_queue_receiver(
+        SESSION_QUEUE,
+        session_id=session,
+        receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+        max_wait_time=8,
+    ) as receiver:
+        (got,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+        assert str(got) == "only"
+        # past the 5 s lock: an empty answer, not com.microsoft:session-lock-lost (the SDK
+        # itself refuses session operations once its copy of locked_until has passed)
+        assert receiver.receive_messages(max_wait_time=6) == []
