@@ -9,7 +9,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION ?= 3.2.369
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck bench install clean
+.PHONY: demo test lint typecheck bench install clean peer-suite peer-suite-ci
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,17 @@ BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fl
 # figures and exits 1 when it misses a target. One of them: make bench BENCHMARKS=fleet
 bench: $(BIN)/.installed
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py || exit 1; done
+
+# azure-servicebus's own test suite (the installed version's sdist, cached in tests/peer/.cache)
+# against the Service Bus emulator, with only its live-test harness replaced; prints passed,
+# failed (emulator differs from Service Bus) and excluded (tests/peer/exclusions.toml).
+peer-suite: $(BIN)/.installed
+	$(BIN)/python tests/peer/run.py
+
+# A representative subset (tests/peer/ci_subset.txt) bounded to 5 minutes of wall time;
+# exits non-zero when a test fails or the bound is hit.
+peer-suite-ci: $(BIN)/.installed
+	timeout --kill-after=15 300 $(BIN)/python tests/peer/run.py --subset ci --timeout 60 --deadline 285
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
