@@ -11,7 +11,6 @@ PLAIN takes the SAS key name as user name and the key as password (``auth.check_
 from __future__ import annotations
 
 import logging
-import socket
 import struct
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -102,31 +101,12 @@ def judge_init(fields: list[Any], policy: SasPolicy | None) -> tuple[int, SaslRe
 
 
 class ByteStream(Protocol):
-    """What the exchange reads from and writes to: a socket, or the TLS/WebSocket layers."""
+    """What the exchange reads from and writes to (bridge.ClientStream: the client's socket
+    through its TLS and WebSocket layers)."""
 
     def recv_exact(self, count: int) -> bytes: ...
 
     def sendall(self, data: bytes) -> None: ...
-
-
-class SocketStream:
-    """A blocking socket as a ByteStream."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def recv_exact(self, count: int) -> bytes:
-        chunks: list[bytes] = []
-        while count:
-            chunk = self.sock.recv(count)
-            if not chunk:
-                raise SaslError("peer closed during the SASL exchange")
-            chunks.append(chunk)
-            count -= len(chunk)
-        return b"".join(chunks)
-
-    def sendall(self, data: bytes) -> None:
-        self.sock.sendall(data)
 
 
 def handshake(stream: ByteStream, policy: SasPolicy | None) -> tuple[SaslResult, bytes] | None:
