@@ -9,12 +9,15 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION ?= 3.2.369
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck bench install clean peer-suite peer-suite-ci
+.PHONY: demo test lint typecheck bench install clean dist peer-suite peer-suite-ci
 
-$(BIN)/.installed: pyproject.toml
+# The VM package (this directory) and the local tools (emulators/) as editable installs, the
+# Function App's requirements.txt, and the test tools.
+$(BIN)/.installed: pyproject.toml emulators/pyproject.toml requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[local,test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e . -e ./emulators \
+		-r requirements.txt -r requirements-dev.txt
 	touch $@
 
 $(CHECKOV_VENV)/.installed: Makefile
@@ -39,12 +42,16 @@ test: $(BIN)/.installed $(CHECKOV_VENV)/.installed
 	$(MAKE) --no-print-directory lint typecheck
 	SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/pytest $(PYTEST_ARGS)
 
-BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fleet
+BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fleet eventgrid_ingest
 
 # Every benchmark in turn, each with its defaults (about 6 minutes on 2 cores); each prints its
 # figures and exits 1 when it misses a target. One of them: make bench BENCHMARKS=fleet
 bench: $(BIN)/.installed
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py || exit 1; done
+
+# The two deliverables: the VM wheel and the Function App zip, in dist/.
+dist: $(BIN)/.installed
+	$(BIN)/python scripts/build-dist
 
 # azure-servicebus's own test suite (the installed version's sdist, cached in tests/peer/.cache)
 # against the Service Bus emulator, with only its live-test harness replaced; prints passed,
@@ -58,4 +65,4 @@ peer-suite-ci: $(BIN)/.installed
 	timeout --kill-after=15 300 $(BIN)/python tests/peer/run.py --subset ci --timeout 60 --deadline 285
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf dist $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,9 @@ Real processes on loopback: the IMDS simulator (an idle document into which each
 one Scheduled event), the Service Bus emulator with the project's entities, and
 `sebridge forwarder` receiving on its session of the `approvals` queue. Each round sends one
 approve command with the real SDK and times it until the simulator records the POST.
+Rounds start --gap seconds apart (default 1.25): each command costs two IMDS requests (the
+re-read and the POST), and the forwarder keeps the VM within IMDS's 5 requests/s shared with
+its 1 Hz poll, so back-to-back commands would measure that pacing, not the path's latency.
 Target: p99 <= 250 ms, judged only with --commands >= 100 (fewer samples give no p99: the run
 reports its numbers and says "not judged"). Exit code: 0 when the target is met or not judged,
 1 when it is missed or a round got no POST. Bounded: at most --commands rounds of at most 10 s.
@@ -53,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"rounds (default %(default)s; the target is judged only with >= "
         f"{MIN_COMMANDS_FOR_P99})",
     )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=1.25,
+        help="seconds from one round's start to the next (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.commands <= 10_000:
         parser.error("--commands must be 1..10000")
@@ -79,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 if not fw.wait_for(lambda _: "receiving commands" in fw.stderr_text(), 30):
                     raise RuntimeError(fw.stderr_text()[-2000:])
+                next_round = time.monotonic()
                 for _ in range(args.commands):
+                    time.sleep(max(0.0, next_round - time.monotonic()))
+                    next_round = time.monotonic() + args.gap
                     event_id = str(uuid.uuid4())
                     sim.event(
                         "add",

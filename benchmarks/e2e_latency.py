@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 from emulators.demo import GROUP, SUBSCRIPTION, free_port  # noqa: E402
 from emulators.fakes.arm import FakeArm  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
+from emulators.fakes.storage import FakeBlobStorage  # noqa: E402
 from emulators.fakes.teams import FakeTeams  # noqa: E402
 from emulators.functions_host.host import FunctionsHost, read_host_json  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
@@ -172,11 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
-        for fake in (teams, arm, identity):
+        storage = FakeBlobStorage()  # the capacity guard's pool locks
+        for fake in (teams, arm, identity, storage):
             fake.start()
             stack.append(fake.stop)
         lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
         arm.add_vm(SUBSCRIPTION, GROUP, VM, [f"{lb}/backendAddressPools/pool-a"])
+        # A second member, so that LB_MIN_HEALTHY=1 lets lb-pools drain web-1.
+        arm.add_vm(SUBSCRIPTION, GROUP, "web-spare", [f"{lb}/backendAddressPools/pool-a"])
 
         emulator_cm = running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
         bus = emulator_cm.__enter__()
@@ -195,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             "APPROVAL_BASE_URL": f"http://127.0.0.1:{http_port}",
             "APPROVAL_POLICY": json.dumps(AUTO_APPROVE),
             "ARM_ENDPOINT": arm.url,
+            "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
             **identity.environ(),
         }
         host_logger = logging.getLogger("sebridge.bench.functions-host")

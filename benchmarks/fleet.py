@@ -143,7 +143,7 @@ class Member:
         for line in lines:
             match = _TRANSITION_LINE.match(line)
             if match:
-                key = f"{match.group(3).lower()}:{match.group(2)}"
+                key = f"{match.group(3).lower()}:{match.group(2)}:1"  # first appearance
                 at = datetime.fromisoformat(match.group(1).replace("Z", "+00:00")).timestamp()
                 self.detected.setdefault(key, at)
 
@@ -286,7 +286,7 @@ def follow_step(
     Detection is the forwarder's own log timestamp; publication is when this loop (a round
     every 0.1 s) first saw the message gone from the forwarder's outbox, so it is late by up
     to one round. ``step_at`` and both are wall-clock seconds."""
-    result = StepResult(transition=message_id.rsplit(":", 1)[1])
+    result = StepResult(transition=message_id.split(":")[1])
     deadline = time.monotonic() + timeout
     waiting = list(members)
     while waiting and time.monotonic() < deadline:
@@ -329,7 +329,7 @@ def count_subscription(
                     for message in got:
                         subject = str(message.subject)
                         counts[subject] += 1
-                        expected_id = f"{event_id}:{subject}"
+                        expected_id = f"{event_id}:{subject}:1"  # one appearance
                         if message.message_id != expected_id or message.session_id != event_id:
                             ids_ok = False
                         receiver.complete_message(message)
@@ -432,7 +432,7 @@ def run_fleet(
                         sim.event("start", eventId=event_id)
                     else:
                         sim.event("remove", eventId=event_id)
-                    step = follow_step(members, f"{event_id}:{transition}", step_at, left)
+                    step = follow_step(members, f"{event_id}:{transition}:1", step_at, left)
                     result.steps.append(step)
                     say(
                         f"  {transition}: {step.published}/{n} published, last after "

@@ -162,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(rng.uniform(0, args.interval))  # a random phase of the poll cycle
             injected = time.monotonic()
             sim.event("add", event=event(event_id), notBeforeIn=600)
-            seen = wait_for_message(fw, f"{event_id}:Scheduled", 10 * args.interval)
+            seen = wait_for_message(fw, f"{event_id}:Scheduled:1", 10 * args.interval)
             latencies["Scheduled"].append(seen - injected)
             time.sleep(rng.uniform(0, args.interval))
             removed = time.monotonic()
             sim.event("remove", eventId=event_id)
-            gone = wait_for_message(fw, f"{event_id}:Cancelled", 10 * args.interval)
+            gone = wait_for_message(fw, f"{event_id}:Cancelled:1", 10 * args.interval)
             latencies["Cancelled"].append(gone - removed)
         rss["forwarder"] = peak_rss_mib(fw.process.pid)
     finally:

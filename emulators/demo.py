@@ -14,6 +14,17 @@ IMDS POST -> Started -> Completed -> pool restored. It exits 0 when every event 
 scenario ended (Completed or Cancelled), every event first seen Scheduled was approved through
 IMDS, and every pool change was undone (except after Terminate and Preempt, whose VM is gone);
 otherwise non-zero with the reasons. Every process it started is stopped either way.
+
+``--source eventgrid`` runs the same scenario with no forwarder: the events reach the topic
+through Event Grid and the ingestion function, and the gate approves through ARM;
+``--source both`` runs the two side by side and requires one message per transition on the
+topic (emulators/demo_sources.py).
+
+The VMs share one availability set (the scope check lets web-1 report events of the others),
+and pool-a keeps one spare member (web-spare) so that the capacity guard (LB_MIN_HEALTHY=1)
+never holds a packaged scenario's drain. The demo's own scenario ``capacity-hold`` has no
+spare: two overlapping events on the pool of two show a ``Held`` (the second drain would
+empty the pool), and the held event is drained and approved once the first completes.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import argparse
 import json
 import logging
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -38,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SCENARIO = "redeploy"
 SUBSCRIPTION = "00000000-0000-4000-8000-0000000000de"
 GROUP = "rg-web"
-GONE_FOR_GOOD = {"Terminate", "Preempt"}  # the VM does not come back: nothing to restore
+MIN_HEALTHY = 1  # LB_MIN_HEALTHY in the demo (the app's default)
 
 
 @dataclass
@@ -63,24 +75,92 @@ class Timeline:
         return [f"{at:7.2f}s  {source:<7} {text}" for at, source, text in ordered]
 
 
+# -- scenarios of the demo's own (not IMDS simulator fixtures) ----------------------------
+CAPACITY_HOLD = "capacity-hold"
+
+
+@dataclass(frozen=True)
+class DemoWorld:
+    spares: int = 1  # pool members no event names (keep the guard from holding)
+    expect_held: bool = False  # the run must show a Held transition
+
+
+def _capacity_hold() -> dict[str, Any]:
+    """Two Reboots on the two members of one pool, the second while the first is drained."""
+
+    def reboot(event_id: str, vm: str, at: int, not_before_in: int) -> dict[str, Any]:
+        return {
+            "EventId": event_id,
+            "EventType": "Reboot",
+            "ResourceType": "VirtualMachine",
+            "Resources": [vm],
+            "Description": "Virtual machine is going to be restarted (host maintenance).",
+            "EventSource": "Platform",
+            "DurationInSeconds": -1,
+            "timeline": [
+                {"at": at, "status": "Scheduled", "notBeforeIn": not_before_in},
+                {"at": at + not_before_in, "status": "Started"},
+                {"at": at + not_before_in + 16, "status": "gone"},
+            ],
+        }
+
+    first, second = "a1a1a1a1-0001-4000-8000-00000000c0de", "b2b2b2b2-0002-4000-8000-00000000c0de"
+    return {
+        "name": CAPACITY_HOLD,
+        "description": "Two overlapping Reboots on a pool of two: the second drain is held "
+        "until the first completes (LB_MIN_HEALTHY=1).",
+        "provenance": "Composed for the demo of the capacity guard: one Reboot per member of "
+        "a two-member backend pool, the second scheduled while the first is drained.",
+        "events": [reboot(first, "vm-a", 0, 60), reboot(second, "vm-b", 6, 84)],
+        "expect": [
+            {"transition": "Scheduled", "eventId": first},
+            {"transition": "Scheduled", "eventId": second},
+            {"transition": "Started", "eventId": first},
+            {"transition": "Completed", "eventId": first},
+            {"transition": "Started", "eventId": second},
+            {"transition": "Completed", "eventId": second},
+        ],
+    }
+
+
+DEMO_SCENARIOS: dict[str, tuple[dict[str, Any], DemoWorld]] = {
+    CAPACITY_HOLD: (_capacity_hold(), DemoWorld(spares=0, expect_held=True)),
+}
+
+
 # -- the demo world ---------------------------------------------------------------------
 def scenario_names() -> list[str]:
     from emulators.imds.testing import scenario_names as names
 
-    return names()
+    return sorted([*names(), *DEMO_SCENARIOS])
 
 
 def load_packaged(name: str) -> dict[str, Any]:
+    if name in DEMO_SCENARIOS:
+        copied: dict[str, Any] = json.loads(json.dumps(DEMO_SCENARIOS[name][0]))
+        return copied
     text = resources.files("emulators.imds").joinpath("scenarios", f"{name}.json").read_text()
     loaded: dict[str, Any] = json.loads(text)
     return loaded
 
 
+def demo_world(name: str) -> DemoWorld:
+    return DEMO_SCENARIOS[name][1] if name in DEMO_SCENARIOS else DemoWorld()
+
+
 def rehome(scenario: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The scenario with its VM and Resources mapped onto web-1, web-2, ... in rg-web."""
     names: dict[str, str] = {}
+
+    def step_resources(event: dict[str, Any]) -> list[str]:
+        return [
+            r
+            for step in event.get("timeline", [])
+            for r in (step.get("set") or {}).get("Resources") or []
+        ]
+
     for event in scenario["events"]:
-        for resource in event.get("Resources", []):
+        for resource in [*event.get("Resources", []), *step_resources(event)]:
             names.setdefault(resource.lower(), f"web-{len(names) + 1}")
     if not names:
         names["vm"] = "web-1"
@@ -93,8 +173,22 @@ def rehome(scenario: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         "location": "westeurope",
         "zone": "1",
     }
+
+    def renamed(resources: list[str]) -> list[str]:
+        return [names[r.lower()] for r in resources]
+
+    def step(s: dict[str, Any]) -> dict[str, Any]:
+        fields = s.get("set")
+        if isinstance(fields, dict) and isinstance(fields.get("Resources"), list):
+            return {**s, "set": {**fields, "Resources": renamed(fields["Resources"])}}
+        return s
+
     world["events"] = [
-        {**e, "Resources": [names[r.lower()] for r in e.get("Resources", [])]}
+        {
+            **e,
+            "Resources": renamed(e.get("Resources", [])),
+            "timeline": [step(s) for s in e.get("timeline", [])],
+        }
         for e in scenario["events"]
     ]
     return world, sorted(set(names.values()))
@@ -115,8 +209,8 @@ def watch_topic(
     from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient
     from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
 
-    from forwarder.approvals import message_body
     from sebridge.contract.events import ContractError, parse_message
+    from sebridge.servicebus import message_body
 
     with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
         while not stop.is_set():
@@ -139,7 +233,13 @@ def watch_topic(
                         if parsed.event is None:
                             continue  # Heartbeat
                         event = parsed.event
-                        seen.append({"transition": parsed.transition.value, "event": event})
+                        seen.append(
+                            {
+                                "transition": parsed.transition.value,
+                                "event": event,
+                                "message_id": message.message_id,
+                            }
+                        )
                         extra = ""
                         if parsed.transition.value == "Approved":
                             approval = parsed.data.get("approval", {})
@@ -183,9 +283,14 @@ def watch_list(
 
 
 # -- the run ------------------------------------------------------------------------------
-def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
+def run(
+    scenario_name: str, speed: float, timeout: float, verbose: bool, source: str = "forwarder"
+) -> int:
+    from emulators import demo_sources
+    from emulators.demo_verdict import Verdict, judge, plan_for
     from emulators.fakes.arm import FakeArm
     from emulators.fakes.identity import FakeIdentity
+    from emulators.fakes.storage import FakeBlobStorage
     from emulators.fakes.teams import FakeTeams, card_lines
     from emulators.functions_host.host import FunctionsHost
     from emulators.imds.testing import SimClient
@@ -194,20 +299,34 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
 
     scenario = load_packaged(scenario_name)
     world, vms = rehome(scenario)
+    options = demo_world(scenario_name)
+    plan = plan_for(world, held=options.expect_held)
+    spares = [f"web-spare{'' if n == 0 else n + 1}" for n in range(options.spares)]
     timeline = Timeline(live=verbose)
     stop = threading.Event()
     stack: list[Callable[[], object]] = []
     topic_seen: list[dict[str, Any]] = []
     print(f"sebridge demo: scenario {scenario_name} at speed {speed:g}: {scenario['description']}")
-    print(f"world: {', '.join(vms)} in {GROUP}, behind lb-web/pool-a; everything on 127.0.0.1\n")
+    print(
+        f"world: {', '.join([*vms, *spares])} in {GROUP} (one availability set), behind "
+        f"lb-web/pool-a (LB_MIN_HEALTHY={MIN_HEALTHY}); everything on 127.0.0.1\n"
+    )
     try:
         teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
-        for fake in (teams, arm, identity):
+        storage = FakeBlobStorage()
+        state_storage = demo_sources.state_storage()
+        for fake in (teams, arm, identity, storage, state_storage):
             fake.start()
             stack.append(fake.stop)
-        lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
+        lb = arm.add_load_balancer(
+            SUBSCRIPTION, GROUP, "lb-web", ["pool-a"], rules={"http": "pool-a"}
+        )
         pool = f"{lb}/backendAddressPools/pool-a"
-        vm_ids = {vm: arm.add_vm(SUBSCRIPTION, GROUP, vm, [pool]) for vm in vms}
+        aset = arm.add_availability_set(SUBSCRIPTION, GROUP, "as-web")
+        vm_ids = {
+            vm: arm.add_vm(SUBSCRIPTION, GROUP, vm, [pool], availability_set=aset)
+            for vm in [*vms, *spares]
+        }
         initial = {vm: sorted(arm.vm_pools(vm_id)) for vm, vm_id in vm_ids.items()}
 
         emulator_cm = running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
@@ -227,8 +346,18 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
             "TEAMS_WEBHOOK_URL": teams.webhook_url,
             "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
             "ARM_ENDPOINT": arm.url,
+            "LB_MIN_HEALTHY": str(MIN_HEALTHY),
+            "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
             **identity.environ(),
+            **demo_sources.app_settings(source, state_storage, GROUP),
         }
+        if plan.policy is not None:
+            settings["APPROVAL_POLICY"] = plan.policy
+            timeline.add(
+                "setup",
+                "policy: a human decides (no early approval), so the scenario's Updated or "
+                "Cancelled can happen before NotBefore",
+            )
         http_port = free_port()
         settings["APPROVAL_BASE_URL"] = f"http://127.0.0.1:{http_port}"  # the Approve links
         host = FunctionsHost(ROOT / "function_app.py", settings, logger=host_logger, port=http_port)
@@ -269,7 +398,9 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
         stack.append(join_watchers)
         stack.append(stop.set)
 
-        scenario_file = Path(tempfile.mkdtemp(prefix="sebridge-demo-")) / "scenario.json"
+        workdir = Path(tempfile.mkdtemp(prefix="sebridge-demo-"))
+        stack.insert(0, lambda: shutil.rmtree(workdir, ignore_errors=True))  # removed last
+        scenario_file = workdir / "scenario.json"
         scenario_file.write_text(json.dumps(world))
         sim_process, sim_url = server(
             "imds-sim",
@@ -305,38 +436,61 @@ def run(scenario_name: str, speed: float, timeout: float, verbose: bool) -> int:
             dry_run=False,
             poll_interval=1.0,
         )
-        fw.start()
-        stack.append(fw.close)
-        timeline.add("setup", "forwarder polling IMDS once a second")
+        if source != "eventgrid":
+            fw.start()
+            stack.append(fw.close)
+            timeline.add("setup", "forwarder polling IMDS once a second")
+        if source != "forwarder":
+            for stop_source in demo_sources.start_event_grid(
+                host.url,
+                sim,
+                arm,
+                subscription=SUBSCRIPTION,
+                group=GROUP,
+                vm_name=world["vm"]["name"],
+                report=lambda text: timeline.add("evgrid", text),
+                start_clock=source == "eventgrid",
+            ):
+                stack.append(stop_source.stop)
 
         expected_events = {e["EventId"].lower(): e for e in world["events"]}
         deadline = time.monotonic() + timeout - (time.time() - timeline.start)
-        reasons: list[str] = ["not finished"]
         if not verbose:
             print("running the scenario; the timeline follows when the loop is done...\n")
+        judged = Verdict(missing=["not finished"])
         while time.monotonic() < deadline:
-            reasons = verdict(expected_events, topic_seen, posts_seen, arm, vm_ids, initial)
-            if not reasons:
+            judged = judge(
+                plan,
+                expected_events,
+                topic_seen,
+                approved_event_ids(posts_seen),
+                lambda vm: arm.vm_pools(vm_ids[vm]),
+                initial,
+            )
+            judged.missing += demo_sources.verdict(source, topic_seen)
+            if not judged.missing:
                 break
-            if not fw.alive:
-                reasons = [f"the forwarder exited:\n{fw.stderr_text()[-2000:]}"]
+            if source != "eventgrid" and not fw.alive:
+                judged.missing = [f"the forwarder exited:\n{fw.stderr_text()[-2000:]}"]
                 break
             time.sleep(0.2)
         time.sleep(0.3)  # let the watchers catch the last lines
         elapsed = time.time() - timeline.start
         if not verbose:
             print("\n".join(timeline.render()))
-        if reasons:
-            print(f"\nFAILED after {elapsed:.1f} s: the loop did not complete")
-            for reason in reasons:
+        if judged.missing:
+            print(f"\nFAILED after {elapsed:.1f} s: the demo did not show what it exists to show")
+            for reason in judged.missing:
                 print(f"  - {reason}")
             if verbose:
                 print(fw.stderr_text()[-4000:])
             return 1
-        print(
-            f"\nOK in {elapsed:.1f} s: every event ended, was approved through IMDS where it "
-            "could be, and the pools are as they were."
-        )
+        shown = ", ".join(sorted({t for t, _ in plan.shows} | ({"Held"} if plan.held else set())))
+        print(f"\nOK in {elapsed:.1f} s: the scenario showed {shown}.")
+        for line in judged.story:
+            print(line)
+        for line in demo_sources.summary(source, topic_seen):
+            print(line)
         return 0
     finally:
         stop.set()
@@ -355,37 +509,17 @@ def render_post(post: dict[str, Any]) -> str:
     return f"POST StartRequests {event_id} -> {post['status']}"
 
 
-def verdict(
-    expected: dict[str, dict[str, Any]],
-    seen: list[dict[str, Any]],
-    posts: list[dict[str, Any]],
-    arm: Any,
-    vm_ids: dict[str, str],
-    initial: dict[str, list[str]],
-) -> list[str]:
-    """What is still missing for the loop to count as complete (empty = done)."""
-    missing: list[str] = []
-    by_event: dict[str, list[str]] = {}
-    for item in list(seen):
-        by_event.setdefault(item["event"].key, []).append(item["transition"])
-    approved = {
-        json.loads(p["body"])["StartRequests"][0]["EventId"].lower()
-        for p in list(posts)
-        if p.get("status") == 200
-    }
-    impacted: set[str] = set()
-    for key, event in expected.items():
-        transitions = by_event.get(key, [])
-        if not {"Completed", "Cancelled"} & set(transitions):
-            missing.append(f"event {key[:8]} has not ended (seen: {transitions or 'nothing'})")
-        if transitions[:1] == ["Scheduled"] and key not in approved:
-            missing.append(f"event {key[:8]} was never approved through IMDS")
-        if event.get("EventType") in GONE_FOR_GOOD:
-            impacted.update(event.get("Resources", []))
-    for vm, vm_id in vm_ids.items():
-        if vm not in impacted and sorted(arm.vm_pools(vm_id)) != initial[vm]:
-            missing.append(f"{vm} is not back in its pools")
-    return missing
+def approved_event_ids(posts: list[dict[str, Any]]) -> set[str]:
+    """The EventIds IMDS took a StartRequests for (answered 200)."""
+    approved: set[str] = set()
+    for post in list(posts):
+        if post.get("status") != 200:
+            continue
+        try:
+            approved.add(json.loads(post["body"])["StartRequests"][0]["EventId"].lower())
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            continue
+    return approved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,14 +541,24 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="give up after this many seconds (default %(default)s)",
     )
+    parser.add_argument(
+        "--source",
+        choices=("forwarder", "eventgrid", "both"),
+        default="forwarder",
+        help="where events come from: the forwarder polling IMDS, Event Grid with no forwarder "
+        "at all (agentless), or both at once (default %(default)s)",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--verbose", action="store_true", help="show the functions host's log")
     args = parser.parse_args(argv)
+    from emulators import demo_hooks  # the VM-side scenario (issue 16) lives there
+
     if args.list:
         for name in scenario_names():
             print(f"{name:<24} {load_packaged(name)['description']}")
+        print(f"{demo_hooks.NAME:<24} {demo_hooks.DESCRIPTION}")
         return 0
-    if args.scenario not in scenario_names():
+    if args.scenario not in [*scenario_names(), demo_hooks.NAME]:
         print(f"sebridge demo: unknown scenario {args.scenario!r} (see --list)", file=sys.stderr)
         return 2
     if not 0.1 <= args.speed <= 20 or args.timeout <= 0:
@@ -425,7 +569,12 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return run(args.scenario, args.speed, args.timeout, args.verbose)
+    if args.scenario == demo_hooks.NAME:
+        if args.source != "forwarder":
+            print("sebridge demo: the vm-side scenario is the forwarder's", file=sys.stderr)
+            return 2
+        return demo_hooks.run(args.speed, args.timeout, args.verbose)
+    return run(args.scenario, args.speed, args.timeout, args.verbose, args.source)
 
 
 if __name__ == "__main__":

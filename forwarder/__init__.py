@@ -1,1 +1,15 @@
-"""The forwarder that runs on every VM: poll IMDS, diff, persist, publish, apply approvals."""
+"""The forwarder that runs on every VM: poll IMDS, diff, persist, publish, apply approvals.
+
+Installed as ``sebridge.forwarder`` (the VM package maps this folder there). Its subcommands
+are registered with the ``sebridge`` console script through the entry-point group
+``sebridge.commands`` (see pyproject.toml).
+"""
+
+from sebridge.cli import Subcommand
+
+FORWARDER = Subcommand(
+    "sebridge.forwarder.main", "poll IMDS, publish lifecycle transitions, apply approvals"
+)
+APPROVE = Subcommand(
+    "sebridge.forwarder.approve_cli", "send an approval command to a VM's forwarder"
+)

@@ -9,7 +9,7 @@ import socket
 import sys
 from datetime import UTC, datetime, timedelta
 
-from forwarder.publisher import service_bus_client
+from sebridge import servicebus
 from sebridge.contract.commands import CommandError, approve_command
 
 
@@ -68,20 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"sebridge approve: {exc.description}", file=sys.stderr)
         return 2
-    from azure.servicebus import ServiceBusMessage
-
-    client = service_bus_client(namespace=args.namespace, connection_string=args.connection_string)
+    client = servicebus.client(
+        namespace=args.namespace, connection_string=args.connection_string, retry_total=1
+    )
     with client, client.get_queue_sender(args.queue) as sender:
-        sender.send_messages(
-            ServiceBusMessage(
-                command.body_bytes(),
-                message_id=command.message_id,
-                session_id=args.vm,
-                content_type="application/json",
-                subject="approve",
-            ),
-            timeout=30,
-        )
+        sender.send_messages(servicebus.command_message(command, args.vm), timeout=30)
     print(f"sent {command.message_id} to session {args.vm} on {args.queue}")
     # Cheap to say, costly to find out (reading the queue's settings needs Manage rights).
     print(

@@ -9,8 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
-from forwarder.outbox import DEFAULT_MAX_ROWS
+from sebridge.forwarder import local_actions
+from sebridge.forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
+from sebridge.forwarder.outbox import DEFAULT_MAX_ROWS
+from sebridge.forwarder.publisher import STANDARD_MAX_MESSAGE_BYTES
+from sebridge.values import parse_bool
 
 DEFAULT_STATE_DIR = "/var/lib/sebridge"
 DEFAULT_TOPIC = "scheduled-events"
@@ -37,10 +40,13 @@ class ForwarderConfig:
     require_listed: bool = False
     heartbeat_interval: float = DEFAULT_HEARTBEAT_SECONDS
     outbox_max: int = DEFAULT_MAX_ROWS
+    max_message_size: int = STANDARD_MAX_MESSAGE_BYTES
     log_format: str = "text"
     log_level: str = "INFO"
     once: bool = False
     dry_run: bool = False
+    # Hooks and the drain probe (sebridge.forwarder.local_actions): off unless configured.
+    local: local_actions.LocalSettings = local_actions.NO_LOCAL_ACTIONS
 
     def describe(self) -> dict[str, Any]:
         """The effective configuration for the start-up log line: never a secret."""
@@ -58,18 +64,18 @@ class ForwarderConfig:
             "requireListed": self.require_listed,
             "heartbeatInterval": self.heartbeat_interval,
             "outboxMax": self.outbox_max,
+            "maxMessageSize": self.max_message_size,
             "once": self.once,
             "dryRun": self.dry_run,
+            **self.local.describe(),
         }
 
 
 def _env_bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off", ""}:
-        return False
-    raise ConfigError(f"not a boolean: {value!r}")
+    try:
+        return parse_bool(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -150,6 +156,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "[SEBRIDGE_OUTBOX_MAX] (default %(default)s)",
     )
     p.add_argument(
+        "--max-message-size",
+        default=default("SEBRIDGE_MAX_MESSAGE_SIZE", str(STANDARD_MAX_MESSAGE_BYTES)),
+        help="largest message and batch in bytes: Standard 262144, Premium up to the entity's "
+        "limit [SEBRIDGE_MAX_MESSAGE_SIZE] (default %(default)s)",
+    )
+    p.add_argument(
         "--log-format",
         choices=("text", "json"),
         default=default("SEBRIDGE_LOG_FORMAT", "text"),
@@ -167,6 +179,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=_env_bool(default("SEBRIDGE_DRY_RUN", "false")),
         help="send nothing: print each message as one JSON line on stdout",
     )
+    local_actions.add_arguments(p, env)
     return p
 
 
@@ -190,6 +203,9 @@ def parse_config(
     poll = _number("--poll-interval", args.poll_interval, minimum=0.05, maximum=60)
     heartbeat = _number("--heartbeat-interval", args.heartbeat_interval, minimum=0, maximum=86_400)
     outbox_max = int(_number("--outbox-max", args.outbox_max, minimum=1, maximum=10_000_000))
+    max_message_size = int(
+        _number("--max-message-size", args.max_message_size, minimum=1024, maximum=100 * 2**20)
+    )
     if not args.imds_endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"--imds-endpoint must be an http(s) URL, not {args.imds_endpoint!r}")
     if not (args.dry_run or args.namespace or args.connection_string):
@@ -199,6 +215,10 @@ def parse_config(
         )
     if args.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise ConfigError(f"--log-level {args.log_level!r} is not DEBUG/INFO/WARNING/ERROR")
+    try:
+        local = local_actions.settings_from_args(args)
+    except local_actions.LocalActionsError as exc:
+        raise ConfigError(str(exc)) from exc
     return ForwarderConfig(
         imds_endpoint=args.imds_endpoint,
         api_version=args.api_version,
@@ -213,8 +233,10 @@ def parse_config(
         require_listed=bool(args.require_listed),
         heartbeat_interval=heartbeat,
         outbox_max=outbox_max,
+        max_message_size=max_message_size,
         log_format=args.log_format,
         log_level=args.log_level.upper(),
         once=bool(args.once),
         dry_run=bool(args.dry_run),
+        local=local,
     )

@@ -9,30 +9,34 @@ it may change content without bumping it. Rules (DESIGN.md):
 - Scheduled -> Started            -> Started
 - Scheduled, a watched field changed -> Updated (with the changes)
 - vanished after Started          -> Completed
-- vanished while Scheduled        -> Cancelled, unless its NotBefore had passed: Azure starts
-  every event at NotBefore, so it ran while nobody looked (typically the VM's own reboot took
-  the forwarder down before it saw Started) -> Completed
+- vanished while Scheduled        -> Cancelled, unless Started could have come and gone unseen:
+  its NotBefore has passed (Azure starts every event at NotBefore) *and* the observation gap
+  (from the last observation that showed the event to this one, a restart included) is at
+  least :data:`STARTED_HIDDEN_BY_GAP`. Then it ran while nobody looked (typically the VM's own
+  reboot took the forwarder down before it saw Started) -> Completed.
+
+Why a gap of 30 s: a Started event stays in the document until the maintenance is over, which
+takes minutes (Microsoft's realistic timings, the medians of events sent to customers: Started
+for 5 to 10 minutes, Freeze included). Watched at 1 Hz, the forwarder cannot miss it: a vanished
+Scheduled event it watched without a gap was cancelled, whatever its NotBefore says. Polling
+alone never makes a gap that long (a failed poll is retried within 5 s, a request gives up
+after 10 s); a restart, a long IMDS outage or the VM's own pause can. The threshold keeps a
+wide margin on both sides: 6 x the longest gap one failed request makes, a tenth of a typical
+Started.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sebridge.contract.events import Transition
 from sebridge.imds import Document, ScheduledEvent
+from sebridge.lifecycle import field_changes
 
-# Fields whose change on a Scheduled event is an Updated transition, in reporting order.
-WATCHED_FIELDS = (
-    "NotBefore",
-    "Resources",
-    "DurationInSeconds",
-    "Description",
-    "EventType",
-    "EventSource",
-)
+STARTED_HIDDEN_BY_GAP = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)
@@ -42,33 +46,31 @@ class Change:
     changes: Mapping[str, Any] | None = None  # {"NotBefore": {"from": ..., "to": ...}} for Updated
 
 
-def _comparable(event: ScheduledEvent, name: str) -> object:
-    if name == "NotBefore":
-        # RFC 1123 and ISO 8601 spellings of one instant are the same NotBefore.
-        return event.not_before or event.raw.get("NotBefore", "")
-    if name == "Resources":
-        return sorted(r.lower() for r in event.resources)  # VM names are case-insensitive
-    if name == "DurationInSeconds":
-        return event.duration_in_seconds
-    return event.raw.get(name)
-
-
-def field_changes(before: ScheduledEvent, after: ScheduledEvent) -> dict[str, dict[str, Any]]:
-    """The watched fields that differ, with their IMDS values before and after."""
-    return {
-        name: {"from": before.raw.get(name), "to": after.raw.get(name)}
-        for name in WATCHED_FIELDS
-        if _comparable(before, name) != _comparable(after, name)
-    }
+def could_have_run_unseen(
+    event: ScheduledEvent, now: datetime | None, last_seen: datetime | None
+) -> bool:
+    """Whether a Scheduled event that vanished between ``last_seen`` (the last observation that
+    showed it; None = unknown, e.g. a state file from before this rule) and ``now`` (the first
+    that did not) may have started and ended in between."""
+    if now is None or event.not_before is None or event.not_before > now:
+        return False
+    return last_seen is None or now - last_seen >= STARTED_HIDDEN_BY_GAP
 
 
 def diff(
-    known: Mapping[str, ScheduledEvent], document: Document, now: datetime | None = None
+    known: Mapping[str, ScheduledEvent],
+    document: Document,
+    now: datetime | None = None,
+    *,
+    last_seen: datetime | None = None,
 ) -> list[Change]:
     """Transitions from the last known events (by key) to ``document``, in a stable order:
     the document's events in their order, then vanished events in the order they were known.
-    ``now`` (aware) tells a vanished Scheduled event whose NotBefore has passed from a
-    cancelled one; without it, vanishing while Scheduled is always Cancelled."""
+
+    ``now`` (aware) is when ``document`` was observed and ``last_seen`` when ``known`` was; they
+    tell a vanished Scheduled event that may have run unseen (Completed) from a cancelled one
+    (see :func:`could_have_run_unseen`). Without ``now``, vanishing while Scheduled is always
+    Cancelled; without ``last_seen`` the gap is taken to be long."""
     out: list[Change] = []
     current: set[str] = set()
     for event in document.events:
@@ -88,9 +90,7 @@ def diff(
         # does not happen in IMDS, and reporting it would only confuse the workflows.
     for key, before in known.items():
         if key not in current:
-            ran = before.is_started or (
-                now is not None and before.not_before is not None and before.not_before <= now
-            )
+            ran = before.is_started or could_have_run_unseen(before, now, last_seen)
             out.append(Change(Transition.COMPLETED if ran else Transition.CANCELLED, before))
     return out
 

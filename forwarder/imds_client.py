@@ -1,24 +1,46 @@
 """The IMDS adapter: scheduled events (GET and the StartRequests POST) and instance metadata.
 
-One keep-alive ``requests.Session``. Every failure is turned into an :class:`ImdsError` whose
-``transient`` flag tells the caller whether to retry; nothing here sleeps or retries itself,
-so the poll loop stays in charge of pacing (IMDS throttles above 5 requests/s per VM).
+Every request is bounded in time and size, whatever the peer does (see
+:mod:`sebridge.forwarder.deadline_http`): an overall deadline (the slow first call's 125 s until
+IMDS has answered once, then 10 s, or the caller's own, shorter budget), a body cap of
+:data:`MAX_BODY_BYTES` (real documents are a few KB), and an immediate end when the forwarder
+stops. Every request first takes a slot of the shared :class:`RequestLimit` (IMDS throttles above
+5 requests/s per VM), the poller with priority.
+
+Every failure is turned into an :class:`ImdsError` whose ``transient`` flag tells the caller
+whether to retry; nothing here sleeps or retries itself, so the loops stay in charge of pacing.
+One keep-alive connection per client, no proxy, no redirects.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import re
 import socket
+import threading
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import requests
+from urllib.parse import urlencode
 
 from sebridge.contract.events import Observer
+from sebridge.forwarder.deadline_http import (
+    Answer,
+    BodyTooLarge,
+    DeadlineExceeded,
+    DeadlineHttp,
+    RequestCancelled,
+)
+from sebridge.forwarder.ports import ImdsError
+from sebridge.forwarder.ratelimit import RequestLimit
 from sebridge.imds import Document, InvalidDocument
+from sebridge.retry import parse_retry_after
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ApprovalResponse", "ImdsClient", "ImdsError", "hostname_observer"]
 
 DEFAULT_ENDPOINT = "http://169.254.169.254"
 SCHEDULED_EVENTS_API = "2020-07-01"
@@ -26,14 +48,8 @@ INSTANCE_API = "2021-02-01"
 CONNECT_TIMEOUT = 2.0
 # The first call after the feature is (re-)enabled can take up to 2 minutes.
 FIRST_CALL_READ_TIMEOUT = 125.0
-READ_TIMEOUT = 10.0
-
-
-class ImdsError(Exception):
-    def __init__(self, message: str, *, transient: bool, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.transient = transient
-        self.retry_after = retry_after
+READ_TIMEOUT = 10.0  # the whole of any later request (connect, send, headers, body)
+MAX_BODY_BYTES = 1024 * 1024  # real documents are a few KB
 
 
 @dataclass(frozen=True)
@@ -46,18 +62,13 @@ class ApprovalResponse:
         return self.status == 200
 
 
-def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP date: rare from IMDS, and our own backoff covers it
+_TAG = re.compile(r"<[^>]*>")
 
 
-def _excerpt(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
+def _excerpt(body: bytes | str, limit: int = 200) -> str:
+    """A short, one-line excerpt of a body for a log line (HTML tags dropped)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    text = " ".join(_TAG.sub(" ", text[: limit * 20]).split())
     return text if len(text) <= limit else text[:limit] + "..."
 
 
@@ -68,22 +79,25 @@ class ImdsClient:
         *,
         api_version: str = SCHEDULED_EVENTS_API,
         instance_api_version: str = INSTANCE_API,
-        session: requests.Session | None = None,
+        limit: RequestLimit | None = None,
+        priority: bool = False,
+        cancel: threading.Event | None = None,
+        max_body: int = MAX_BODY_BYTES,
     ) -> None:
+        """``limit`` is the request budget shared with the forwarder's other IMDS clients
+        (the poller's has ``priority``); ``cancel`` ends any request at once when set."""
         self.endpoint = endpoint.rstrip("/")
         self.api_version = api_version
         self.instance_api_version = instance_api_version
-        self._session = session or requests.Session()
-        self._session.headers["Metadata"] = "true"
-        # IMDS must never be reached through a proxy (and a loopback simulator neither).
-        self._session.trust_env = False
+        self.limit = limit
+        self.priority = priority
+        self.cancel = cancel
+        self._http = DeadlineHttp(
+            self.endpoint, max_body=max_body, connect_timeout=CONNECT_TIMEOUT, cancel=cancel
+        )
         self._answered = False
-        # The poll sends this same GET every second: prepared once, it skips requests' merging
-        # of settings and re-parsing of the URL, about a quarter of an idle poll's CPU.
-        self._get_events = self._session.prepare_request(
-            requests.Request(
-                "GET", self.scheduled_events_url, params={"api-version": self.api_version}
-            )
+        self._events_target = "/metadata/scheduledevents?" + urlencode(
+            {"api-version": self.api_version}
         )
 
     @property
@@ -91,59 +105,82 @@ class ImdsClient:
         return f"{self.endpoint}/metadata/scheduledevents"
 
     def close(self) -> None:
-        self._session.close()
+        self._http.close()
 
-    def _timeout(self, read_timeout: float | None = None) -> tuple[float, float]:
-        if read_timeout is not None:  # the caller's own bound (approvals: a per-command budget)
-            return (min(CONNECT_TIMEOUT, read_timeout), read_timeout)
-        return (CONNECT_TIMEOUT, READ_TIMEOUT if self._answered else FIRST_CALL_READ_TIMEOUT)
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is not None:  # the caller's own bound (approvals: a per-command budget)
+            return timeout
+        return READ_TIMEOUT if self._answered else FIRST_CALL_READ_TIMEOUT
 
     def _request(
-        self, method: str, url: str, timeout: tuple[float, float] | None = None, **kwargs: Any
-    ) -> requests.Response:
-        prepared = self._session.prepare_request(requests.Request(method, url, **kwargs))
-        return self._send(prepared, timeout)
-
-    def _send(
-        self, request: requests.PreparedRequest, timeout: tuple[float, float] | None = None
-    ) -> requests.Response:
-        try:
-            # Never follow a redirect: IMDS does not send one, and nothing else may answer.
-            return self._session.send(
-                request, timeout=timeout or self._timeout(), allow_redirects=False
+        self,
+        method: str,
+        target: str,
+        timeout: float,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Answer:
+        what = f"{method} {self.endpoint}{target}"
+        deadline = time.monotonic() + timeout
+        if self.limit is not None and not self.limit.acquire(
+            priority=self.priority, deadline=deadline, cancel=self.cancel
+        ):
+            if self.cancel is not None and self.cancel.is_set():
+                raise ImdsError(f"IMDS request abandoned: stopping ({what})", transient=True)
+            raise ImdsError(
+                f"no IMDS request slot within {timeout:.1f} s (5 requests/s shared) ({what})",
+                transient=True,
             )
-        except requests.RequestException as exc:
-            what = f"{request.method} {request.url}"
-            if isinstance(exc, requests.Timeout):
+        left = max(0.001, deadline - time.monotonic())
+        try:
+            return self._http.request(
+                method,
+                target,
+                timeout=left,
+                headers={"Metadata": "true", **(headers or {})},
+                body=body,
+            )
+        except DeadlineExceeded as exc:
+            raise ImdsError(
+                f"IMDS did not answer within {timeout:.1f} s ({what})", transient=True
+            ) from exc
+        except RequestCancelled as exc:
+            raise ImdsError(f"IMDS request abandoned: stopping ({what})", transient=True) from exc
+        except BodyTooLarge as exc:
+            raise ImdsError(f"IMDS body refused: {exc} ({what})", transient=True) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if isinstance(exc, socket.timeout | TimeoutError):
                 raise ImdsError(f"IMDS timed out ({what})", transient=True) from exc
-            if isinstance(exc, requests.ConnectionError):
-                raise ImdsError(f"IMDS unreachable ({what}): {exc}", transient=True) from exc
-            raise ImdsError(f"IMDS request failed ({what}): {exc}", transient=True) from exc
+            raise ImdsError(f"IMDS unreachable ({what}): {detail}", transient=True) from exc
 
-    def _check_status(self, response: requests.Response, what: str) -> None:
-        status = response.status_code
+    def _check_status(self, answer: Answer, what: str) -> None:
+        status = answer.status
         if status == 200:
             return
-        detail = _excerpt(response.text)
+        detail = _excerpt(answer.body)
         if status == 429:
             raise ImdsError(
-                f"IMDS throttled {what} (429)", transient=True, retry_after=_retry_after(response)
+                f"IMDS throttled {what} (429)",
+                transient=True,
+                retry_after=parse_retry_after(answer.headers.get("retry-after"), time.time()),
             )
         if status >= 500:
             raise ImdsError(f"IMDS answered {status} to {what}: {detail}", transient=True)
         raise ImdsError(f"IMDS answered {status} to {what}: {detail}", transient=False)
 
     def get_document(self, *, read_timeout: float | None = None) -> Document:
-        """The scheduled events document. ``read_timeout`` replaces the default read timeout
-        (which is the slow first-call one until IMDS has answered once)."""
-        response = self._send(self._get_events, self._timeout(read_timeout))
-        self._check_status(response, "GET scheduledevents")
+        """The scheduled events document. ``read_timeout`` replaces the default deadline of
+        the whole request (the slow first call's until IMDS has answered once)."""
+        answer = self._request("GET", self._events_target, self._timeout(read_timeout))
+        self._check_status(answer, "GET scheduledevents")
         self._answered = True
         try:
-            body = response.json()
-        except ValueError as exc:
+            body = json.loads(answer.body)
+        except (ValueError, RecursionError) as exc:
             raise ImdsError(
-                f"IMDS body is not JSON: {_excerpt(response.text)!r}", transient=True
+                f"IMDS body is not JSON: {_excerpt(answer.body)!r}", transient=True
             ) from exc
         try:
             return Document.from_imds(body)
@@ -152,32 +189,27 @@ class ImdsClient:
 
     def approve(self, event_id: str, *, read_timeout: float | None = None) -> ApprovalResponse:
         """POST exactly ``{"StartRequests": [{"EventId": ...}]}``; 429/5xx/network raise."""
-        body = json.dumps({"StartRequests": [{"EventId": event_id}]})
-        response = self._request(
+        body = json.dumps({"StartRequests": [{"EventId": event_id}]}).encode("utf-8")
+        answer = self._request(
             "POST",
-            self.scheduled_events_url,
-            timeout=self._timeout(read_timeout),
-            params={"api-version": self.api_version},
-            data=body.encode("utf-8"),
+            self._events_target,
+            self._timeout(read_timeout),
+            body=body,
             headers={"Content-Type": "application/json"},
         )
-        if response.status_code == 429 or response.status_code >= 500:
-            self._check_status(response, "POST StartRequests")
-        return ApprovalResponse(response.status_code, _excerpt(response.text, 500))
+        if answer.status == 429 or answer.status >= 500:
+            self._check_status(answer, "POST StartRequests")
+        return ApprovalResponse(answer.status, _excerpt(answer.body, 500))
 
     def instance_metadata(self) -> Observer:
-        response = self._request(
-            "GET",
-            f"{self.endpoint}/metadata/instance",
-            # Only scheduled events has the slow first call (the feature being enabled).
-            timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
-            params={"api-version": self.instance_api_version},
-        )
-        self._check_status(response, "GET instance")
+        target = "/metadata/instance?" + urlencode({"api-version": self.instance_api_version})
+        # Only scheduled events has the slow first call (the feature being enabled).
+        answer = self._request("GET", target, READ_TIMEOUT)
+        self._check_status(answer, "GET instance")
         try:
-            compute = response.json()["compute"]
+            compute = json.loads(answer.body)["compute"]
             name = compute["name"]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ImdsError("instance metadata has no compute.name", transient=False) from exc
         if not isinstance(compute, dict) or not isinstance(name, str) or not name:
             raise ImdsError("instance metadata has no compute.name", transient=False)

@@ -1,24 +1,45 @@
-"""`sebridge forwarder`: the composition root that wires the production adapters."""
+"""`sebridge forwarder`: the composition root that wires the production adapters.
+
+Exit codes: 0 stopped (SIGTERM/SIGINT) or ``--once`` succeeded; 1 ``--once`` failed or a loop
+died; 2 bad configuration; :data:`EXIT_STATE_DIR` (73) the state directory cannot be used
+(read-only, no permission, not a directory), said in one log line.
+
+Stopping is bounded: SIGTERM ends the process within :data:`STOP_WITHIN` seconds in every state
+(an IMDS read in progress is abandoned at once, the threads get 2 s together, closing the
+clients a second); whatever is still stuck after that (a Service Bus call that does not
+return) is left behind and the process exits anyway. Everything durable was already written
+atomically, so there is nothing to lose by not waiting.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 
-from forwarder.config import ConfigError, ForwarderConfig, parse_config
-from forwarder.imds_client import ImdsClient
-from forwarder.outbox import Outbox
-from forwarder.publisher import DryRunPublisher, Publisher, ServiceBusPublisher
-from forwarder.service import Forwarder
-from forwarder.state import StateStore, ensure_dir
 from sebridge import __version__
+from sebridge.forwarder.config import ConfigError, ForwarderConfig, parse_config
+from sebridge.forwarder.imds_client import ImdsClient
+from sebridge.forwarder.local_actions import LocalActions, LocalActionsError, build_local_actions
+from sebridge.forwarder.outbox import Outbox, OutboxError
+from sebridge.forwarder.ports import Publisher
+from sebridge.forwarder.publisher import DryRunPublisher, ServiceBusPublisher
+from sebridge.forwarder.ratelimit import RequestLimit
+from sebridge.forwarder.service import Forwarder
+from sebridge.forwarder.state import StateDirUnusable, StateStore, ensure_dir
 from sebridge.logs import setup_logging
 
 log = logging.getLogger("forwarder")
+
+EXIT_STATE_DIR = 73  # sysexits EX_CANTCREAT: the state directory cannot be used
+STOP_WITHIN = 5.0
+CLOSE_TIMEOUT = 1.0
 
 
 def build_publisher(config: ForwarderConfig) -> Publisher:
@@ -29,20 +50,68 @@ def build_publisher(config: ForwarderConfig) -> Publisher:
         namespace=config.namespace,
         connection_string=config.connection_string,
         client_id=config.client_id,
+        max_message_size=config.max_message_size,
     )
 
 
-def build_forwarder(config: ForwarderConfig) -> Forwarder:
+@dataclass(frozen=True)
+class Wiring:
+    forwarder: Forwarder
+    imds: ImdsClient
+    outbox: Outbox
+    publisher: Publisher
+
+
+def build_forwarder(config: ForwarderConfig, limit: RequestLimit, stop: threading.Event) -> Wiring:
+    """Raises StateDirUnusable when the state directory cannot be used."""
     ensure_dir(config.state_dir)
-    return Forwarder(
-        imds=ImdsClient(config.imds_endpoint, api_version=config.api_version),
-        store=StateStore(config.state_dir),
-        outbox=Outbox(config.state_dir, max_rows=config.outbox_max),
-        publisher=build_publisher(config),
-        poll_interval=config.poll_interval,
-        heartbeat_interval=config.heartbeat_interval,
-        vm_name=config.vm_name,
+    try:
+        outbox = Outbox(config.state_dir, max_rows=config.outbox_max)
+    except OutboxError as exc:
+        raise StateDirUnusable(str(exc)) from exc
+    imds = ImdsClient(
+        config.imds_endpoint,
+        api_version=config.api_version,
+        limit=limit,
+        priority=True,
+        cancel=stop,
     )
+    publisher = build_publisher(config)
+    try:
+        forwarder = Forwarder(
+            imds=imds,
+            store=StateStore(config.state_dir),
+            outbox=outbox,
+            publisher=publisher,
+            poll_interval=config.poll_interval,
+            heartbeat_interval=config.heartbeat_interval,
+            vm_name=config.vm_name,
+            stop_event=stop,
+        )
+    except (OutboxError, StateDirUnusable) as exc:
+        outbox.close()
+        imds.close()
+        raise StateDirUnusable(str(exc)) from exc
+    return Wiring(forwarder, imds, outbox, publisher)
+
+
+def _bounded(what: str, call: Callable[[], object], seconds: float) -> bool:
+    """Run ``call`` on a daemon thread; False (logged) when it has not returned in time."""
+    thread = threading.Thread(target=call, name=f"close-{what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        log.warning("closing %s did not finish within %.1f s: left behind", what, seconds)
+        return False
+    return True
+
+
+def _exit_now(code: int) -> None:
+    """Leave without waiting for threads stuck in a call that does not return."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,35 +126,66 @@ def main(argv: list[str] | None = None) -> int:
         __version__,
         json.dumps(config.describe(), sort_keys=True),
     )
-    try:
-        forwarder = build_forwarder(config)
-    except OSError as exc:
-        log.error("cannot use state directory %s: %s", config.state_dir, exc)
-        return 1
+    stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: stopping", signal.Signals(signum).name)
-        forwarder.stop()
+        if not stop.is_set():
+            log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    limit = RequestLimit()  # one IMDS budget for the poller and the approvals handler
+    try:
+        wiring = build_forwarder(config, limit, stop)
+    except StateDirUnusable as exc:
+        log.error("state directory %s cannot be used: %s", config.state_dir, exc)
+        return EXIT_STATE_DIR
+    forwarder = wiring.forwarder
+    clean = True
+    local: LocalActions | None = None
     try:
         if config.once:
+            if config.local.enabled:
+                log.warning("--once runs no hooks and serves no drain probe")
             return 0 if forwarder.run_once() else 1
+        try:
+            local = build_local_actions(config.local, config.state_dir, forwarder.enqueue)
+        except LocalActionsError as exc:
+            log.error("cannot start: %s", exc)
+            print(f"sebridge forwarder: {exc}", file=sys.stderr)
+            return 2
         workers: tuple[Callable[[], None], ...] = ()
+        if local is not None:
+            # Told of every transition by the poller; works on threads of its own.
+            local.current = lambda: (forwarder.state.events, forwarder.observer)
+            forwarder.listeners.append(local)
+            local.resume()
+            workers += local.workers(stop)
         if not config.dry_run:
-            from forwarder.approvals import approvals_worker
+            from sebridge.forwarder.approvals import approvals_worker
 
-            workers = (approvals_worker(forwarder, config),)
-        forwarder.run(workers)
-        log.info(
-            "stopped: %d poll(s), %d message(s) pending", forwarder.polls, forwarder.outbox.depth()
-        )
-        return 0
+            workers += (approvals_worker(forwarder, config, limit),)
+        clean = forwarder.run(workers)
+        log.info("stopped: %d poll(s), %d message(s) pending", forwarder.polls, _depth(forwarder))
+        return 1 if forwarder.crashed else 0
     finally:
-        forwarder.publisher.close()
-        forwarder.imds.close()
-        forwarder.outbox.close()
+        forwarder.stop()
+        clean = _bounded("Service Bus", wiring.publisher.close, CLOSE_TIMEOUT) and clean
+        clean = _bounded("IMDS", wiring.imds.close, CLOSE_TIMEOUT / 4) and clean
+        if clean:
+            wiring.outbox.close()
+            if local is not None:
+                local.close()
+        else:
+            _exit_now(1 if forwarder.crashed else 0)
+
+
+def _depth(forwarder: Forwarder) -> int:
+    try:
+        return forwarder.outbox.depth()
+    except OutboxError:
+        return -1
 
 
 if __name__ == "__main__":

@@ -1,33 +1,44 @@
-"""Where transitions go: the Publisher port and its adapters (Service Bus, dry-run stdout)."""
+"""Where transitions go: the Service Bus and dry-run adapters of the Publisher port.
+
+:meth:`ServiceBusPublisher.publish` fills one batch with the SDK's batch API, from the front of
+what it is given, until the next message would not fit (the batch size is the configured maximum
+message size, Standard's 256 KB by default, or the link's own if that is smaller), sends it and
+says how many it sent. A message that cannot be sent even alone (larger than the maximum, or a
+value the SDK cannot encode) raises :class:`MessageRefused` so that the sender sets it aside and
+goes on with the rest; only a message-level fault does that. Broker, network and identity
+failures raise :class:`PublishError` and are retried: they are not the message's fault.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import struct
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol, TextIO, cast
+from typing import Any, TextIO
 
+from sebridge import servicebus
 from sebridge.contract.events import Envelope
+from sebridge.forwarder.ports import MessageRefused, PublishError
 
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT = 15.0
+STANDARD_MAX_MESSAGE_BYTES = 256 * 1024  # Service Bus Standard; Premium allows more
 
+__all__ = [
+    "STANDARD_MAX_MESSAGE_BYTES",
+    "DryRunPublisher",
+    "MessageRefused",
+    "PublishError",
+    "ServiceBusPublisher",
+]
 
-class PublishError(Exception):
-    """Sending failed; the messages stay in the outbox and are retried."""
-
-
-class Publisher(Protocol):
-    def connect(self) -> None:
-        """Open the connection ahead of the first message (best effort; raises PublishError)."""
-
-    def publish(self, envelopes: Sequence[Envelope]) -> None:
-        """Send all of them, in order, or raise :class:`PublishError`."""
-
-    def close(self) -> None: ...
+# What building or encoding one message can raise when a value is beyond what AMQP or the SDK
+# takes (an int property outside int32, a lone surrogate, an id over 128 characters).
+_ENCODING_ERRORS = (ValueError, TypeError, OverflowError, UnicodeError, struct.error)
 
 
 class DryRunPublisher:
@@ -40,47 +51,15 @@ class DryRunPublisher:
     def connect(self) -> None:
         return None
 
-    def publish(self, envelopes: Sequence[Envelope]) -> None:
+    def publish(self, envelopes: Sequence[Envelope]) -> int:
         with self._lock:
             for envelope in envelopes:
                 self._stream.write(json.dumps(envelope.to_dict(), separators=(",", ":")) + "\n")
             self._stream.flush()
+        return len(envelopes)
 
     def close(self) -> None:
         return None
-
-
-def service_bus_client(
-    *, namespace: str | None, connection_string: str | None, client_id: str | None = None
-) -> Any:
-    """The composition point for Service Bus clients: managed identity in production, a
-    connection string for emulators. Imported lazily so dry-run never loads the SDK."""
-    from azure.servicebus import ServiceBusClient
-
-    options: dict[str, Any] = {"retry_total": 1, "retry_backoff_factor": 0.5}
-    if connection_string:
-        return ServiceBusClient.from_connection_string(connection_string, **options)
-    if not namespace:
-        raise ValueError("a Service Bus namespace or connection string is required")
-    from azure.identity import DefaultAzureCredential
-
-    credential = DefaultAzureCredential(managed_identity_client_id=client_id)
-    return ServiceBusClient(namespace, credential, **options)
-
-
-def to_service_bus_message(envelope: Envelope) -> Any:
-    from azure.servicebus import ServiceBusMessage
-
-    return ServiceBusMessage(
-        body=envelope.body_bytes(),
-        message_id=envelope.message_id,
-        session_id=envelope.session_id,
-        subject=envelope.subject,
-        content_type=envelope.content_type,
-        application_properties=cast(
-            "dict[str | bytes, Any]", dict(envelope.application_properties)
-        ),
-    )
 
 
 class ServiceBusPublisher:
@@ -93,8 +72,10 @@ class ServiceBusPublisher:
         namespace: str | None = None,
         connection_string: str | None = None,
         client_id: str | None = None,
+        max_message_size: int = STANDARD_MAX_MESSAGE_BYTES,
     ) -> None:
         self.topic = topic
+        self.max_message_size = max_message_size
         self._namespace = namespace
         self._connection_string = connection_string
         self._client_id = client_id
@@ -103,10 +84,12 @@ class ServiceBusPublisher:
 
     def _ensure_sender(self) -> Any:
         if self._sender is None:
-            self._client = service_bus_client(
+            self._client = servicebus.client(
                 namespace=self._namespace,
                 connection_string=self._connection_string,
                 client_id=self._client_id,
+                retry_total=1,
+                retry_backoff_factor=0.5,
             )
             self._sender = self._client.get_topic_sender(self.topic)
         return self._sender
@@ -120,17 +103,75 @@ class ServiceBusPublisher:
             self.close()
             raise PublishError(f"{type(exc).__name__}: {exc}") from exc
 
-    def publish(self, envelopes: Sequence[Envelope]) -> None:
+    def _new_batch(self, sender: Any) -> Any:
+        try:
+            return sender.create_message_batch(max_size_in_bytes=self.max_message_size)
+        except ValueError:
+            # The link allows less than the setting (it says so when it opens): use the link's.
+            return sender.create_message_batch()
+
+    def publish(self, envelopes: Sequence[Envelope]) -> int:
         if not envelopes:
-            return
+            return 0
+        from azure.servicebus.exceptions import MessageSizeExceededError
+
         try:
             sender = self._ensure_sender()
-            sender.send_messages(
-                [to_service_bus_message(e) for e in envelopes], timeout=SEND_TIMEOUT
-            )
+            batch = self._new_batch(sender)
         except Exception as exc:
             self.close()
             raise PublishError(f"{type(exc).__name__}: {exc}") from exc
+        for envelope in envelopes:
+            try:
+                batch.add_message(servicebus.envelope_message(envelope))
+            except MessageSizeExceededError as exc:
+                if len(batch) == 0:
+                    raise MessageRefused(
+                        f"larger than the maximum message size "
+                        f"({batch.max_size_in_bytes} bytes) even alone"
+                    ) from exc
+                break  # full: this one starts the next batch
+            except _ENCODING_ERRORS as exc:
+                if len(batch) == 0:
+                    raise MessageRefused(
+                        f"the Service Bus SDK cannot encode it: {type(exc).__name__}: {exc}"
+                    ) from exc
+                break  # send what is before it; alone next time, it is refused
+        try:
+            sender.send_messages(batch, timeout=SEND_TIMEOUT)
+        except MessageSizeExceededError as exc:
+            # The broker's limit is below what the link announced (or the setting): never
+            # retry the same batch. One message alone that the broker refuses is set aside.
+            if len(batch) == 1:
+                raise MessageRefused(f"refused by Service Bus as too large: {exc}") from exc
+            return self._send_one_by_one(envelopes[: len(batch)])
+        except Exception as exc:
+            self.close()
+            raise PublishError(f"{type(exc).__name__}: {exc}") from exc
+        return len(batch)
+
+    def _send_one_by_one(self, envelopes: Sequence[Envelope]) -> int:
+        """After the broker refused a batch as too large: the front messages one at a time,
+        until one fails (it is refused if it is the first, else the next call starts at it)."""
+        from azure.servicebus.exceptions import MessageSizeExceededError
+
+        sent = 0
+        for envelope in envelopes:
+            try:
+                self._ensure_sender().send_messages(
+                    servicebus.envelope_message(envelope), timeout=SEND_TIMEOUT
+                )
+            except MessageSizeExceededError as exc:
+                if sent == 0:
+                    raise MessageRefused(f"refused by Service Bus as too large: {exc}") from exc
+                return sent
+            except Exception as exc:
+                self.close()
+                if sent:
+                    return sent
+                raise PublishError(f"{type(exc).__name__}: {exc}") from exc
+            sent += 1
+        return sent
 
     def close(self) -> None:
         for thing in (self._sender, self._client):

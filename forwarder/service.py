@@ -3,64 +3,100 @@
 Detection (the poller), the durable queue (the outbox) and delivery (the sender) are separate
 pieces with one type between them, the contract ``Envelope``. The poller never waits on
 Service Bus and the sender never waits on IMDS, so an outage of one never delays the other.
-Every tick catches and logs what went wrong and goes on; only ``stop`` ends the loops.
+Every tick catches and logs what went wrong and goes on; only ``stop`` ends the loops. The loop
+sees only ports (:mod:`sebridge.forwarder.ports`), so it runs in-process against fakes.
+
+What each fault does (README "Reliability"):
+
+- IMDS fails: the poll is retried with backoff (1 to 5 s); nothing else changes.
+- The outbox cannot be written (disk full): the poll's transitions are not recorded and the
+  in-memory state does not move, so the next poll derives them again.
+- The state file cannot be saved (disk full, no inodes, read-only): the transitions stay held
+  in the outbox while the in-memory state moves on; the save is retried on every poll tick
+  until it succeeds, and the held transitions are released by that same tick. Heartbeats say
+  so (``health.stateSaveFailing``) while it lasts. A crash meanwhile loses nothing: the held
+  rows are dropped at start and derived again from the last saved state.
+- A message cannot be sent even alone: it is set aside (kept in the outbox's aside table with
+  the reason, logged at ERROR, counted in Heartbeats) and delivery of the rest goes on.
+- Service Bus fails otherwise: retried with backoff (1 to 30 s), in order.
+
+Heartbeats are liveness only: the latest one waits in memory (never behind a full disk) and is
+sent after the pending transitions.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import Any
 
-from forwarder.backoff import Backoff
-from forwarder.diff import diff, index
-from forwarder.imds_client import ImdsClient, ImdsError, hostname_observer
-from forwarder.outbox import Outbox
-from forwarder.publisher import Publisher, PublishError
-from forwarder.state import ForwarderState, StateStore
-from sebridge import __version__
+from sebridge import __version__, lifecycle
 from sebridge.contract.events import Envelope, Observer, event_message, heartbeat_message
+from sebridge.forwarder.diff import diff, index
+from sebridge.forwarder.health import ConditionLog, Health
+from sebridge.forwarder.imds_client import hostname_observer
+from sebridge.forwarder.outbox import OutboxError
+from sebridge.forwarder.ports import (
+    Clock,
+    DocumentSource,
+    ImdsError,
+    LoopListener,
+    MessageRefused,
+    OutboxPort,
+    Publisher,
+    PublishError,
+    StateSaver,
+    SystemClock,
+)
+from sebridge.forwarder.state import ForwarderState, bounded_lives
+from sebridge.retry import Backoff
 
 log = logging.getLogger("forwarder")
 
-SEND_BATCH = 100
+PEEK_ROWS = 100  # outbox rows handed to the publisher at a time (it sends what one batch holds)
 # IMDS gives as little as 30 s notice (Preempt): a long backoff could miss an event whole.
 MAX_POLL_BACKOFF = 5.0
 MAX_SEND_BACKOFF = 30.0  # how late delivery can resume after the broker returns
 OBSERVER_RETRY_SECONDS = 60.0
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
+MAX_UNSENT_APPROVED = 100
+# Seconds for every thread to end after stop (SIGTERM exits within 5 s). The poller and the
+# sender end within a quarter second; the approvals receiver may be inside a receive call that
+# waits up to 5 s for a command, and is left behind (it holds nothing that needs closing).
+JOIN_TIMEOUT = 2.0
 
 
 class Forwarder:
     def __init__(
         self,
         *,
-        imds: ImdsClient,
-        store: StateStore,
-        outbox: Outbox,
+        imds: DocumentSource,
+        store: StateSaver,
+        outbox: OutboxPort,
         publisher: Publisher,
+        clock: Clock | None = None,
         poll_interval: float = 1.0,
         heartbeat_interval: float = 300.0,
         vm_name: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        now: Callable[[], datetime] = _now,
+        fallback_observer: Callable[[], Observer] = hostname_observer,
+        listeners: Sequence[LoopListener] = (),
+        stop_event: threading.Event | None = None,
     ) -> None:
+        """``stop_event`` is set to stop the loops (give the same event to the IMDS clients as
+        their ``cancel``, so that a request in progress ends with them)."""
         self.imds = imds
         self.store = store
         self.outbox = outbox
         self.publisher = publisher
+        self.clock: Clock = clock or SystemClock()
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.vm_name_override = vm_name
-        self.clock = clock
-        self.now = now
-        self.stop_event = threading.Event()
+        self.fallback_observer = fallback_observer
+        self.listeners = list(listeners)
+        self.stop_event = stop_event or threading.Event()
         self.outbox_ready = threading.Event()
         self.state: ForwarderState = store.load()
         released, dropped = outbox.recover(self.state.outbox_seq)
@@ -71,7 +107,10 @@ class Forwarder:
                 released,
                 dropped,
             )
-        self.observer: Observer = hostname_observer()
+        # The highest outbox row covered by the state on disk, and the highest released.
+        self._saved_seq = self.state.outbox_seq
+        self._released_seq = self.state.outbox_seq
+        self.observer: Observer = self._with_override(fallback_observer())
         self.observer_resolved = False
         self.last_successful_poll: datetime | None = None
         self.polls = 0
@@ -80,6 +119,16 @@ class Forwarder:
         self._send_backoff = Backoff(1.0, MAX_SEND_BACKOFF)
         self._next_heartbeat = 0.0
         self._next_observer_try = 0.0
+        self._observer_log = ConditionLog(log)
+        self._outbox_log = ConditionLog(log, logging.ERROR)
+        self.save_failing_since: datetime | None = None
+        self.save_failures = 0
+        self.outbox_failing_since: datetime | None = None
+        self.last_error: str | None = None
+        self._lock = threading.Lock()  # the heartbeat slot and the unsent Approved messages
+        self._heartbeat: Envelope | None = None
+        self._unsent: list[Envelope] = []
+        self.crashed = False  # a loop thread ended by itself (a bug): main exits non-zero
         if self.state.events:
             log.info(
                 "resuming with %d known event(s) at incarnation %s",
@@ -88,32 +137,38 @@ class Forwarder:
             )
 
     # -- identity ---------------------------------------------------------------------------
+    def _with_override(self, observer: Observer) -> Observer:
+        if self.vm_name_override:
+            return replace(observer, vm_name=self.vm_name_override)
+        return observer
+
     def resolve_observer(self) -> Observer:
-        """Instance metadata once; on failure the hostname, retried every minute."""
+        """Instance metadata; on failure the hostname, retried every minute. The failure is
+        logged when it starts and when it changes, not at every retry."""
         try:
             observer = self.imds.instance_metadata()
             self.observer_resolved = True
+            self._observer_log.clear(f"instance metadata available: VM name {observer.vm_name!r}")
         except ImdsError as exc:
-            observer = hostname_observer()
-            self._next_observer_try = self.clock() + OBSERVER_RETRY_SECONDS
-            log.warning(
-                "instance metadata unavailable (%s): using hostname %r; retrying in %.0f s",
-                exc,
-                observer.vm_name,
-                OBSERVER_RETRY_SECONDS,
+            observer = self.fallback_observer()
+            self._next_observer_try = self.clock.monotonic() + OBSERVER_RETRY_SECONDS
+            self._observer_log.report(
+                f"instance metadata unavailable ({exc}): using hostname {observer.vm_name!r}; "
+                f"retried every {OBSERVER_RETRY_SECONDS:.0f} s"
             )
-        if self.vm_name_override:
-            observer = replace(observer, vm_name=self.vm_name_override)
-        self.observer = observer
-        return observer
+        self.observer = self._with_override(observer)
+        return self.observer
 
     # -- polling ----------------------------------------------------------------------------
     def poll_once(self) -> float | None:
-        """One poll; returns None when it succeeded, else the backoff before the next try."""
+        """One poll; returns None when it is on schedule, else the backoff before the next."""
+        self._flush_unsent()
         try:
             document = self.imds.get_document()
         except ImdsError as exc:
+            self._save_if_failing()  # a failed save is retried on every tick, IMDS or not
             delay = self._poll_backoff.next_delay(at_least=exc.retry_after or 0.0)
+            self.last_error = str(exc)
             log.warning(
                 "poll failed (%d in a row): %s; next poll in %.1f s",
                 self._poll_backoff.failures,
@@ -122,103 +177,283 @@ class Forwarder:
             )
             return delay
         self._poll_backoff.reset()
-        observed_at = self.now()
-        changes = diff(self.state.events, document, observed_at)
-        held_up_to = 0
-        if changes:
-            envelopes = [
+        observed_at = self.clock.now()
+        before = self.state
+        changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
+        lives = dict(before.lives)
+        envelopes: list[Envelope] = []
+        for change in changes:
+            life, message_id = lifecycle.advance(
+                lives.pop(change.event.key, None), change.transition.value, change.event
+            )
+            lives[change.event.key] = life  # re-inserted: the most recently touched come last
+            envelopes.append(
                 event_message(
-                    c.transition,
-                    c.event,
+                    change.transition,
+                    change.event,
                     self.observer,
                     document.incarnation,
                     observed_at,
-                    changes=c.changes,
+                    message_id=message_id,
+                    changes=change.changes,
                 )
-                for c in changes
-            ]
+            )
+        held_up_to = 0
+        if envelopes:
             # Held until the state that produced them is saved (see Outbox): a crash in
             # between loses nothing and publishes nothing the saved state does not know.
-            held_up_to = self.outbox.put(envelopes, hold=True)
-            for change, envelope in zip(changes, envelopes, strict=True):
-                log.info(
-                    "%s %s (%s, %s) incarnation %d",
-                    change.transition.value,
-                    change.event.event_id,
-                    change.event.event_type,
-                    change.event.status,
-                    document.incarnation,
-                    extra={"transition": change.transition.value, "messageId": envelope.message_id},
+            try:
+                held_up_to = self.outbox.put(envelopes, hold=True)
+            except OutboxError as exc:
+                # Nothing of this poll is recorded and the state stays where it was: the next
+                # poll derives these transitions again.
+                if self.outbox_failing_since is None:
+                    self.outbox_failing_since = observed_at
+                self.last_error = f"outbox write: {exc}"
+                self._outbox_log.report(
+                    f"cannot write the outbox ({exc}): {len(envelopes)} transition(s) not "
+                    "recorded yet; derived again on every poll until it can"
                 )
-        if changes or document.incarnation != self.state.incarnation:
-            self.state = ForwarderState(
+                self._save_if_failing()
+                return None
+        if self.outbox_failing_since is not None:
+            self.outbox_failing_since = None
+            self._outbox_log.clear("outbox writable again")
+        self.state = ForwarderState(
+            document.incarnation,
+            index(document.events),
+            max(before.outbox_seq, held_up_to),
+            bounded_lives(lives, {e.key for e in document.events}),
+            observed_at,
+        )
+        if (
+            changes
+            or document.incarnation != before.incarnation
+            or self.save_failing_since is not None
+        ):
+            self._save()
+        self._release_saved()
+        for change, envelope in zip(changes, envelopes, strict=True):
+            log.info(
+                "%s %s (%s, %s) incarnation %d",
+                change.transition.value,
+                change.event.event_id,
+                change.event.event_type,
+                change.event.status,
                 document.incarnation,
-                index(document.events),
-                max(self.state.outbox_seq, held_up_to),
+                extra={"transition": change.transition.value, "messageId": envelope.message_id},
             )
-            self.store.save(self.state)
-        if held_up_to:
-            self.outbox.release(held_up_to)
-            self.outbox_ready.set()
+        if envelopes:
+            self._notify(lambda listener: listener.transitions_recorded(envelopes))
         self.last_successful_poll = observed_at
         self.polls += 1
         return None
 
-    def heartbeat_if_due(self) -> None:
-        if self.heartbeat_interval <= 0 or self.clock() < self._next_heartbeat:
-            return
-        self._next_heartbeat = self.clock() + self.heartbeat_interval
-        self.enqueue(
-            heartbeat_message(
-                self.observer,
-                self.now(),
-                forwarder_version=__version__,
-                last_incarnation=self.state.incarnation,
-                outbox_depth=self.outbox.depth(),
-                last_successful_poll=self.last_successful_poll,
+    def _save(self) -> bool:
+        """Save the in-memory state; on failure it stays unsaved and is retried every tick."""
+        try:
+            self.store.save(self.state)
+        except Exception as exc:  # noqa: BLE001 - any failure: the state is unsaved
+            self.save_failures += 1
+            self.last_error = f"state save: {type(exc).__name__}: {exc}"
+            if self.save_failing_since is None:
+                self.save_failing_since = self.clock.now()
+                log.error(
+                    "cannot save the state file (%s: %s): transitions from now on are kept in "
+                    "the outbox but held back; the save is retried on every poll and releases "
+                    "them as soon as it succeeds",
+                    type(exc).__name__,
+                    exc,
+                )
+            else:
+                log.debug("state save failed again (%d): %s", self.save_failures, exc)
+            return False
+        if self.save_failing_since is not None:
+            log.warning(
+                "state saved again after %d failed attempt(s) since %s: held transitions released",
+                self.save_failures,
+                self.save_failing_since.isoformat(),
             )
+            self.save_failing_since = None
+            self.save_failures = 0
+        self._saved_seq = self.state.outbox_seq
+        return True
+
+    def _save_if_failing(self) -> None:
+        if self.save_failing_since is not None and self._save():
+            self._release_saved()
+
+    def _release_saved(self) -> None:
+        if self._saved_seq <= self._released_seq:
+            return
+        try:
+            self.outbox.release(self._saved_seq)
+        except OutboxError as exc:
+            self.last_error = f"outbox release: {exc}"
+            self._outbox_log.report(f"cannot release saved transitions ({exc}): retried")
+            return
+        self._released_seq = self._saved_seq
+        self.outbox_ready.set()
+
+    def health(self) -> Health:
+        try:
+            depth: int | None = self.outbox.depth()
+            aside = self.outbox.aside_count()
+        except OutboxError:
+            depth, aside = None, 0
+        return Health(
+            last_successful_poll=self.last_successful_poll,
+            polls=self.polls,
+            poll_failures=self._poll_backoff.failures,
+            state_save_failing_since=self.save_failing_since,
+            outbox_write_failing_since=self.outbox_failing_since,
+            publish_failures=self._send_backoff.failures,
+            outbox_depth=depth,
+            set_aside=aside,
+            last_error=self.last_error,
         )
 
-    def enqueue(self, envelope: Envelope) -> None:
-        self.outbox.put([envelope])
+    def heartbeat_if_due(self) -> None:
+        if self.heartbeat_interval <= 0 or self.clock.monotonic() < self._next_heartbeat:
+            return
+        self._next_heartbeat = self.clock.monotonic() + self.heartbeat_interval
+        health = self.health()
+        envelope = heartbeat_message(
+            self.observer,
+            self.clock.now(),
+            forwarder_version=__version__,
+            last_incarnation=self.state.incarnation,
+            outbox_depth=health.outbox_depth or 0,
+            last_successful_poll=self.last_successful_poll,
+            health={**health.heartbeat_health(), **self._listener_health()} or None,
+        )
+        with self._lock:
+            self._heartbeat = envelope  # only the latest matters
         self.outbox_ready.set()
+
+    def _listener_health(self) -> dict[str, Any]:
+        """What listeners report as wrong (hooks that failed, say), for the Heartbeat."""
+        out: dict[str, Any] = {}
+        for listener in self.listeners:
+            report = getattr(listener, "heartbeat_health", None)
+            if report is None:
+                continue
+            try:
+                out.update(report())
+            except Exception:
+                log.exception("listener %r health failed; ignored", listener)
+        return out
+
+    def life_of(self, key: str) -> lifecycle.Life | None:
+        """What this forwarder remembers of an event (for the ids of what it reports on it)."""
+        return self.state.lives.get(key)
+
+    def enqueue(self, envelope: Envelope) -> None:
+        """A message of the forwarder's own (Approved); kept in memory and retried every poll
+        while the outbox cannot take it."""
+        try:
+            self.outbox.put([envelope])
+        except OutboxError as exc:
+            with self._lock:
+                self._unsent = [*self._unsent, envelope][-MAX_UNSENT_APPROVED:]
+            log.error("cannot write %s to the outbox (%s): retried", envelope.message_id, exc)
+            return
+        self.outbox_ready.set()
+
+    def _flush_unsent(self) -> None:
+        with self._lock:
+            pending, self._unsent = self._unsent, []
+        if not pending:
+            return
+        try:
+            self.outbox.put(pending)
+        except OutboxError:
+            with self._lock:
+                self._unsent = [*pending, *self._unsent][-MAX_UNSENT_APPROVED:]
+            return
+        self.outbox_ready.set()
+
+    def _notify(self, call: Callable[[LoopListener], None]) -> None:
+        for listener in self.listeners:
+            try:
+                call(listener)
+            except Exception:
+                log.exception("listener %r failed; ignored", listener)
 
     def tick(self) -> float | None:
         """poll_once plus housekeeping; never raises. None = on schedule, else a backoff."""
         try:
-            if not self.observer_resolved and self.clock() >= self._next_observer_try:
+            if not self.observer_resolved and self.clock.monotonic() >= self._next_observer_try:
                 self.resolve_observer()
             delay = self.poll_once()
             self.heartbeat_if_due()
-            return delay
-        except Exception:
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("poll tick failed; going on")
-            return self._poll_backoff.next_delay()
+            delay = self._poll_backoff.next_delay()
+        if self.listeners:
+            health = self.health()
+            self._notify(lambda listener: listener.polled(health))
+        return delay
 
     def poll_loop(self) -> None:
-        next_at = self.clock()
+        next_at = self.clock.monotonic()
         while not self.stop_event.is_set():
             backoff = self.tick()
             if backoff is None:
                 # Fixed rate: one slow poll does not push every later poll back.
-                next_at = max(next_at + self.poll_interval, self.clock())
+                next_at = max(next_at + self.poll_interval, self.clock.monotonic())
             else:
-                next_at = self.clock() + backoff
-            self.stop_event.wait(max(0.0, next_at - self.clock()))
+                next_at = self.clock.monotonic() + backoff
+            self.stop_event.wait(max(0.0, next_at - self.clock.monotonic()))
+        # Keep when the last poll was, so that a restart measures its gap from there.
+        if self._save():
+            self._release_saved()
 
     # -- sending ----------------------------------------------------------------------------
     def send_pending(self) -> int:
-        """Send everything pending, in order; returns how many were sent. Raises PublishError."""
+        """Send everything pending, in order, then the latest Heartbeat; returns how many
+        transitions were sent. Raises PublishError (retry later) or OutboxError."""
         sent = 0
         while not self.stop_event.is_set():
-            batch = self.outbox.peek(SEND_BATCH)
-            if not batch:
+            rows = self.outbox.peek(PEEK_ROWS)
+            if not rows:
                 break
-            self.publisher.publish([envelope for _, envelope in batch])
-            self.outbox.remove([seq for seq, _ in batch])
-            sent += len(batch)
-            log.debug("sent %d message(s): %s", len(batch), [e.message_id for _, e in batch])
+            try:
+                count = self.publisher.publish([envelope for _, envelope in rows])
+            except MessageRefused as exc:
+                seq, envelope = rows[0]
+                self.outbox.set_aside(seq, exc.reason)
+                log.error(
+                    "SET ASIDE %s (%s): it cannot be sent even alone: %s. It is kept in the "
+                    "outbox's aside table; the messages behind it are sent on",
+                    envelope.message_id,
+                    envelope.subject,
+                    exc.reason,
+                )
+                continue
+            if not 1 <= count <= len(rows):
+                raise PublishError(f"the publisher reported {count} of {len(rows)} sent")
+            self.outbox.remove([seq for seq, _ in rows[:count]])
+            sent += count
+            log.debug("sent %d message(s): %s", count, [e.message_id for _, e in rows[:count]])
+        self._send_heartbeat()
         return sent
+
+    def _send_heartbeat(self) -> None:
+        with self._lock:
+            heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is None or self.stop_event.is_set():
+            return
+        try:
+            self.publisher.publish([heartbeat])
+        except MessageRefused as exc:
+            log.error("Heartbeat %s dropped: %s", heartbeat.message_id, exc.reason)
+        except PublishError:
+            with self._lock:
+                if self._heartbeat is None:
+                    self._heartbeat = heartbeat
+            raise
 
     def send_loop(self) -> None:
         try:
@@ -233,12 +468,12 @@ class Forwarder:
                     log.info("Service Bus reachable again: sent %d pending message(s)", sent)
                 self._send_backoff.reset()
                 self.outbox_ready.wait(5.0)
-            except PublishError as exc:
+            except (PublishError, OutboxError) as exc:
                 delay = self._send_backoff.next_delay()
+                self.last_error = f"publish: {exc}"
                 log.warning(
-                    "publish failed (%d in a row, %d pending): %s; retrying in %.1f s",
+                    "publish failed (%d in a row): %s; retrying in %.1f s",
                     self._send_backoff.failures,
-                    self.outbox.depth(),
                     exc,
                     delay,
                 )
@@ -248,34 +483,69 @@ class Forwarder:
                 self.stop_event.wait(self._send_backoff.next_delay())
 
     # -- lifecycle --------------------------------------------------------------------------
-    def run(self, extra_workers: tuple[Callable[[], None], ...] = ()) -> None:
+    def _guarded(self, body: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                body()
+            finally:
+                if not self.stop_event.is_set():
+                    log.error("%s ended unexpectedly: stopping", threading.current_thread().name)
+                    self.crashed = True
+                    self.stop()
+
+        return run
+
+    def run(
+        self,
+        extra_workers: tuple[Callable[[], None], ...] = (),
+        *,
+        join_timeout: float = JOIN_TIMEOUT,
+    ) -> bool:
+        """Poll, send and run ``extra_workers``, each on its own thread, until :meth:`stop`;
+        then give them ``join_timeout`` seconds in all to end. True when every one did."""
         self.resolve_observer()
-        threads = [threading.Thread(target=self.send_loop, name="sender", daemon=True)]
+        threads = [
+            threading.Thread(target=self._guarded(self.poll_loop), name="poller", daemon=True),
+            threading.Thread(target=self._guarded(self.send_loop), name="sender", daemon=True),
+        ]
         threads += [
-            threading.Thread(target=worker, name=getattr(worker, "__name__", "worker"), daemon=True)
+            threading.Thread(
+                target=self._guarded(worker),
+                name=getattr(worker, "__name__", "worker"),
+                daemon=True,
+            )
             for worker in extra_workers
         ]
         for thread in threads:
             thread.start()
-        try:
-            self.poll_loop()
-        finally:
-            self.stop_event.set()
-            self.outbox_ready.set()
-            for thread in threads:
-                thread.join(timeout=10.0)
+        self.stop_event.wait()
+        self.stop()  # the stop event may have been set alone (a signal): wake the sender too
+        deadline = self.clock.monotonic() + join_timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - self.clock.monotonic()))
+        stuck = [thread.name for thread in threads if thread.is_alive()]
+        if stuck:
+            log.info("not waiting longer than %.1f s for: %s", join_timeout, ", ".join(stuck))
+        return not stuck
 
     def run_once(self, send_timeout: float = 30.0) -> bool:
         """``--once``: one poll, then send what is pending. True when both succeeded."""
         self.resolve_observer()
-        polled = self.tick() is None
-        deadline = self.clock() + send_timeout
-        while self.outbox.depth() and self.clock() < deadline:
+        polled = self.tick() is None and self.save_failing_since is None
+        deadline = self.clock.monotonic() + send_timeout
+        while self.clock.monotonic() < deadline and not self.stop_event.is_set():
             try:
+                if not self.outbox.peek(1):
+                    break
                 self.send_pending()
-            except PublishError as exc:
+            except (PublishError, OutboxError) as exc:
                 log.warning("publish failed: %s", exc)
-                time.sleep(min(self._send_backoff.next_delay(), max(0.0, deadline - self.clock())))
+                left = max(0.0, deadline - self.clock.monotonic())
+                self.stop_event.wait(min(self._send_backoff.next_delay(), left))
+        try:
+            self._send_heartbeat()
+        except PublishError as exc:
+            log.warning("Heartbeat not sent: %s", exc)
         if self.outbox.depth():
             log.error("%d message(s) still pending in the outbox", self.outbox.depth())
         return polled and not self.outbox.depth()

@@ -12,7 +12,7 @@ import logging
 
 import azure.functions as func
 
-from functions.triggers import decode
+from functions.shared.triggers import decode, log_invocation
 from sebridge.contract.events import TransitionMessage
 
 log = logging.getLogger("sebridge.functions.custom")
@@ -37,6 +37,7 @@ def summary(message: TransitionMessage) -> str:
     connection="ServiceBusConnection",
     is_sessions_enabled=True,
 )
+@log_invocation
 def custom_example(msg: func.ServiceBusMessage) -> None:
     message = decode(msg, "custom_example")
     if message is not None:

@@ -30,11 +30,28 @@ param attachIdentity bool = true
 @description('Change to rerun the installer with unchanged settings (e.g. to pick up a new build behind the same packageSource).')
 param forceUpdateTag string = ''
 
+@description('The hooks file (JSON text, README "Hooks") installed on every VM as /etc/sebridge/hooks.json, root-owned, and given to the forwarder. Empty: no hooks. It names commands the forwarder runs: they must already be on the VMs (your image, or your own extension).')
+@maxLength(65536)
+param hooksJson string = ''
+
+@description('Port of the drain probe (README "Drain through the health probe"): a load balancer health probe that answers 503 while an impactful event of the VM is on. 0: off.')
+@minValue(0)
+@maxValue(65535)
+param drainProbePort int = 0
+
+@description('Seconds from the first 503 of the drain probe until the VM counts as drained and Prepared is published: probe interval x unhealthy threshold + the connection drain time of your load balancer.')
+@minValue(0)
+@maxValue(86400)
+param drainSeconds int = 30
+
 // The script and the unit travel inside the command, base64-encoded: the VM runs exactly the
 // files of this commit, needs no download location, and no value can break the shell quoting.
 var scriptBase64 = loadFileAsBase64('scripts/install-forwarder.sh')
 var unitBase64 = loadFileAsBase64('scripts/sebridge-forwarder.service')
-var installCommand = 'mkdir -p sebridge && cd sebridge && echo ${scriptBase64} | base64 -d > install-forwarder.sh && echo ${unitBase64} | base64 -d > sebridge-forwarder.service && SEBRIDGE_NAMESPACE="$(echo ${base64(serviceBusNamespace)} | base64 -d)" AZURE_CLIENT_ID="$(echo ${base64(forwarderIdentityClientId)} | base64 -d)" SEBRIDGE_PACKAGE="$(echo ${base64(packageSource)} | base64 -d)" bash install-forwarder.sh'
+// Optional settings travel the same way; an empty one is left out of the configuration.
+var drainProbePortText = drainProbePort == 0 ? '' : string(drainProbePort)
+var drainSecondsText = drainProbePort == 0 ? '' : string(drainSeconds)
+var installCommand = 'mkdir -p sebridge && cd sebridge && echo ${scriptBase64} | base64 -d > install-forwarder.sh && echo ${unitBase64} | base64 -d > sebridge-forwarder.service && SEBRIDGE_NAMESPACE="$(echo ${base64(serviceBusNamespace)} | base64 -d)" AZURE_CLIENT_ID="$(echo ${base64(forwarderIdentityClientId)} | base64 -d)" SEBRIDGE_PACKAGE="$(echo ${base64(packageSource)} | base64 -d)" SEBRIDGE_HOOKS_JSON="$(echo ${base64(hooksJson)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_PORT="$(echo ${base64(drainProbePortText)} | base64 -d)" SEBRIDGE_DRAIN_SECONDS="$(echo ${base64(drainSecondsText)} | base64 -d)" bash install-forwarder.sh'
 // The extension reruns whenever what it would install changes.
 var updateTag = empty(forceUpdateTag) ? uniqueString(installCommand) : forceUpdateTag
 

@@ -42,6 +42,11 @@ param lbImpactfulEventTypes string = 'Reboot,Redeploy,Preempt,Terminate'
 @minValue(0)
 param lbFreezeThresholdSeconds int = 9
 
+@description('Fewest healthy members lb-pools leaves in a backend pool (LB_MIN_HEALTHY); 0 turns the capacity guard off.')
+@minValue(0)
+@maxValue(1000)
+param lbMinHealthy int = 1
+
 @description('Approval policy JSON (APPROVAL_POLICY); empty uses the documented default.')
 param approvalPolicy string = ''
 
@@ -57,6 +62,18 @@ param customSubscriberEnabled bool = false
 
 @description('Subscription your own subscriber function reads (CustomSubscriptionName): its own, not one of teams, lb-pools, approval-gate, audit. Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
 param customSubscriptionName string = ''
+
+@description('Webhook endpoints of the webhooks workflow (WEBHOOKS): objects with name, preset (slack, pagerduty, generic), urlSetting, routingKeySetting, transitions, eventTypes, impactfulOnly, template. No secret here: urlSetting and routingKeySetting name app settings listed in webhookSecretSettings.')
+param webhookEndpoints array = []
+
+@description('App settings that hold the webhook secrets (URLs, PagerDuty routing keys), e.g. WEBHOOK_OPS_SLACK_URL: each becomes a Key Vault reference to the secret of the same name in lower case with dashes (webhook-ops-slack-url), which you set after deployment.')
+param webhookSecretSettings array = []
+
+@description('Deploy the alert rules: dead-lettered messages (topic and approvals queue) and forwarders whose Heartbeat stopped.')
+param alertsEnabled bool = false
+
+@description('Resource ids of the action groups the alert rules notify; empty: the alerts show in the portal only.')
+param alertActionGroupIds array = []
 
 @description('Upper bound of Function App instances.')
 @minValue(1)
@@ -74,6 +91,31 @@ param logRetentionInDays int = 30
 @description('Tags for every resource.')
 param tags object = {}
 
+@description('Agentless mode (preview): run the Event Grid ingestion function (EVENTGRID_INGEST_ENABLED) and create its blob containers. Deploy the code, then deploy again with agentlessEventSubscription.')
+param agentlessIngest bool = false
+
+@description('Create the Event Grid system topic Microsoft.ResourceNotifications.MaintenanceResources (location global, source this subscription) and its event subscription to the ingestion function. Needs agentlessIngest and the function code deployed: Event Grid checks that the function exists.')
+param agentlessEventSubscription bool = false
+
+@description('Name of the system topic; empty: a name from the abbreviations. A subscription holds one system topic per topic type: if yours has one for Microsoft.ResourceNotifications.MaintenanceResources, give its name (it must be in this resource group).')
+param agentlessSystemTopicName string = ''
+
+@description('Schema Event Grid delivers the notifications in (the function reads both).')
+@allowed([
+  'EventGridSchema'
+  'CloudEventSchemaV1_0'
+])
+param agentlessDeliverySchema string = 'EventGridSchema'
+
+@description('Resource groups whose VMs run no forwarder (AGENTLESS_RESOURCE_GROUPS): the approval gate acknowledges their events through ARM. List them in lbManagedResourceGroups too, for the acknowledge permission.')
+param agentlessResourceGroups array = []
+
+@description('VM and scale-set name patterns (shell-style, e.g. batch-*) that run no forwarder (AGENTLESS_VM_PATTERNS).')
+param agentlessVmPatterns array = []
+
+@description('Existing VMs, scale sets and availability sets to opt in to scheduled events in Event Grid (scheduledEventsPolicy, Compute API 2025-04-01), one entry per resource group: {resourceGroup, vmNames, vmssNames, availabilitySetNames}. Register the preview features first (README, Deploy: Agentless mode).')
+param scheduledEventsPolicyTargets array = []
+
 var abbrs = loadJsonContent('abbreviations.json')
 // Stable per resource group and environment, so redeployments update rather than duplicate.
 var resourceToken = toLower(uniqueString(subscription().id, resourceGroup().id, environmentName))
@@ -87,10 +129,12 @@ var allTags = union(tags, {
 var teamsSubscriptionName = 'teams'
 var lbPoolsSubscriptionName = 'lb-pools'
 var approvalGateSubscriptionName = 'approval-gate'
+var webhooksSubscriptionName = 'webhooks'
 var builtInSubscriptionNames = [
   teamsSubscriptionName
   lbPoolsSubscriptionName
   approvalGateSubscriptionName
+  webhooksSubscriptionName
 ]
 var customSubscriptionNames = (customSubscriberEnabled && !empty(customSubscriptionName)) ? [
   customSubscriptionName
@@ -98,6 +142,9 @@ var customSubscriptionNames = (customSubscriberEnabled && !empty(customSubscript
 var functionAppSubscriptionNames = concat(builtInSubscriptionNames, customSubscriptionNames)
 
 var teamsWebhookSecretName = 'teams-webhook-url'
+// Agentless mode's containers in the host storage account.
+var eventGridStateContainerName = 'sebridge-eventgrid-state'
+var eventGridDeadLetterContainerName = 'sebridge-eventgrid-deadletters'
 var approvalSigningKeySecretName = 'approval-signing-key'
 
 module serviceBus 'modules/servicebus.bicep' = {
@@ -130,6 +177,8 @@ module storage 'modules/storage.bicep' = {
     name: take('${abbrs.storageAccount}${toLower(environmentName)}${resourceToken}', 24)
     deploymentContainerName: 'app-package'
     heartbeatContainerName: 'sebridge-heartbeats'
+    poolStateContainerName: 'sebridge-pools'
+    eventGridStateContainerName: eventGridStateContainerName
     tags: allTags
   }
 }
@@ -168,6 +217,7 @@ module functionApp 'modules/functionapp.bicep' = {
     teamsSubscriptionName: teamsSubscriptionName
     lbPoolsSubscriptionName: lbPoolsSubscriptionName
     approvalGateSubscriptionName: approvalGateSubscriptionName
+    webhooksSubscriptionName: webhooksSubscriptionName
     approvalsQueueName: serviceBus.outputs.approvalsQueueName
     keyVaultUri: keyVault.outputs.vaultUri
     teamsWebhookSecretName: teamsWebhookSecretName
@@ -175,15 +225,57 @@ module functionApp 'modules/functionapp.bicep' = {
     approvalPolicy: approvalPolicy
     lbImpactfulEventTypes: lbImpactfulEventTypes
     lbFreezeThresholdSeconds: lbFreezeThresholdSeconds
+    lbMinHealthy: lbMinHealthy
     lbManagedResourceGroups: lbManagedResourceGroups
     acknowledgeFallbackEnabled: acknowledgeFallbackEnabled
     heartbeatStaleSeconds: heartbeatStaleSeconds
     customSubscriberEnabled: customSubscriberEnabled
     customSubscriptionName: customSubscriptionName
+    webhookEndpoints: webhookEndpoints
+    webhookSecretSettings: webhookSecretSettings
     heartbeatStoreUrl: storage.outputs.heartbeatContainerUrl
     maximumInstanceCount: functionMaximumInstanceCount
+    eventGridIngestEnabled: agentlessIngest
+    eventGridStateUrl: agentlessIngest ? 'https://${storage.outputs.name}.blob.${environment().suffixes.storage}/${eventGridStateContainerName}' : ''
+    agentlessResourceGroups: agentlessResourceGroups
+    agentlessVmPatterns: agentlessVmPatterns
   }
 }
+
+module agentlessStorage 'modules/agentless-storage.bicep' = if (agentlessIngest) {
+  name: 'agentless-storage'
+  params: {
+    storageAccountName: storage.outputs.name
+    stateContainerName: eventGridStateContainerName
+    deadLetterContainerName: eventGridDeadLetterContainerName
+  }
+}
+
+module eventGrid 'modules/eventgrid-ingest.bicep' = if (agentlessIngest && agentlessEventSubscription) {
+  name: 'eventgrid-ingest'
+  params: {
+    systemTopicName: empty(agentlessSystemTopicName) ? '${abbrs.eventGridSystemTopic}sebridge-maintenance-${environmentName}' : agentlessSystemTopicName
+    functionAppName: functionApp.outputs.name
+    eventDeliverySchema: agentlessDeliverySchema
+    storageAccountName: storage.outputs.name
+    deadLetterContainerName: eventGridDeadLetterContainerName
+    tags: allTags
+  }
+  dependsOn: [
+    agentlessStorage
+  ]
+}
+
+// One deployment per resource group holding VMs to opt in (cut to fit 64 characters).
+module scheduledEventsPolicy 'modules/scheduled-events-policy.bicep' = [for target in scheduledEventsPolicyTargets: {
+  name: '${take('scheduled-events-policy-${target.resourceGroup}', 50)}-${uniqueString(target.resourceGroup)}'
+  scope: resourceGroup(target.resourceGroup)
+  params: {
+    vmNames: target.?vmNames ?? []
+    vmssNames: target.?vmssNames ?? []
+    availabilitySetNames: target.?availabilitySetNames ?? []
+  }
+}]
 
 module functionAppRoles 'modules/functionapp-roles.bicep' = {
   name: 'functionapp-roles'
@@ -217,6 +309,21 @@ module poolRoles 'modules/managed-group-roles.bicep' = [for rg in lbManagedResou
   }
 }]
 
+module alerts 'modules/alerts.bicep' = if (alertsEnabled) {
+  name: 'alerts'
+  params: {
+    location: location
+    namePrefix: '${abbrs.alertRule}sebridge-${environmentName}'
+    namespaceName: serviceBus.outputs.namespaceName
+    topicName: serviceBus.outputs.topicName
+    approvalsQueueName: serviceBus.outputs.approvalsQueueName
+    appInsightsName: monitoring.outputs.appInsightsName
+    heartbeatStaleSeconds: heartbeatStaleSeconds
+    actionGroupIds: alertActionGroupIds
+    tags: allTags
+  }
+}
+
 @description('Fully qualified Service Bus namespace (SEBRIDGE_NAMESPACE on the VMs).')
 output serviceBusNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 
@@ -239,6 +346,7 @@ output keyVaultName string = keyVault.outputs.name
 output keyVaultSecretNames object = {
   teamsWebhookUrl: teamsWebhookSecretName
   approvalSigningKey: approvalSigningKeySecretName
+  webhooks: [for setting in webhookSecretSettings: toLower(replace(setting, '_', '-'))]
 }
 
 @description('Client id of the forwarders\' identity (AZURE_CLIENT_ID on the VMs).')

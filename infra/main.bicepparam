@@ -21,6 +21,22 @@ param heartbeatStaleSeconds = 900
 // then set customSubscriberEnabled = true and customSubscriptionName = '<its name>'.
 param customSubscriberEnabled = false
 
+// Notifications beyond Teams (README, "Webhooks"). No secret here: urlSetting and
+// routingKeySetting name app settings, and each one listed in webhookSecretSettings becomes a
+// Key Vault reference to the secret of that name in lower case with dashes, set after deployment.
+param webhookEndpoints = [
+  // { name: 'ops-slack', preset: 'slack', urlSetting: 'WEBHOOK_OPS_SLACK_URL' }
+  // { name: 'oncall', preset: 'pagerduty', routingKeySetting: 'WEBHOOK_ONCALL_ROUTING_KEY' }
+]
+param webhookSecretSettings = [
+  // 'WEBHOOK_OPS_SLACK_URL'
+  // 'WEBHOOK_ONCALL_ROUTING_KEY'
+]
+
+// Alert rules: dead-lettered messages and forwarders whose Heartbeat stopped (README, "Telemetry").
+param alertsEnabled = false
+param alertActionGroupIds = []
+
 // Object id of whoever sets the Key Vault secrets (az ad signed-in-user show --query id -o tsv).
 param secretsOfficerPrincipalId = ''
 

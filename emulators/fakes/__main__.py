@@ -1,8 +1,13 @@
-"""``python -m emulators.fakes``: run the four fakes on loopback and print the app settings.
+"""``sebridge fakes``: run the four fakes on loopback and print the app settings they need.
 
 With ``--demo-world`` the fake ARM holds the golden test world: web-1 and web-2 in rg-web,
 both in lb-web's pool-a. Cards and pool changes are printed as they happen. Stops on Ctrl-C or
 SIGTERM, or after ``--seconds``.
+
+With ``--port-base N`` the fakes listen on fixed ports (Teams N, ARM N+1, identity N+2, blob
+N+3) and with ``--identity-header`` the identity endpoint takes a fixed header, so that a
+settings file can name them: ``emulators/local.settings.demo.json`` does, for
+``--port-base 17071 --identity-header local-demo-identity-header``.
 """
 
 from __future__ import annotations
@@ -22,26 +27,64 @@ DEMO_SUBSCRIPTION = "00000000-0000-4000-8000-000000000001"
 DEMO_GROUP = "rg-web"
 
 
+# The golden test world's observer (tests/fixtures/golden.py): its messages pass the scope check.
+DEMO_OBSERVER_VM_ID = "5c1a2c2a-79e3-4bd2-9a55-000000000001"
+
+
 def seed_demo_world(arm: FakeArm) -> None:
+    """web-1 (with the golden observer's vmId), web-2 and web-3 in one availability set behind
+    lb-web's pool-a: web-3 keeps the pool above LB_MIN_HEALTHY while web-1 and web-2 drain."""
     lb = arm.add_load_balancer(DEMO_SUBSCRIPTION, DEMO_GROUP, "lb-web", ["pool-a"])
-    for vm in ("web-1", "web-2"):
-        arm.add_vm(DEMO_SUBSCRIPTION, DEMO_GROUP, vm, [f"{lb}/backendAddressPools/pool-a"])
+    aset = arm.add_availability_set(DEMO_SUBSCRIPTION, DEMO_GROUP, "as-web")
+    pool = f"{lb}/backendAddressPools/pool-a"
+    arm.add_vm(
+        DEMO_SUBSCRIPTION,
+        DEMO_GROUP,
+        "web-1",
+        [pool],
+        availability_set=aset,
+        vm_id=DEMO_OBSERVER_VM_ID,
+    )
+    for vm in ("web-2", "web-3"):
+        arm.add_vm(DEMO_SUBSCRIPTION, DEMO_GROUP, vm, [pool], availability_set=aset)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emulators.fakes", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sebridge fakes",
+        description="Run the Teams, ARM, managed-identity and blob fakes on 127.0.0.1 and print "
+        "the app settings that point at them.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--demo-world", action="store_true", help="seed the fake ARM")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=0,
+        help="Teams on this port, ARM +1, identity +2, blob +3 (0: free ports)",
+    )
+    parser.add_argument(
+        "--identity-header",
+        default=None,
+        help="the X-IDENTITY-HEADER the identity fake expects (default: a random one)",
+    )
     parser.add_argument("--seconds", type=float, default=24 * 3600.0, help="stop after this long")
     args = parser.parse_args(argv)
+    if not (args.port_base == 0 or 1024 <= args.port_base <= 65532):
+        parser.error("--port-base must be 0 or 1024..65532")
     teams, arm = FakeTeams(print_cards=True), FakeArm(print_changes=True)
-    identity, storage = FakeIdentity(), FakeBlobStorage()
-    servers = [teams.start(), arm.start(), identity.start(), storage.start()]
+    identity, storage = FakeIdentity(header=args.identity_header), FakeBlobStorage()
+    ports = [args.port_base + i if args.port_base else 0 for i in range(4)]
+    servers = [
+        fake.start(port) for fake, port in zip((teams, arm, identity, storage), ports, strict=True)
+    ]
     if args.demo_world:
         seed_demo_world(arm)
     settings = {
         "TEAMS_WEBHOOK_URL": teams.webhook_url,
         "ARM_ENDPOINT": arm.url,
         "HEARTBEAT_STORE_URL": storage.container_url("sebridge-heartbeats"),
+        "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
         **identity.environ(),
     }
     print(json.dumps(settings, indent=2), flush=True)

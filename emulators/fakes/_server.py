@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -19,6 +20,7 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
+    at: float = field(default_factory=time.time)  # when the request came in (wall clock)
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
@@ -43,6 +45,10 @@ class LoopbackServer:
     def handle(self, request: Request) -> Reply:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def delay(self, request: Request) -> float:
+        """Seconds to wait before handling ``request``, outside the lock (slow-server faults)."""
+        return 0.0
+
     @property
     def port(self) -> int:
         if self._server is None:
@@ -53,7 +59,8 @@ class LoopbackServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> LoopbackServer:
+    def start(self, port: int = 0) -> LoopbackServer:
+        """Serve on 127.0.0.1:``port`` (0: a free one) in a thread."""
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -73,6 +80,9 @@ class LoopbackServer:
                     headers={k.lower(): v for k, v in self.headers.items()},
                     body=body,
                 )
+                pause = fake.delay(request)
+                if pause > 0:
+                    time.sleep(pause)
                 with fake.lock:
                     fake.requests.append(request)
                     reply = fake.handle(request)
@@ -96,7 +106,7 @@ class LoopbackServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # tests read self.requests; stderr stays quiet
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever,

@@ -18,9 +18,9 @@ TOKEN_PATH = "/msi/token"  # noqa: S105 - a URL path, not a password
 
 
 class FakeIdentity(LoopbackServer):
-    def __init__(self, lifetime: int = 3600) -> None:
+    def __init__(self, lifetime: int = 3600, header: str | None = None) -> None:
         super().__init__()
-        self.header = secrets.token_hex(16)
+        self.header = header or secrets.token_hex(16)
         self.lifetime = lifetime
         self.issued: dict[str, str] = {}  # token -> resource
 

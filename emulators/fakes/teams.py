@@ -11,8 +11,11 @@ from collections import deque
 from typing import Any
 
 from emulators.fakes._server import LoopbackServer, Reply, Request
-from functions.cards import ATTACHMENT_TYPE, card_text_lines
 
+# What Teams Workflows takes: a message with one Adaptive Card attachment.
+ATTACHMENT_TYPE = "application/vnd.microsoft.card.adaptive"
+# The bridge's cards put each fact in a RichTextBlock whose id starts so (functions/teams/cards.py).
+FACT_PREFIX = "fact-"
 WEBHOOK_PATH = "/workflows/sebridge/triggers/manual/paths/invoke"
 
 
@@ -54,5 +57,32 @@ class FakeTeams(LoopbackServer):
 
 
 def card_lines(card: dict[str, Any]) -> list[str]:
-    """A card as readable text lines (title, facts, text, buttons) for the demo."""
-    return card_text_lines(card)
+    """A card as readable lines (for the demo and for logs): title, facts, text, buttons."""
+    lines: list[str] = []
+
+    def walk(items: list[Any]) -> None:
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            kind = item.get("type")
+            if kind == "TextBlock":
+                lines.append(str(item.get("text", "")))
+            elif kind == "RichTextBlock":
+                text = "".join(
+                    i if isinstance(i, str) else str(i.get("text", ""))
+                    for i in item.get("inlines", [])
+                    if isinstance(i, str | dict)
+                )
+                lines.append(
+                    ("  " if str(item.get("id", "")).startswith(FACT_PREFIX) else "") + text
+                )
+            elif kind == "FactSet":
+                lines.extend(f"  {f.get('title')}: {f.get('value')}" for f in item.get("facts", []))
+            elif kind == "Container":
+                walk(item.get("items", []))
+
+    walk(card.get("body", []))
+    for action in card.get("actions", []):
+        # The URL carries a signed token: show that there is a button, not the credential.
+        lines.append(f"  [{action.get('title')}] ({action.get('type')})")
+    return lines

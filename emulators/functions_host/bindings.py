@@ -23,7 +23,7 @@ from emulators.functions_host.settings import SettingsError, resolve_expression
 RETURN = "$return"
 A = TypeVar("A")
 B = TypeVar("B")
-SUPPORTED_TRIGGERS = ("serviceBusTrigger", "httpTrigger")
+SUPPORTED_TRIGGERS = ("serviceBusTrigger", "httpTrigger", "eventGridTrigger")
 SUPPORTED_OUTPUTS = ("serviceBus", "http")
 ALL_HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE")
 
@@ -84,6 +84,22 @@ class HttpTrigger:
 
 
 @dataclass(frozen=True)
+class EventGridTrigger:
+    """Served at /runtime/webhooks/EventGrid?functionName=<name> (see eventgrid.py)."""
+
+    param: str
+    function_name: str
+
+    @property
+    def entity(self) -> str:
+        return f"/runtime/webhooks/EventGrid?functionName={self.function_name}"
+
+    @property
+    def kind(self) -> str:
+        return "eventGridTrigger"
+
+
+@dataclass(frozen=True)
 class ServiceBusOutput:
     param: str
     connection: Connection
@@ -100,7 +116,7 @@ class HttpOutput:
     param: str
 
 
-Trigger = ServiceBusTrigger | HttpTrigger
+Trigger = ServiceBusTrigger | HttpTrigger | EventGridTrigger
 Output = ServiceBusOutput | HttpOutput
 
 
@@ -163,7 +179,7 @@ def _discover_one(function: FunctionMetadata, settings: Mapping[str, str]) -> Fu
             if kind.endswith("Trigger") or kind.endswith("trigger"):
                 if trigger is not None:
                     raise BindingError([f"{label}: a function has exactly one trigger"])
-                trigger = _trigger(kind, name, binding, settings, label)
+                trigger = _trigger(kind, name, binding, settings, label, function.name)
             elif direction == "out":
                 outputs.append(_output(kind, name, binding, settings, label))
             else:
@@ -232,7 +248,12 @@ def _entity(
 
 
 def _trigger(
-    kind: str, name: str, binding: Mapping[str, Any], settings: Mapping[str, str], label: str
+    kind: str,
+    name: str,
+    binding: Mapping[str, Any],
+    settings: Mapping[str, str],
+    label: str,
+    function_name: str = "",
 ) -> Trigger:
     if kind == "serviceBusTrigger":
         connection, (queue, topic, subscription) = _both(
@@ -263,6 +284,8 @@ def _trigger(
         return HttpTrigger(
             param=name, route=route, methods=methods, auth_level=str(auth).lower() if auth else None
         )
+    if kind == "eventGridTrigger":
+        return EventGridTrigger(param=name, function_name=function_name)
     raise BindingError(
         [
             f"{label}: trigger type {kind!r} is not supported by the local functions host "

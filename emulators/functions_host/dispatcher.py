@@ -50,7 +50,8 @@ from emulators.functions_host.bindings import FunctionSpec, ServiceBusTrigger
 from emulators.functions_host.hostconfig import MAX_CONCURRENT_RECEIVERS, ServiceBusOptions
 from emulators.functions_host.invoke import FunctionInvoker
 from emulators.functions_host.logs import event
-from emulators.functions_host.sbclient import Backoff, ClientFactory, OutputSender, make_client
+from emulators.functions_host.sbclient import ClientFactory, OutputSender, make_client
+from sebridge.retry import Backoff
 
 SESSION_ACCEPT_WAIT_S = 2.0  # how long one NEXT_AVAILABLE_SESSION accept waits on the broker
 RECEIVE_WAIT_S = 0.5  # one receive call's wait: also how quickly a thread notices stop
@@ -160,7 +161,7 @@ class _ReceiverWorker(threading.Thread):
         self.current_message_id: str | None = None
         self._client: ServiceBusClient | None = None
         self._client_lock = threading.Lock()
-        self._backoff = Backoff()
+        self._backoff = Backoff(0.5, 15.0, floor=0.25)
         self._logger = dispatcher._logger
         self._options = dispatcher._options
         self._auto_complete = dispatcher.auto_complete(function.trigger)
@@ -397,7 +398,7 @@ class _ReceiverWorker(threading.Thread):
     def _settle_one(
         self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage, *, failed: bool
     ) -> None:
-        backoff = Backoff(base=0.2, cap=2.0)
+        backoff = Backoff(0.2, 2.0, floor=0.1)
         for attempt in range(SETTLE_ATTEMPTS):
             try:
                 if failed:

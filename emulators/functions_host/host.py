@@ -42,6 +42,7 @@ from azure.functions.decorators.function_app import FunctionRegister
 from emulators.functions_host import loader
 from emulators.functions_host.bindings import (
     BindingError,
+    EventGridTrigger,
     FunctionSpec,
     HttpTrigger,
     ServiceBusTrigger,
@@ -49,6 +50,7 @@ from emulators.functions_host.bindings import (
     select,
 )
 from emulators.functions_host.dispatcher import Dispatcher, ServiceBusFunction
+from emulators.functions_host.eventgrid import WEBHOOK_PATH, EventGridFunction, EventGridWebhook
 from emulators.functions_host.hostconfig import HostConfig, HostConfigError, parse_host_json
 from emulators.functions_host.http_server import HttpFunction, HttpHost, RouteError, compile_route
 from emulators.functions_host.invoke import FunctionInvoker, FunctionLoadError
@@ -118,6 +120,7 @@ class FunctionsHost:
         self._outputs: OutputSender | None = None
         self._dispatcher: Dispatcher | None = None
         self._http: HttpHost | None = None
+        self._eventgrid: EventGridWebhook | None = None
         self.specs: list[FunctionSpec] = []
         self.config = HostConfig()
 
@@ -164,6 +167,7 @@ class FunctionsHost:
             ) from exc
         sb_functions: list[ServiceBusFunction] = []
         http_functions: list[HttpFunction] = []
+        eventgrid_functions: list[EventGridFunction] = []
         problems: list[str] = []
         for spec in self.specs:
             entry = indexed[spec.name]
@@ -171,6 +175,8 @@ class FunctionsHost:
                 invoker = FunctionInvoker(spec, entry.user_function, entry.directory)
                 if isinstance(spec.trigger, ServiceBusTrigger):
                     sb_functions.append(ServiceBusFunction(spec, spec.trigger, invoker))
+                elif isinstance(spec.trigger, EventGridTrigger):
+                    eventgrid_functions.append(EventGridFunction(spec, spec.trigger, invoker))
                 else:
                     assert isinstance(spec.trigger, HttpTrigger)
                     route = compile_route(self.config.route_prefix, spec.trigger.route)
@@ -182,6 +188,7 @@ class FunctionsHost:
 
         self._outputs = OutputSender(self._factory)
         status = {"functions": [s.name for s in self.specs]}
+        self._eventgrid = EventGridWebhook(eventgrid_functions, self._outputs, self.logger)
         self._http = HttpHost(
             http_functions,
             self._outputs,
@@ -189,6 +196,7 @@ class FunctionsHost:
             host=self._bind[0],
             port=self._bind[1],
             status=status,
+            webhooks={WEBHOOK_PATH: self._eventgrid.handle},
         )
         self._log_functions()
         self._http.start()
@@ -243,6 +251,8 @@ class FunctionsHost:
                     "cardinality": trigger.cardinality,
                     "connection": trigger.connection.describe(),
                 }
+            elif isinstance(trigger, EventGridTrigger):
+                fields |= {"entity": trigger.entity}
             else:
                 prefix = f"/{self.config.route_prefix}" if self.config.route_prefix else ""
                 fields |= {
@@ -277,6 +287,9 @@ class FunctionsHost:
         if self._http is not None:
             self._http.stop()
             self._http = None
+        if self._eventgrid is not None:
+            self._eventgrid.close()
+            self._eventgrid = None
         if self._outputs is not None:
             self._outputs.close()
             self._outputs = None

@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -164,6 +164,11 @@ def build_response(value: Any) -> Response:
     return Response(int(fields["status_code"].value), headers, body)
 
 
+# The host's own webhook endpoints (e.g. /runtime/webhooks/eventgrid): lower-case path ->
+# handler(method, url, headers, body). They take any method, as the host's do.
+Webhook = Callable[[str, str, dict[str, str], bytes], "Response"]
+
+
 class HttpHost:
     """A ThreadingHTTPServer bound to loopback that routes to the app's HTTP functions."""
 
@@ -176,8 +181,10 @@ class HttpHost:
         host: str = "127.0.0.1",
         port: int = 0,
         status: dict[str, Any] | None = None,
+        webhooks: Mapping[str, Webhook] | None = None,
     ) -> None:
         self.functions = list(functions)
+        self.webhooks = {path.lower().rstrip("/"): hook for path, hook in (webhooks or {}).items()}
         self.outputs = outputs
         self.logger = logger
         self.status = status or {}
@@ -215,6 +222,9 @@ class HttpHost:
         if method == "GET" and path.rstrip("/") == "/admin/host/status":
             document = json.dumps({"state": "Running", **self.status}).encode()
             return Response(200, [("Content-Type", "application/json")], document)
+        webhook = self.webhooks.get(path.lower().rstrip("/"))
+        if webhook is not None:
+            return webhook(method, url, headers, body)
         found = match_route(self.functions, method, path)
         if found is None:
             return Response(404, [], b"")

@@ -1,14 +1,14 @@
-"""The only place Service Bus clients are built: connections, backoff, output sending.
+"""The functions host's Service Bus clients (built by ``sebridge.servicebus.client``, from
+the connection settings as the runtime reads them) and output sending.
 
 Clients are not thread-safe, so every receiver thread owns its client, and each output entity
 has one sender guarded by a lock. The SDK's own retries are kept short; longer outages are
-handled by the callers' reconnect loop with `Backoff`.
+handled by the callers' reconnect loop with ``sebridge.retry.Backoff``.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,19 +22,20 @@ from emulators.functions_host.connection import (
     ConnectionStringConnection,
     IdentityConnection,
 )
+from sebridge import servicebus
 
 ClientFactory = Callable[..., ServiceBusClient]  # (connection, *, retry_total=2) -> client
 
 
 def make_client(connection: Connection, *, retry_total: int = 2) -> ServiceBusClient:
     """A client for one connection; `retry_total` is the SDK's own retry count per operation."""
+    options: dict[str, Any] = {
+        "retry_total": retry_total,
+        "retry_backoff_factor": 0.5,
+        "retry_backoff_max": 4,
+    }
     if isinstance(connection, ConnectionStringConnection):
-        return ServiceBusClient.from_connection_string(
-            connection.connection_string,
-            retry_total=retry_total,
-            retry_backoff_factor=0.5,
-            retry_backoff_max=4,
-        )
+        return servicebus.client(connection_string=connection.connection_string, **options)
     assert isinstance(connection, IdentityConnection)
     # Imported here: azure.identity is only needed for identity-based connections.
     from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
@@ -44,30 +45,9 @@ def make_client(connection: Connection, *, retry_total: int = 2) -> ServiceBusCl
         credential = ManagedIdentityCredential(client_id=connection.client_id)
     else:
         credential = DefaultAzureCredential(managed_identity_client_id=connection.client_id)
-    return ServiceBusClient(
-        connection.fully_qualified_namespace,
-        credential,
-        retry_total=retry_total,
-        retry_backoff_factor=0.5,
-        retry_backoff_max=4,
+    return servicebus.client(
+        namespace=connection.fully_qualified_namespace, credential=credential, **options
     )
-
-
-class Backoff:
-    """Exponential backoff with jitter: half the step fixed, half random, capped."""
-
-    def __init__(self, base: float = 0.5, cap: float = 15.0) -> None:
-        self.base = base
-        self.cap = cap
-        self.attempt = 0
-
-    def next_delay(self) -> float:
-        step = min(self.cap, self.base * (2.0**self.attempt))
-        self.attempt = min(self.attempt + 1, 30)
-        return step / 2 + random.uniform(0, step / 2)
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 class OutputValueError(TypeError):

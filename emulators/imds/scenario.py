@@ -58,6 +58,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sebridge.lifecycle import WATCHED_FIELDS
+
 MIN_STEP_GAP = 6.0
 DEFAULT_APPROVED_STARTED_FOR = 10.0
 
@@ -85,8 +87,8 @@ FIELD_ORDER = (
 REQUIRED_FIELDS = ("EventId", "EventType", "Resources")
 OPTIONAL_FIELDS = ("Description", "EventSource", "DurationInSeconds")
 SETTABLE_FIELDS = ("EventType", "ResourceType", "Resources", *OPTIONAL_FIELDS)
-# A change of one of these while Scheduled is an Updated transition (DESIGN.md).
-UPDATE_FIELDS = ("NotBefore", "Resources", "DurationInSeconds", "Description")
+# A change of one of these while Scheduled is an Updated transition: the kernel's one list.
+UPDATE_FIELDS = WATCHED_FIELDS
 
 _SCENARIO_KEYS = {
     "name",

@@ -1,7 +1,7 @@
 """``sebridge imds-sim``: a loopback IMDS that replays scheduled-events scenarios.
 
 Standard library only (``http.server`` with HTTP/1.1 keep-alive, one thread per connection).
-It answers like real IMDS (see /work/shared/DESIGN.md and Microsoft's "Scheduled Events for
+It answers like real IMDS (see Microsoft's "Scheduled Events for
 Linux VMs"):
 
 ``GET  /metadata/scheduledevents?api-version=V`` (header ``Metadata: true``)
@@ -616,13 +616,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sebridge imds-sim",
         description="Loopback IMDS replaying scheduled-events scenarios (test control: /_sim/).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, default=0, help="port (0 = pick a free one)")
     parser.add_argument(
         "--scenario",
         default=DEFAULT_SCENARIO,
-        help=f"scenario name or path to a .json file (default {DEFAULT_SCENARIO}; see --list)",
+        help="scenario name or path to a .json file (see --list)",
     )
     parser.add_argument("--speed", type=_positive, default=1.0, help="divide every delay by X")
     parser.add_argument("--list", action="store_true", help="list the packaged scenarios and exit")

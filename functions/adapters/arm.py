@@ -2,8 +2,12 @@
 
 api-versions are pinned so a service-side default never changes the documents we read:
 Microsoft.Compute 2024-07-01 (VMs, scale-set VMs), Microsoft.Network 2024-05-01 (NICs,
-including a scale-set instance's NICs under Microsoft.Compute/virtualMachineScaleSets/...),
-Microsoft.Maintenance 2023-10-01-preview for the scheduled-event acknowledge API.
+including a scale-set instance's NICs under Microsoft.Compute/virtualMachineScaleSets/...,
+load balancers and the load-balancing-rule health API), Microsoft.Maintenance
+2023-10-01-preview for the scheduled-event acknowledge API.
+Names are checked by the caller and checked again here (functions.shared.names), then quoted
+with nothing kept safe; ids from ARM documents are accepted only as plain
+``/subscriptions/...`` paths without ``.``/``..`` segments, query or fragment.
 409, 429 and 5xx are retried (Retry-After honoured, bounded); long-running PUTs are followed
 through Azure-AsyncOperation or Location like the ARM SDKs do. A 403 on a read or on the NIC
 write raises :class:`PermissionDenied` naming the missing RBAC action and its scope (ARM's own
@@ -19,12 +23,20 @@ import re
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
-from functions.ports import ArmDocument, PermissionDenied, PreconditionFailed
+from functions.shared import names
+from functions.shared.ports import (
+    AcknowledgeRefused,
+    ArmDocument,
+    PermissionDenied,
+    PreconditionFailed,
+    VmRecord,
+)
+from sebridge.contract.commands import CommandError, canonical_event_id
 
 log = logging.getLogger("sebridge.functions.arm")
 
@@ -49,6 +61,9 @@ READ_SCALE_SET_VM_NIC = (
 )
 READ_NIC = "Microsoft.Network/networkInterfaces/read"
 WRITE_NIC = "Microsoft.Network/networkInterfaces/write"
+ACKNOWLEDGE = "Microsoft.Maintenance/scheduledevents/acknowledge/action"
+READ_LB = "Microsoft.Network/loadBalancers/read"
+RULE_HEALTH = "Microsoft.Network/loadBalancers/loadBalancingRules/health/action"
 # ARM's AuthorizationFailed: "... does not have authorization to perform action '<action>' over
 # scope '<scope>' or the scope is invalid. ..."
 _AUTHORIZATION_FAILED = re.compile(r"perform action '([^']+)' over scope '([^']+)'")
@@ -60,6 +75,32 @@ class TokenCredential(Protocol):
 
 class ArmError(Exception):
     """ARM refused the request (a 4xx other than 403, 404 and 412); the message is redelivered."""
+
+
+_ID_SEGMENT = re.compile(r"[^/?#%\\\x00-\x1f\x7f]+")
+
+
+def checked_id(resource_id: str) -> str:
+    """An ARM id from a document, fit to be a URL path: ``/subscriptions/...`` made of plain
+    segments (no ``.``/``..``, query, fragment, percent-escapes or control characters)."""
+    parts = resource_id.split("/")
+    if (
+        len(resource_id) > 1024
+        or parts[0] != ""
+        or len(parts) < 3
+        or parts[1].lower() != "subscriptions"
+        or any(p in ("", ".", "..") or not _ID_SEGMENT.fullmatch(p) for p in parts[1:])
+    ):
+        raise ArmError(
+            f"refusing an ARM id that is not a plain resource path: {resource_id!r:.200}"
+        )
+    return resource_id
+
+
+def _reference(body: dict[str, Any], key: str) -> str:
+    ref = body.get("properties", {}).get(key)
+    value = ref.get("id") if isinstance(ref, dict) else None
+    return value.lower() if isinstance(value, str) else ""
 
 
 def _refused(response: requests.Response, what: str, action: str, scope: str) -> Exception:
@@ -151,27 +192,54 @@ class ArmRestClient:
         nics = vm.get("properties", {}).get("networkProfile", {}).get("networkInterfaces", [])
         return [n["id"] for n in nics if isinstance(n, dict) and isinstance(n.get("id"), str)]
 
-    def vm_nic_ids(self, subscription: str, group: str, vm_name: str) -> list[str] | None:
+    @classmethod
+    def _record(cls, vm: dict[str, Any], path: str, **extra: Any) -> VmRecord:
+        vm_id = vm.get("properties", {}).get("vmId")
+        return VmRecord(
+            id=str(vm.get("id") or path),
+            name=str(vm.get("name") or ""),
+            vm_id=vm_id if isinstance(vm_id, str) else "",
+            nic_ids=tuple(cls._nic_ids(vm)),
+            **extra,
+        )
+
+    @staticmethod
+    def _group_path(subscription: str, group: str) -> str:
+        return (
+            f"/subscriptions/{names.segment(names.subscription_id(subscription))}"
+            f"/resourceGroups/{names.segment(names.resource_group(group))}"
+        )
+
+    def get_vm(self, subscription: str, group: str, vm_name: str) -> VmRecord | None:
         path = (
-            f"/subscriptions/{quote(subscription)}/resourceGroups/{quote(group)}"
-            f"/providers/Microsoft.Compute/virtualMachines/{quote(vm_name)}"
+            f"{self._group_path(subscription, group)}/providers/Microsoft.Compute/"
+            f"virtualMachines/{names.segment(names.compute_name(vm_name))}"
         )
         vm = self._get_json(path, COMPUTE_API, "get VM", READ_VM)
-        return None if vm is None else self._nic_ids(vm)
-
-    def vmss_vm_nic_ids(
-        self, subscription: str, group: str, scale_set: str, instance_id: str
-    ) -> list[str] | None:
-        path = (
-            f"/subscriptions/{quote(subscription)}/resourceGroups/{quote(group)}"
-            f"/providers/Microsoft.Compute/virtualMachineScaleSets/{quote(scale_set)}"
-            f"/virtualMachines/{quote(instance_id)}"
+        if vm is None:
+            return None
+        return self._record(
+            vm,
+            path,
+            availability_set=_reference(vm, "availabilitySet"),
+            scale_set=_reference(vm, "virtualMachineScaleSet"),
         )
+
+    def get_scale_set_vm(
+        self, subscription: str, group: str, scale_set: str, instance_id: str
+    ) -> VmRecord | None:
+        scale_set_path = (
+            f"{self._group_path(subscription, group)}/providers/Microsoft.Compute/"
+            f"virtualMachineScaleSets/{names.segment(names.compute_name(scale_set, 'scaleSet'))}"
+        )
+        path = f"{scale_set_path}/virtualMachines/{names.segment(names.instance_id(instance_id))}"
         vm = self._get_json(path, COMPUTE_API, "get scale-set VM", READ_SCALE_SET_VM)
-        return None if vm is None else self._nic_ids(vm)
+        if vm is None:
+            return None
+        return self._record(vm, path, scale_set=scale_set_path.lower(), uniform=True)
 
     def get_nic(self, nic_id: str) -> ArmDocument | None:
-        response = self._call("GET", nic_id, what="get NIC", api_version=NETWORK_API)
+        response = self._call("GET", checked_id(nic_id), what="get NIC", api_version=NETWORK_API)
         if response.status_code == 404:
             return None
         if response.status_code != 200:
@@ -185,7 +253,12 @@ class ArmRestClient:
     def put_nic(self, nic_id: str, body: dict[str, Any], etag: str | None) -> None:
         headers = {"If-Match": etag} if etag else {}
         response = self._call(
-            "PUT", nic_id, what="put NIC", api_version=NETWORK_API, json=body, headers=headers
+            "PUT",
+            checked_id(nic_id),
+            what="put NIC",
+            api_version=NETWORK_API,
+            json=body,
+            headers=headers,
         )
         if response.status_code == 412:
             raise PreconditionFailed(nic_id)
@@ -193,14 +266,71 @@ class ArmRestClient:
             raise _refused(response, "put NIC", WRITE_NIC, nic_id)
         self._wait(response, "put NIC")
 
+    def get_load_balancer(self, lb_id: str) -> ArmDocument | None:
+        body = self._get_json(checked_id(lb_id), NETWORK_API, "get load balancer", READ_LB)
+        return None if body is None else ArmDocument(body=body, etag=body.get("etag"))
+
+    def rule_health(self, rule_id: str) -> dict[str, str]:
+        """``POST {rule}/health`` (LoadBalancerLoadBalancingRules_Health, api-version
+        2024-05-01): 200 with ``LoadBalancerHealthPerRule``, or 202 and a ``Location`` to poll
+        until it answers 200 with that body (final-state-via location)."""
+        path = f"{checked_id(rule_id)}/health"
+        response = self._call("POST", path, what="rule health", api_version=NETWORK_API)
+        if response.status_code == 202:
+            response = self._final(response, "rule health")
+        if response.status_code != 200:
+            raise _refused(response, "rule health", RULE_HEALTH, rule_id)
+        try:
+            addresses = response.json().get("loadBalancerBackendAddresses") or []
+        except (ValueError, AttributeError) as exc:
+            raise ArmError(f"rule health: unreadable answer ({exc})") from exc
+        states: dict[str, str] = {}
+        for address in addresses if isinstance(addresses, list) else []:
+            if not isinstance(address, dict):
+                continue
+            ipc, state = address.get("networkInterfaceIPConfigurationId"), address.get("state")
+            if isinstance(ipc, str) and isinstance(state, str):
+                states[ipc.lower()] = state
+        return states
+
     def acknowledge_event(self, vm_resource_id: str, event_id: str) -> None:
+        try:
+            event = canonical_event_id(event_id)
+        except CommandError as exc:
+            raise ArmError(f"acknowledge: {exc}") from exc
         path = (
-            f"{vm_resource_id.rstrip('/')}/providers/Microsoft.Maintenance/scheduledevents/"
-            f"{quote(event_id)}/acknowledge"
+            f"{checked_id(vm_resource_id).rstrip('/')}/providers/Microsoft.Maintenance/"
+            f"scheduledevents/{names.segment(event)}/acknowledge"
         )
         response = self._call("POST", path, what="acknowledge", api_version=MAINTENANCE_API)
-        if response.status_code not in (200, 202, 204):
-            raise ArmError(f"acknowledge: HTTP {response.status_code}")
+        status = response.status_code
+        if status in (200, 202, 204):
+            return
+        if status == 403:
+            raise _refused(response, "acknowledge", ACKNOWLEDGE, vm_resource_id)
+        if 400 <= status < 500 and status not in (401, 408, 429):
+            try:
+                code = str((response.json().get("error") or {}).get("code", ""))[:100]
+            except (ValueError, AttributeError):
+                code = ""
+            raise AcknowledgeRefused(f"acknowledge: HTTP {status} {code}".rstrip())
+        raise ArmError(f"acknowledge: HTTP {status}")
+
+    def _final(self, response: requests.Response, what: str) -> requests.Response:
+        """Poll a 202's Location until it stops answering 202 (bounded); its last answer."""
+        location = response.headers.get("Location")
+        if not location:
+            raise ArmError(f"{what}: 202 without a Location")
+        started = time.monotonic()
+        for _ in range(MAX_POLLS):
+            hint = retry_after(response)
+            self._sleep(min(1.0 if hint is None else hint, 10.0))
+            response = self._call("GET", location, what=f"{what} (location)")
+            if response.status_code != 202:
+                return response
+            if time.monotonic() - started > MAX_POLL_SECONDS:
+                break
+        raise TransientHttpError(f"{what}: operation still running after polling")
 
     def _wait(self, response: requests.Response, what: str) -> None:
         """Follow a long-running operation to its end (bounded in polls and time)."""

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import email.utils
 import logging
-import random
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import requests
+
+from sebridge.retry import Backoff, parse_retry_after
 
 log = logging.getLogger("sebridge.functions.http")
 
@@ -53,18 +52,7 @@ def redact_urllib3_logs() -> None:
 
 def retry_after(response: requests.Response, now: Callable[[], float] = time.time) -> float | None:
     """Retry-After in seconds (delta-seconds or an HTTP date), or None."""
-    value = response.headers.get("Retry-After", "").strip()
-    if not value:
-        return None
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, when.timestamp() - now())
+    return parse_retry_after(response.headers.get("Retry-After"), now())
 
 
 def send(
@@ -83,6 +71,7 @@ def send(
     Teams webhook's signature) in their query string.
     """
     waited = 0.0
+    backoff = Backoff(policy.base_delay, max(policy.base_delay, policy.max_delay), floor=0.0)
     for attempt in range(1, policy.attempts + 1):
         problem: str
         delay: float | None = None
@@ -97,8 +86,8 @@ def send(
             delay = retry_after(response)
         if attempt == policy.attempts:
             break
-        if delay is None:  # exponential backoff with full jitter
-            delay = random.uniform(0, min(policy.max_delay, policy.base_delay * 2 ** (attempt - 1)))
+        if delay is None:
+            delay = backoff.next_delay()
         elif delay > policy.max_delay:
             # Honour the server: rather than call again too early, give the message back to
             # Service Bus, which redelivers it later.
@@ -110,7 +99,3 @@ def send(
         sleep(delay)
         waited += delay
     raise TransientHttpError(f"{what}: {problem} after {attempt} attempt(s)")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)

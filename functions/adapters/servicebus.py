@@ -17,11 +17,11 @@ from typing import Any
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusError
 
+from sebridge import servicebus
 from sebridge.contract.commands import ApproveCommand
 from sebridge.contract.events import Envelope
 
 log = logging.getLogger("sebridge.functions.servicebus")
-COMMAND_CONTENT_TYPE = "application/json"
 
 
 class ServiceBusSender:
@@ -47,17 +47,12 @@ class ServiceBusSender:
     def _get_client(self) -> ServiceBusClient:
         with self._lock:
             if self._client is None:
-                if self._connection_string:
-                    self._client = ServiceBusClient.from_connection_string(
-                        self._connection_string, retry_total=3
-                    )
-                else:
-                    credential = self._credential
-                    if credential is None:
-                        from azure.identity import DefaultAzureCredential
-
-                        credential = DefaultAzureCredential()
-                    self._client = ServiceBusClient(self._namespace, credential, retry_total=3)
+                self._client = servicebus.client(
+                    namespace=self._namespace,
+                    connection_string=self._connection_string,
+                    credential=self._credential,
+                    retry_total=3,
+                )
             return self._client
 
     def _sender(self, kind: str, name: str) -> Any:
@@ -111,33 +106,12 @@ class ServiceBusSender:
                 self._client = None
 
 
-def envelope_message(envelope: Envelope) -> ServiceBusMessage:
-    return ServiceBusMessage(
-        envelope.body_bytes(),
-        message_id=envelope.message_id,
-        session_id=envelope.session_id,
-        subject=envelope.subject,
-        content_type=envelope.content_type,
-        application_properties=dict(envelope.application_properties),  # type: ignore[arg-type]
-    )
-
-
-def command_message(command: ApproveCommand, session_id: str) -> ServiceBusMessage:
-    return ServiceBusMessage(
-        command.body_bytes(),
-        message_id=command.message_id,
-        session_id=session_id,
-        content_type=COMMAND_CONTENT_TYPE,
-        subject="approve",
-    )
-
-
 class SdkTopicPublisher:
     def __init__(self, sender: ServiceBusSender, topic: str) -> None:
         self._sender, self._topic = sender, topic
 
     def publish(self, envelope: Envelope) -> None:
-        self._sender.send_to_topic(self._topic, envelope_message(envelope))
+        self._sender.send_to_topic(self._topic, servicebus.envelope_message(envelope))
         log.info("published", extra={"messageId": envelope.message_id})
 
 
@@ -146,5 +120,5 @@ class SdkCommandSender:
         self._sender, self._queue = sender, queue
 
     def send(self, command: ApproveCommand, session_id: str) -> None:
-        self._sender.send_to_queue(self._queue, command_message(command, session_id))
+        self._sender.send_to_queue(self._queue, servicebus.command_message(command, session_id))
         log.info("command sent", extra={"messageId": command.message_id, "vm": session_id})

@@ -8,7 +8,7 @@ from typing import Any
 import requests
 
 from functions.adapters.retry import RetryPolicy, redact_urllib3_logs, send
-from functions.cards import teams_payload
+from functions.teams.cards import teams_payload
 
 log = logging.getLogger("sebridge.functions.teams")
 

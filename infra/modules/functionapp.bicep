@@ -43,6 +43,15 @@ param lbPoolsSubscriptionName string
 @description('Subscription the approval gate reads.')
 param approvalGateSubscriptionName string
 
+@description('Subscription the webhooks workflow reads.')
+param webhooksSubscriptionName string
+
+@description('Webhook endpoints (WEBHOOKS, JSON); secrets only by the name of the app setting holding them.')
+param webhookEndpoints array = []
+
+@description('App settings holding webhook secrets: each becomes a Key Vault reference to the secret named like it in lower case with dashes (WEBHOOK_OPS_SLACK_URL -> webhook-ops-slack-url). Names: letters, digits and underscores.')
+param webhookSecretSettings array = []
+
 @description('Queue the approval gate sends approve commands to.')
 param approvalsQueueName string
 
@@ -68,6 +77,11 @@ param lbFreezeThresholdSeconds int = 9
 @description('Resource groups whose load balancer pools lb-pools may change.')
 param lbManagedResourceGroups array = []
 
+@description('Fewest healthy members lb-pools leaves in a backend pool (0: no capacity guard).')
+@minValue(0)
+@maxValue(1000)
+param lbMinHealthy int = 1
+
 @description('Use the ARM acknowledge API when the observing forwarder is silent.')
 param acknowledgeFallbackEnabled bool = false
 
@@ -88,6 +102,18 @@ param heartbeatStoreUrl string
 @minValue(1)
 @maxValue(1000)
 param maximumInstanceCount int = 40
+
+@description('Run the Event Grid ingestion function (agentless mode).')
+param eventGridIngestEnabled bool = false
+
+@description('Blob container URL for the ingestion function\'s per-event records (empty while it is disabled).')
+param eventGridStateUrl string = ''
+
+@description('Resource groups whose VMs run no forwarder (the gate acknowledges through ARM).')
+param agentlessResourceGroups array = []
+
+@description('VM and scale-set name patterns that run no forwarder.')
+param agentlessVmPatterns array = []
 
 @description('Memory per instance (MB).')
 @allowed([
@@ -113,6 +139,7 @@ var requiredSettings = {
   TeamsSubscriptionName: teamsSubscriptionName
   LbPoolsSubscriptionName: lbPoolsSubscriptionName
   ApprovalGateSubscriptionName: approvalGateSubscriptionName
+  WebhooksSubscriptionName: webhooksSubscriptionName
   ApprovalsQueueName: approvalsQueueName
   CustomSubscriptionName: customSubscriptionName
   // Versionless references: a rotated secret is picked up without a redeployment.
@@ -122,12 +149,26 @@ var requiredSettings = {
   LB_IMPACTFUL_EVENT_TYPES: lbImpactfulEventTypes
   LB_FREEZE_THRESHOLD_SECONDS: string(lbFreezeThresholdSeconds)
   LB_MANAGED_RESOURCE_GROUPS: join(lbManagedResourceGroups, ',')
+  // LB_POOL_STATE_URL is left unset: the app uses the container sebridge-pools of its host
+  // storage account (AzureWebJobsStorage__accountName), created by storage.bicep.
+  LB_MIN_HEALTHY: string(lbMinHealthy)
   ARM_ENDPOINT: armEndpoint
   ACKNOWLEDGE_FALLBACK_ENABLED: acknowledgeFallbackEnabled ? 'true' : 'false'
   HEARTBEAT_STALE_SECONDS: string(heartbeatStaleSeconds)
   HEARTBEAT_STORE_URL: heartbeatStoreUrl
   CUSTOM_SUBSCRIBER_ENABLED: customSubscriberEnabled ? 'true' : 'false'
+  WEBHOOKS: string(webhookEndpoints)
+  EVENTGRID_INGEST_ENABLED: eventGridIngestEnabled ? 'true' : 'false'
+  EVENTGRID_STATE_URL: eventGridStateUrl
+  AGENTLESS_RESOURCE_GROUPS: join(agentlessResourceGroups, ',')
+  AGENTLESS_VM_PATTERNS: join(agentlessVmPatterns, ',')
 }
+
+// The webhook secrets' settings, one versionless Key Vault reference each. Their names come from
+// a parameter, so the object is built as JSON text (checkov's parser takes no lambdas, which
+// toObject would need); the names are app-setting names, which hold no quote to break it.
+var webhookSecretEntries = [for setting in webhookSecretSettings: '"${setting}":"@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${toLower(replace(setting, '_', '-'))})"']
+var webhookSecretAppSettings = json('{${join(webhookSecretEntries, ',')}}')
 
 // Set only when given: unset means "use the documented default policy".
 var optionalSettings = empty(approvalPolicy) ? {} : {
@@ -206,7 +247,8 @@ resource appSettings 'Microsoft.Web/sites/config@2024-04-01' = {
   //checkov:skip=CKV_AZURE_222:Public endpoint needed for the Approve links (see the site resource).
   parent: functionApp
   name: 'appsettings'
-  properties: union(requiredSettings, optionalSettings)
+  // Webhook secrets first, so that none can replace a setting of the bridge's own.
+  properties: union(webhookSecretAppSettings, requiredSettings, optionalSettings)
 }
 
 // No FTP or basic-auth SCM publishing: deployments go through Entra ID.

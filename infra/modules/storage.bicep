@@ -16,6 +16,16 @@ param deploymentContainerName string
 @description('Blob container where the approval gate keeps the last Heartbeat of each forwarder.')
 param heartbeatContainerName string
 
+@description('Blob container where lb-pools keeps one blob per backend pool: its lock (a blob lease) and its held events.')
+param poolStateContainerName string
+
+@description('Blob container of the Event Grid ingestion\'s per-event records (agentless mode); its blobs are deleted this many days after their last change.')
+param eventGridStateContainerName string = 'sebridge-eventgrid-state'
+
+@description('Days after its last change an Event Grid record is deleted (an event lives minutes to days; a record must outlive Event Grid\'s 24 h of redeliveries).')
+@minValue(2)
+param eventGridStateRetentionDays int = 30
+
 @description('Redundancy of the storage account.')
 @allowed([
   'Standard_LRS'
@@ -79,6 +89,49 @@ resource heartbeatContainer 'Microsoft.Storage/storageAccounts/blobServices/cont
   name: heartbeatContainerName
   properties: {
     publicAccess: 'None'
+  }
+}
+
+resource poolStateContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: poolStateContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+// The Event Grid ingestion keeps one small record per scheduled event and never deletes it
+// (a late redelivery must still find it): this rule does, once the event is long over.
+resource lifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = {
+  parent: storage
+  name: 'default'
+  properties: {
+    policy: {
+      rules: [
+        {
+          name: 'expire-eventgrid-records'
+          enabled: true
+          type: 'Lifecycle'
+          definition: {
+            filters: {
+              blobTypes: [
+                'blockBlob'
+              ]
+              prefixMatch: [
+                '${eventGridStateContainerName}/'
+              ]
+            }
+            actions: {
+              baseBlob: {
+                delete: {
+                  daysAfterModificationGreaterThan: eventGridStateRetentionDays
+                }
+              }
+            }
+          }
+        }
+      ]
+    }
   }
 }
 

@@ -17,10 +17,18 @@
 #   SEBRIDGE_PYTHON      optional  Python >= 3.11 to build the venv with (default: first found)
 #   SEBRIDGE_TOPIC, SEBRIDGE_REPLY_QUEUE, SEBRIDGE_POLL_INTERVAL, SEBRIDGE_HEARTBEAT_INTERVAL,
 #   SEBRIDGE_LOG_FORMAT, SEBRIDGE_LOG_LEVEL, SEBRIDGE_IMDS_ENDPOINT, SEBRIDGE_API_VERSION,
-#   SEBRIDGE_VM_NAME, SEBRIDGE_REQUIRE_LISTED, SEBRIDGE_OUTBOX_MAX, SEBRIDGE_DRY_RUN
+#   SEBRIDGE_VM_NAME, SEBRIDGE_REQUIRE_LISTED, SEBRIDGE_OUTBOX_MAX, SEBRIDGE_MAX_MESSAGE_SIZE,
+#   SEBRIDGE_DRY_RUN, SEBRIDGE_HOOKS_FILE, SEBRIDGE_DRAIN_PROBE_PORT, SEBRIDGE_DRAIN_PROBE_ADDRESS,
+#   SEBRIDGE_DRAIN_PROBE_UPSTREAM, SEBRIDGE_DRAIN_SECONDS, SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES,
+#   SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS
 #                        optional  copied to the configuration file when set
 #                                  (SEBRIDGE_STATE_DIR is always /var/lib/sebridge, the unit's
 #                                  StateDirectory)
+#   SEBRIDGE_HOOKS_JSON  optional  the hooks file itself (JSON text): validated, installed as
+#                                  /etc/sebridge/hooks.json (root:root 0644, the only owner the
+#                                  forwarder accepts) and named in SEBRIDGE_HOOKS_FILE. Empty:
+#                                  the configuration names no hooks file (a file of your own goes
+#                                  in forwarder.local.env as SEBRIDGE_HOOKS_FILE=...)
 #   SEBRIDGE_ROOT        optional  install under this directory instead of / (tests, images);
 #                                  requires --no-start
 #   SEBRIDGE_UNIT_FILE   optional  unit to install (default: sebridge-forwarder.service next to
@@ -37,12 +45,14 @@ readonly PREFIX=/opt/sebridge
 readonly VENV="$PREFIX/venv"
 readonly CONF_DIR=/etc/sebridge
 readonly ENV_FILE="$CONF_DIR/forwarder.env"
+readonly HOOKS_FILE="$CONF_DIR/hooks.json"
 readonly STATE_DIR=/var/lib/sebridge
 readonly UNIT_NAME=sebridge-forwarder.service
 readonly UNIT_DIR=/etc/systemd/system
 readonly SERVICE_USER=sebridge
 # Settings copied verbatim from the installer's environment to the forwarder's when set.
-readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_LOG_LEVEL SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_API_VERSION SEBRIDGE_VM_NAME SEBRIDGE_REQUIRE_LISTED SEBRIDGE_OUTBOX_MAX SEBRIDGE_DRY_RUN"
+readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_LOG_LEVEL SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_API_VERSION SEBRIDGE_VM_NAME SEBRIDGE_REQUIRE_LISTED SEBRIDGE_OUTBOX_MAX SEBRIDGE_MAX_MESSAGE_SIZE SEBRIDGE_DRY_RUN SEBRIDGE_HOOKS_FILE SEBRIDGE_DRAIN_PROBE_PORT SEBRIDGE_DRAIN_PROBE_ADDRESS SEBRIDGE_DRAIN_PROBE_UPSTREAM SEBRIDGE_DRAIN_SECONDS SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS"
+readonly MAX_HOOKS_BYTES=65536
 
 log() { printf 'install-forwarder: %s\n' "$*"; }
 die() { printf 'install-forwarder: error: %s\n' "$*" >&2; exit 1; }
@@ -99,6 +109,17 @@ for name in $PASSTHROUGH; do
     value="${!name:-}"
     safe_value "$value" || die "$name contains characters not allowed in the configuration file"
 done
+hooks_json="${SEBRIDGE_HOOKS_JSON:-}"
+if [ -n "$hooks_json" ]; then
+    [ -z "${SEBRIDGE_HOOKS_FILE:-}" ] \
+        || die "give SEBRIDGE_HOOKS_JSON (installed as $HOOKS_FILE) or SEBRIDGE_HOOKS_FILE (a file of yours), not both"
+    [ "${#hooks_json}" -le "$MAX_HOOKS_BYTES" ] || die "SEBRIDGE_HOOKS_JSON is larger than $MAX_HOOKS_BYTES bytes"
+    checker="$(command -v python3 || true)"
+    if [ -n "$checker" ]; then
+        printf '%s' "$hooks_json" | "$checker" -c 'import json, sys; json.load(sys.stdin)' 2>/dev/null \
+            || die "SEBRIDGE_HOOKS_JSON is not JSON"
+    fi
+fi
 if [ "$install_package" -eq 1 ] && [ -z "$package" ]; then
     die "SEBRIDGE_PACKAGE is required: the https URL of a wheel you host, or a pinned requirement (scheduled-events-bridge==X.Y.Z) when this VM's pip index-url is your own (the project is not on PyPI, so the bare name there could be anyone's package, installed as root)"
 fi
@@ -192,6 +213,23 @@ fi
 install -d -m 0755 "$root$CONF_DIR"
 tmp="$(mktemp "$root$CONF_DIR/.forwarder.env.XXXXXX")"
 trap 'rm -f "$tmp"' EXIT
+# The hooks file decides what the forwarder runs: root-owned, not writable by anyone else, or
+# the forwarder refuses it. Checked with the installed forwarder's own validation when present.
+if [ -n "$hooks_json" ]; then
+    hooks_tmp="$(mktemp "$root$CONF_DIR/.hooks.json.XXXXXX")"
+    trap 'rm -f "$tmp" "$hooks_tmp"' EXIT
+    printf '%s\n' "$hooks_json" >"$hooks_tmp"
+    if [ -x "$root$VENV/bin/python" ]; then
+        "$root$VENV/bin/python" -m sebridge.forwarder.hooks --content-only "$hooks_tmp" \
+            || die "SEBRIDGE_HOOKS_JSON is not a valid hooks file (above)"
+    fi
+    chmod 0644 "$hooks_tmp"
+    [ "$(id -u)" -ne 0 ] || chown 0:0 "$hooks_tmp"
+    mv -f "$hooks_tmp" "$root$HOOKS_FILE"
+    trap 'rm -f "$tmp"' EXIT
+    log "wrote $HOOKS_FILE"
+fi
+
 {
     echo "# Written by install-forwarder.sh; rerun it to change these values."
     echo "# Your own overrides go to $CONF_DIR/forwarder.local.env, which it never touches."
@@ -203,6 +241,7 @@ trap 'rm -f "$tmp"' EXIT
             echo "$name=${!name}"
         fi
     done
+    [ -z "$hooks_json" ] || echo "SEBRIDGE_HOOKS_FILE=$HOOKS_FILE"
 } >"$tmp"
 chmod 0640 "$tmp"
 if [ "$create_user" -eq 1 ]; then

@@ -5,8 +5,11 @@ workflows build ``Prepared`` with :func:`prepared_message`, and every consumer r
 with :func:`parse_message`. An :class:`Envelope` is plain data; the Service Bus adapters turn it
 into an SDK message (and ``sebridge forwarder --dry-run`` prints ``Envelope.to_dict()``).
 
-Body: a CloudEvents 1.0 structured JSON document built through
-``azure.core.messaging.CloudEvent``; ``data`` follows ``schemas/scheduled-event-data.v1.json``.
+Body: a CloudEvents 1.0 structured JSON document (:mod:`sebridge.contract.cloudevents`);
+``data`` follows ``schemas/scheduled-event-data.v1.json``. Message ids follow the scheme of
+:mod:`sebridge.lifecycle`. Every application property is normalised when the message is built
+(:func:`property_text`, :func:`property_int`), so no value IMDS sends can make a message that
+the Service Bus SDK refuses to encode. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from azure.core.messaging import CloudEvent
-
-from sebridge.imds import ScheduledEvent, isoformat_utc
+from sebridge import lifecycle
+from sebridge.contract.cloudevents import CloudEvent, CloudEventError
+from sebridge.imds import InvalidDocument, ScheduledEvent, isoformat_utc
 
 SCHEMA_VERSION = 1
 TYPE_PREFIX = "Azure.VM.ScheduledEvent."
@@ -38,20 +41,29 @@ class Transition(StrEnum):
     APPROVED = "Approved"
     HEARTBEAT = "Heartbeat"
     PREPARED = "Prepared"
+    HELD = "Held"
 
     @property
     def cloud_event_type(self) -> str:
         return TYPE_PREFIX + self.value
 
 
-# The transitions the forwarder derives from consecutive IMDS documents.
-LIFECYCLE = (
-    Transition.SCHEDULED,
-    Transition.UPDATED,
-    Transition.STARTED,
-    Transition.COMPLETED,
-    Transition.CANCELLED,
-)
+# Service Bus limits that a message built here must stay within whatever IMDS sends.
+MAX_ID_LENGTH = 128  # message_id and session_id
+MAX_PROPERTY_TEXT = 256
+MAX_RESOURCES_TEXT = 4096  # the comma-joined `resources` property (an availability set's VMs)
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def property_text(value: str, limit: int = MAX_PROPERTY_TEXT) -> str:
+    """A string any AMQP encoder takes: lone surrogates replaced, at most ``limit`` characters."""
+    clean = value.encode("utf-8", "replace").decode("utf-8")
+    return clean if len(clean) <= limit else clean[: limit - 1] + "\u2026"
+
+
+def property_int(value: int) -> int | None:
+    """An integer that fits the 32-bit AMQP int SQL filters compare, else None (left out)."""
+    return value if INT32[0] <= value <= INT32[1] else None
 
 
 class ContractError(ValueError):
@@ -60,7 +72,14 @@ class ContractError(ValueError):
 
 @dataclass(frozen=True)
 class Observer:
-    """The VM whose forwarder saw the document (from IMDS instance metadata)."""
+    """The VM whose forwarder saw the document (from IMDS instance metadata).
+
+    For a transition observed through Event Grid it is derived from the scheduled event's ARM
+    id: the VM (``vm_name``, ``resource_id`` = the VM's id), or for a scale set the scale set
+    (``vm_name`` = ``vm_scale_set_name`` = its name, ``resource_id`` = its id), or for an
+    availability set the availability set (``vm_name`` = its name). ``vm_id`` and ``zone`` are
+    then empty; ``source`` is ``resource_id`` either way.
+    """
 
     vm_name: str
     vm_id: str = ""
@@ -143,42 +162,18 @@ class Envelope:
         )
 
 
-def _short_hash(value: object) -> str:
-    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:8]
+def default_message_id(transition: Transition, event: ScheduledEvent) -> str:
+    """The id a first observer with no memory of the event gives ``transition``
+    (:func:`sebridge.lifecycle.advance` from nothing): observers that remember more pass
+    their own ``message_id``."""
+    return lifecycle.advance(None, transition.value, event)[1]
 
 
-def message_id_for(
-    event_id: str, transition: Transition, changes: Mapping[str, Any] | None = None
-) -> str:
-    """``<EventId>:<Transition>``, plus a short hash of the changes for ``Updated``.
-
-    Every forwarder that sees one event derives the same id, so Service Bus duplicate detection
-    keeps one message per transition however many VMs (or restarts) report it.
-    """
-    base = f"{event_id.strip().lower()}:{transition.value}"
-    if transition is Transition.UPDATED:
-        return f"{base}:{_short_hash(changes or {})}"
-    return base
-
-
-def _cloud_event_dict(event: CloudEvent[Any]) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "specversion": event.specversion,
-        "id": event.id,
-        "source": event.source,
-        "type": event.type,
-    }
-    if event.subject is not None:
-        body["subject"] = event.subject
-    if event.time is not None:
-        body["time"] = isoformat_utc(event.time)
-    if event.datacontenttype is not None:
-        body["datacontenttype"] = event.datacontenttype
-    if event.dataschema is not None:
-        body["dataschema"] = event.dataschema
-    body["data"] = event.data
-    return body
+def derived_message_id(event: ScheduledEvent, transition: Transition, cause: str) -> str:
+    """The id of a transition a workflow reports because of message ``cause`` (Prepared, Held):
+    a replay of the cause collapses, another cause is another message."""
+    digest = hashlib.sha256(cause.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{lifecycle.event_ref(event.event_id)}:{transition.value}:{digest}"
 
 
 def _event_properties(
@@ -187,23 +182,28 @@ def _event_properties(
     props: dict[str, str | int] = {
         "transition": transition.value,
         "schemaVersion": SCHEMA_VERSION,
-        "vmName": observer.vm_name,
+        "vmName": property_text(observer.vm_name),
     }
     if observer.resource_group:
-        props["resourceGroup"] = observer.resource_group
+        props["resourceGroup"] = property_text(observer.resource_group)
     if observer.subscription_id:
-        props["subscriptionId"] = observer.subscription_id
+        props["subscriptionId"] = property_text(observer.subscription_id)
     if observer.vm_scale_set_name:
-        props["vmScaleSetName"] = observer.vm_scale_set_name
+        props["vmScaleSetName"] = property_text(observer.vm_scale_set_name)
     if event is not None:
-        props["eventType"] = event.event_type
-        props["eventStatus"] = event.status
+        props["eventType"] = property_text(event.event_type)
+        props["eventStatus"] = property_text(event.status)
         if event.event_source is not None:
-            props["eventSource"] = event.event_source
-        if event.duration_in_seconds is not None:
-            props["durationInSeconds"] = event.duration_in_seconds
+            props["eventSource"] = property_text(event.event_source)
+        duration = (
+            property_int(event.duration_in_seconds)
+            if event.duration_in_seconds is not None
+            else None
+        )
+        if duration is not None:
+            props["durationInSeconds"] = duration
         if event.resources:
-            props["resources"] = ",".join(event.resources)
+            props["resources"] = property_text(",".join(event.resources), MAX_RESOURCES_TEXT)
     return props
 
 
@@ -218,7 +218,9 @@ def _envelope(
     data: dict[str, Any],
     properties: dict[str, str | int],
 ) -> Envelope:
-    cloud_event: CloudEvent[Any] = CloudEvent(
+    if len(message_id) > MAX_ID_LENGTH or len(session_id) > MAX_ID_LENGTH:
+        raise ValueError(f"message or session id longer than {MAX_ID_LENGTH}: {message_id!r}")
+    cloud_event = CloudEvent(
         source=source,
         type=transition.cloud_event_type,
         id=message_id,
@@ -230,21 +232,25 @@ def _envelope(
     )
     return Envelope(
         message_id=message_id,
-        session_id=session_id,
+        session_id=property_text(session_id, MAX_ID_LENGTH),
         subject=transition.value,
         application_properties=properties,
-        body=_cloud_event_dict(cloud_event),
+        body=cloud_event.to_dict(),
     )
 
 
 def event_data(
     event: ScheduledEvent,
     observer: Observer,
-    incarnation: int,
+    incarnation: int | None,
     *,
     changes: Mapping[str, Any] | None = None,
     approval: Mapping[str, str] | None = None,
+    event_grid: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``incarnation`` is None for a transition observed through Event Grid (no IMDS document);
+    ``event_grid`` then names the notification it was derived from (``id``, ``eventTime``,
+    ``topic``, ``resourceId``)."""
     data: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION}
     data.update(event.to_imds())  # the IMDS fields verbatim
     data["notBefore"] = isoformat_utc(event.not_before) if event.not_before else None
@@ -254,6 +260,8 @@ def event_data(
         data["changes"] = dict(changes)
     if approval is not None:
         data["approval"] = dict(approval)
+    if event_grid is not None:
+        data["eventGrid"] = dict(event_grid)
     return data
 
 
@@ -261,28 +269,36 @@ def event_message(
     transition: Transition,
     event: ScheduledEvent,
     observer: Observer,
-    incarnation: int,
+    incarnation: int | None,
     observed_at: datetime,
     *,
+    message_id: str | None = None,
     changes: Mapping[str, Any] | None = None,
     approval: Mapping[str, str] | None = None,
+    event_grid: Mapping[str, Any] | None = None,
 ) -> Envelope:
-    """A lifecycle transition (or ``Approved``) of one event, as seen by ``observer``."""
-    if transition in (Transition.HEARTBEAT, Transition.PREPARED):
-        raise ValueError(f"use heartbeat_message/prepared_message for {transition.value}")
+    """A lifecycle transition (or ``Approved``) of one event, as seen by ``observer``.
+
+    ``message_id`` comes from :func:`sebridge.lifecycle.advance` with what the observer
+    remembers of the event; without it, the id a first observer would give. A transition
+    observed through Event Grid has no ``incarnation`` (None) and carries ``event_grid``.
+    """
+    if transition in (Transition.HEARTBEAT, Transition.PREPARED, Transition.HELD):
+        raise ValueError(f"use the {transition.value.lower()}_message builder")
     if transition is Transition.UPDATED and not changes:
         raise ValueError("an Updated transition needs the changed fields")
     if transition is Transition.APPROVED and approval is None:
         raise ValueError("an Approved transition needs approval (requestedBy, reason)")
-    message_id = message_id_for(event.event_id, transition, changes)
     return _envelope(
-        message_id=message_id,
-        session_id=event.key,
+        message_id=message_id or default_message_id(transition, event),
+        session_id=lifecycle.event_ref(event.event_id),
         transition=transition,
         source=observer.source,
         subject=event.key,
         observed_at=observed_at,
-        data=event_data(event, observer, incarnation, changes=changes, approval=approval),
+        data=event_data(
+            event, observer, incarnation, changes=changes, approval=approval, event_grid=event_grid
+        ),
         properties=_event_properties(transition, event, observer),
     )
 
@@ -295,24 +311,36 @@ def heartbeat_message(
     last_incarnation: int | None,
     outbox_depth: int,
     last_successful_poll: datetime | None,
+    health: Mapping[str, Any] | None = None,
 ) -> Envelope:
-    """Liveness of one forwarder; its session is the VM name, its id is unique per tick."""
+    """Liveness of one forwarder; its session is the VM name, its id is unique per tick.
+
+    ``health`` (optional, absent while all is well) carries what is wrong while it lasts:
+    ``stateSaveFailing`` (+ ``stateSaveFailingSince``: transitions are held back until the
+    state file can be saved), ``outboxWriteFailing`` (+ ``...Since``), ``pollFailures`` and
+    ``publishFailures`` (in a row), ``setAside`` (messages kept in the outbox's aside table
+    because they can never be sent), ``lastError``.
+    """
     stamp = observed_at.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    heartbeat: dict[str, Any] = {
+        "forwarderVersion": forwarder_version,
+        "lastIncarnation": last_incarnation,
+        "outboxDepth": outbox_depth,
+        "lastSuccessfulPoll": (
+            isoformat_utc(last_successful_poll) if last_successful_poll else None
+        ),
+    }
+    if health:
+        heartbeat["health"] = dict(health)
     data: dict[str, Any] = {
         "schemaVersion": SCHEMA_VERSION,
         "observer": observer.to_data(),
-        "heartbeat": {
-            "forwarderVersion": forwarder_version,
-            "lastIncarnation": last_incarnation,
-            "outboxDepth": outbox_depth,
-            "lastSuccessfulPoll": (
-                isoformat_utc(last_successful_poll) if last_successful_poll else None
-            ),
-        },
+        "heartbeat": heartbeat,
     }
+    vm = property_text(observer.vm_name.lower(), 80)
     return _envelope(
-        message_id=f"heartbeat:{observer.vm_name.lower()}:{stamp}",
-        session_id=observer.vm_name,
+        message_id=f"heartbeat:{vm}:{stamp}",
+        session_id=vm,
         transition=Transition.HEARTBEAT,
         source=observer.source,
         subject=None,
@@ -325,28 +353,64 @@ def heartbeat_message(
 def prepared_message(
     event: ScheduledEvent,
     observer: Observer,
-    incarnation: int,
+    incarnation: int | None,
     observed_at: datetime,
     *,
     source: str,
     prepared_vms: list[str],
+    cause: str,
+    prepared_by: str,
+    event_grid: Mapping[str, Any] | None = None,
 ) -> Envelope:
-    """Published by a workflow once every affected VM is out of all pools.
+    """The affected VMs are ready for the event (out of their pools, drained, checkpointed).
 
     ``observer`` stays the VM whose forwarder reported the event: the approval gate sends the
-    command to that VM's session. ``source`` names the workflow that did the preparing.
+    command to that VM's session. ``source`` names who did the preparing (a workflow's URN, or
+    the VM's ARM id for its forwarder's hooks or drain probe); ``prepared_by`` says how
+    (``lb-pools``, ``hooks``, ``drain-probe``). ``cause`` is the id of the message that led to
+    it: a replay of that message gives the same id.
     """
-    data = event_data(event, observer, incarnation)
-    data["prepared"] = {"vms": list(prepared_vms)}
+    data = event_data(event, observer, incarnation, event_grid=event_grid)
+    data["prepared"] = {"vms": list(prepared_vms), "preparedBy": prepared_by}
     return _envelope(
-        message_id=message_id_for(event.event_id, Transition.PREPARED),
-        session_id=event.key,
+        message_id=derived_message_id(event, Transition.PREPARED, cause),
+        session_id=lifecycle.event_ref(event.event_id),
         transition=Transition.PREPARED,
         source=source,
         subject=event.key,
         observed_at=observed_at,
         data=data,
         properties=_event_properties(Transition.PREPARED, event, observer),
+    )
+
+
+def held_message(
+    event: ScheduledEvent,
+    observer: Observer,
+    incarnation: int | None,
+    observed_at: datetime,
+    *,
+    source: str,
+    cause: str,
+    pool: str,
+    healthy: int,
+    minimum: int,
+    vms: list[str],
+    event_grid: Mapping[str, Any] | None = None,
+) -> Envelope:
+    """lb-pools left ``vms`` in their pools: draining them would leave backend pool ``pool``
+    with ``healthy`` healthy members, fewer than ``minimum``. The gate does not approve early."""
+    data = event_data(event, observer, incarnation, event_grid=event_grid)
+    data["held"] = {"pool": pool, "healthy": healthy, "minimum": minimum, "vms": list(vms)}
+    return _envelope(
+        message_id=derived_message_id(event, Transition.HELD, cause),
+        session_id=lifecycle.event_ref(event.event_id),
+        transition=Transition.HELD,
+        source=source,
+        subject=event.key,
+        observed_at=observed_at,
+        data=data,
+        properties=_event_properties(Transition.HELD, event, observer),
     )
 
 
@@ -372,34 +436,53 @@ class TransitionMessage:
         return value if isinstance(value, int) else None
 
 
+MAX_BODY_BYTES = 1024 * 1024
+
+
 def parse_message(
     body: bytes | str | Mapping[str, Any], message_id: str | None = None
 ) -> TransitionMessage:
-    """Read a topic message body back; :class:`ContractError` says what is wrong with it."""
+    """Read a topic message body back; :class:`ContractError` says what is wrong with it.
+
+    Nothing else is raised, whatever the body holds: a consumer logs the reason and completes
+    the message (no retry can repair it).
+    """
+    try:
+        return _parse(body, message_id)
+    except ContractError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
+        raise ContractError(f"unreadable message: {type(exc).__name__}: {exc}") from exc
+
+
+def _parse(body: bytes | str | Mapping[str, Any], message_id: str | None) -> TransitionMessage:
     if isinstance(body, Mapping):
         obj: Any = dict(body)
     else:
+        if len(body) > MAX_BODY_BYTES:
+            raise ContractError(f"body is larger than {MAX_BODY_BYTES} bytes")
         try:
             obj = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ContractError(f"body is not JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise ContractError("body is not a JSON object")
     try:
-        cloud_event: CloudEvent[Any] = CloudEvent.from_dict(obj)
-    except (KeyError, TypeError, ValueError) as exc:
+        cloud_event = CloudEvent.from_dict(obj)
+    except CloudEventError as exc:
         raise ContractError(f"body is not a CloudEvent: {exc}") from exc
     if not cloud_event.type.startswith(TYPE_PREFIX):
-        raise ContractError(f"unexpected CloudEvent type {cloud_event.type!r}")
+        raise ContractError(f"unexpected CloudEvent type {cloud_event.type[:100]!r}")
     try:
         transition = Transition(cloud_event.type.removeprefix(TYPE_PREFIX))
     except ValueError as exc:
-        raise ContractError(f"unknown transition in type {cloud_event.type!r}") from exc
+        raise ContractError(f"unknown transition in type {cloud_event.type[:100]!r}") from exc
     data = cloud_event.data
     if not isinstance(data, dict):
         raise ContractError("data is not a JSON object")
-    if data.get("schemaVersion") != SCHEMA_VERSION:
-        raise ContractError(f"unsupported schemaVersion {data.get('schemaVersion')!r}")
+    version = data.get("schemaVersion")
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise ContractError(f"unsupported schemaVersion {str(version)[:20]!r}")
     observer_data = data.get("observer")
     if not isinstance(observer_data, dict):
         raise ContractError("data.observer is missing")
@@ -408,8 +491,13 @@ def parse_message(
     if transition is not Transition.HEARTBEAT:
         try:
             event = ScheduledEvent.from_imds(data)
-        except ValueError as exc:
+        except InvalidDocument as exc:
             raise ContractError(f"data does not carry the IMDS event: {exc}") from exc
+    incarnation = data.get("documentIncarnation")
+    if incarnation is not None and (
+        isinstance(incarnation, bool) or not isinstance(incarnation, int)
+    ):
+        raise ContractError("documentIncarnation is not an integer")
     return TransitionMessage(
         transition=transition,
         message_id=message_id or cloud_event.id,

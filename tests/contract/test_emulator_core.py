@@ -137,7 +137,13 @@ def test_project_and_contract_configs_load() -> None:
     assert [q.name for q in project.queues] == ["approvals"]
     assert project.queues[0].receiving.requires_session
     (topic,) = project.topics
-    assert {s.name for s in topic.subscriptions} == {"teams", "lb-pools", "approval-gate", "audit"}
+    assert {s.name for s in topic.subscriptions} == {
+        "teams",
+        "lb-pools",
+        "approval-gate",
+        "webhooks",
+        "audit",
+    }
     assert load_config(CONFIG).queues
 
 

@@ -1,9 +1,10 @@
 """The workflows end to end: the local functions host runs the real function_app.py against the
-Service Bus emulator, with Teams, ARM and managed identity played by loopback fakes.
+Service Bus emulator, with Teams, ARM, managed identity and blob storage played by loopback fakes.
 
 A Scheduled message on the topic must lead to a Teams card, the VM's removal from its pool, a
 Prepared transition on the topic and an approve command on the observing VM's session of the
-approvals queue; Completed must put the VM back.
+approvals queue; Completed must put the VM back. Two events on one pool of two, handled at the
+same time by two functions-host processes, must not both pass the capacity guard.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-from emulators.fakes.arm import FakeArm
+from emulators.fakes.arm import FakeArm, simulator_vm_id
 from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams
 from emulators.processes import server
 from emulators.servicebus.testing import running_emulator
-from forwarder.approvals import message_body
-from forwarder.publisher import to_service_bus_message
 from sebridge.contract.commands import parse_command
 from sebridge.contract.events import Transition, event_message
 from sebridge.imds import Document
+from sebridge.servicebus import envelope_message as to_service_bus_message
+from sebridge.servicebus import message_body
 from tests.fixtures import golden
 from tests.support.bus import receive_all
 from tests.support.waiting import wait_until
@@ -39,14 +41,39 @@ SUBSCRIPTION = golden.OBSERVER.subscription_id
 GROUP = golden.OBSERVER.resource_group
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
-    for fake in (teams, arm, identity):
-        fake.start()
+def add_world(arm: FakeArm) -> tuple[str, dict[str, str]]:
+    """pool-a: web-1 (the golden observer) and web-2, with web-3 to spare, in availability set
+    as-web; pool-p (its own load balancer, rule `http`): pair-1 and pair-2 only."""
+    aset = arm.add_availability_set(SUBSCRIPTION, GROUP, "as-web")
     lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
     pool = f"{lb}/backendAddressPools/pool-a"
-    vms = {name: arm.add_vm(SUBSCRIPTION, GROUP, name, [pool]) for name in ("web-1", "web-2")}
+    vms = {
+        name: arm.add_vm(
+            SUBSCRIPTION,
+            GROUP,
+            name,
+            [pool],
+            availability_set=aset,
+            vm_id=golden.OBSERVER.vm_id if name == "web-1" else None,
+        )
+        for name in ("web-1", "web-2", "web-3")
+    }
+    pair = arm.add_load_balancer(
+        SUBSCRIPTION, GROUP, "lb-pair", ["pool-p"], rules={"http": "pool-p"}
+    )
+    for name in ("pair-1", "pair-2"):
+        vms[name] = arm.add_vm(
+            SUBSCRIPTION, GROUP, name, [f"{pair}/backendAddressPools/pool-p"], availability_set=aset
+        )
+    return pool, vms
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    teams, arm, identity, storage = FakeTeams(), FakeArm(), FakeIdentity(), FakeBlobStorage()
+    for fake in (teams, arm, identity, storage):
+        fake.start()
+    pool, vms = add_world(arm)
     try:
         with running_emulator(REPO / "infra" / "servicebus-emulator" / "Config.json") as bus:
             settings = tmp_path_factory.mktemp("host") / "local.settings.json"
@@ -65,6 +92,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                             "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
                             "APPROVAL_BASE_URL": "http://127.0.0.1:9",
                             "ARM_ENDPOINT": arm.url,
+                            "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
                             **identity.environ(),
                         },
                     }
@@ -83,14 +111,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                     "bus": bus,
                     "teams": teams,
                     "arm": arm,
+                    "storage": storage,
                     "vms": vms,
                     "pool": pool,
                     "host": host,
+                    "settings": settings,
                 }
             finally:
                 host.close()
     finally:
-        for fake in (teams, arm, identity):
+        for fake in (teams, arm, identity, storage):
             fake.stop()
 
 
@@ -113,7 +143,8 @@ def test_scheduled_to_completed_through_the_workflows(world: dict[str, Any]) -> 
     publish(bus, Transition.SCHEDULED, scheduled, 11)
 
     # Pool removal for both affected VMs, a card, and Prepared on the topic.
-    wait_until(lambda: all(arm.vm_pools(vm) == [] for vm in vms.values()), 30, "pool removal")
+    pair = ("web-1", "web-2")
+    wait_until(lambda: all(arm.vm_pools(vms[vm]) == [] for vm in pair), 30, "pool removal")
     wait_until(lambda: teams.cards, 30, "a Teams card")
     audit = receive_all(bus.connection_string, "audit", want=2, timeout=30)
     assert [m["subject"] for m in audit] == ["Scheduled", "Prepared"]
@@ -137,7 +168,7 @@ def test_scheduled_to_completed_through_the_workflows(world: dict[str, Any]) -> 
     # Started, then Completed: the VMs go back into exactly the pool they left.
     publish(bus, Transition.STARTED, dict(scheduled, EventStatus="Started", NotBefore=""), 12)
     publish(bus, Transition.COMPLETED, dict(scheduled, EventStatus="Started", NotBefore=""), 13)
-    wait_until(lambda: all(arm.vm_pools(vm) == [pool] for vm in vms.values()), 30, "restore")
+    wait_until(lambda: all(arm.vm_pools(vms[vm]) == [pool] for vm in pair), 30, "restore")
     wait_until(lambda: len(teams.cards) >= 4, 30, "cards for every transition")
     titles = [json.dumps(card) for card in teams.cards]
     assert any("scheduled" in t.lower() for t in titles)
@@ -147,7 +178,8 @@ def test_scheduled_to_completed_through_the_workflows(world: dict[str, Any]) -> 
 @pytest.mark.timeout(120)
 def test_a_replayed_scheduled_changes_nothing_more(world: dict[str, Any]) -> None:
     bus, arm, vms, pool = world["bus"], world["arm"], world["vms"], world["pool"]
-    wait_until(lambda: all(arm.vm_pools(vm) == [pool] for vm in vms.values()), 30, "a clean world")
+    pair = ("web-1", "web-2")
+    wait_until(lambda: all(arm.vm_pools(vms[vm]) == [pool] for vm in pair), 30, "a clean world")
     receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
     not_before = datetime.now(UTC) + timedelta(minutes=10)
     scheduled = dict(
@@ -156,13 +188,18 @@ def test_a_replayed_scheduled_changes_nothing_more(world: dict[str, Any]) -> Non
         NotBefore=not_before.strftime("%a, %d %b %Y %H:%M:%S GMT"),
     )
     publish(bus, Transition.SCHEDULED, scheduled, 21)
-    wait_until(lambda: all(arm.vm_pools(vm) == [] for vm in vms.values()), 30, "pool removal")
+    wait_until(lambda: all(arm.vm_pools(vms[vm]) == [] for vm in pair), 30, "pool removal")
     audit = receive_all(bus.connection_string, "audit", want=2, timeout=30)
     assert [m["subject"] for m in audit] == ["Scheduled", "Prepared"]
     writes_before = len(arm.writes())
     # The same transition seen by another VM after the duplicate window: a replay.
     (event,) = Document.from_imds({"DocumentIncarnation": 21, "Events": [scheduled]}).events
-    other = replace(golden.OBSERVER, vm_name="web-2")
+    other = replace(
+        golden.OBSERVER,
+        vm_name="web-2",
+        vm_id=simulator_vm_id("web-2"),
+        resource_id=vms["web-2"],
+    )
     replay = event_message(Transition.SCHEDULED, event, other, 21, datetime.now(UTC))
     message = to_service_bus_message(replay)
     message.message_id = f"{replay.message_id}:replayed"  # past duplicate detection
@@ -184,4 +221,77 @@ def test_a_replayed_scheduled_changes_nothing_more(world: dict[str, Any]) -> Non
     receive_all(bus.connection_string, "audit", want=1, timeout=30)
     time.sleep(2)
     assert len(arm.writes()) == writes_before  # nothing was rewritten
-    assert all(arm.vm_pools(vm) == [] for vm in vms.values())
+    assert all(arm.vm_pools(vms[vm]) == [] for vm in pair)
+
+
+def publish_many(bus: Any, envelopes: list[Any]) -> None:
+    with (
+        ServiceBusClient.from_connection_string(bus.connection_string) as client,
+        client.get_topic_sender("scheduled-events") as sender,
+    ):
+        sender.send_messages([to_service_bus_message(e) for e in envelopes], timeout=10)
+
+
+@pytest.mark.timeout(240)
+def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any]) -> None:
+    """pool-p holds pair-1 and pair-2 (LB_MIN_HEALTHY 1). Two Scheduled events, one for each,
+    reach two functions-host processes at once; the health query is slowed down (1 s) so both
+    decisions overlap. The blob lease serialises them: one is drained, one is held; when the
+    drained one completes, the held one is drained and the pool keeps a member throughout."""
+    bus, arm, storage, vms = world["bus"], world["arm"], world["storage"], world["vms"]
+    receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
+    second, _ = server(
+        "functions-host",
+        "--app",
+        str(REPO / "function_app.py"),
+        "--settings",
+        str(world["settings"]),
+    )
+    try:
+        arm.slow(1.0, path_contains="lb-pair/loadBalancingRules/http/health")
+        not_before = (datetime.now(UTC) + timedelta(minutes=10)).strftime(
+            "%a, %d %b %Y %H:%M:%S GMT"
+        )
+        events = {}
+        for vm, event_id in (
+            ("pair-1", "aaaaaaaa-1111-4111-8111-000000000001"),
+            ("pair-2", "aaaaaaaa-2222-4222-8222-000000000002"),
+        ):
+            fields = dict(golden.SCHEDULED, EventId=event_id, Resources=[vm], NotBefore=not_before)
+            (event,) = Document.from_imds({"DocumentIncarnation": 31, "Events": [fields]}).events
+            events[vm] = (fields, event)
+        started = len(arm.pool_events)
+        publish_many(
+            bus,
+            [
+                event_message(Transition.SCHEDULED, e, golden.OBSERVER, 31, datetime.now(UTC))
+                for _, e in events.values()
+            ],
+        )
+        audit = receive_all(bus.connection_string, "audit", want=4, timeout=90)
+        subjects = sorted(m["subject"] for m in audit)
+        assert subjects == ["Held", "Prepared", "Scheduled", "Scheduled"], subjects
+        out = [vm for vm in ("pair-1", "pair-2") if arm.vm_pools(vms[vm]) == []]
+        assert len(out) == 1, f"both or neither drained: {out}"
+        assert any(c.code == "LeaseAlreadyPresent" for c in storage.lease_log), (
+            "the two decisions never contended for the pool's lease"
+        )
+        (held,) = [m for m in audit if m["subject"] == "Held"]
+        held_data = json.loads(held["body"])["data"]["held"]
+        (kept,) = held_data["vms"]
+        assert kept != out[0] and held_data["healthy"] == 0 and held_data["minimum"] == 1
+
+        # The drained one completes: it goes back, and the held one is drained then.
+        fields, _ = events[out[0]]
+        publish(bus, Transition.COMPLETED, dict(fields, EventStatus="Started", NotBefore=""), 32)
+        wait_until(
+            lambda: arm.vm_pools(vms[kept]) == [] and arm.vm_pools(vms[out[0]]) != [],
+            60,
+            "the held event drained after the first completed",
+        )
+        members = {vm: True for vm in ("pair-1", "pair-2")}
+        for change in arm.pool_events[started:]:
+            members[change.nic.removesuffix("-nic")] = change.joined
+            assert any(members.values()), "pool-p was left without a member"
+    finally:
+        second.close()

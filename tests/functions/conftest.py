@@ -19,8 +19,8 @@ from emulators.fakes.arm import FakeArm
 from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams
-from functions import composition
-from functions.settings import load_settings
+from functions.shared import composition
+from functions.shared.settings import load_settings
 from tests.functions.support import App, Clock, RecordingCommands, RecordingPublisher, base_env
 
 
@@ -75,11 +75,12 @@ def make_app(
     teams_fake: FakeTeams,
     arm_fake: FakeArm,
     identity_fake: FakeIdentity,
+    storage_fake: FakeBlobStorage,
 ) -> Iterator[Callable[..., App]]:
     """Import function_app with these extra settings; real adapters talk to the fakes."""
 
     def make(**extra: str) -> App:
-        for name, value in {**base_env(teams_fake, arm_fake), **extra}.items():
+        for name, value in {**base_env(teams_fake, arm_fake, storage_fake), **extra}.items():
             monkeypatch.setenv(name, value)
         commands, publisher, clock = RecordingCommands(), RecordingPublisher(), Clock()
         config = load_settings(dict(os.environ))
@@ -91,7 +92,7 @@ def make_app(
         else:
             module = importlib.import_module("function_app")
         functions = {f.get_function_name(): f for f in module.app.get_functions()}
-        return App(functions, commands, publisher, clock, teams_fake, arm_fake)
+        return App(functions, commands, publisher, clock, teams_fake, arm_fake, storage_fake)
 
     yield make
     composition.use(None)

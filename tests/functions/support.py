@@ -9,6 +9,7 @@ from typing import Any
 from azure.functions.servicebus import ServiceBusMessage
 
 from emulators.fakes.arm import FakeArm
+from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams
 from sebridge.contract.commands import ApproveCommand
 from sebridge.contract.events import Envelope, Transition, event_message
@@ -20,6 +21,17 @@ RG = "rg-web"
 NOW = datetime(2026, 11, 22, 1, 21, 0, tzinfo=UTC)  # a minute after the golden observations
 SIGNING_KEY = "test-signing-key-0123456789-abcdefghijklmnop"
 EVENT_ID = golden.EVENT_ID.lower()
+AVAILABILITY_SET = "as-web"
+POOL_CONTAINER = "sebridge-pools"
+
+
+def web_vm(arm: FakeArm, name: str, pools: list[str], **options: Any) -> str:
+    """A VM of the golden world: in rg-web, in the availability set as-web with the observer
+    web-1 (whose vmId is the golden observer's), so that web-1's messages may name it."""
+    availability_set = arm.add_availability_set(SUB, RG, AVAILABILITY_SET)
+    if name == golden.OBSERVER.vm_name:
+        options.setdefault("vm_id", golden.OBSERVER.vm_id)
+    return arm.add_vm(SUB, RG, name, pools, availability_set=availability_set, **options)
 
 
 @dataclass
@@ -46,8 +58,12 @@ class Clock:
         return self.now
 
 
-def base_env(teams: FakeTeams, arm: FakeArm) -> dict[str, str]:
+def base_env(
+    teams: FakeTeams, arm: FakeArm, storage: FakeBlobStorage | None = None
+) -> dict[str, str]:
+    pools = {"LB_POOL_STATE_URL": storage.container_url(POOL_CONTAINER)} if storage else {}
     return {
+        **pools,
         "ServiceBusConnection__fullyQualifiedNamespace": "sebridge-test.servicebus.windows.net",
         "TopicName": "scheduled-events",
         "TeamsSubscriptionName": "teams",
@@ -107,6 +123,7 @@ class App:
     clock: Clock
     teams: FakeTeams
     arm: FakeArm
+    storage: FakeBlobStorage | None = None
 
     def call(self, name: str, *args: Any) -> Any:
         return self.functions[name].get_user_function()(*args)

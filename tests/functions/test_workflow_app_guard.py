@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from emulators.functions_host.hostconfig import parse_timespan
-from functions import composition
-from functions.settings import SettingsError
+from functions.shared import composition
+from functions.shared.settings import SettingsError
 from tests.functions.support import App
 
 ROOT = Path(__file__).resolve().parents[2]

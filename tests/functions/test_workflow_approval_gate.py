@@ -13,23 +13,22 @@ import pytest
 
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.storage import FakeBlobStorage
-from functions import tokens
-from functions.settings import HEARTBEAT_CONTAINER
+from functions.approval_gate import tokens
+from functions.shared.settings import HEARTBEAT_CONTAINER
 from sebridge.contract.commands import parse_command
 from sebridge.contract.events import heartbeat_message
 from tests.fixtures import golden
-from tests.functions.support import EVENT_ID, NOW, RG, SIGNING_KEY, SUB, App, envelope
+from tests.functions.support import EVENT_ID, NOW, SIGNING_KEY, SUB, App, envelope, web_vm
 
 pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture
 def world(arm_fake: FakeArm) -> dict[str, str]:
-    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"])
-    return {
-        "web-1": arm_fake.add_vm(SUB, RG, "web-1", [f"{lb}/backendAddressPools/pool-a"]),
-        "web-2": arm_fake.add_vm(SUB, RG, "web-2", [f"{lb}/backendAddressPools/pool-a"]),
-    }
+    lb = arm_fake.add_load_balancer(SUB, "rg-web", "lb-web", ["pool-a"])
+    pool = f"{lb}/backendAddressPools/pool-a"
+    web_vm(arm_fake, "web-3", [pool])  # a spare member: draining web-1 and web-2 leaves one
+    return {"web-1": web_vm(arm_fake, "web-1", [pool]), "web-2": web_vm(arm_fake, "web-2", [pool])}
 
 
 def the_command(app: App) -> tuple[dict[str, object], str, str]:
@@ -59,19 +58,40 @@ def test_a_prepared_that_arm_contradicts_does_not_approve(app: App, world: dict[
     assert not app.commands.sent
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [{"EventSource": "User"}, {"EventType": "Freeze", "DurationInSeconds": 5}],
-)
-def test_approve_at_once(app: App, world: dict[str, str], fields: dict[str, object]) -> None:
-    app.deliver("approval_gate", envelope("Scheduled", **fields))
+SHORT_FREEZE = {"EventType": "Freeze", "DurationInSeconds": 5}
+
+
+def vm_reads_only(app: App) -> bool:
+    """ARM saw only VM reads (the scope check), no NIC read and no write."""
+    return bool(app.arm.requests) and all(
+        r.method == "GET" and "/virtualMachines/" in r.path for r in app.arm.requests
+    )
+
+
+def test_a_short_freeze_is_approved_at_once_after_the_scope_check(
+    app: App, world: dict[str, str]
+) -> None:
+    app.deliver("approval_gate", envelope("Scheduled", **SHORT_FREEZE))
     assert len(app.commands.sent) == 1
-    assert not app.arm.requests  # no ARM check needed
+    assert vm_reads_only(app)  # nothing to prepare: only who the observer and web-2 are
+
+
+def test_approve_never_means_before_the_drain(app: App, world: dict[str, str]) -> None:
+    """A user-initiated Reboot matches the default rule `approve`, but lb-pools drains it (and
+    may hold the drain): the gate approves it only once the VMs are out of their pools."""
+    scheduled = envelope("Scheduled", EventSource="User")
+    app.deliver("approval_gate", scheduled)
+    assert not app.commands.sent
+    app.deliver("lb_pools", scheduled)
+    (prepared,) = app.publisher.published
+    app.deliver("approval_gate", prepared)
+    body, _, _ = the_command(app)
+    assert "user-initiated" in str(body["reason"])
 
 
 def test_vms_in_no_pool_are_prepared_already(app: App, arm_fake: FakeArm) -> None:
-    arm_fake.add_vm(SUB, RG, "web-1", [])
-    arm_fake.add_vm(SUB, RG, "web-2", [])
+    web_vm(arm_fake, "web-1", [])
+    web_vm(arm_fake, "web-2", [])
     app.deliver("approval_gate", golden.build()["scheduled"])
     assert len(app.commands.sent) == 1 and not app.arm.writes()
 
@@ -79,7 +99,7 @@ def test_vms_in_no_pool_are_prepared_already(app: App, arm_fake: FakeArm) -> Non
 def test_an_event_lb_pools_ignores_needs_no_preparing(make_app, world: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     app = make_app(LB_IMPACTFUL_EVENT_TYPES="Terminate")
     app.deliver("approval_gate", golden.build()["scheduled"])  # a Reboot: not drained here
-    assert len(app.commands.sent) == 1 and not app.arm.requests
+    assert len(app.commands.sent) == 1 and vm_reads_only(app)
 
 
 @pytest.mark.parametrize("default", ["manual", "never"])
@@ -114,8 +134,8 @@ def test_a_broken_message_is_logged_not_raised(app: App, caplog: pytest.LogCaptu
 def test_a_vm_the_app_may_not_read_is_not_prepared(
     app: App, arm_fake: FakeArm, caplog: pytest.LogCaptureFixture, path: str, action: str
 ) -> None:
-    arm_fake.add_vm(SUB, RG, "web-1", [])
-    arm_fake.add_vm(SUB, RG, "web-2", [])  # in no pool: prepared, could ARM be asked
+    web_vm(arm_fake, "web-1", [])
+    web_vm(arm_fake, "web-2", [])  # in no pool: prepared, could ARM be asked
     arm_fake.fail(403, times=100, method="GET", path_contains=path)
     app.deliver("approval_gate", golden.build()["scheduled"])  # completes, does not raise
     app.deliver("approval_gate", golden.build()["prepared"])
@@ -136,7 +156,7 @@ def test_a_lower_freeze_threshold_moves_the_default_short_freeze_rule(
     app.deliver("approval_gate", scheduled)
     assert bool(app.commands.sent) is at_once
     if at_once:
-        assert not app.arm.requests  # short: nothing to prepare, no ARM check
+        assert vm_reads_only(app)  # short: nothing to prepare, no pool check
         return
     app.deliver("lb_pools", scheduled)  # drains, then publishes Prepared
     assert app.arm.vm_pools(world["web-1"]) == []
@@ -187,7 +207,7 @@ def test_a_silent_forwarder_is_approved_through_arm(
     fallback_app: App, world: dict[str, str]
 ) -> None:
     fallback_app.deliver("approval_gate", heartbeat(timedelta(minutes=-20)))  # type: ignore[arg-type]
-    fallback_app.deliver("approval_gate", envelope("Scheduled", EventSource="User"))
+    fallback_app.deliver("approval_gate", envelope("Scheduled", **SHORT_FREEZE))
     assert not fallback_app.commands.sent
     assert fallback_app.arm.acknowledged == [(world["web-1"], EVENT_ID)]
     (ack,) = fallback_app.arm.writes()
@@ -199,12 +219,12 @@ def test_a_silent_forwarder_is_approved_through_arm(
 
 def test_a_live_forwarder_gets_the_command(fallback_app: App) -> None:
     fallback_app.deliver("approval_gate", heartbeat(timedelta(minutes=-5)))  # type: ignore[arg-type]
-    fallback_app.deliver("approval_gate", envelope("Scheduled", EventSource="User"))
+    fallback_app.deliver("approval_gate", envelope("Scheduled", **SHORT_FREEZE))
     assert len(fallback_app.commands.sent) == 1 and not fallback_app.arm.acknowledged
 
 
 def test_no_heartbeat_on_record_is_no_evidence_of_silence(fallback_app: App) -> None:
-    fallback_app.deliver("approval_gate", envelope("Scheduled", EventSource="User"))
+    fallback_app.deliver("approval_gate", envelope("Scheduled", **SHORT_FREEZE))
     assert len(fallback_app.commands.sent) == 1 and not fallback_app.arm.acknowledged
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,7 +11,13 @@ import adaptive_cards
 import jsonschema
 import pytest
 
-from functions.cards import build_card, card_text_lines, duration_text, relative, teams_payload
+from emulators.fakes.teams import card_lines
+from functions.teams.cards import (
+    build_card,
+    duration_text,
+    relative,
+    teams_payload,
+)
 from sebridge.contract.events import parse_message
 from tests.fixtures import golden
 from tests.functions.support import NOW, envelope
@@ -20,9 +27,60 @@ SCHEMA = json.loads(SCHEMA_FILE.read_text())
 VALIDATOR = jsonschema.Draft6Validator(SCHEMA)
 
 
+TEAMS_CARD_LIMIT = 28 * 1024  # bytes: what Teams accepts for one card (adaptive-cards-py too)
+
+
 def assert_valid(card: dict[str, object]) -> None:
     errors = sorted(VALIDATOR.iter_errors(card), key=str)
     assert not errors, [e.message for e in errors]
+    assert len(json.dumps(card).encode()) <= TEAMS_CARD_LIMIT
+
+
+MARKDOWN_FIELDS = ("TextBlock", "Fact")  # where Teams renders Markdown
+
+
+def markdown_texts(card: object) -> list[str]:
+    """Every string Teams would render as Markdown: TextBlock.text, Fact.title, Fact.value."""
+    found: list[str] = []
+    if isinstance(card, dict):
+        if card.get("type") == "TextBlock":
+            found.append(str(card.get("text", "")))
+        if card.get("type") == "FactSet":
+            for item in card.get("facts", []):
+                found += [str(item.get("title", "")), str(item.get("value", ""))]
+        for value in card.values():
+            found += markdown_texts(value)
+    elif isinstance(card, list):
+        for value in card:
+            found += markdown_texts(value)
+    return found
+
+
+def run_texts(card: object) -> list[str]:
+    found: list[str] = []
+    if isinstance(card, dict):
+        if card.get("type") == "TextRun":
+            found.append(str(card.get("text", "")))
+        for value in card.values():
+            found += run_texts(value)
+    elif isinstance(card, list):
+        for value in card:
+            found += run_texts(value)
+    return found
+
+
+# TextRuns render no Markdown, so "[x](y)" is inert there; an URL may still be auto-linked.
+LINKISH = re.compile(r"://|www\.|<|>|@|\{\{", re.IGNORECASE)
+
+
+def assert_markup_free(card: dict[str, object], *, hostile: tuple[str, ...] = ()) -> None:
+    """No message text where Markdown renders, and no link, mention or function anywhere."""
+    for text in markdown_texts(card):
+        for piece in hostile:
+            assert piece not in text, f"message text {piece!r} in a Markdown field: {text!r}"
+    for text in run_texts(card):
+        assert not LINKISH.search(text), f"a link, mention or function survived: {text!r}"
+        assert all(c.isprintable() for c in text), f"a control character survived: {text!r}"
 
 
 @pytest.mark.parametrize(
@@ -33,7 +91,7 @@ def test_golden_transitions_make_valid_cards(name: str) -> None:
     card = build_card(message, NOW)
     assert_valid(card)
     assert card["version"] == "1.5"
-    text = "\n".join(card_text_lines(card))
+    text = "\n".join(card_lines(card))
     assert "web-1, web-2" in text
     assert "Observed by: web-1" in text
     assert "actions" not in card
@@ -51,12 +109,12 @@ def test_the_approve_button_is_an_open_url_action() -> None:
             "url": "https://app.example/api/approve?token=abc",
         }
     ]
-    assert "token=abc" not in "\n".join(card_text_lines(card))  # the demo never prints it
+    assert "token=abc" not in "\n".join(card_lines(card))  # the demo never prints it
 
 
 def test_not_before_is_shown_in_utc_and_relative() -> None:
     message = parse_message(golden.build()["scheduled"].body_bytes())
-    lines = card_text_lines(build_card(message, NOW))
+    lines = card_lines(build_card(message, NOW))
     assert "  Not before (UTC): 2026-11-22T01:35:00Z (in 14 min)" in lines
 
 
@@ -76,7 +134,7 @@ def test_severity_colour_and_icon(event_type: str, transition: str, style: str, 
     assert_valid(card)
     header = card["body"][0]
     assert header["style"] == style
-    assert header["items"][0]["text"].startswith(icon)
+    assert header["items"][0]["inlines"][0]["text"].startswith(icon)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams, card_lines
 
 pytestmark = pytest.mark.timeout(20)
@@ -121,6 +122,7 @@ def test_the_fakes_cli_prints_the_settings_and_stops(capsys: pytest.CaptureFixtu
         "TEAMS_WEBHOOK_URL",
         "ARM_ENDPOINT",
         "HEARTBEAT_STORE_URL",
+        "LB_POOL_STATE_URL",
         "IDENTITY_ENDPOINT",
         "IDENTITY_HEADER",
     }
@@ -148,3 +150,216 @@ def test_teams_prints_cards_when_asked(capsys: pytest.CaptureFixture[str]) -> No
         }
         assert requests.post(teams.webhook_url, json=payload, timeout=5).status_code == 202
     assert "[teams] Reboot scheduled" in capsys.readouterr().out
+
+
+# ---- load balancers as ARM shows them, and the rule health API ---------------------------------
+
+LB_SUB = "00000000-0000-4000-8000-0000000000aa"
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": "Bearer x"}
+
+
+def test_a_load_balancer_lists_its_members_and_rules(arm_fake: FakeArm) -> None:
+    lb = arm_fake.add_load_balancer(LB_SUB, "g", "lb", ["p1", "p2"], rules={"http": "p1"})
+    vm = arm_fake.add_vm(LB_SUB, "g", "vm", [f"{lb}/backendAddressPools/p1"])
+    body = requests.get(
+        arm_fake.url + lb, params={"api-version": "2024-05-01"}, headers=_auth(), timeout=5
+    ).json()
+    p1, p2 = body["properties"]["backendAddressPools"]
+    nic_ipc = vm.replace("Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces")
+    assert p1["properties"]["backendIPConfigurations"] == [
+        {"id": f"{nic_ipc}-nic/ipConfigurations/ipconfig1"}
+    ]
+    assert p1["properties"]["loadBalancingRules"] == [{"id": f"{lb}/loadBalancingRules/http"}]
+    assert p2["properties"] == {"backendIPConfigurations": [], "loadBalancingRules": []}
+    (rule,) = body["properties"]["loadBalancingRules"]
+    assert rule["properties"]["backendAddressPool"] == {"id": f"{lb}/backendAddressPools/p1"}
+
+
+def test_rule_health_answers_like_the_rest_reference(arm_fake: FakeArm) -> None:
+    """LoadBalancerLoadBalancingRules_Health (api-version 2024-05-01): POST, 200 with
+    LoadBalancerHealthPerRule (up, down, loadBalancerBackendAddresses[]: ipAddress,
+    networkInterfaceIPConfigurationId, state, reason), or 202 with a Location."""
+    lb = arm_fake.add_load_balancer(LB_SUB, "g", "lb", ["p"], rules={"http": "p"})
+    up = arm_fake.add_vm(LB_SUB, "g", "up", [f"{lb}/backendAddressPools/p"])
+    down = arm_fake.add_vm(LB_SUB, "g", "down", [f"{lb}/backendAddressPools/p"])
+    arm_fake.set_probe(down, up=False)
+    url = f"{arm_fake.url}{lb}/loadBalancingRules/http/health"
+    answer = requests.post(url, params={"api-version": "2024-05-01"}, headers=_auth(), timeout=5)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert (body["up"], body["down"]) == (1, 1)
+    states = {
+        a["networkInterfaceIPConfigurationId"].split("/")[-3]: (a["state"], a["reason"])
+        for a in body["loadBalancerBackendAddresses"]
+    }
+    assert states == {
+        "up-nic": ("Up", "Up_Probe_Success"),
+        "down-nic": ("Down", "Down_Probe_HealthProbeFailure"),
+    }
+    assert arm_fake.writes() == []  # the health query is a POST that changes nothing
+    missing = requests.post(
+        f"{arm_fake.url}{lb}/loadBalancingRules/nope/health",
+        params={"api-version": "2024-05-01"},
+        headers=_auth(),
+        timeout=5,
+    )
+    assert missing.status_code == 404
+    assert up
+
+
+def test_the_arm_client_follows_an_asynchronous_health_query(
+    arm_fake: FakeArm, identity_fake: FakeIdentity
+) -> None:
+    from functions.adapters.arm import ArmRestClient
+
+    lb = arm_fake.add_load_balancer(LB_SUB, "g", "lb", ["p"], rules={"http": "p"})
+    vm = arm_fake.add_vm(LB_SUB, "g", "vm", [f"{lb}/backendAddressPools/p"])
+    arm_fake.health_async, arm_fake.async_polls = True, 2
+    client = ArmRestClient(arm_fake.url, ManagedIdentityCredential(), sleep=lambda _: None)
+    states = client.rule_health(f"{lb}/loadBalancingRules/http")
+    nic = vm.replace("Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces")
+    assert states == {f"{nic}-nic/ipConfigurations/ipconfig1".lower(): "Up"}
+    polls = [r for r in arm_fake.requests if r.path.startswith("/fake/locations/")]
+    assert len(polls) == 3  # "in progress" twice, then the body
+
+
+def test_a_probe_needs_time_to_see_a_member_that_rejoined(arm_fake: FakeArm) -> None:
+    lb = arm_fake.add_load_balancer(LB_SUB, "g", "lb", ["p"], rules={"http": "p"})
+    pool = f"{lb}/backendAddressPools/p"
+    vm = arm_fake.add_vm(LB_SUB, "g", "vm", [pool])
+    nic_id = vm.replace("Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces")
+    ipc = f"{nic_id}-nic/ipConfigurations/ipconfig1".lower()
+    assert arm_fake.probe_up(ipc)  # a member from the start is Up
+    arm_fake.probe_lag = 30.0
+    nic = arm_fake.nic(f"{nic_id}-nic")
+    config = nic["properties"]["ipConfigurations"][0]["properties"]
+    for pools in ([], [{"id": pool}]):  # out, then back in
+        config["loadBalancerBackendAddressPools"] = pools
+        put = requests.put(
+            f"{arm_fake.url}{nic_id}-nic",
+            json=nic,
+            params={"api-version": "2024-05-01"},
+            headers=_auth(),
+            timeout=5,
+        )
+        assert put.status_code == 200
+        nic = put.json()
+        config = nic["properties"]["ipConfigurations"][0]["properties"]
+    assert not arm_fake.probe_up(ipc)
+    assert [(e.joined, e.pool) for e in arm_fake.pool_events] == [(False, pool), (True, pool)]
+
+
+def test_vms_carry_the_vm_id_the_imds_simulator_reports(arm_fake: FakeArm) -> None:
+    from emulators.imds.instance import instance_document, vm_settings
+
+    aset = arm_fake.add_availability_set(LB_SUB, "g", "as")
+    flex = arm_fake.add_scale_set(LB_SUB, "g", "flex")
+    vm = arm_fake.add_vm(LB_SUB, "g", "web-7", [], availability_set=aset)
+    member = arm_fake.add_vm(LB_SUB, "g", "flex_1", [], scale_set=flex)
+    document = arm_fake.resources[vm.lower()]["properties"]
+    imds = instance_document(vm_settings({}, "web-7"))["compute"]
+    assert document["vmId"] == imds["vmId"]
+    assert document["availabilitySet"] == {"id": aset}
+    assert arm_fake.resources[member.lower()]["properties"]["virtualMachineScaleSet"] == {
+        "id": flex
+    }
+    instance = arm_fake.add_vmss_instance(LB_SUB, "g", "uni", "4", [])
+    assert arm_fake.resources[instance.lower()]["name"] == "uni_4"
+
+
+# ---- blob leases, as the Blob service does them ------------------------------------------------
+
+
+def _blob(storage: FakeBlobStorage, container: str = "c", blob: str = "b") -> str:
+    storage.blobs.setdefault(container, {})[blob] = b"{}"
+    return f"{storage.container_url(container)}/{blob}"
+
+
+def _lease(url: str, action: str, **headers: str) -> requests.Response:
+    return requests.put(
+        url,
+        params={"comp": "lease"},
+        headers={**_auth(), "x-ms-version": "2023-11-03", "x-ms-lease-action": action, **headers},
+        timeout=5,
+    )
+
+
+def test_lease_acquire_conflict_release(storage_fake: FakeBlobStorage) -> None:
+    url = _blob(storage_fake)
+    first = _lease(url, "acquire", **{"x-ms-lease-duration": "15"})
+    assert first.status_code == 201
+    lease_id = first.headers["x-ms-lease-id"]
+    second = _lease(url, "acquire", **{"x-ms-lease-duration": "15"})
+    assert (second.status_code, second.headers["x-ms-error-code"]) == (409, "LeaseAlreadyPresent")
+    again = _lease(
+        url, "acquire", **{"x-ms-lease-duration": "15", "x-ms-proposed-lease-id": lease_id}
+    )
+    assert again.status_code == 201  # the holder acquiring again: a renewal
+    wrong = _lease(url, "release", **{"x-ms-lease-id": "00000000-0000-4000-8000-000000000000"})
+    assert (wrong.status_code, wrong.headers["x-ms-error-code"]) == (
+        409,
+        "LeaseIdMismatchWithLeaseOperation",
+    )
+    assert _lease(url, "release", **{"x-ms-lease-id": lease_id}).status_code == 200
+    renew = _lease(url, "renew", **{"x-ms-lease-id": lease_id})
+    assert (renew.status_code, renew.headers["x-ms-error-code"]) == (
+        409,
+        "LeaseNotPresentWithLeaseOperation",
+    )
+    assert _lease(url, "acquire", **{"x-ms-lease-duration": "60"}).status_code == 201
+
+
+@pytest.mark.parametrize("duration", ["14", "61", "0", "forever", ""])
+def test_a_lease_lasts_15_to_60_seconds_or_forever(
+    storage_fake: FakeBlobStorage, duration: str
+) -> None:
+    answer = _lease(_blob(storage_fake), "acquire", **{"x-ms-lease-duration": duration})
+    assert (answer.status_code, answer.headers["x-ms-error-code"]) == (400, "InvalidHeaderValue")
+    assert (
+        _lease(_blob(storage_fake), "acquire", **{"x-ms-lease-duration": "-1"}).status_code == 201
+    )
+
+
+def test_an_expired_lease_may_be_renewed_until_someone_else_takes_the_blob(
+    storage_fake: FakeBlobStorage,
+) -> None:
+    now = [1000.0]
+    storage_fake.clock = lambda: now[0]
+    url = _blob(storage_fake)
+    lease_id = _lease(url, "acquire", **{"x-ms-lease-duration": "15"}).headers["x-ms-lease-id"]
+    now[0] += 20  # expired
+    assert _lease(url, "renew", **{"x-ms-lease-id": lease_id}).status_code == 200
+    now[0] += 20  # expired again, and taken by another
+    assert _lease(url, "acquire", **{"x-ms-lease-duration": "15"}).status_code == 201
+    lost = _lease(url, "renew", **{"x-ms-lease-id": lease_id})
+    assert (lost.status_code, lost.headers["x-ms-error-code"]) == (
+        409,
+        "LeaseIdMismatchWithLeaseOperation",
+    )
+
+
+def test_a_leased_blob_is_written_with_its_lease_only(storage_fake: FakeBlobStorage) -> None:
+    url = _blob(storage_fake)
+    put = {**_auth(), "x-ms-version": "2023-11-03", "x-ms-blob-type": "BlockBlob"}
+    stranger = "00000000-0000-4000-8000-000000000000"
+    unleased = requests.put(url, data=b"1", headers={**put, "x-ms-lease-id": stranger}, timeout=5)
+    assert unleased.headers["x-ms-error-code"] == "LeaseNotPresentWithBlobOperation"
+    lease_id = _lease(url, "acquire", **{"x-ms-lease-duration": "15"}).headers["x-ms-lease-id"]
+    for headers, code in (
+        (put, "LeaseIdMissing"),
+        ({**put, "x-ms-lease-id": stranger}, "LeaseIdMismatchWithBlobOperation"),
+    ):
+        answer = requests.put(url, data=b"2", headers=headers, timeout=5)
+        assert (answer.status_code, answer.headers["x-ms-error-code"]) == (412, code)
+    ok = requests.put(url, data=b"3", headers={**put, "x-ms-lease-id": lease_id}, timeout=5)
+    assert ok.status_code == 201 and storage_fake.blobs["c"]["b"] == b"3"
+    assert requests.get(url, headers=put, timeout=5).content == b"3"  # reads need no lease
+    missing = _lease(
+        f"{storage_fake.container_url('c')}/nope", "acquire", **{"x-ms-lease-duration": "15"}
+    )
+    assert (missing.status_code, missing.headers["x-ms-error-code"]) == (404, "BlobNotFound")
+    exists = requests.put(url, data=b"4", headers={**put, "If-None-Match": "*"}, timeout=5)
+    assert (exists.status_code, exists.headers["x-ms-error-code"]) == (409, "BlobAlreadyExists")

@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from emulators.fakes.arm import FakeArm
+from emulators.fakes.arm import FakeArm, simulator_vm_id
 from emulators.fakes.identity import FakeIdentity
-from functions import pools
 from functions.adapters.arm import ArmError
 from functions.adapters.retry import TransientHttpError
-from sebridge.contract.events import Observer, parse_message
+from functions.lb_pools import nic_pools
+from sebridge.contract.events import Observer, Transition, derived_message_id, parse_message
 from tests.fixtures import golden
-from tests.functions.support import EVENT_ID, RG, SUB, App, envelope
+from tests.functions.support import EVENT_ID, RG, SUB, App, envelope, web_vm
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -28,9 +28,12 @@ def world(arm_fake: FakeArm) -> dict[str, str]:
         f"{lb}/backendAddressPools/pool-b",
         f"{shared}/backendAddressPools/pool-x",
     )
+    # web-3 (not affected) keeps every pool above the default LB_MIN_HEALTHY of 1, so these
+    # tests see drains; the guard's own tests are in test_workflow_capacity.py.
     return {
-        "web-1": arm_fake.add_vm(SUB, RG, "web-1", [pool_a, pool_b, pool_x], ip_configs=2),
-        "web-2": arm_fake.add_vm(SUB, RG, "web-2", [pool_a]),
+        "web-1": web_vm(arm_fake, "web-1", [pool_a, pool_b, pool_x], ip_configs=2),
+        "web-2": web_vm(arm_fake, "web-2", [pool_a]),
+        "web-3": web_vm(arm_fake, "web-3", [pool_a, pool_b, pool_x]),
         "pool-a": pool_a,
     }
 
@@ -51,10 +54,16 @@ def test_scheduled_drains_every_affected_vm_and_publishes_prepared(
     app.deliver("lb_pools", golden.build()["scheduled"])
     assert app.arm.vm_pools(world["web-1"]) == [] and app.arm.vm_pools(world["web-2"]) == []
     tags = app.arm.nic(nic_id(world, "web-1"))["tags"]
-    assert tags[pools.TAG] == "ipconfig1=lb-web/pool-a,lb-web/pool-b,rg-shared/lb-int/pool-x"
+    assert tags[nic_pools.TAG] == "ipconfig1=lb-web/pool-a,lb-web/pool-b,rg-shared/lb-int/pool-x"
     assert tags["owner"] == "web-team"
     (prepared,) = app.publisher.published
-    assert prepared.message_id == f"{EVENT_ID}:Prepared"
+    scheduled = golden.build()["scheduled"]
+    assert prepared.message_id == derived_message_id(
+        parse_message(scheduled.body_bytes()).event,  # type: ignore[arg-type]
+        Transition.PREPARED,
+        scheduled.message_id,
+    )
+    assert prepared.message_id.startswith(f"{EVENT_ID}:Prepared:")
     assert prepared.session_id == EVENT_ID and prepared.subject == "Prepared"
     parsed = parse_message(prepared.body_bytes())
     assert parsed.source == "urn:sebridge:function:lb-pools"
@@ -77,8 +86,10 @@ def test_replays_change_nothing_more(app: App, world: dict[str, str]) -> None:
     app.deliver("lb_pools", golden.build()["updated"])
     app.deliver("lb_pools", golden.build()["started"])
     assert len(app.arm.writes()) == writes
-    # Prepared again for the replays: the same message_id, collapsed by duplicate detection
-    assert {m.message_id for m in app.publisher.published} == {f"{EVENT_ID}:Prepared"}
+    # Prepared again for each replay of one message: the same message_id, collapsed by
+    # duplicate detection; the Updated is another cause, so another Prepared
+    published = [m.message_id for m in app.publisher.published]
+    assert len(published) == 3 and published[0] == published[1] != published[2]
 
 
 def test_completed_restores_exactly_what_was_removed(app: App, world: dict[str, str]) -> None:
@@ -197,7 +208,11 @@ def test_uniform_scale_set_instances_are_left_alone(
     lb = arm_fake.add_load_balancer(SUB, RG, "lb-ss", ["pool"])
     instance = arm_fake.add_vmss_instance(SUB, RG, "ss", "3", [f"{lb}/backendAddressPools/pool"])
     observer = Observer(
-        vm_name="ss_3", subscription_id=SUB, resource_group=RG, vm_scale_set_name="ss"
+        vm_name="ss_3",
+        vm_id=simulator_vm_id("ss_3"),
+        subscription_id=SUB,
+        resource_group=RG,
+        vm_scale_set_name="ss",
     )
     app.deliver("lb_pools", envelope("Scheduled", observer, Resources=["ss_3"]))
     assert not app.arm.writes() and not app.publisher.published
@@ -208,7 +223,8 @@ def test_uniform_scale_set_instances_are_left_alone(
 def test_a_message_without_scope_is_logged(app: App, caplog: pytest.LogCaptureFixture) -> None:
     observer = Observer(vm_name="web-1")
     app.deliver("lb_pools", envelope("Scheduled", observer))
-    assert not app.arm.requests and "carries no subscriptionId" in caplog.text
+    assert not app.arm.requests
+    assert "observer.subscriptionId '' is empty or not a string" in caplog.text
 
 
 def test_a_vm_dropped_by_an_update_is_restored(app: App, world: dict[str, str]) -> None:
@@ -280,7 +296,11 @@ def test_a_uniform_instance_the_app_may_not_read_is_left_alone(
     arm_fake.add_vmss_instance(SUB, RG, "ss", "3", [f"{lb}/backendAddressPools/pool"])
     arm_fake.fail(403, times=100, method="GET", path_contains="virtualMachineScaleSets/")
     observer = Observer(
-        vm_name="ss_3", subscription_id=SUB, resource_group=RG, vm_scale_set_name="ss"
+        vm_name="ss_3",
+        vm_id=simulator_vm_id("ss_3"),
+        subscription_id=SUB,
+        resource_group=RG,
+        vm_scale_set_name="ss",
     )
     app.deliver("lb_pools", envelope("Scheduled", observer, Resources=["ss_3"]))
     assert not app.arm.writes() and not app.publisher.published

@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from functions.impact import DEFAULT_IMPACTFUL, ImpactRules
-from functions.policy import (
-    DEFAULT_POLICY,
+from functions.approval_gate.policy import (
     Action,
     PolicyError,
     default_policy,
     parse_policy,
 )
+from functions.shared.impact import DEFAULT_IMPACTFUL, ImpactRules
 from sebridge.contract.events import Observer
 from tests.fixtures import golden
 from tests.functions.support import event
 
+DEFAULT_POLICY = default_policy()  # at the default settings, as documented
 DEFAULT = parse_policy(DEFAULT_POLICY)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from functions.settings import APP_SETTING_NAMES, SettingsError, load_settings
+from functions.shared.settings import APP_SETTING_NAMES, SettingsError, load_settings
 
 GOOD = {
     "ServiceBusConnection__fullyQualifiedNamespace": "ns.servicebus.windows.net",
@@ -16,6 +18,7 @@ GOOD = {
     "TEAMS_WEBHOOK_URL": "https://prod.westeurope.logic.azure.com/workflows/x?sig=secret",
     "APPROVAL_SIGNING_KEY": "s" * 40,
     "WEBSITE_HOSTNAME": "func-sebridge.azurewebsites.net",
+    "LB_POOL_STATE_URL": "https://stsebridge.blob.core.windows.net/sebridge-pools",
 }
 
 
@@ -52,7 +55,10 @@ def test_secrets_stay_out_of_repr_and_describe() -> None:
         ({"LB_IMPACTFUL_EVENT_TYPES": "Reboot,Rebooot"}, "LB_IMPACTFUL_EVENT_TYPES: unknown"),
         ({"LB_FREEZE_THRESHOLD_SECONDS": "nine"}, "LB_FREEZE_THRESHOLD_SECONDS: 'nine'"),
         ({"HEARTBEAT_STALE_SECONDS": "5"}, "HEARTBEAT_STALE_SECONDS: 5 is outside"),
-        ({"ACKNOWLEDGE_FALLBACK_ENABLED": "maybe"}, "ACKNOWLEDGE_FALLBACK_ENABLED: 'maybe'"),
+        (
+            {"ACKNOWLEDGE_FALLBACK_ENABLED": "maybe"},
+            "ACKNOWLEDGE_FALLBACK_ENABLED: not a boolean: 'maybe'",
+        ),
         ({"ACKNOWLEDGE_FALLBACK_ENABLED": "true"}, "HEARTBEAT_STORE_URL: required"),
         ({"CUSTOM_SUBSCRIBER_ENABLED": "true"}, "CustomSubscriptionName: required"),
         ({"ARM_ENDPOINT": "http://management.example"}, "ARM_ENDPOINT: must use https"),
@@ -129,3 +135,36 @@ def test_a_policy_that_is_set_is_used_as_written() -> None:
         '"durationSeconds": {"max": 20}}, "action": "approve"}]}'
     )
     assert short_freeze_max({"APPROVAL_POLICY": own, "LB_FREEZE_THRESHOLD_SECONDS": "5"}) == 20
+
+
+def test_the_capacity_guard_settings() -> None:
+    settings = load_settings(GOOD)
+    assert settings.min_healthy == 1
+    assert settings.pool_state_url == "https://stsebridge.blob.core.windows.net/sebridge-pools"
+    without = {k: v for k, v in GOOD.items() if k != "LB_POOL_STATE_URL"}
+    derived = load_settings({**without, "AzureWebJobsStorage__accountName": "sthost"})
+    assert derived.pool_state_url == "https://sthost.blob.core.windows.net/sebridge-pools"
+    off = load_settings({**without, "LB_MIN_HEALTHY": "0"})
+    assert off.min_healthy == 0 and off.pool_state_url == ""
+    assert load_settings(
+        {**GOOD, "LB_MANAGED_RESOURCE_GROUPS": " rg-a, ,rg-b "}
+    ).managed_resource_groups == (
+        "rg-a",
+        "rg-b",
+    )
+    described = load_settings(GOOD).describe()
+    assert described["minHealthy"] == 1 and described["managedResourceGroups"] == []
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"LB_MIN_HEALTHY": "-1"}, "LB_MIN_HEALTHY: -1 is outside 0..1000"),
+        ({"LB_MIN_HEALTHY": "two"}, "LB_MIN_HEALTHY: 'two' is not an integer"),
+        ({"LB_POOL_STATE_URL": ""}, "LB_POOL_STATE_URL: required while LB_MIN_HEALTHY"),
+        ({"LB_POOL_STATE_URL": "http://storage.example/x"}, "LB_POOL_STATE_URL: must use https"),
+    ],
+)
+def test_bad_capacity_guard_settings_are_named(change: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        load_settings({**GOOD, **change})

@@ -9,10 +9,19 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from functions import tokens
+from emulators.fakes.arm import FakeArm
 from functions.adapters.retry import TransientHttpError
+from functions.approval_gate import tokens
 from tests.fixtures import golden
-from tests.functions.support import EVENT_ID, NOW, SIGNING_KEY, App, envelope, sb_message
+from tests.functions.support import (
+    EVENT_ID,
+    NOW,
+    SIGNING_KEY,
+    App,
+    envelope,
+    sb_message,
+    web_vm,
+)
 from tests.functions.test_workflow_cards import assert_valid
 
 MANUAL_POLICY = json.dumps({"rules": [], "default": "manual"})
@@ -32,8 +41,14 @@ def test_one_valid_card_per_transition(app: App, name: str) -> None:
     assert request.headers["content-type"].startswith("application/json")
 
 
+@pytest.fixture
+def world(arm_fake: FakeArm) -> None:
+    web_vm(arm_fake, "web-1", [])
+    web_vm(arm_fake, "web-2", [])
+
+
 @pytest.mark.timeout(20)
-def test_a_manual_decision_adds_a_signed_approve_link(make_app) -> None:  # type: ignore[no-untyped-def]
+def test_a_manual_decision_adds_a_signed_approve_link(make_app, world) -> None:  # type: ignore[no-untyped-def]
     app = make_app(APPROVAL_POLICY=MANUAL_POLICY)
     app.deliver("teams", golden.build()["scheduled"])
     (card,) = app.teams.cards
@@ -103,3 +118,47 @@ def test_a_long_retry_after_gives_the_message_back_at_once(app: App) -> None:
     with pytest.raises(TransientHttpError, match="Retry-After 120 s"):
         app.deliver("teams", envelope("Scheduled"))
     assert time.monotonic() - started < 2 and len(app.teams.requests) == 1
+
+
+@pytest.mark.timeout(20)
+def test_an_agentless_vm_gets_a_link_that_approves_through_arm(  # type: ignore[no-untyped-def]
+    make_app, world, arm_fake: FakeArm
+) -> None:
+    """web-1 runs no forwarder (AGENTLESS_RESOURCE_GROUPS): the card's link carries the ARM id
+    the gate would acknowledge on, and following it acknowledges there; no command is sent."""
+    from functions.approval_gate import link
+
+    app = make_app(APPROVAL_POLICY=MANUAL_POLICY, AGENTLESS_RESOURCE_GROUPS="rg-web")
+    app.deliver("teams", golden.build()["scheduled"])
+    (card,) = app.teams.cards
+    (action,) = card["actions"]
+    token = parse_qs(urlsplit(action["url"]).query)["token"][0]
+    claims = tokens.verify(SIGNING_KEY.encode(), token, NOW)
+    web_1 = arm_fake.resources[
+        f"/subscriptions/{golden.SUBSCRIPTION}/resourcegroups/rg-web/providers/"
+        "microsoft.compute/virtualmachines/web-1"
+    ]["id"]
+    assert claims.acknowledge_on == web_1 and claims.vm_name == "web-1"
+    from functions.shared import composition
+
+    page = link.approve(
+        SIGNING_KEY.encode(), token, EVENT_ID, NOW, app.commands, composition.dependencies().arm
+    )
+    assert page.status == 200
+    assert arm_fake.acknowledged == [(web_1, EVENT_ID)] and not app.commands.sent
+
+
+def test_acknowledge_tokens_are_signed_over_their_arm_id() -> None:
+    key = SIGNING_KEY.encode()
+    target = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/v"
+    claims = tokens.ApprovalClaims(EVENT_ID, "v", NOW.replace(year=2030), acknowledge_on=target)
+    token = tokens.sign(key, claims)
+    assert tokens.verify(key, token, NOW) == claims
+    plain = tokens.sign(key, tokens.ApprovalClaims(EVENT_ID, "v", NOW.replace(year=2030)))
+    assert tokens.verify(key, plain, NOW).acknowledge_on == ""
+    # Another target under the same MAC is a forgery: the payload is what is signed.
+    payload, mac = token.split(".")
+    other = tokens.sign(key, tokens.ApprovalClaims(EVENT_ID, "v", claims.expires_at, target + "x"))
+    with pytest.raises(tokens.TokenError):
+        tokens.verify(key, f"{other.split('.')[0]}.{mac}", NOW)
+    assert payload != other.split(".")[0]

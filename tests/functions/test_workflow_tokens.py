@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from functions.tokens import ApprovalClaims, TokenError, sign, verify
+from functions.approval_gate.tokens import ApprovalClaims, TokenError, sign, verify
 from tests.functions.support import EVENT_ID, NOW
 
 KEY = b"k" * 32
@@ -55,3 +55,43 @@ def test_refused(mutate, now, expected, reason) -> None:  # type: ignore[no-unty
 def test_another_key_is_refused() -> None:
     with pytest.raises(TokenError, match="signature"):
         verify(b"x" * 32, sign(KEY, CLAIMS), NOW)
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        pytest.param(lambda t: t + "!!", id="bangs-after-mac"),
+        pytest.param(lambda t: t + "==", id="padding-after-mac"),
+        pytest.param(lambda t: t + "=", id="one-pad"),
+        pytest.param(lambda t: t + "A", id="one-more-char"),
+        pytest.param(lambda t: t.replace(".", "=.", 1), id="padding-after-payload"),
+        pytest.param(lambda t: t.replace(".", "!.", 1), id="junk-after-payload"),
+        pytest.param(lambda t: " " + t, id="leading-space"),
+        pytest.param(lambda t: t + "\n", id="trailing-newline"),
+        pytest.param(lambda t: t.replace("-", "+").replace("_", "/"), id="standard-alphabet"),
+    ],
+)
+def test_only_the_canonical_spelling_is_accepted(mutate) -> None:  # type: ignore[no-untyped-def]
+    """A lenient base64 decoder drops characters outside its alphabet and padding, so `!!` or
+    `==` appended to the MAC used to approve just the same."""
+    token = sign(KEY, CLAIMS)
+    changed = mutate(token)
+    if changed == token:
+        pytest.skip("this token has no character the mutation changes")
+    with pytest.raises(TokenError):
+        verify(KEY, changed, NOW)
+
+
+def test_bits_a_lenient_decoder_ignores_are_refused() -> None:
+    """The MAC's last base64 character carries 2 unused bits: another character with the same
+    used bits decodes to the same digest, and must still be refused."""
+    token = sign(KEY, CLAIMS)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    last = alphabet.index(token[-1])
+    twin = alphabet[last ^ 1]  # differs in an unused low bit
+    forged = token[:-1] + twin
+    assert base64.urlsafe_b64decode(forged.split(".")[1] + "=") == base64.urlsafe_b64decode(
+        token.split(".")[1] + "="
+    )
+    with pytest.raises(TokenError, match="canonical"):
+        verify(KEY, forged, NOW)

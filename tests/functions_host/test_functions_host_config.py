@@ -185,12 +185,12 @@ def test_timespans(text: object, expected: timedelta) -> None:
 
 
 def test_reconnect_backoff_grows_with_jitter_and_is_capped() -> None:
-    from emulators.functions_host.sbclient import Backoff
+    from sebridge.retry import Backoff
 
-    backoff = Backoff(base=0.5, cap=4.0)
+    backoff = Backoff(0.5, 4.0, floor=0.25)
     delays = [backoff.next_delay() for _ in range(8)]
-    steps = [min(4.0, 0.5 * 2**i) for i in range(8)]
-    assert all(step / 2 <= d <= step for d, step in zip(delays, steps, strict=True))
+    ceilings = [min(4.0, 0.5 * 2 ** (i + 1)) for i in range(8)]
+    assert all(0.25 <= d <= c for d, c in zip(delays, ceilings, strict=True))
     assert max(delays) <= 4.0
     backoff.reset()
-    assert backoff.next_delay() <= 0.5
+    assert backoff.next_delay() <= 1.0

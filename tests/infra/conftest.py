@@ -45,7 +45,9 @@ def checkov_reports() -> dict[str, dict[str, Any]]:
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
+        # Offline: no policy download (--skip-download, BC_SKIP_MAPPING) and no check of PyPI
+        # for a newer checkov (CKV_SKIP_PACKAGE_UPDATE_CHECK, read when its banner loads).
+        env={**os.environ, "BC_SKIP_MAPPING": "TRUE", "CKV_SKIP_PACKAGE_UPDATE_CHECK": "true"},
     )
     # Exit code 1 means "failed checks" (reported one by one by the tests); others are crashes.
     assert proc.returncode in (0, 1), f"checkov crashed ({proc.returncode}):\n{proc.stderr[-4000:]}"

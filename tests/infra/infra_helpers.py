@@ -22,7 +22,7 @@ INFRA = REPO / "infra"
 MODULES = INFRA / "modules"
 EMULATOR_CONFIG = INFRA / "servicebus-emulator" / "Config.json"
 FUNCTION_APP = REPO / "function_app.py"
-SETTINGS_MODULE = REPO / "functions" / "settings.py"
+SETTINGS_MODULE = REPO / "functions" / "shared" / "settings.py"
 
 
 def bicep_files() -> list[Path]:
@@ -133,7 +133,12 @@ def role_assignments(path: Path) -> list[dict[str, Any]]:
                 "scope_type": scope_type,
                 "principal": body["properties"]["principalId"],
                 "role_var": role_var,
-                "role_guid": string_value(tree, role_var),
+                # A built-in role's GUID literal, or "custom:<var>" for a role defined here.
+                "role_guid": (
+                    value
+                    if isinstance(value := string_value(tree, role_var), str)
+                    else f"custom:{role_var}"
+                ),
                 "name_function": guid_call["type"],
                 "name_parts": list(guid_call["parameters"].values()),
                 "is_loop": "loop_type" in resource["config"],
@@ -216,6 +221,10 @@ _PLACEHOLDERS = {
     # On, so the optional subscriber's bindings are checked too (the name of README's example).
     "CUSTOM_SUBSCRIBER_ENABLED": "true",
     "CustomSubscriptionName": "vm-loss",
+    # Agentless mode: values main.bicep computes or passes through.
+    "EVENTGRID_STATE_URL": "https://sttest.blob.core.windows.net/sebridge-eventgrid-state",
+    "AGENTLESS_RESOURCE_GROUPS": "rg-batch-test",
+    "AGENTLESS_VM_PATTERNS": "batch-*",
 }
 
 

@@ -152,6 +152,7 @@ def test_entity_name_settings_match_the_deployed_entities() -> None:
         "TeamsSubscriptionName": "teams",
         "LbPoolsSubscriptionName": "lb-pools",
         "ApprovalGateSubscriptionName": "approval-gate",
+        "WebhooksSubscriptionName": "webhooks",
     }.items():
         assert resolve_setting(setting) == name
         assert name in subs

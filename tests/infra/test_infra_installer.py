@@ -15,6 +15,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,7 +107,7 @@ def test_the_forwarder_accepts_the_written_configuration(installed: Path) -> Non
     config_module = REPO / "forwarder" / "config.py"
     if not config_module.exists():
         pytest.fail("forwarder/config.py is missing: cannot check the installed configuration")
-    from forwarder.config import parse_config
+    from sebridge.forwarder.config import parse_config
 
     config = parse_config([], read_env_file(installed / ENV_PATH))
     assert config.namespace == NAMESPACE
@@ -122,7 +123,10 @@ def test_installer_knows_every_setting_the_forwarder_reads() -> None:
     passthrough = set(re.search(r'readonly PASSTHROUGH="([^"]+)"', script).group(1).split())
     fixed = {"SEBRIDGE_NAMESPACE", "AZURE_CLIENT_ID", "SEBRIDGE_STATE_DIR"}
     config_module = REPO / "forwarder" / "config.py"
-    read = set(re.findall(r'"(SEBRIDGE_[A-Z_]+|AZURE_CLIENT_ID)"', config_module.read_text()))
+    # The flags of the local actions (hooks, drain probe) are declared beside them.
+    local_flags = REPO / "forwarder" / "local_actions.py"
+    sources = config_module.read_text() + local_flags.read_text()
+    read = set(re.findall(r'"(SEBRIDGE_[A-Z_]+|AZURE_CLIENT_ID)"', sources))
     assert read, "forwarder/config.py reads no SEBRIDGE_* setting?"
     # A connection string is a secret and the namespace has local auth off: never installed.
     assert read - {"SEBRIDGE_CONNECTION_STRING"} == passthrough | fixed
@@ -352,7 +356,7 @@ def test_unit_exposure_is_low(systemd_analyze: str, verify_root: Path) -> None:
 # --- the Custom Script Extension command ----------------------------------------------------
 
 
-def _render_install_command(namespace: str, client_id: str, package: str) -> str:
+def _render_install_command(namespace: str, client_id: str, package: str, **optional: str) -> str:
     """forwarder.bicep's installCommand with its interpolations done as ARM would."""
     tree = parse(INFRA / "forwarder.bicep")
     variables = tree["variables"]
@@ -367,6 +371,9 @@ def _render_install_command(namespace: str, client_id: str, package: str) -> str
         "serviceBusNamespace": namespace,
         "forwarderIdentityClientId": client_id,
         "packageSource": package,
+        "hooksJson": optional.get("hooksJson", ""),
+        "drainProbePortText": optional.get("drainProbePortText", ""),
+        "drainSecondsText": optional.get("drainSecondsText", ""),
     }
     rendered = template
     for name, value in files.items():
@@ -488,3 +495,154 @@ def test_installer_creates_the_user_in_the_root_and_reruns_idempotently(tmp_path
     assert "user sebridge exists" in second.stdout
     assert (passwd.read_bytes(), group.read_bytes()) == accounts
     assert env_file.stat().st_gid == int(gid)
+
+
+# --- hooks and the drain probe (issue 16) -------------------------------------------------------
+
+HOOKS_PATH = "etc/sebridge/hooks.json"
+HOOKS_JSON = (
+    '{"schemaVersion": 1, "hooks": [{"name": "checkpoint", "on": ["Scheduled"], '
+    '"command": ["/usr/local/bin/checkpoint", "--reason=$(reboot) `x` \\"q\\""], "prepare": true}]}'
+)
+
+
+def test_installer_ships_a_hooks_file_only_root_can_change(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    os.chmod(tmp_path, 0o755)
+    proc = run_installer(
+        root,
+        {
+            "SEBRIDGE_NAMESPACE": NAMESPACE,
+            "AZURE_CLIENT_ID": CLIENT_ID,
+            "SEBRIDGE_HOOKS_JSON": HOOKS_JSON,
+            "SEBRIDGE_DRAIN_PROBE_PORT": "8642",
+            "SEBRIDGE_DRAIN_SECONDS": "25",
+        },
+        *SKIP_SYSTEM,
+    )
+    assert proc.returncode == 0, proc.stderr
+    hooks = root / HOOKS_PATH
+    assert hooks.read_text() == HOOKS_JSON + "\n"
+    st = hooks.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o644
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (0, 0)
+        from sebridge.forwarder.hooks import load_hooks
+
+        # The forwarder's own check accepts what the installer wrote.
+        (hook,) = load_hooks(hooks).hooks
+        assert hook.command[1] == '--reason=$(reboot) `x` "q"'
+    values = read_env_file(root / ENV_PATH)
+    assert values["SEBRIDGE_HOOKS_FILE"] == "/etc/sebridge/hooks.json"
+    assert values["SEBRIDGE_DRAIN_PROBE_PORT"] == "8642"
+    assert values["SEBRIDGE_DRAIN_SECONDS"] == "25"
+    # Rerun without hooks: the configuration names no hooks file any more.
+    proc = run_installer(
+        root, {"SEBRIDGE_NAMESPACE": NAMESPACE, "AZURE_CLIENT_ID": CLIENT_ID}, *SKIP_SYSTEM
+    )
+    assert proc.returncode == 0, proc.stderr
+    values = read_env_file(root / ENV_PATH)
+    assert "SEBRIDGE_HOOKS_FILE" not in values and "SEBRIDGE_DRAIN_PROBE_PORT" not in values
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"SEBRIDGE_HOOKS_JSON": "{not json"}, "SEBRIDGE_HOOKS_JSON is not JSON"),
+        ({"SEBRIDGE_HOOKS_JSON": "{}", "SEBRIDGE_HOOKS_FILE": "/etc/x.json"}, "not both"),
+        ({"SEBRIDGE_HOOKS_JSON": "[" + " " * 70_000 + "]"}, "larger than 65536"),
+        (
+            {"SEBRIDGE_DRAIN_PROBE_UPSTREAM": "http://127.0.0.1:8080/h?x=$(id)"},
+            "SEBRIDGE_DRAIN_PROBE_UPSTREAM contains",
+        ),
+    ],
+)
+def test_installer_refuses_bad_hooks_before_writing(
+    tmp_path: Path, env: dict[str, str], problem: str
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = run_installer(
+        root, {"SEBRIDGE_NAMESPACE": NAMESPACE, "AZURE_CLIENT_ID": CLIENT_ID, **env}, *SKIP_SYSTEM
+    )
+    assert proc.returncode != 0
+    assert problem in proc.stderr
+    assert not any(p.is_file() for p in root.rglob("*")), "wrote something before refusing"
+
+
+def test_installer_validates_hooks_with_the_installed_forwarder(tmp_path: Path) -> None:
+    """With a venv in place (here: a stand-in for /opt/sebridge/venv that runs this checkout),
+    a hooks file the forwarder would refuse is not installed."""
+    root = tmp_path / "root"
+    venv_bin = root / "opt" / "sebridge" / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(Path(sys.executable))
+    bad = '{"hooks": [{"name": "x", "on": ["Scheduled"], "command": ["checkpoint"]}]}'
+    env = {
+        "SEBRIDGE_NAMESPACE": NAMESPACE,
+        "AZURE_CLIENT_ID": CLIENT_ID,
+        "SEBRIDGE_HOOKS_JSON": bad,
+        "PYTHONPATH": str(REPO),
+    }
+    proc = run_installer(root, env, *SKIP_SYSTEM)
+    assert proc.returncode != 0
+    assert "absolute path" in proc.stderr and "not a valid hooks file" in proc.stderr
+    assert not (root / HOOKS_PATH).exists()
+    env["SEBRIDGE_HOOKS_JSON"] = bad.replace('["checkpoint"]', '["/usr/local/bin/checkpoint"]')
+    proc = run_installer(root, env, *SKIP_SYSTEM)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / HOOKS_PATH).exists()
+
+
+def test_extension_command_ships_the_hooks_file_and_probe_settings_verbatim(tmp_path: Path) -> None:
+    command = _render_install_command(
+        NAMESPACE,
+        CLIENT_ID,
+        "scheduled-events-bridge==0.2.0",
+        hooksJson=HOOKS_JSON,
+        drainProbePortText="8642",
+        drainSecondsText="40",
+    )
+    root = tmp_path / "root"
+    root.mkdir()
+    work = tmp_path / "extension"
+    work.mkdir()
+    proc = subprocess.run(
+        ["sh", "-c", f"{command} {' '.join(SKIP_SYSTEM)}"],
+        cwd=work,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SEBRIDGE_ROOT": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (root / HOOKS_PATH).read_text() == HOOKS_JSON + "\n"
+    values = read_env_file(root / ENV_PATH)
+    assert (
+        values["SEBRIDGE_DRAIN_PROBE_PORT"] == "8642" and values["SEBRIDGE_DRAIN_SECONDS"] == "40"
+    )
+    # Left empty (the defaults), nothing about hooks or the probe is configured.
+    plain = _render_install_command(NAMESPACE, CLIENT_ID, "scheduled-events-bridge==0.2.0")
+    root2 = tmp_path / "root2"
+    root2.mkdir()
+    proc = subprocess.run(
+        ["sh", "-c", f"{plain} {' '.join(SKIP_SYSTEM)}"],
+        cwd=work,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SEBRIDGE_ROOT": str(root2)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not (root2 / HOOKS_PATH).exists()
+    assert not {"SEBRIDGE_HOOKS_FILE", "SEBRIDGE_DRAIN_PROBE_PORT"} & set(
+        read_env_file(root2 / ENV_PATH)
+    )
+
+
+def test_forwarder_bicep_hooks_and_probe_parameters_are_optional() -> None:
+    params = parse(INFRA / "forwarder.bicep")["parameters"]
+    assert params["hooksJson"]["default"] == ""
+    assert params["drainProbePort"]["default"] == 0
+    assert params["drainSeconds"]["default"] == 30

@@ -28,7 +28,10 @@ STORAGE_BLOB_DATA_OWNER = "b7e6dc6d-f1e8-4753-8033-0f276bb0955b"
 MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 NETWORK_CONTRIBUTOR = "4d97b98b-1d4f-4787-a291-c67834d212e7"
 SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"
+STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+SCALE_SET_INSTANCE_READER = "custom:scaleSetInstanceReader"  # defined in managed-group-roles
 ROLE_NAMES = {
+    SCALE_SET_INSTANCE_READER: "Scale-set instance reader (custom)",
     SERVICE_BUS_DATA_RECEIVER: "Azure Service Bus Data Receiver",
     SERVICE_BUS_DATA_SENDER: "Azure Service Bus Data Sender",
     KEY_VAULT_SECRETS_USER: "Key Vault Secrets User",
@@ -37,6 +40,7 @@ ROLE_NAMES = {
     MONITORING_METRICS_PUBLISHER: "Monitoring Metrics Publisher",
     NETWORK_CONTRIBUTOR: "Network Contributor",
     SCHEDULED_EVENTS_CONTRIBUTOR: "Scheduled Events Contributor",
+    STORAGE_BLOB_DATA_CONTRIBUTOR: "Storage Blob Data Contributor",
 }
 # Broad roles nobody here may get.
 FORBIDDEN_ROLES = {
@@ -60,10 +64,16 @@ EXPECTED_ROLES = {
     ("functionAppPrincipalId", "resourceGroup"): [
         NETWORK_CONTRIBUTOR,
         SCHEDULED_EVENTS_CONTRIBUTOR,
+        SCALE_SET_INSTANCE_READER,
     ],
     # Forwarders: publish to the topic, receive approve commands.
     ("forwarderPrincipalId", f"{SB}/topics"): SERVICE_BUS_DATA_SENDER,
     ("forwarderPrincipalId", f"{SB}/queues"): SERVICE_BUS_DATA_RECEIVER,
+    # Agentless mode: the Event Grid system topic dead-letters into one container.
+    (
+        "systemTopicPrincipalId",
+        "Microsoft.Storage/storageAccounts/blobServices/containers",
+    ): STORAGE_BLOB_DATA_CONTRIBUTOR,
     # Operator who sets the two secret values after deployment (optional).
     ("secretsOfficerPrincipalId", "Microsoft.KeyVault/vaults"): KEY_VAULT_SECRETS_OFFICER,
 }
@@ -250,3 +260,22 @@ def test_checkov_secrets_scan_finds_nothing(checkov_reports: dict[str, dict[str,
     # checkov omits the secrets report when it has nothing to say.
     failed = secrets["results"]["failed_checks"] if secrets else []
     assert [(c["check_id"], c["file_path"]) for c in failed] == []
+
+
+def test_the_custom_role_holds_exactly_the_two_instance_reads() -> None:
+    """Least privilege: the one custom role reads Uniform instances and their NICs, nothing
+    else, and can be assigned only in the managed group it is defined in."""
+    from tests.infra.infra_helpers import module, resources_of_type, unwrap
+
+    tree = module("managed-group-roles.bicep")
+    (definition,) = resources_of_type(tree, "Microsoft.Authorization/roleDefinitions").values()
+    properties = unwrap(definition)["properties"]
+    (permission,) = properties["permissions"]
+    assert sorted(permission["actions"]) == [
+        "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/networkInterfaces/read",
+        "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read",
+    ]
+    assert not any(permission[k] for k in ("notActions", "dataActions", "notDataActions"))
+    assert "*" not in str(permission)
+    (scope,) = properties["assignableScopes"]
+    assert "resource_group" in str(scope)

@@ -5,7 +5,7 @@ transitions and message ids; a kill -9 and restart with the same state directory
 report what vanished meanwhile; IMDS faults must be waited out without losing or duplicating
 anything; Heartbeats come at the configured interval (or not at all).
 
-The approvals handler (``forwarder.approvals.CommandHandler``): commands against the simulator
+The approvals handler (``approval_handler.CommandHandler``): commands against the simulator
 subprocess through the production IMDS client, with a recording stand-in for the forwarder's
 outbox; IMDS refusing the POST dead-letters, IMDS failing or hanging abandons within the
 per-command bound, success completes and enqueues Approved.
@@ -36,23 +36,24 @@ from emulators.imds.testing import (
 )
 from emulators.processes import ChildProcess, forwarder
 from emulators.servicebus.durations import parse_duration
-from forwarder.approvals import COMMAND_IMDS_BUDGET, CommandHandler, Outcome
-from forwarder.imds_client import CONNECT_TIMEOUT, ImdsClient
-from sebridge import __version__
+from sebridge import __version__, lifecycle
 from sebridge.contract import commands
 from sebridge.contract.events import (
     Envelope,
     Observer,
     Transition,
-    message_id_for,
     parse_message,
 )
+from sebridge.forwarder.approval_handler import COMMAND_IMDS_BUDGET, CommandHandler, Outcome
+from sebridge.forwarder.imds_client import CONNECT_TIMEOUT, ImdsClient
+from sebridge.imds import ScheduledEvent
 
 SPEED = 8.0
-# A Scheduled event that vanishes is Cancelled only while its NotBefore is ahead (after it, it
-# ran unseen: Completed). canceled-maintenance removes its event 7 scenario seconds before
-# NotBefore: at speed 8 that is 0.875 s, which a poll delayed on a loaded machine overshoots.
-SPEEDS = {"canceled-maintenance": 3.5}  # 2 s of margin
+# Watched without a gap, a Scheduled event that vanishes is Cancelled whatever its NotBefore
+# says (Completed needs a 30 s observation gap as well), so every scenario runs at one speed:
+# canceled-maintenance's event vanishes 0.875 s before NotBefore at speed 8, and a poll
+# delayed past that on a loaded machine is still Cancelled.
+SPEEDS: dict[str, float] = {}
 
 
 def messages_of(fw: ChildProcess) -> list[dict[str, Any]]:
@@ -70,10 +71,16 @@ def wait_for_subject(fw: ChildProcess, subject: str, timeout: float) -> None:
     )
 
 
-def expected_message_id(message: dict[str, Any]) -> str:
-    transition = Transition(message["subject"])
-    changes = message["body"]["data"].get("changes")
-    return message_id_for(message["session_id"], transition, changes)
+def expected_message_ids(messages: list[dict[str, Any]]) -> list[str]:
+    """The ids the documented scheme (sebridge.lifecycle) gives these transitions, in order."""
+    lives: dict[str, lifecycle.Life] = {}
+    ids = []
+    for message in messages:
+        event = ScheduledEvent.from_imds(message["body"]["data"])
+        life, message_id = lifecycle.advance(lives.get(event.key), message["subject"], event)
+        lives[event.key] = life
+        ids.append(message_id)
+    return ids
 
 
 @pytest.mark.timeout(90)
@@ -91,8 +98,9 @@ def test_every_scenario_yields_exactly_its_transitions(scenario: str, tmp_path: 
         messages = messages_of(fw)
     got = [(m["subject"], m["session_id"]) for m in messages]
     assert got == expected, fw.stderr_text()[-3000:]
+    assert [m["message_id"] for m in messages] == expected_message_ids(messages)
+    assert len({m["message_id"] for m in messages}) == len(messages)
     for message in messages:
-        assert message["message_id"] == expected_message_id(message)
         parsed = parse_message(message["body"])  # every line is a valid contract message
         assert parsed.transition.value == message["subject"]
         assert parsed.observer.vm_name  # from the simulator's instance metadata
@@ -125,8 +133,8 @@ def test_restart_reports_what_vanished_while_down(
             time.sleep(1.0)
             after = messages_of(second)
     assert [m["subject"] for m in after] == [then]
-    assert after[0]["message_id"].endswith(f":{then}")
-    assert after[0]["message_id"].rsplit(":", 1)[0] == before[0].rsplit(":", 1)[0]
+    assert after[0]["message_id"].endswith(f":{then}:1")
+    assert after[0]["message_id"].split(":")[0] == before[0].split(":")[0]
 
 
 def fault_rule(spec: str) -> dict[str, Any]:
@@ -306,6 +314,9 @@ class RecordingForwarder:
     def enqueue(self, envelope: Envelope) -> None:
         self.enqueued.append(envelope)
 
+    def life_of(self, key: str) -> lifecycle.Life | None:
+        return None  # the handler's Approved then gets the first appearance's id
+
 
 @pytest.fixture(scope="module")
 def idle_sim() -> Iterator[RunningSimulator]:
@@ -373,7 +384,7 @@ def test_handler_approves_completes_and_enqueues_approved(
     assert event["EventStatus"] == "Started"
     (approved,) = fake.enqueued
     assert approved.subject == "Approved"
-    assert approved.message_id == f"{scheduled.lower()}:Approved"
+    assert approved.message_id == f"{scheduled.lower()}:Approved:1"
     parsed = parse_message(approved.body_bytes())
     assert parsed.data["approval"] == {"requestedBy": "ops", "reason": "patching"}
     # The same command again (a redelivery): IMDS now says Started; nothing more is POSTed.
@@ -447,8 +458,8 @@ def test_handler_never_waits_for_the_slow_first_call(
 
 def test_the_command_budget_fits_inside_the_approvals_lock() -> None:
     """The production bound against the deployed lock (see forwarder/approvals.py)."""
-    from forwarder.approvals import ABANDON_PAUSE_MAX, SESSION_RENEW_EVERY
-    from forwarder.imds_client import FIRST_CALL_READ_TIMEOUT, READ_TIMEOUT
+    from sebridge.forwarder.approvals import ABANDON_PAUSE_MAX, SESSION_RENEW_EVERY
+    from sebridge.forwarder.imds_client import FIRST_CALL_READ_TIMEOUT, READ_TIMEOUT
 
     config = Path(__file__).resolve().parents[2] / "infra" / "servicebus-emulator" / "Config.json"
     (namespace,) = json.loads(config.read_text())["UserConfig"]["Namespaces"]

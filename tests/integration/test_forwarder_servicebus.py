@@ -59,7 +59,7 @@ def test_subscriptions_see_what_their_filters_select(emulator: Any, tmp_path: Pa
         assert message["properties"]["eventType"] == "Reboot"
         assert message["properties"]["schemaVersion"] == 1
         assert message["session_id"] == parsed.event_id
-        assert message["message_id"] == f"{parsed.event_id}:{message['subject']}"
+        assert message["message_id"] == f"{parsed.event_id}:{message['subject']}:1"
     heartbeat = next(m for m in audit if m["subject"] == "Heartbeat")
     assert heartbeat["session_id"] == heartbeat["properties"]["vmName"]
 

@@ -18,11 +18,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forwarder.commands import Action, decide
-from forwarder.diff import diff, index
-from forwarder.state import ForwarderState, StateStore
 from sebridge.contract import commands
 from sebridge.contract.events import Observer, Transition, event_message, parse_message
+from sebridge.forwarder.approval_decision import Action, decide
+from sebridge.forwarder.diff import diff, index
+from sebridge.forwarder.state import ForwarderState, StateStore
 from sebridge.imds import Document, InvalidDocument, ScheduledEvent
 
 NOW = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)

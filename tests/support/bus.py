@@ -8,7 +8,7 @@ from typing import Any
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient
 from azure.servicebus.exceptions import OperationTimeoutError
 
-from forwarder.approvals import message_body
+from sebridge.servicebus import message_body
 
 TOPIC = "scheduled-events"
 

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from forwarder.commands import Action, decide
 from sebridge.contract import commands
+from sebridge.forwarder.approval_decision import Action, decide
 from sebridge.imds import Document
 
 GUID = "8b95c271-2b77-4243-ad1a-585faa9cd908"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from forwarder.diff import diff, index
 from sebridge.contract.events import Transition
+from sebridge.forwarder.diff import STARTED_HIDDEN_BY_GAP, diff, index
 from sebridge.imds import Document, InvalidDocument
 
 A = "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f"
@@ -211,11 +211,14 @@ def test_duration_minus_one_is_kept() -> None:
         {"DocumentIncarnation": 1, "Events": {}},
         {"DocumentIncarnation": 1, "Events": ["x"]},
         {"DocumentIncarnation": 1, "Events": [{"EventType": "Reboot", "EventStatus": "Scheduled"}]},
-        {"DocumentIncarnation": 1, "Events": [ev(Resources="vm1")]},
-        {"DocumentIncarnation": 1, "Events": [ev(EventStatus=None)]},
+        {"DocumentIncarnation": 1, "Events": [ev(), ev(B, EventId=None)]},
+        {"DocumentIncarnation": 1, "Events": [ev(), ev(B, EventId=" ")]},
+        {"DocumentIncarnation": 1, "Events": [ev(), ev(B, EventId=42)]},
     ],
 )
 def test_structurally_invalid_documents_are_rejected_whole(body: object) -> None:
+    """Without a usable EventId an event cannot be keyed: taking the rest would look like
+    "that event vanished", so the whole document is refused (the poll fails and is retried)."""
     with pytest.raises(InvalidDocument):
         Document.from_imds(body)
 
@@ -223,3 +226,113 @@ def test_structurally_invalid_documents_are_rejected_whole(body: object) -> None
 def test_duplicate_event_id_in_one_document_counts_once() -> None:
     document = doc(1, ev(A.upper()), ev(A.lower(), status="Started"))
     assert [e.event_id for e in document.events] == [A.upper()]
+
+
+# -- one event's odd fields never fail the document (issue 10, item 5) ------------------------
+
+OUT_OF_RANGE_TIMES = [
+    "9999-12-31T23:59:59-01:00",  # cannot be expressed in UTC
+    "Fri, 31 Dec 9999 23:59:59 -0100",  # the same in RFC 1123
+    "Mon, 11 Apr 20222222222222222222 22:26:58 GMT",  # a 20-digit year
+    "20222222222222222222-04-11T22:26:58Z",
+    "0000-01-01T00:00:00Z",
+    "Mon, 99 Foo 2022 99:99:99 GMT",
+    "9" * 5000,
+]
+
+
+@pytest.mark.parametrize("value", OUT_OF_RANGE_TIMES)
+def test_an_out_of_range_not_before_is_kept_verbatim_and_parsed_to_null(value: str) -> None:
+    document = doc(1, ev(A, NotBefore=value), ev(B))
+    odd, fine = document.events
+    assert odd.not_before is None and odd.raw["NotBefore"] == value
+    assert fine.not_before is not None
+    assert transitions(None, document) == [("Scheduled", A), ("Scheduled", B)]
+
+
+@pytest.mark.parametrize(
+    ("fields", "read_as"),
+    [
+        ({"EventType": 42}, {"event_type": ""}),
+        ({"EventType": None}, {"event_type": ""}),
+        ({"EventStatus": ["Started"]}, {"status": "", "is_started": False}),
+        ({"EventStatus": None}, {"status": ""}),
+        ({"Resources": "vm1"}, {"resources": ()}),
+        ({"Resources": ["vm1", 7, None, "vm2"]}, {"resources": ("vm1", "vm2")}),
+        ({"DurationInSeconds": 3_000_000_000}, {"duration_in_seconds": 3_000_000_000}),
+        ({"DurationInSeconds": "9" * 5000}, {"duration_in_seconds": None}),
+        ({"DurationInSeconds": 1e400}, {"duration_in_seconds": None}),
+        ({"Description": {"x": 1}}, {"description": None}),
+        ({"EventSource": 3}, {"event_source": None}),
+    ],
+)
+def test_odd_field_values_are_tolerated_and_kept_verbatim(
+    fields: dict[str, Any], read_as: dict[str, Any]
+) -> None:
+    document = doc(1, ev(A, **fields), ev(B))
+    odd, fine = document.events
+    for name, value in read_as.items():
+        assert getattr(odd, name) == value, name
+    for name, value in fields.items():
+        assert odd.raw[name] == value  # verbatim, whatever it is
+    assert fine.event_type == "Reboot" and fine.resources == ("vm1",)
+    assert transitions(None, document) == [("Scheduled", A), ("Scheduled", B)]
+
+
+def test_an_odd_value_changing_is_an_update_and_never_a_vanishing() -> None:
+    before = doc(1, ev(A), ev(B))
+    after = doc(2, ev(A, EventType=7, NotBefore="9999-12-31T23:59:59-01:00"), ev(B))
+    assert transitions(before, after) == [("Updated", A)]
+
+
+# -- vanished while Scheduled: Cancelled unless the observation gap could hide Started --------
+
+NOT_BEFORE = datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)
+JUST_UNDER = STARTED_HIDDEN_BY_GAP - timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(
+    ("not_before_passed_by", "gap", "expected"),
+    [
+        # Watched without a gap: Started stays visible for minutes, so it was cancelled.
+        (timedelta(seconds=5), timedelta(seconds=1), "Cancelled"),
+        (timedelta(minutes=10), timedelta(seconds=1), "Cancelled"),
+        (timedelta(seconds=5), JUST_UNDER, "Cancelled"),
+        # A gap long enough to hide Started (a restart, a long IMDS outage): it ran unseen.
+        (timedelta(seconds=5), STARTED_HIDDEN_BY_GAP, "Completed"),
+        (timedelta(minutes=10), timedelta(hours=3), "Completed"),
+        # NotBefore still ahead: it cannot have run, however long the gap.
+        (-timedelta(seconds=5), timedelta(hours=3), "Cancelled"),
+    ],
+)
+def test_vanished_while_scheduled_depends_on_the_observation_gap(
+    not_before_passed_by: timedelta, gap: timedelta, expected: str
+) -> None:
+    now = NOT_BEFORE + not_before_passed_by
+    known = index(doc(1, ev()).events)
+    (change,) = diff(known, doc(2), now, last_seen=now - gap)
+    assert change.transition.value == expected
+
+
+def test_the_gap_threshold_is_shorter_than_started_lasts_and_longer_than_polling_makes() -> None:
+    """The documented bounds (forwarder/diff.py): longer than the longest gap one failed poll
+    makes (a 10 s request deadline, then at most 5 s of backoff), shorter than a typical
+    Started (5 to 10 minutes)."""
+    from sebridge.forwarder.imds_client import READ_TIMEOUT
+    from sebridge.forwarder.service import MAX_POLL_BACKOFF
+
+    assert timedelta(seconds=READ_TIMEOUT + MAX_POLL_BACKOFF) < STARTED_HIDDEN_BY_GAP
+    assert timedelta(minutes=5) / 5 >= STARTED_HIDDEN_BY_GAP
+
+
+@pytest.mark.parametrize(
+    "fields", [{"EventType": 42}, {"EventStatus": None}, {"Resources": "vm1"}, {"Resources": [1]}]
+)
+def test_a_single_event_read_on_its_own_is_strict_by_default(fields: dict[str, Any]) -> None:
+    """A message's data and an Event Grid notification are one event each: a consumer refuses
+    what it cannot read, with a reason. Only documents (and the forwarder's state) tolerate."""
+    from sebridge.imds import ScheduledEvent
+
+    with pytest.raises(InvalidDocument):
+        ScheduledEvent.from_imds(ev(**fields))
+    assert ScheduledEvent.from_imds(ev(**fields), strict=False).key == A.lower()

@@ -282,9 +282,18 @@ DERIVED = [
         "same notBefore again is no update",
         [
             {"at": 0, "status": "Scheduled", "notBeforeIn": 20},
-            {"at": 6, "notBeforeIn": 14, "set": {"EventSource": "User"}},
+            {"at": 6, "notBeforeIn": 14},
         ],
         ["Scheduled"],
+    ),
+    (
+        # One list of watched fields (sebridge.lifecycle.WATCHED_FIELDS) for every part.
+        "event source changed is an update",
+        [
+            {"at": 0, "status": "Scheduled", "notBeforeIn": 20},
+            {"at": 6, "set": {"EventSource": "User"}},
+        ],
+        ["Scheduled", "Updated"],
     ),
     (
         "description removed",

@@ -1,0 +1,309 @@
+"""The drain probe (``--drain-probe-port``): an HTTP health endpoint for the load balancer that
+turns unhealthy while an impactful event of this VM is on, so the balancer drains the VM
+itself, with no ARM write and whatever the VM belongs to (a Uniform or Flexible scale set, a
+standalone VM; Azure Load Balancer, Application Gateway, anything that probes over HTTP).
+
+- ``200`` normally; with ``--drain-probe-upstream URL`` the application's own health check is
+  asked instead (any 2xx or 3xx is healthy; anything else, a timeout or a refused connection
+  is ``503``), so this endpoint can replace an existing probe.
+- ``503`` from the Scheduled (or a first Started) of an event that affects this VM and is
+  impactful by lb-pools' rules (:mod:`sebridge.impact`: ``--drain-impactful-event-types``,
+  ``--drain-freeze-threshold-seconds``) until its Completed or Cancelled; an Updated that
+  makes the event harmless, or drops this VM from its Resources, ends the drain early.
+- ``--drain-seconds`` after the drain began (probe interval x unhealthy threshold + the
+  connection drain time: the balancer has stopped sending new connections and the open ones
+  had their time), the drain counts as done, and :class:`~sebridge.forwarder.preparation.
+  Preparations` publishes ``Prepared`` once the other preparations are done too.
+
+The port answers the health status and nothing else: every GET or HEAD, whatever its path,
+gets ``ok`` or ``unavailable`` (the same word while draining and while the upstream is down),
+never an event detail. It binds ``--drain-probe-address`` (default ``0.0.0.0``: the load
+balancer probes the VM's own address from 168.63.129.16; let only that source in, e.g. an NSG
+rule for the ``AzureLoadBalancer`` service tag). At most :data:`MAX_CONNECTIONS` requests are
+served at once and each has :data:`REQUEST_TIMEOUT` seconds, so a slow or hostile client
+cannot hold it.
+
+The state flips on the poller's thread right after the poll that saw the change, so the
+answer changes within one poll interval of IMDS (``benchmarks/drain_probe_flip.py``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from sebridge.forwarder.preparation import ENDS, Observed, Preparations
+from sebridge.impact import ImpactRules
+
+log = logging.getLogger("forwarder.drain-probe")
+
+MAX_CONNECTIONS = 8  # a load balancer probes once per interval; the forwarder has a TasksMax
+REQUEST_TIMEOUT = 5.0  # seconds a client has to send its request
+UPSTREAM_TIMEOUT = 3.0  # seconds the application's health check has to answer
+HEALTHY = (200, b"ok\n")
+UNHEALTHY = (503, b"unavailable\n")
+
+
+class ProbeError(ValueError):
+    """A drain-probe setting is wrong, or its port cannot be bound."""
+
+
+def check_upstream(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ProbeError(f"--drain-probe-upstream must be an http(s) URL, not {url!r}")
+    if parts.username or parts.password:
+        raise ProbeError("--drain-probe-upstream must not carry credentials")
+    return url
+
+
+def upstream_healthy(url: str, timeout: float = UPSTREAM_TIMEOUT) -> bool:
+    """GET the application's health check: 2xx and 3xx are healthy (redirects not followed),
+    anything else, a timeout or an error is not."""
+    parts = urlsplit(url)
+    connection_type = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    connection = connection_type(parts.hostname or "", parts.port, timeout=timeout)
+    try:
+        connection.request("GET", path, headers={"User-Agent": "sebridge-drain-probe"})
+        response = connection.getresponse()
+        response.read(64 * 1024)
+        return 200 <= response.status < 400
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+
+
+@dataclass
+class _Drain:
+    since: float  # monotonic
+    event_id: str
+    done: bool = False  # drain time passed and reported
+
+
+class DrainProbe:
+    name = "drain-probe"
+
+    def __init__(
+        self,
+        rules: ImpactRules,
+        drain_seconds: float,
+        *,
+        preparations: Preparations | None = None,
+        upstream: str | None = None,
+        upstream_timeout: float = UPSTREAM_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rules = rules
+        self.drain_seconds = drain_seconds
+        self.preparations = preparations
+        self.upstream = check_upstream(upstream) if upstream else None
+        self.upstream_timeout = upstream_timeout
+        self.clock = clock
+        self._drains: dict[str, _Drain] = {}
+        self._cond = threading.Condition()
+        self._server: _Server | None = None
+        self.answers = {200: 0, 503: 0}
+
+    # -- state ------------------------------------------------------------------------------
+    def applies(self, observed: Observed) -> bool:
+        return observed.affects_this_vm and self.rules.is_impactful(observed.event)
+
+    def observe(self, observed: Observed) -> None:
+        """A transition (on the poller's thread): start, keep or end the drain."""
+        key = observed.event.key
+        with self._cond:
+            if observed.transition in ENDS or not self.applies(observed):
+                ended = self._drains.pop(key, None)
+                if ended is not None:
+                    log.info(
+                        "drain for %s over (%s): %s",
+                        observed.event.event_id,
+                        observed.transition.value,
+                        "probe healthy again"
+                        if not self._drains
+                        else f"{len(self._drains)} more drain(s) on",
+                    )
+            elif key not in self._drains:
+                self._drains[key] = _Drain(self.clock(), observed.event.event_id)
+                log.info(
+                    "draining for %s (%s, %s): the probe answers 503; done in %g s",
+                    observed.event.event_id,
+                    observed.event.event_type,
+                    observed.transition.value,
+                    self.drain_seconds,
+                )
+            self._cond.notify_all()
+
+    def restore(self, observed: Iterable[Observed]) -> int:
+        """At start: drain again for the events the journal shows open (the timer restarts,
+        to be safe: while the forwarder was down its port did not answer either)."""
+        count = 0
+        for item in observed:
+            if self.applies(item) and item.transition not in ENDS:
+                with self._cond:
+                    if item.event.key not in self._drains:
+                        self._drains[item.event.key] = _Drain(self.clock(), item.event.event_id)
+                        count += 1
+                    self._cond.notify_all()
+        if count:
+            log.info("draining again after a restart for %d event(s)", count)
+        return count
+
+    def forget(self, event_key: str) -> None:
+        """The event ended unseen (see LocalActions.reconcile)."""
+        with self._cond:
+            if self._drains.pop(event_key, None) is not None:
+                log.info("drain for %s over: it ended while the forwarder was down", event_key)
+            self._cond.notify_all()
+
+    @property
+    def draining(self) -> bool:
+        with self._cond:
+            return bool(self._drains)
+
+    def preparation_status(self, event_key: str) -> str | None:
+        with self._cond:
+            drain = self._drains.get(event_key)
+            if drain is None:
+                return None
+            return "succeeded" if self.clock() - drain.since >= self.drain_seconds else "pending"
+
+    def answer(self) -> tuple[int, bytes]:
+        if self.draining:
+            status = UNHEALTHY
+        elif self.upstream is not None:
+            healthy = upstream_healthy(self.upstream, self.upstream_timeout)
+            status = HEALTHY if healthy else UNHEALTHY
+        else:
+            status = HEALTHY
+        with self._cond:
+            self.answers[status[0]] += 1
+        return status
+
+    # -- the drain timer --------------------------------------------------------------------
+    def _due(self) -> tuple[list[str], float]:
+        """Drains whose time has come (marked done), and seconds until the next one."""
+        now = self.clock()
+        due, wait = [], 0.5
+        for key, drain in self._drains.items():
+            if drain.done:
+                continue
+            left = drain.since + self.drain_seconds - now
+            if left <= 0:
+                drain.done = True
+                due.append(key)
+            else:
+                wait = min(wait, left)
+        return due, wait
+
+    def run_timer(self, stop: threading.Event) -> None:
+        """Report each drain to the preparations when its time has come, until ``stop``."""
+        while not stop.is_set():
+            with self._cond:
+                due, wait = self._due()
+                if not due:
+                    self._cond.wait(wait)
+                    continue
+            for key in due:
+                log.info("drain time of %g s over for %s", self.drain_seconds, key)
+                if self.preparations is not None:
+                    self.preparations.check(key)
+
+    # -- the HTTP endpoint ------------------------------------------------------------------
+    def bind(self, address: str, port: int) -> tuple[str, int]:
+        """Open the listening socket now (so that a port in use fails the start, clearly);
+        returns the address and port bound."""
+        try:
+            self._server = _Server(address, port, self)
+        except OSError as exc:
+            raise ProbeError(f"drain probe cannot listen on {address}:{port}: {exc}") from exc
+        bound = self._server.server_address
+        return str(bound[0]), int(bound[1])
+
+    def serve(self, stop: threading.Event) -> None:
+        """Serve the probe and run the drain timer until ``stop`` (call :meth:`bind` first)."""
+        server = self._server
+        if server is None:
+            raise ProbeError("bind() the drain probe before serving it")
+        thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="drain-probe-http"
+        )
+        thread.daemon = True
+        thread.start()
+        try:
+            self.run_timer(stop)
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=2.0)
+            with self._cond:
+                self._cond.notify_all()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "sebridge-drain-probe"
+    sys_version = ""
+    timeout = REQUEST_TIMEOUT
+
+    def _reply(self, body: bool) -> None:
+        status, text = self.server.probe.answer()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(text)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if body:
+            self.wfile.write(text)
+
+    def do_GET(self) -> None:
+        self._reply(body=True)
+
+    def do_HEAD(self) -> None:
+        self._reply(body=False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("probe %s: " + format, self.client_address[0], *args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = MAX_CONNECTIONS
+
+    def __init__(self, address: str, port: int, probe: DrainProbe) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self.probe = probe
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__((address, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # too many at once: the balancer retries
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()

@@ -1,0 +1,81 @@
+"""How the forwarder is doing, as one snapshot (for Heartbeats, and for a status command or a
+metrics endpoint to read), and log lines that are written once per condition, not per retry."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sebridge.imds import isoformat_utc
+
+
+@dataclass(frozen=True)
+class Health:
+    last_successful_poll: datetime | None = None
+    polls: int = 0
+    poll_failures: int = 0  # in a row
+    # The state file could not be saved since then: transitions since are held back (kept in
+    # the outbox, unsent) until a save succeeds.
+    state_save_failing_since: datetime | None = None
+    outbox_write_failing_since: datetime | None = None
+    publish_failures: int = 0  # in a row
+    outbox_depth: int | None = None  # None: the outbox could not be read
+    set_aside: int = 0  # messages kept in the outbox's aside table
+    last_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.state_save_failing_since is None
+            and self.outbox_write_failing_since is None
+            and self.poll_failures == 0
+            and self.publish_failures == 0
+        )
+
+    def heartbeat_health(self) -> dict[str, Any]:
+        """What a Heartbeat carries: only what is wrong, while it lasts (empty when healthy)."""
+        out: dict[str, Any] = {}
+        if self.state_save_failing_since is not None:
+            out["stateSaveFailing"] = True
+            out["stateSaveFailingSince"] = isoformat_utc(self.state_save_failing_since)
+        if self.outbox_write_failing_since is not None:
+            out["outboxWriteFailing"] = True
+            out["outboxWriteFailingSince"] = isoformat_utc(self.outbox_write_failing_since)
+        if self.poll_failures:
+            out["pollFailures"] = self.poll_failures
+        if self.publish_failures:
+            out["publishFailures"] = self.publish_failures
+        if self.set_aside:
+            out["setAside"] = self.set_aside
+        if out and self.last_error:
+            out["lastError"] = self.last_error[:500]
+        return out
+
+
+class ConditionLog:
+    """Logs a condition when it starts and when it changes, not at every retry.
+
+    ``report(text)`` logs ``text`` at ``level`` if it differs from what was last reported
+    (DEBUG otherwise); ``clear(text)`` logs ``text`` at INFO once when a reported condition
+    ends."""
+
+    def __init__(self, logger: logging.Logger, level: int = logging.WARNING) -> None:
+        self.logger = logger
+        self.level = level
+        self.current: str | None = None
+
+    def report(self, text: str) -> bool:
+        """True when the line was logged at ``level`` (the condition is new or changed)."""
+        if text == self.current:
+            self.logger.debug("%s (still)", text)
+            return False
+        self.current = text
+        self.logger.log(self.level, "%s", text)
+        return True
+
+    def clear(self, text: str) -> None:
+        if self.current is not None:
+            self.current = None
+            self.logger.info("%s", text)

@@ -1,0 +1,291 @@
+"""Run one hook: argv without a shell, the event in ``SEBRIDGE_EVENT_*`` variables and as JSON
+on stdin, bounded output capture, and a timeout that kills the hook's whole process group.
+
+The hook is started in a session of its own (``start_new_session``), so that on timeout (or
+when the forwarder stops) ``os.killpg`` reaches everything it started: SIGTERM, a grace period,
+then SIGKILL. One thread does all the I/O with a selector (stdin is written without blocking,
+stdout and stderr are read as they come), so a hook that never reads its input or writes
+without end can neither block nor exhaust the forwarder: the first
+:data:`MAX_CAPTURE` bytes of each stream are kept, the rest is counted and dropped.
+
+The environment is built from scratch (PATH, LANG, HOME, TZ of the forwarder and the event):
+the forwarder's own settings, a connection string among them, never reach a hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sebridge.forwarder.hooks import Hook
+from sebridge.imds import ScheduledEvent, isoformat_utc
+
+MAX_CAPTURE = 64 * 1024  # bytes kept of each of stdout and stderr
+MAX_ENV_VALUE = 32 * 1024  # characters of one SEBRIDGE_EVENT_* value
+KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL on timeout
+STOP_GRACE = 1.0  # the same when the forwarder stops (it has 5 s in all)
+PIPE_GRACE = 1.0  # how long output is still read after the hook exited (a background child)
+PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "HOME", "TZ")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # non-zero exit, or killed by a signal
+    TIMED_OUT = "timed-out"
+    NOT_STARTED = "not-started"  # exec failed: missing, not executable...
+    INTERRUPTED = "interrupted"  # the forwarder stopped while it ran: run again after restart
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """One hook for one transition of one event, as this VM observed it."""
+
+    hook: Hook
+    transition: str
+    message_id: str
+    event: ScheduledEvent
+    vm_name: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class HookResult:
+    outcome: Outcome
+    exit_code: int | None
+    seconds: float
+    stdout: str = ""
+    stderr: str = ""
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.SUCCEEDED
+
+
+def _clean(value: str, limit: int = MAX_ENV_VALUE) -> str:
+    """A value the OS takes in an environment: no NUL, no lone surrogate, bounded."""
+    text = value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return text[:limit]
+
+
+def seconds_until(event: ScheduledEvent, now: datetime) -> int | None:
+    if event.not_before is None:
+        return None
+    return int((event.not_before - now).total_seconds())
+
+
+def hook_environment(
+    invocation: Invocation, now: datetime, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    base = os.environ if base is None else base
+    env = {key: base[key] for key in PASSED_THROUGH if key in base}
+    env.setdefault("PATH", DEFAULT_PATH)
+    event = invocation.event
+    until = seconds_until(event, now)
+    duration = event.duration_in_seconds
+    values = {
+        "SEBRIDGE_HOOK_NAME": invocation.hook.name,
+        "SEBRIDGE_HOOK_PREPARE": "true" if invocation.hook.prepare else "false",
+        "SEBRIDGE_HOOK_ATTEMPT": str(invocation.attempt),
+        "SEBRIDGE_VM_NAME": invocation.vm_name,
+        "SEBRIDGE_EVENT_TRANSITION": invocation.transition,
+        "SEBRIDGE_EVENT_MESSAGE_ID": invocation.message_id,
+        "SEBRIDGE_EVENT_ID": event.event_id,
+        "SEBRIDGE_EVENT_TYPE": event.event_type,
+        "SEBRIDGE_EVENT_STATUS": event.status,
+        "SEBRIDGE_EVENT_RESOURCE_TYPE": event.resource_type,
+        "SEBRIDGE_EVENT_RESOURCES": ",".join(event.resources),
+        "SEBRIDGE_EVENT_NOT_BEFORE": isoformat_utc(event.not_before) if event.not_before else "",
+        "SEBRIDGE_EVENT_SECONDS_UNTIL_NOT_BEFORE": "" if until is None else str(until),
+        "SEBRIDGE_EVENT_DURATION_SECONDS": "" if duration is None else str(duration),
+        "SEBRIDGE_EVENT_SOURCE": event.event_source or "",
+        "SEBRIDGE_EVENT_DESCRIPTION": event.description or "",
+    }
+    env.update({key: _clean(value) for key, value in values.items()})
+    return env
+
+
+def hook_input(invocation: Invocation, now: datetime) -> bytes:
+    """The JSON document on the hook's stdin."""
+    event = invocation.event
+    document: dict[str, Any] = {
+        "schemaVersion": 1,
+        "hook": {
+            "name": invocation.hook.name,
+            "prepare": invocation.hook.prepare,
+            "attempt": invocation.attempt,
+        },
+        "vmName": invocation.vm_name,
+        "transition": invocation.transition,
+        "messageId": invocation.message_id,
+        "notBefore": isoformat_utc(event.not_before) if event.not_before else None,
+        "secondsUntilNotBefore": seconds_until(event, now),
+        "event": event.to_imds(),
+    }
+    text = json.dumps(document, ensure_ascii=True, separators=(",", ":"), default=str)
+    return text.encode("ascii") + b"\n"
+
+
+class _Capture:
+    def __init__(self) -> None:
+        self.kept = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = MAX_CAPTURE - len(self.kept)
+        self.kept += chunk[:room]
+        self.dropped += max(0, len(chunk) - room)
+
+    def text(self) -> str:
+        return self.kept.decode("utf-8", "replace")
+
+
+def _kill_group(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to the hook's process group, up to ``grace`` seconds, then SIGKILL to what is
+    left of it. The group id is the hook's pid: not reused while any member lives."""
+    pgid = process.pid
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            break  # nothing left of the group
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            # The leader is gone; members that ignored SIGTERM go now.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            break
+
+
+def run_hook(
+    invocation: Invocation,
+    *,
+    now: datetime,
+    cancel: threading.Event | None = None,
+    base_env: Mapping[str, str] | None = None,
+    kill_grace: float = KILL_GRACE,
+) -> HookResult:
+    """Run the hook to its end, its timeout, or ``cancel``; never raises for the hook's faults."""
+    hook = invocation.hook
+    cancel = cancel or threading.Event()
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(  # noqa: S603 - argv from the root-owned hooks file, no shell
+            list(hook.command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=hook_environment(invocation, now, base_env),
+            cwd="/",
+            close_fds=True,
+            start_new_session=True,
+        )
+    except (OSError, ValueError) as exc:
+        return HookResult(
+            Outcome.NOT_STARTED, None, time.monotonic() - started, detail=f"cannot start: {exc}"
+        )
+    assert process.stdin and process.stdout and process.stderr
+    pending = memoryview(hook_input(invocation, now))
+    captures = {process.stdout.fileno(): _Capture(), process.stderr.fileno(): _Capture()}
+    selector = selectors.DefaultSelector()
+    for stream in (process.stdout, process.stderr):
+        os.set_blocking(stream.fileno(), False)
+        selector.register(stream, selectors.EVENT_READ)
+    os.set_blocking(process.stdin.fileno(), False)
+    selector.register(process.stdin, selectors.EVENT_WRITE)
+    writing = True
+    deadline = started + hook.timeout
+    outcome: Outcome | None = None
+    exited_at: float | None = None
+    open_readers = 2
+    try:
+        while True:
+            clock = time.monotonic()
+            if exited_at is None and process.poll() is not None:
+                exited_at = clock
+            if exited_at is not None and (open_readers == 0 or clock - exited_at > PIPE_GRACE):
+                break
+            if exited_at is None and clock >= deadline:
+                outcome = Outcome.TIMED_OUT
+                _kill_group(process, kill_grace)
+                break
+            if exited_at is None and cancel.is_set():
+                outcome = Outcome.INTERRUPTED
+                _kill_group(process, STOP_GRACE)
+                break
+            wait = 0.1 if exited_at is not None else max(0.0, min(0.1, deadline - clock))
+            for key, _ in selector.select(timeout=wait):
+                if key.fileobj is process.stdin:
+                    try:
+                        written = os.write(process.stdin.fileno(), pending[:65536])
+                        pending = pending[written:]
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the hook closed its stdin (or exited): it did not read
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(process.stdin)
+                        process.stdin.close()
+                        writing = False
+                    continue
+                fd = key.fd
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                if chunk:
+                    captures[fd].add(chunk)
+                else:
+                    selector.unregister(key.fileobj)
+                    open_readers -= 1
+    finally:
+        selector.close()
+        if writing:
+            process.stdin.close()
+        process.stdout.close()
+        process.stderr.close()
+        if process.poll() is None:
+            # A leak guard for an exception above: nothing of the hook outlives this call.
+            _kill_group(process, 0.0)
+    exit_code = process.wait()
+    out, err = captures.values()
+    if outcome is None:
+        outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
+    if outcome is Outcome.TIMED_OUT:
+        detail = f"timed out after {hook.timeout:g} s: its process group was killed"
+    elif outcome is Outcome.INTERRUPTED:
+        detail = "the forwarder stopped while it ran: its process group was killed"
+    elif exit_code < 0:
+        try:
+            detail = f"killed by signal {signal.Signals(-exit_code).name}"
+        except ValueError:
+            detail = f"killed by signal {-exit_code}"
+    else:
+        detail = f"exit code {exit_code}"
+    return HookResult(
+        outcome,
+        exit_code,
+        time.monotonic() - started,
+        stdout=out.text(),
+        stderr=err.text(),
+        stdout_dropped=out.dropped,
+        stderr_dropped=err.dropped,
+        detail=detail,
+    )

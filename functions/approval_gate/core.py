@@ -1,0 +1,205 @@
+"""approval-gate: decide whether and when an event may start early, and approve it (core).
+
+Scheduled and Updated are decided by the policy; ``approve-when-prepared`` approves once ARM
+shows every affected VM out of all backend pools (checked read-only, at once and again when
+lb-pools publishes Prepared). Approving sends the command to the observer's forwarder through
+the ``approvals`` queue, or, when the fallback is on and that forwarder's last Heartbeat is
+stale, acknowledges the event through ARM instead. Heartbeats are remembered per VM.
+
+Trust: a command goes only to the session of an observer that passed the scope check
+(functions.shared.scope: it exists in ARM as claimed, and every affected VM shares its
+availability set or scale set); the ARM fallback acknowledges on the VM id ARM returned, never
+on an id from the message. A Heartbeat is recorded only for a verified observer.
+
+Capacity: an event lb-pools drains (impactful) is never approved before its VMs are out of
+their pools, whatever the policy says: ``approve`` is read as ``approve-when-prepared`` for it.
+lb-pools may hold the drain (``LB_MIN_HEALTHY``); a held event's VMs stay in their pools, so the
+ARM check fails and nothing is approved early until lb-pools drains it and publishes Prepared.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from functions.approval_gate.agentless import AgentlessRules, Route, choose_route
+from functions.approval_gate.policy import Action, Policy
+from functions.lb_pools import nic_pools
+from functions.shared import scope as trust
+from functions.shared.impact import ImpactRules
+from functions.shared.ports import (
+    AcknowledgeRefused,
+    ArmClient,
+    CommandSender,
+    HeartbeatStore,
+    PermissionDenied,
+)
+from functions.shared.vms import VmKind
+from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
+from sebridge.contract.events import Transition, TransitionMessage
+
+log = logging.getLogger("sebridge.functions.approval_gate")
+
+REQUESTED_BY = "approval-gate"
+DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
+
+
+class GateOutcome(StrEnum):
+    COMMAND_SENT = "command-sent"
+    ACKNOWLEDGED = "acknowledged"  # through ARM (agentless, or the fallback)
+    NOT_ACKNOWLEDGED = "not-acknowledged"  # ARM refused it for good (logged)
+    WAITING = "waiting-for-prepared"
+    MANUAL = "manual"
+    NEVER = "never"
+    TOO_LATE = "too-late"
+    HEARTBEAT = "heartbeat-recorded"
+    IGNORED = "ignored"
+    REFUSED = "refused"  # the message failed the scope check
+
+
+@dataclass(frozen=True)
+class Fallback:
+    store: HeartbeatStore
+    stale_after: timedelta
+
+
+@dataclass(frozen=True)
+class Gate:
+    policy: Policy
+    impact: ImpactRules
+    arm: ArmClient
+    commands: CommandSender
+    fallback: Fallback | None = None  # None: ACKNOWLEDGE_FALLBACK_ENABLED is false
+    rules: trust.TrustRules = field(default_factory=trust.TrustRules)
+    agentless: AgentlessRules | None = None  # AGENTLESS_* settings (agentless.py)
+
+    def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
+        if message.transition is Transition.HEARTBEAT:
+            if self.fallback is None:
+                return GateOutcome.IGNORED
+            verified = trust.verify_observer(self.arm, message.observer, self.rules)
+            if isinstance(verified, trust.Refusal):
+                trust.log_refusal("approval_gate", message, verified)
+                return GateOutcome.REFUSED
+            self.fallback.store.record(message.observer.vm_name, message.time or now)
+            return GateOutcome.HEARTBEAT
+        event = message.event
+        if event is None or message.transition not in DECIDE_ON or event.is_started:
+            return GateOutcome.IGNORED
+        try:
+            canonical_event_id(event.key)
+        except CommandError as exc:
+            # IMDS EventIds are GUIDs; no approve command can name anything else.
+            log.error(
+                "message %s cannot be approved: %s",
+                message.message_id,
+                exc,
+                extra={"messageId": message.message_id, "reason": "InvalidEventId"},
+            )
+            return GateOutcome.IGNORED
+        decision = self.policy.decide(event, message.observer)
+        fields = {"eventId": event.key, "rule": decision.rule, "action": decision.action.value}
+        log.info("policy decision", extra=fields)
+        if decision.action is Action.NEVER:
+            return GateOutcome.NEVER
+        if decision.action is Action.MANUAL:
+            return GateOutcome.MANUAL
+        checked = trust.check(self.arm, message, self.rules)
+        if isinstance(checked, trust.Refusal):
+            trust.log_refusal("approval_gate", message, checked)
+            return GateOutcome.REFUSED
+        drained = self.impact.is_impactful(event)
+        if (decision.action is Action.APPROVE_WHEN_PREPARED or drained) and not self._prepared(
+            message, checked
+        ):
+            log.info("waiting until the VMs are out of their pools", extra=fields)
+            return GateOutcome.WAITING
+        return self.approve(
+            message, checked, now, reason=f"policy rule {decision.rule}: {decision.action}"
+        )
+
+    def _prepared(self, message: TransitionMessage, checked: trust.Scope) -> bool:
+        """ARM, read-only: is every affected VM out of every backend pool? A VM the app may
+        not read (403) is not: what cannot be checked is not approved early."""
+        event = message.event
+        assert event is not None
+        if not self.impact.is_impactful(event):
+            return True  # lb-pools leaves such VMs in their pools: there is nothing to wait for
+        try:
+            for vm in checked.vms:
+                if vm.kind is VmKind.GONE:
+                    continue
+                if vm.kind is VmKind.FORBIDDEN:
+                    return self._not_checkable(event.key, vm.problem)
+                for nic_id in vm.nic_ids:
+                    nic = self.arm.get_nic(nic_id)
+                    if nic is not None and nic_pools.in_any_pool(nic.body):
+                        return False
+        except PermissionDenied as exc:
+            return self._not_checkable(event.key, str(exc))
+        return True
+
+    @staticmethod
+    def _not_checkable(event_id: str, problem: str) -> bool:
+        log.error(
+            "cannot check the pools, so no early approval: %s",
+            problem,
+            extra={"eventId": event_id, "reason": "PermissionDenied"},
+        )
+        return False
+
+    def acknowledge_target(
+        self, message: TransitionMessage, checked: trust.Scope, now: datetime
+    ) -> str | None:
+        """Where an approval of this event goes: None for the approve command to the
+        observer's forwarder, else the ARM id to acknowledge it on (agentless.choose_route):
+        always the id ARM returned for the verified observer, never an id from the message."""
+        choice = choose_route(
+            message,
+            now,
+            rules=self.agentless,
+            heartbeats=self.fallback.store if self.fallback else None,
+            stale_after=self.fallback.stale_after if self.fallback else None,
+        )
+        if choice.route is not Route.ACKNOWLEDGE:
+            return None
+        log.log(
+            logging.WARNING if choice.alarming else logging.INFO,
+            "approving through ARM: %s",
+            choice.reason,
+            extra={"eventId": message.event_id, "vm": message.observer.vm_name},
+        )
+        return checked.observer.id
+
+    def approve(
+        self, message: TransitionMessage, checked: trust.Scope, now: datetime, *, reason: str
+    ) -> GateOutcome:
+        event = message.event
+        assert event is not None
+        # Azure starts the event at NotBefore anyway; a command must expire by then.
+        expires_at = event.not_before or now + timedelta(minutes=5)
+        if expires_at <= now:
+            log.info("NotBefore has passed, nothing to approve", extra={"eventId": event.key})
+            return GateOutcome.TOO_LATE
+        observer = message.observer
+        target = self.acknowledge_target(message, checked, now)
+        if target is not None:
+            try:
+                self.arm.acknowledge_event(target, event.key)
+            except (AcknowledgeRefused, PermissionDenied) as exc:
+                # No retry changes it (a missing role, an event ARM no longer has, one already
+                # acknowledged): logged, and Azure starts the event at NotBefore as planned.
+                log.error(
+                    "ARM did not take the acknowledgement of %s: %s",
+                    event.key,
+                    exc,
+                    extra={"eventId": event.key, "vm": observer.vm_name, "reason": str(exc)},
+                )
+                return GateOutcome.NOT_ACKNOWLEDGED
+            return GateOutcome.ACKNOWLEDGED
+        command = approve_command(event.key, REQUESTED_BY, reason, expires_at)
+        self.commands.send(command, observer.vm_name)
+        log.info("approve command sent", extra={"eventId": event.key, "vm": observer.vm_name})
+        return GateOutcome.COMMAND_SENT

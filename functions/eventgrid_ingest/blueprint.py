@@ -1,0 +1,47 @@
+"""eventgrid-ingest: scheduled events from Event Grid onto the topic (agentless mode).
+
+The Event Grid trigger is thin: it hands the notification, in either delivery schema, to the
+core. A notification that cannot be read is logged and dropped there; a storage or Service Bus
+failure raises, the host answers Event Grid with a 500 and Event Grid redelivers (with backoff,
+up to its retry policy), which the core makes harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import azure.functions as func
+
+from functions.eventgrid_ingest.notification import RawNotification
+from functions.shared import composition
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]
+
+
+def raw_notification(event: Any) -> RawNotification:
+    """An EventGridEvent (Event Grid schema) or a CloudEvent (CloudEvents schema) as the
+    Python worker hands them over (azure.functions' own classes)."""
+    if isinstance(event, func.CloudEvent):
+        return RawNotification(
+            id=event.id,
+            event_type=event.type,
+            time=event.time,
+            topic=event.source,
+            subject=event.subject,
+            data=event.get_json(),
+        )
+    return RawNotification(
+        id=event.id,
+        event_type=event.event_type,
+        time=event.event_time,
+        topic=event.topic,
+        subject=event.subject,
+        data=event.get_json(),
+    )
+
+
+@bp.function_name("eventgrid_ingest")
+@bp.event_grid_trigger(arg_name="event")
+def eventgrid_ingest(event: func.EventGridEvent) -> None:
+    deps = composition.dependencies()
+    deps.eventgrid_ingest.handle_raw(raw_notification(event))

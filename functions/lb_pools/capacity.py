@@ -1,0 +1,150 @@
+"""The capacity guard: never drain a backend pool below ``LB_MIN_HEALTHY`` healthy members (core).
+
+A member of a pool is one NIC ip configuration in the pool's ``backendIPConfigurations``. It is
+*healthy* when it is in the pool now (so not taken out by the bridge for another event) and the
+load balancer's own probe says ``Up`` for it on every load-balancing rule that covers the pool
+(``POST .../loadBalancingRules/{rule}/health``, LoadBalancerLoadBalancingRules_Health); a pool
+that no rule covers (an outbound-only pool, say) counts its members. Taking a VM out is refused
+when it removes healthy members and leaves fewer than the minimum; taking out a member the probe
+already reports Down never counts against the minimum (it serves nothing).
+
+Pools given by IP address (``loadBalancerBackendAddresses`` without a NIC) are not counted: the
+bridge never changes them, and ARM's pool document lists only NIC members in
+``backendIPConfigurations``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from functions.shared.ports import ArmClient
+
+POOL_SEGMENT = "/backendaddresspools/"
+
+
+@dataclass(frozen=True)
+class PoolHealth:
+    pool_id: str  # as ARM spells it
+    members: frozenset[str]  # lower-case ip configuration ids in the pool now
+    up: frozenset[str] | None  # members the probe reports Up on every covering rule; None: no rule
+
+    @property
+    def healthy(self) -> frozenset[str]:
+        return self.members if self.up is None else self.members & self.up
+
+
+@dataclass(frozen=True)
+class Blocked:
+    pool_id: str
+    healthy_now: int
+    healthy_after: int
+    minimum: int
+
+    def describe(self) -> str:
+        return (
+            f"taking them out would leave {short_pool(self.pool_id)} with {self.healthy_after} "
+            f"healthy member(s) ({self.healthy_now} now), fewer than the minimum {self.minimum}"
+        )
+
+
+def short_pool(pool_id: str) -> str:
+    parts = pool_id.split("/")
+    return f"{parts[-3]}/{parts[-1]}" if len(parts) >= 3 else pool_id
+
+
+def load_balancer_of(pool_id: str) -> str:
+    """The load balancer's id (lower case) from one of its pools' ids."""
+    lower = pool_id.lower()
+    at = lower.find(POOL_SEGMENT)
+    return lower[:at] if at > 0 else ""
+
+
+def _ids(items: object) -> list[str]:
+    if not isinstance(items, list):
+        return []
+    return [i["id"] for i in items if isinstance(i, dict) and isinstance(i.get("id"), str)]
+
+
+def _props(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    props = obj.get("properties")
+    return props if isinstance(props, Mapping) else {}
+
+
+def pool_view(lb: Mapping[str, Any], pool_id: str) -> tuple[str, frozenset[str], list[str]]:
+    """(pool id as ARM spells it, its members in lower case, the ids of the rules that cover
+    it as ARM spells them)."""
+    wanted = pool_id.lower()
+    spelled, members, rules = pool_id, frozenset[str](), dict[str, str]()
+    for pool in _props(lb).get("backendAddressPools") or []:
+        if isinstance(pool, Mapping) and str(pool.get("id", "")).lower() == wanted:
+            spelled = str(pool["id"])
+            members = frozenset(
+                i.lower() for i in _ids(_props(pool).get("backendIPConfigurations"))
+            )
+            rules.update((i.lower(), i) for i in _ids(_props(pool).get("loadBalancingRules")))
+    for rule in _props(lb).get("loadBalancingRules") or []:
+        if not isinstance(rule, Mapping) or not isinstance(rule.get("id"), str):
+            continue
+        props = _props(rule)
+        single = props.get("backendAddressPool")
+        targets = _ids(props.get("backendAddressPools")) + _ids([single] if single else [])
+        if wanted in {t.lower() for t in targets}:
+            rules[str(rule["id"]).lower()] = str(rule["id"])
+    return spelled, members, [rules[key] for key in sorted(rules)]
+
+
+Probes = dict[str, dict[str, str]]  # lower-case rule id -> ip configuration -> Up/Down
+
+
+def measure(
+    arm: ArmClient, pool_ids: Iterable[str], probes: Probes | None = None
+) -> dict[str, PoolHealth]:
+    """Health of each pool (keyed by lower-case id): one GET per load balancer (membership is
+    always read now), one health query per covering rule unless ``probes`` already holds that
+    rule's verdicts (they are added to it). A load balancer that is gone leaves its pools empty.
+
+    Why the probe verdicts may come from a moment earlier while membership may not: lb-pools
+    asks the (slow, long-running) health API before it waits for the pools' locks, and reads
+    membership under them. A member drained meanwhile is gone from the fresh membership; one
+    put back meanwhile is missing from the older verdicts and counts as not healthy (the safe
+    side); a member whose probe turned Down meanwhile is the one thing seen late, by at most
+    the wait for the locks, well within the probe's own interval times its threshold."""
+    probes = {} if probes is None else probes
+    by_lb: dict[str, list[str]] = {}
+    for pool_id in pool_ids:
+        by_lb.setdefault(load_balancer_of(pool_id), []).append(pool_id)
+    result: dict[str, PoolHealth] = {}
+    for lb_id, pools in sorted(by_lb.items()):
+        document = arm.get_load_balancer(lb_id) if lb_id else None
+        for pool_id in pools:
+            if document is None:
+                result[pool_id.lower()] = PoolHealth(pool_id, frozenset(), None)
+                continue
+            spelled, members, rules = pool_view(document.body, pool_id)
+            up: frozenset[str] | None = None
+            for rule_id in rules:
+                key = rule_id.lower()
+                if key not in probes:
+                    probes[key] = arm.rule_health(rule_id)
+                rule_up = frozenset(i for i, s in probes[key].items() if s.lower() == "up")
+                up = rule_up if up is None else up & rule_up
+            result[pool_id.lower()] = PoolHealth(spelled, members, up)
+    return result
+
+
+def first_blocked(
+    health: Mapping[str, PoolHealth], leaving: Mapping[str, Iterable[str]], minimum: int
+) -> Blocked | None:
+    """The first pool (by id) that taking ``leaving`` out of would drain below ``minimum``."""
+    for pool_id in sorted(leaving):
+        pool = health.get(pool_id)
+        if pool is None:
+            continue
+        going = {i.lower() for i in leaving[pool_id]}
+        healthy = pool.healthy
+        after = healthy - going
+        if going & healthy and len(after) < minimum:
+            return Blocked(pool.pool_id, len(healthy), len(after), minimum)
+    return None

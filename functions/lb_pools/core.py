@@ -1,0 +1,597 @@
+"""lb-pools: take affected VMs out of load balancer backend pools and put them back (core).
+
+Scheduled, Updated and Started of an impactful event drain every NIC of every affected VM;
+once all of them are out of all pools (or gone), a Scheduled or Updated publishes ``Prepared``
+for the approval gate. Completed and Cancelled restore what the NIC's tag recorded, except
+after a Terminate or Preempt that completed (the VM is gone; a cancelled one is restored).
+Every step reads ARM first, so a replay finds the work done and changes nothing. Faults
+propagate: Service Bus redelivers the message. A missing permission (ARM 403) is not a fault
+a retry repairs: it is logged at ERROR naming the permission and scope, the VM stays in its
+pools (no Prepared) and the message completes.
+
+Trust: nothing is done before the message passed the scope check (functions.shared.scope):
+the observer is who it claims to be and every affected VM shares its availability set or scale
+set. A refused message is logged as a security event and changes nothing.
+
+Capacity (``LB_MIN_HEALTHY``, functions.lb_pools.capacity): a Scheduled or Updated drain takes
+the locks of every pool its VMs are in (functions.adapters.pool_state), reads the pools' health
+under them, and drains only if no pool is left with fewer healthy members than the minimum.
+Otherwise the VMs stay in their pools, the event is remembered in the blocking pool's state
+(functions.lb_pools.held) and a ``Held`` transition is published (the card says why; the gate
+sees the VMs still in their pools and does not approve early). When an event completes and its
+VMs go back into their pools, the held events of those pools are tried again, oldest first; a
+restored member that the probe does not report Up yet is waited for (bounded), because the
+held event needs it healthy. Started drains without the guard (the VM is down already).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from functions.lb_pools import capacity, held, nic_pools
+from functions.shared import scope as trust
+from functions.shared.impact import ImpactRules, restores_afterwards
+from functions.shared.ports import (
+    ArmClient,
+    ArmDocument,
+    PermissionDenied,
+    PoolLease,
+    PoolStore,
+    PreconditionFailed,
+    TopicPublisher,
+    VmRecord,
+)
+from functions.shared.vms import ResolvedVm, VmKind
+from sebridge.contract.events import (
+    ContractError,
+    Transition,
+    TransitionMessage,
+    held_message,
+    parse_message,
+    prepared_message,
+)
+
+log = logging.getLogger("sebridge.functions.lb_pools")
+
+SOURCE = "urn:sebridge:function:lb-pools"
+DRAIN_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.STARTED)
+PREPARED_AFTER = (Transition.SCHEDULED, Transition.UPDATED)
+RESTORE_ON = (Transition.COMPLETED, Transition.CANCELLED)
+MAX_ETAG_RETRIES = 3
+MAX_LOCK_ROUNDS = 3
+SETTLE_SECONDS = 60.0  # how long a restore waits for its members to be probed Up again
+SETTLE_POLL_SECONDS = 5.0
+PROBE_MAX_AGE_SECONDS = 10.0  # probe verdicts older than this are asked for again
+
+Restored = dict[str, set[str]]  # lower-case pool id -> ip configuration ids put back
+
+
+@dataclass
+class LbOutcome:
+    action: str  # "drain", "restore" or "ignore"
+    changed: list[str] = field(default_factory=list)  # NIC ids that were PUT
+    not_ready: list[str] = field(default_factory=list)  # VMs still in a pool
+    published_prepared: bool = False
+    held: capacity.Blocked | None = None
+    refused: str = ""
+    resumed: list[str] = field(default_factory=list)  # held events drained after a restore
+    reason: str = ""
+
+
+def _change_nic(
+    arm: ArmClient,
+    nic_id: str,
+    plan: Callable[[dict[str, object], str], nic_pools.NicChange | None],
+    read: ArmDocument | None = None,
+) -> tuple[nic_pools.NicChange | None, bool]:
+    """(the change made or None, gone): read (or take ``read``, just read), plan, PUT with
+    If-Match; re-read when someone else wrote first."""
+    for _ in range(MAX_ETAG_RETRIES):
+        nic, read = read or arm.get_nic(nic_id), None
+        if nic is None:
+            return None, True
+        change = plan(nic.body, nic_id)
+        if change is None:
+            return None, False
+        try:
+            arm.put_nic(nic_id, change.body, nic.etag)
+        except PreconditionFailed:
+            log.info("NIC changed while we wrote it, re-reading", extra={"nic": nic_id})
+            continue
+        log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
+        return change, False
+    raise PreconditionFailed(f"{nic_id}: still changing after {MAX_ETAG_RETRIES} attempts")
+
+
+def _ip_configuration_id(nic_id: str, name: str) -> str:
+    return f"{nic_id}/ipConfigurations/{name}".lower()
+
+
+def dropped_resources(message: TransitionMessage) -> list[str]:
+    """VMs an Updated transition removed from Resources (from the ``changes`` field)."""
+    changes = message.data.get("changes")
+    change = changes.get("Resources") if isinstance(changes, dict) else None
+    if not isinstance(change, dict):
+        return []
+    before, after = change.get("from"), change.get("to")
+    if not isinstance(before, list) or not isinstance(after, list):
+        return []
+    kept = {name.lower() for name in after if isinstance(name, str)}
+    return [name for name in before if isinstance(name, str) and name.lower() not in kept]
+
+
+def _event_grid(message: TransitionMessage) -> dict[str, Any] | None:
+    """An event observed through Event Grid stays so in what lb-pools reports on it (the gate
+    then approves it the agentless way)."""
+    provenance = message.data.get("eventGrid")
+    return dict(provenance) if isinstance(provenance, dict) else None
+
+
+@dataclass(frozen=True)
+class LbPools:
+    arm: ArmClient
+    publisher: TopicPublisher
+    impact: ImpactRules
+    rules: trust.TrustRules = field(default_factory=trust.TrustRules)
+    pools: PoolStore | None = None  # None: no capacity guard (LB_MIN_HEALTHY=0)
+    min_healthy: int = 0
+    sleep: Callable[[float], None] = time.sleep
+    monotonic: Callable[[], float] = time.monotonic
+    settle_seconds: float | None = None  # None: SETTLE_SECONDS
+    settle_poll_seconds: float | None = None  # None: SETTLE_POLL_SECONDS
+
+    @property
+    def guarded(self) -> bool:
+        return self.pools is not None and self.min_healthy > 0
+
+    # ---- entry ---------------------------------------------------------------------------
+    def handle(
+        self, message: TransitionMessage, now: datetime, *, resume_pool: str | None = None
+    ) -> LbOutcome:
+        """``resume_pool``: this is a held event tried again because that pool got members
+        back; it is drained only if that pool still lists it as held (under the pool's lock)."""
+        event = message.event
+        if event is None:
+            return LbOutcome("ignore", reason="no event")
+        if message.transition in DRAIN_ON:
+            if not self.impact.is_impactful(event):
+                return LbOutcome("ignore", reason=f"{event.event_type} is not impactful")
+            action = "drain"
+        elif message.transition in RESTORE_ON:
+            action = "restore"
+        else:
+            return LbOutcome("ignore", reason=f"{message.transition.value} needs nothing")
+        checked = trust.check(self.arm, message, self.rules)
+        if isinstance(checked, trust.Refusal):
+            trust.log_refusal("lb_pools", message, checked)
+            return LbOutcome(action, refused=checked.reason)
+        outcome = LbOutcome(action)
+        vms = self._allowed(message, list(checked.vms), outcome)
+        if outcome.refused:
+            return outcome
+        if action == "drain":
+            self._drain(message, vms, outcome, now, resume_pool)
+            if outcome.reason:
+                return outcome
+            if message.transition in PREPARED_AFTER and not outcome.not_ready and not outcome.held:
+                self._publish_prepared(message, vms, now)
+                outcome.published_prepared = True
+            if message.transition is Transition.UPDATED:
+                self._restore_dropped(message, checked.observer, outcome, now)
+            return outcome
+        # A cancelled Terminate or Preempt never happened: the VM is still there, put it back.
+        restore = message.transition is Transition.CANCELLED or restores_afterwards(event)
+        self._end(message, vms, outcome, now, restore=restore)
+        return outcome
+
+    def _restore_dropped(
+        self, message: TransitionMessage, observer: VmRecord, outcome: LbOutcome, now: datetime
+    ) -> None:
+        """A VM dropped from Resources by an Updated is no longer affected: put it back now,
+        since the Completed of this event will not name it (checked against the scope too)."""
+        dropped = dropped_resources(message)
+        if not dropped:
+            return
+        resolved = trust.resolve_names(self.arm, observer, message.observer, dropped)
+        if isinstance(resolved, trust.Refusal):
+            trust.log_refusal("lb_pools", message, resolved)
+            return
+        restored: Restored = {}
+        for vm in self._allowed(message, list(resolved), outcome):
+            self._restore_vm(vm, outcome, restored)
+        if restored and self.guarded:
+            assert message.event is not None
+            self._resume(restored, outcome, now, skip=message.event.key)
+
+    def _allowed(
+        self, message: TransitionMessage, vms: list[ResolvedVm], outcome: LbOutcome
+    ) -> list[ResolvedVm]:
+        """With LB_MANAGED_RESOURCE_GROUPS set, a NIC in another group refuses the message."""
+        for vm in vms:
+            for nic_id in vm.nic_ids:
+                if not trust.nic_allowed(nic_id, self.rules):
+                    refusal = trust.Refusal(
+                        f"NIC {nic_id} of {vm.name} is in a resource group outside "
+                        "LB_MANAGED_RESOURCE_GROUPS"
+                    )
+                    trust.log_refusal("lb_pools", message, refusal)
+                    outcome.refused = refusal.reason
+                    return []
+        return vms
+
+    def _publish_prepared(
+        self, message: TransitionMessage, vms: list[ResolvedVm], now: datetime
+    ) -> None:
+        event = message.event
+        assert event is not None
+        self.publisher.publish(
+            prepared_message(
+                event,
+                message.observer,
+                message.incarnation,
+                now,
+                source=SOURCE,
+                prepared_vms=[vm.name for vm in vms],
+                cause=message.message_id or event.key,
+                prepared_by="lb-pools",
+                event_grid=_event_grid(message),
+            )
+        )
+
+    # ---- draining ------------------------------------------------------------------------
+    def _drain(
+        self,
+        message: TransitionMessage,
+        vms: list[ResolvedVm],
+        outcome: LbOutcome,
+        now: datetime,
+        resume_pool: str | None = None,
+    ) -> None:
+        changeable = [vm for vm in vms if self._drainable(vm, outcome)]
+        if self.pools is None:
+            for vm in changeable:
+                self._drain_vm(vm, outcome)
+            return
+        changeable, outside = self._readable(changeable, outcome)
+        check = self.guarded and message.transition is not Transition.STARTED
+        for _ in range(MAX_LOCK_ROUNDS):
+            wanted = set(outside) | ({resume_pool} if resume_pool else set())
+            if not wanted:
+                for vm in changeable:  # in no pool: nothing to decide, nothing to lock
+                    self._drain_vm(vm, outcome)
+                return
+            # Only this event's own messages (one session, in order) put it on a held list, or
+            # keep it there; so if no list names it now, none will while we hold the locks, and
+            # the lists need not be read in there.
+            assert message.event is not None
+            was_held = resume_pool is not None or any(
+                message.event.key in held.read(self.pools.peek(p)) for p in sorted(wanted)
+            )
+            # The probe verdicts are asked for before the locks are taken (the health API is a
+            # long-running operation in Azure: it must not lengthen the time a pool is locked);
+            # membership is read again under them (capacity.measure says why that is sound).
+            probes: capacity.Probes = {}
+            probed_at = self.monotonic()
+            if check:
+                capacity.measure(self.arm, wanted, probes)
+            with self.pools.hold(sorted(wanted)) as lease:
+                fresh: dict[str, ArmDocument] = {}
+                members = self._memberships(changeable, read=fresh)  # again, under the locks
+                if not set(members) <= wanted:
+                    log.info("the VMs joined other pools meanwhile, locking again")
+                    outside = members
+                    continue
+                assert message.event is not None
+                if resume_pool and message.event.key not in held.read(lease.state(resume_pool)):
+                    # Its Cancelled or Completed (or another resume) came first: nothing to do.
+                    outcome.reason = "no longer held"
+                    return
+                if check:
+                    if self.monotonic() - probed_at > PROBE_MAX_AGE_SECONDS:
+                        probes = {}  # waited long for the locks: ask the probes again
+                    health = capacity.measure(self.arm, members, probes)
+                    blocked = capacity.first_blocked(health, members, self.min_healthy)
+                    if blocked is not None:
+                        self._hold(lease, message, blocked, changeable, members, outcome, now)
+                        return
+                for vm in changeable:
+                    lease.check()
+                    self._drain_vm(vm, outcome, fresh)
+                if was_held:
+                    self._forget(lease, wanted, message.event.key)
+            return
+        raise PreconditionFailed("pool membership kept changing while the pools were locked")
+
+    def _drainable(self, vm: ResolvedVm, outcome: LbOutcome) -> bool:
+        if vm.kind is VmKind.GONE:
+            log.warning("VM not found in ARM, nothing to drain", extra={"vm": vm.name})
+            return False
+        if vm.kind is VmKind.FORBIDDEN:
+            log.error(
+                "VM %s left in its pools, no Prepared: %s",
+                vm.name,
+                vm.problem,
+                extra={"vm": vm.name, "reason": "PermissionDenied"},
+            )
+            outcome.not_ready.append(vm.name)
+            return False
+        if vm.kind is VmKind.UNIFORM:
+            # Pool membership of a Uniform instance is the scale-set model's: not ours to change.
+            log.warning("Uniform scale-set instance: pools left as they are", extra={"vm": vm.name})
+            outcome.not_ready.append(vm.name)
+            return False
+        return True
+
+    def _readable(
+        self, vms: list[ResolvedVm], outcome: LbOutcome
+    ) -> tuple[list[ResolvedVm], dict[str, set[str]]]:
+        """The VMs whose NICs the app may read (the others are left in their pools), and the
+        pools those NICs are in."""
+        readable = []
+        members: dict[str, set[str]] = {}
+        for vm in vms:
+            try:
+                vm_members = self._memberships([vm])
+            except PermissionDenied as exc:
+                log.error(
+                    "VM %s left in its pools, no Prepared: %s",
+                    vm.name,
+                    exc,
+                    extra={"vm": vm.name, "reason": "PermissionDenied"},
+                )
+                outcome.not_ready.append(vm.name)
+                continue
+            readable.append(vm)
+            for pool_id, ipcs in vm_members.items():
+                members.setdefault(pool_id, set()).update(ipcs)
+        return readable, members
+
+    def _memberships(
+        self,
+        vms: Iterable[ResolvedVm],
+        *,
+        skip_forbidden: bool = False,
+        read: dict[str, ArmDocument] | None = None,
+    ) -> dict[str, set[str]]:
+        """Lower-case pool id -> the ip configurations of ``vms`` in it now (reads the NICs;
+        what was read is kept in ``read``, by NIC id)."""
+        members: dict[str, set[str]] = {}
+        for vm in vms:
+            for nic_id in vm.nic_ids:
+                try:
+                    nic = self.arm.get_nic(nic_id)
+                except PermissionDenied:
+                    if not skip_forbidden:
+                        raise
+                    continue
+                if nic is not None and read is not None:
+                    read[nic_id] = nic
+                if nic is None:
+                    continue
+                for ipc, pools in nic_pools.pools_of(nic.body).items():
+                    for pool_id in pools:
+                        members.setdefault(pool_id.lower(), set()).add(
+                            _ip_configuration_id(nic_id, ipc)
+                        )
+        return members
+
+    def _drain_vm(
+        self, vm: ResolvedVm, outcome: LbOutcome, read: dict[str, ArmDocument] | None = None
+    ) -> None:
+        for nic_id in vm.nic_ids:
+            try:
+                change, gone = _change_nic(
+                    self.arm, nic_id, nic_pools.plan_drain, (read or {}).pop(nic_id, None)
+                )
+            except nic_pools.RecordTooLarge as exc:
+                log.error("NIC left in its pools: %s", exc, extra={"vm": vm.name, "nic": nic_id})
+                outcome.not_ready.append(vm.name)
+                continue
+            except PermissionDenied as exc:
+                # Denied once for this VM: touch none of its other NICs either.
+                log.error(
+                    "VM %s left in its pools, no Prepared: %s",
+                    vm.name,
+                    exc,
+                    extra={"vm": vm.name, "nic": nic_id, "reason": "PermissionDenied"},
+                )
+                outcome.not_ready.append(vm.name)
+                break
+            if gone:
+                log.warning("NIC not found in ARM", extra={"vm": vm.name, "nic": nic_id})
+            if change is not None:
+                outcome.changed.append(nic_id)
+
+    def _hold(
+        self,
+        lease: PoolLease,
+        message: TransitionMessage,
+        blocked: capacity.Blocked,
+        vms: list[ResolvedVm],
+        members: dict[str, set[str]],
+        outcome: LbOutcome,
+        now: datetime,
+    ) -> None:
+        event = message.event
+        assert event is not None
+        pool_key = blocked.pool_id.lower()
+        entries = held.read(lease.state(pool_key))
+        entries[event.key] = held.entry_for(message, now)
+        lease.check()
+        lease.save(pool_key, held.write(entries))
+        in_pool = members.get(pool_key, set())
+        names = [
+            vm.name
+            for vm in vms
+            if any(
+                ipc.startswith(f"{nic.lower()}/ipconfigurations/")
+                for nic in vm.nic_ids
+                for ipc in in_pool
+            )
+        ]
+        log.warning(
+            "event %s held, VMs %s left in their pools: %s",
+            event.key,
+            ", ".join(names),
+            blocked.describe(),
+            extra={"eventId": event.key, "pool": blocked.pool_id, "minimum": blocked.minimum},
+        )
+        self.publisher.publish(
+            held_message(
+                event,
+                message.observer,
+                message.incarnation,
+                now,
+                source=SOURCE,
+                event_grid=_event_grid(message),
+                cause=message.message_id or event.key,
+                pool=blocked.pool_id,
+                healthy=blocked.healthy_after,
+                minimum=blocked.minimum,
+                vms=names or [vm.name for vm in vms],
+            )
+        )
+        outcome.held = blocked
+        outcome.not_ready.extend(vm.name for vm in vms)
+
+    def _forget(self, lease: PoolLease, pools: Iterable[str], event_id: str) -> None:
+        """Drop ``event_id`` from the held lists of ``pools`` (held by ``lease``)."""
+        for pool_id in pools:
+            entries = held.read(lease.state(pool_id))
+            if entries.pop(event_id, None) is not None:
+                lease.save(pool_id, held.write(entries))
+                log.info("held event is held no more", extra={"eventId": event_id, "pool": pool_id})
+
+    # ---- the end of an event: restore, forget, resume ---------------------------------------
+    def _end(
+        self,
+        message: TransitionMessage,
+        vms: list[ResolvedVm],
+        outcome: LbOutcome,
+        now: datetime,
+        *,
+        restore: bool,
+    ) -> None:
+        event = message.event
+        assert event is not None
+        if self.pools is not None:
+            # Forget before restoring: a resume of this event that races us either drained
+            # before we forget (and we restore it below) or finds it forgotten.
+            changeable = [vm for vm in vms if vm.kind is VmKind.VM]
+            self._forget_unlocked(self._memberships(changeable, skip_forbidden=True), event.key)
+        restored: Restored = {}
+        if restore:
+            for vm in vms:
+                self._restore_vm(vm, outcome, restored)
+        else:
+            log.info("the VMs are gone after %s: nothing to restore", event.event_type)
+        if restored and self.guarded:
+            self._resume(restored, outcome, now, skip=event.key)
+
+    def _forget_unlocked(self, pools: Iterable[str], event_id: str) -> None:
+        assert self.pools is not None
+        holding = [p for p in sorted(pools) if event_id in held.read(self.pools.peek(p))]
+        if holding:
+            with self.pools.hold(holding) as lease:
+                self._forget(lease, holding, event_id)
+
+    def _restore_vm(self, vm: ResolvedVm, outcome: LbOutcome, restored: Restored) -> None:
+        restore_by_hand = f"its NICs keep what was removed in the tag {nic_pools.TAG}"
+        if vm.kind is VmKind.FORBIDDEN:
+            log.error(
+                "VM %s cannot be restored to its pools: %s; %s",
+                vm.name,
+                vm.problem,
+                restore_by_hand,
+                extra={"vm": vm.name, "reason": "PermissionDenied"},
+            )
+            return
+        if vm.kind is not VmKind.VM:
+            log.info("nothing to restore", extra={"vm": vm.name, "kind": vm.kind.value})
+            return
+        for nic_id in vm.nic_ids:
+            try:
+                change, gone = _change_nic(self.arm, nic_id, nic_pools.plan_restore)
+            except PermissionDenied as exc:
+                log.error(
+                    "NIC %s cannot be restored to its pools: %s; %s",
+                    nic_id,
+                    exc,
+                    restore_by_hand,
+                    extra={"vm": vm.name, "nic": nic_id, "reason": "PermissionDenied"},
+                )
+                continue
+            if gone:
+                log.warning("NIC not found in ARM, nothing to restore", extra={"nic": nic_id})
+            if change is not None:
+                outcome.changed.append(nic_id)
+                for ipc, pools in change.pools.items():
+                    for pool_id in pools:
+                        restored.setdefault(pool_id.lower(), set()).add(
+                            _ip_configuration_id(nic_id, ipc)
+                        )
+
+    def _resume(self, restored: Restored, outcome: LbOutcome, now: datetime, *, skip: str) -> None:
+        """Try the held events of the pools that got members back; wait (bounded) for those
+        members to be probed Up while an event is still held because of them."""
+        assert self.pools is not None
+        settle = SETTLE_SECONDS if self.settle_seconds is None else self.settle_seconds
+        poll = SETTLE_POLL_SECONDS if self.settle_poll_seconds is None else self.settle_poll_seconds
+        deadline = self.monotonic() + settle
+        while True:
+            still_held = self._resume_once(sorted(restored), outcome, now, skip=skip)
+            if not still_held:
+                return
+            health = capacity.measure(self.arm, still_held)
+            settling = any(restored[p] - health[p].healthy for p in still_held if p in health)
+            if not settling or self.monotonic() + poll > deadline:
+                return
+            log.info("waiting for restored members to be probed Up before resuming held events")
+            self.sleep(poll)
+
+    def _resume_once(
+        self, pools: list[str], outcome: LbOutcome, now: datetime, *, skip: str
+    ) -> list[str]:
+        """One pass over the held events of ``pools``; the pools still holding some."""
+        assert self.pools is not None
+        still: list[str] = []
+        for pool_id in pools:
+            for entry in sorted(held.read(self.pools.peek(pool_id)).values(), key=_held_order):
+                if entry.event_id == skip:
+                    continue
+                if entry.expired(now):
+                    log.info(
+                        "held event dropped: its NotBefore passed",
+                        extra={"eventId": entry.event_id},
+                    )
+                    self._forget_unlocked([pool_id], entry.event_id)
+                    continue
+                try:
+                    message = parse_message(entry.body, entry.message_id)
+                except ContractError as exc:
+                    log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
+                    self._forget_unlocked([pool_id], entry.event_id)
+                    continue
+                log.info(
+                    "trying held event %s again: %s got members back",
+                    entry.event_id,
+                    capacity.short_pool(pool_id),
+                    extra={"eventId": entry.event_id},
+                )
+                result = self.handle(message, now, resume_pool=pool_id)
+                if result.held is not None:
+                    still.append(result.held.pool_id.lower())
+                elif result.refused:
+                    self._forget_unlocked([pool_id], entry.event_id)
+                elif not result.reason:
+                    outcome.resumed.append(entry.event_id)
+        return sorted(set(still) & set(pools))
+
+
+def _held_order(entry: held.HeldEvent) -> datetime:
+    return entry.held_at

@@ -1,0 +1,215 @@
+"""The composition root: settings in, production adapters out (the only place both meet).
+
+Settings are read from the environment once, when function_app.py is imported, so a bad
+setting fails the start. Adapters are built on first use and shared by every invocation of
+the process. Tests hand in their own adapters with :func:`use` (recording fakes for
+Service Bus) or let :func:`build` wire the real ones against loopback servers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from functions.approval_gate.agentless import AgentlessRules
+from functions.approval_gate.core import Fallback, Gate
+from functions.eventgrid_ingest.core import EventStateStore, Ingestor
+from functions.lb_pools.core import LbPools
+from functions.shared import seal
+from functions.shared.impact import ImpactRules
+from functions.shared.ports import (
+    ArmClient,
+    Clock,
+    CommandSender,
+    HeartbeatStore,
+    PoolStore,
+    TeamsPoster,
+    TopicPublisher,
+)
+from functions.shared.scope import TrustRules
+from functions.shared.settings import Settings, load_settings
+from functions.webhooks.ports import WebhookPoster
+
+log = logging.getLogger("sebridge.functions")
+
+TEAMS_RETRY_ATTEMPTS = 3
+TEAMS_RETRY_TOTAL_SECONDS = 30.0
+# Webhook endpoints get the Teams workflow's retry rules, per endpoint.
+WEBHOOK_RETRY_ATTEMPTS = TEAMS_RETRY_ATTEMPTS
+WEBHOOK_RETRY_TOTAL_SECONDS = TEAMS_RETRY_TOTAL_SECONDS
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    settings: Settings
+    teams: TeamsPoster
+    arm: ArmClient
+    publisher: TopicPublisher
+    commands: CommandSender
+    heartbeats: HeartbeatStore | None
+    clock: Clock = utcnow
+    webhooks: WebhookPoster | None = None
+    event_state: EventStateStore | None = None  # only with EVENTGRID_INGEST_ENABLED
+    pools: PoolStore | None = None  # the capacity guard's locks and held events
+
+    @property
+    def trust(self) -> TrustRules:
+        return TrustRules.of(
+            self.settings.managed_resource_groups,
+            seal.app_key(self.settings.approval_signing_key),
+        )
+
+    @property
+    def lb_pools(self) -> LbPools:
+        return LbPools(
+            self.arm,
+            self.publisher,
+            self.impact,
+            rules=self.trust,
+            pools=self.pools,
+            min_healthy=self.settings.min_healthy,
+        )
+
+    @property
+    def impact(self) -> ImpactRules:
+        return ImpactRules(
+            self.settings.impactful_event_types, self.settings.freeze_threshold_seconds
+        )
+
+    @property
+    def gate(self) -> Gate:
+        fallback = None
+        if self.settings.acknowledge_fallback_enabled and self.heartbeats is not None:
+            fallback = Fallback(
+                self.heartbeats, timedelta(seconds=self.settings.heartbeat_stale_seconds)
+            )
+        agentless = AgentlessRules.of(
+            self.settings.agentless_resource_groups, self.settings.agentless_vm_patterns
+        )
+        return Gate(
+            self.settings.policy,
+            self.impact,
+            self.arm,
+            self.commands,
+            fallback,
+            rules=self.trust,
+            agentless=agentless,
+        )
+
+    @property
+    def eventgrid_ingest(self) -> Ingestor:
+        if self.event_state is None:
+            raise RuntimeError("the Event Grid ingestion is not enabled (EVENTGRID_INGEST_ENABLED)")
+        return Ingestor(self.event_state, self.publisher, self.clock)
+
+
+_lock = threading.Lock()
+_settings: Settings | None = None
+_deps: Dependencies | None = None
+
+
+def settings() -> Settings:
+    """The validated settings (read once); raises SettingsError naming every bad one."""
+    global _settings
+    with _lock:
+        if _settings is None:
+            _settings = load_settings(os.environ)
+            log.info("settings loaded", extra={"settings": _settings.describe()})
+        return _settings
+
+
+def build(config: Settings, **overrides: Any) -> Dependencies:
+    """Production adapters for ``config``; keyword arguments replace single adapters."""
+    import requests
+    from azure.identity import DefaultAzureCredential
+
+    from functions.adapters.arm import ArmRestClient
+    from functions.adapters.arm_cache import CachedVmReads
+    from functions.adapters.event_state import BlobEventStateStore
+    from functions.adapters.heartbeats import BlobHeartbeatStore
+    from functions.adapters.pool_state import BlobPoolStore
+    from functions.adapters.retry import RetryPolicy
+    from functions.adapters.servicebus import (
+        SdkCommandSender,
+        SdkTopicPublisher,
+        ServiceBusSender,
+    )
+    from functions.adapters.teams_webhook import TeamsWebhookPoster
+
+    credential = overrides.pop("credential", None) or DefaultAzureCredential()
+    session = requests.Session()
+    parts: dict[str, Any] = {}
+    if "teams" not in overrides:
+        parts["teams"] = TeamsWebhookPoster(
+            config.teams_webhook_url,
+            session=session,
+            policy=RetryPolicy(
+                attempts=TEAMS_RETRY_ATTEMPTS, max_total_wait=TEAMS_RETRY_TOTAL_SECONDS
+            ),
+        )
+    if "arm" not in overrides:
+        # The scope check reads the same VMs for every message: cached (bounded in time).
+        parts["arm"] = CachedVmReads(
+            ArmRestClient(config.arm_endpoint, credential, session=session)
+        )
+    if "publisher" not in overrides or "commands" not in overrides:
+        sender = ServiceBusSender(
+            namespace=config.servicebus_namespace,
+            connection_string=config.servicebus_connection_string,
+        )
+        parts["publisher"] = SdkTopicPublisher(sender, config.topic_name)
+        parts["commands"] = SdkCommandSender(sender, config.approvals_queue)
+    parts["heartbeats"] = (
+        BlobHeartbeatStore(config.heartbeat_store_url, credential, session=session)
+        if config.heartbeat_store_url
+        else None
+    )
+    if "webhooks" not in overrides:
+        parts["webhooks"] = _webhook_poster(session)
+    if config.eventgrid_ingest_enabled and "event_state" not in overrides:
+        parts["event_state"] = BlobEventStateStore(
+            config.eventgrid_state_url, credential, session=session
+        )
+    if config.pool_state_url and "pools" not in overrides:
+        parts["pools"] = BlobPoolStore(config.pool_state_url, credential, session=session)
+    parts.update(overrides)
+    # Whatever the app publishes to the topic carries its seal (functions.shared.seal).
+    parts["publisher"] = seal.SealingPublisher(
+        parts["publisher"], seal.app_key(config.approval_signing_key)
+    )
+    return Dependencies(settings=config, **parts)
+
+
+def _webhook_poster(session: Any) -> WebhookPoster:
+    from functions.adapters.retry import RetryPolicy
+    from functions.adapters.webhook_poster import HttpWebhookPoster
+
+    policy = RetryPolicy(
+        attempts=WEBHOOK_RETRY_ATTEMPTS, max_total_wait=WEBHOOK_RETRY_TOTAL_SECONDS
+    )
+    return HttpWebhookPoster(session=session, policy=policy)
+
+
+def dependencies() -> Dependencies:
+    global _deps
+    config = settings()
+    with _lock:
+        if _deps is None:
+            _deps = build(config)
+        return _deps
+
+
+def use(deps: Dependencies | None) -> None:
+    """Tests: run the functions with these adapters (None: back to lazy production wiring)."""
+    global _deps, _settings
+    with _lock:
+        _deps = deps
+        _settings = deps.settings if deps is not None else None

@@ -1,0 +1,105 @@
+"""teams: one Adaptive Card per transition, with an Approve link when a human decides (core).
+
+Every card is built from untrusted text made inert (functions.teams.cards). The Approve link
+sends a command to the observer's session when clicked, so it is offered only for a message
+that passes the scope check (functions.shared.scope); otherwise the card says why it has none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from functions.approval_gate import tokens
+from functions.approval_gate.policy import Action, Policy
+from functions.shared import scope as trust
+from functions.shared.ports import ArmClient, TeamsPoster
+from functions.teams import cards
+from sebridge.contract.commands import CommandError, canonical_event_id
+from sebridge.contract.events import Transition, TransitionMessage
+
+log = logging.getLogger("sebridge.functions.teams")
+
+APPROVE_ROUTE = "approve"
+ASKS_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
+
+
+# Where an approval goes (the gate's Gate.acknowledge_target): None for the command to the
+# observer's forwarder, else the ARM id to acknowledge the event on.
+Router = Callable[[TransitionMessage, trust.Scope, datetime], str | None]
+
+
+def approve_link(
+    base_url: str,
+    key: bytes,
+    event_id: str,
+    vm_name: str,
+    expires: datetime,
+    acknowledge_on: str = "",
+) -> str:
+    claims = tokens.ApprovalClaims(event_id, vm_name, expires, acknowledge_on)
+    token = tokens.sign(key, claims)
+    return f"{base_url}/api/{APPROVE_ROUTE}?{urlencode({'token': token})}"
+
+
+def needs_human(message: TransitionMessage, policy: Policy, now: datetime) -> bool:
+    """The same policy the gate applies: a card asks only when the gate would wait for one."""
+    event = message.event
+    if event is None or message.transition not in ASKS_ON or event.is_started:
+        return False
+    if event.not_before is None or event.not_before <= now:
+        return False  # the token must expire by NotBefore; past it there is nothing to approve
+    if policy.decide(event, message.observer).action is not Action.MANUAL:
+        return False
+    try:
+        canonical_event_id(event.key)
+    except CommandError as exc:
+        log.error("no Approve link for message %s: %s", message.message_id, exc)
+        return False
+    return True
+
+
+def notify(
+    message: TransitionMessage,
+    *,
+    poster: TeamsPoster,
+    policy: Policy,
+    signing_key: bytes,
+    base_url: str,
+    now: datetime,
+    arm: ArmClient,
+    rules: trust.TrustRules,
+    route: Router | None = None,
+) -> dict[str, Any]:
+    event = message.event
+    if event is None:
+        raise ValueError("teams gets no Heartbeat (the subscription filter drops them)")
+    url = unverified = None
+    if needs_human(message, policy, now):
+        assert event.not_before is not None
+        checked = trust.check(arm, message, rules)
+        if isinstance(checked, trust.Refusal):
+            trust.log_refusal("teams", message, checked)
+            unverified = checked.reason
+        else:
+            # The link approves the way the gate would: the command, or ARM for a VM that has
+            # no forwarder to take it (agentless mode).
+            target = route(message, checked, now) if route is not None else None
+            url = approve_link(
+                base_url,
+                signing_key,
+                event.key,
+                message.observer.vm_name,
+                event.not_before,
+                acknowledge_on=target or "",
+            )
+    card = cards.build_card(message, now, approve_url=url, unverified=unverified)
+    poster.post(card)
+    log.info(
+        "card posted",
+        extra={"eventId": event.key, "transition": message.transition.value, "ask": bool(url)},
+    )
+    return card

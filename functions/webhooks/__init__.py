@@ -1,0 +1,1 @@
+"""webhooks: each transition to any number of endpoints (Slack, PagerDuty, generic JSON)."""

@@ -1,0 +1,136 @@
+"""webhooks: post each transition to every configured endpoint that wants it (core).
+
+For one message, each endpoint's filter and preset decide whether it gets a body; the bodies
+are posted side by side (the adapter retries each within its bound), so a slow endpoint does
+not hold the others back and the invocation stays within one retry budget however many
+endpoints there are. Then:
+
+* every endpoint took it, or refused it for good (a 4xx: wrong URL, archived channel, invalid
+  routing key): the message completes. A refusal is logged at ERROR naming the endpoint and
+  the status; retrying would repeat the refusal and post duplicates to every other endpoint.
+* an endpoint still failed after its retries (429, 5xx, timeouts, a long Retry-After):
+  :class:`DeliveryFailed` is raised, Service Bus redelivers the message, and the redelivery
+  posts to every endpoint that takes it again. PagerDuty folds that into the same alert (one
+  dedup key per event); Slack shows the message twice; a generic receiver can drop it by
+  ``messageId``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from functions.shared.impact import ImpactRules
+from functions.webhooks.config import Endpoint
+from functions.webhooks.ports import WebhookPoster, WebhookRejected
+from functions.webhooks.presets import Skip, build_body
+from functions.webhooks.templates import message_fields
+from sebridge.contract.events import TransitionMessage
+
+log = logging.getLogger("sebridge.functions.webhooks")
+
+POSTED, SKIPPED, REJECTED, FAILED = "posted", "skipped", "rejected", "failed"
+MAX_PARALLEL = 4
+
+
+@dataclass(frozen=True)
+class Result:
+    endpoint: str
+    status: str  # posted | skipped | rejected | failed
+    reason: str = ""
+
+
+class DeliveryFailed(Exception):
+    """An endpoint still failed after its retries: the message goes back to Service Bus."""
+
+    def __init__(self, results: Sequence[Result]) -> None:
+        self.results = list(results)
+        failed = [r for r in results if r.status == FAILED]
+        names = ", ".join(f"{r.endpoint} ({r.reason})" for r in failed)
+        super().__init__(
+            f"webhooks: {len(failed)} of {len(results)} endpoint(s) failed: {names}; "
+            "the message will be redelivered"
+        )
+
+
+def counts(results: Sequence[Result]) -> dict[str, int]:
+    return {
+        status: sum(r.status == status for r in results)
+        for status in (POSTED, SKIPPED, REJECTED, FAILED)
+    }
+
+
+def plan(
+    message: TransitionMessage, endpoints: Sequence[Endpoint], impact: ImpactRules
+) -> list[tuple[Endpoint, Any] | Result]:
+    """Per endpoint, in order: the body to post, or why it is skipped (pure)."""
+    event = message.event
+    if event is None:
+        raise ValueError("webhooks get no Heartbeat (the subscription filter drops them)")
+    fields = message_fields(message, impact)
+    planned: list[tuple[Endpoint, Any] | Result] = []
+    for endpoint in endpoints:
+        if not endpoint.accepts(message.transition, event.event_type, bool(fields["impactful"])):
+            planned.append(Result(endpoint.name, SKIPPED, "filter"))
+            continue
+        body = build_body(endpoint.preset, message, fields, endpoint.template, endpoint.routing_key)
+        if isinstance(body, Skip):
+            planned.append(Result(endpoint.name, SKIPPED, body.reason))
+        else:
+            planned.append((endpoint, body))
+    return planned
+
+
+def _post(poster: WebhookPoster, endpoint: Endpoint, body: Any, what: str) -> Result:
+    try:
+        poster.post(endpoint.name, endpoint.url, body)
+    except WebhookRejected as exc:
+        # The body may echo the request (a routing key): keep the log to the status.
+        log.error(
+            "webhook %s refused %s with HTTP %d; not retried (check its URL, key and payload)",
+            endpoint.name,
+            what,
+            exc.status,
+            extra={"endpoint": endpoint.name, "status": exc.status},
+        )
+        return Result(endpoint.name, REJECTED, f"HTTP {exc.status}")
+    except Exception as exc:  # noqa: BLE001 - the port's transient failures, reported below
+        log.warning("webhook %s: %s not delivered: %s", endpoint.name, what, exc)
+        return Result(endpoint.name, FAILED, type(exc).__name__)
+    log.info("webhook %s: %s posted", endpoint.name, what, extra={"endpoint": endpoint.name})
+    return Result(endpoint.name, POSTED)
+
+
+def deliver(
+    message: TransitionMessage,
+    *,
+    endpoints: Sequence[Endpoint],
+    poster: WebhookPoster | None,
+    impact: ImpactRules,
+) -> list[Result]:
+    """Post ``message`` to every endpoint that takes it; raise DeliveryFailed if one failed."""
+    planned = plan(message, endpoints, impact)
+    jobs = [(i, item) for i, item in enumerate(planned) if not isinstance(item, Result)]
+    results: list[Result | None] = [item if isinstance(item, Result) else None for item in planned]
+    if jobs and poster is None:
+        raise RuntimeError("webhook endpoints are configured but no poster was wired")
+    what = f"{message.transition.value} of {message.event_id}"
+    if len(jobs) == 1:
+        index, (endpoint, body) = jobs[0]
+        assert poster is not None
+        results[index] = _post(poster, endpoint, body, what)
+    elif jobs:
+        assert poster is not None
+        with ThreadPoolExecutor(
+            max_workers=min(len(jobs), MAX_PARALLEL), thread_name_prefix="webhook"
+        ) as pool:
+            futures = {i: pool.submit(_post, poster, e, body, what) for i, (e, body) in jobs}
+            for index, future in futures.items():
+                results[index] = future.result()
+    done = [r for r in results if r is not None]
+    if any(r.status == FAILED for r in done):
+        raise DeliveryFailed(done)
+    return done

@@ -1,0 +1,198 @@
+"""The three presets: Slack incoming webhooks, PagerDuty Events API v2, generic JSON (pure).
+
+A preset fixes what a template cannot: the payload's shape and escaping, which transitions make
+sense, and (PagerDuty) when to trigger and when to resolve. Each returns the body to POST, or
+a :class:`Skip` saying why this message is not for the endpoint.
+
+* **slack**: the template is the message payload (an object with ``text`` and optionally
+  ``blocks``); every value is escaped for Slack (``&`` ``<`` ``>`` become entities), so text
+  from IMDS can neither mention (``<!channel>``, ``<@U123>``) nor make links (``<url|text>``),
+  and is cut to :data:`SLACK_MAX_VALUE` characters.
+* **pagerduty**: Events API v2 (``POST https://events.pagerduty.com/v2/enqueue``). Scheduled,
+  Updated and Started of an *impactful* event (the rules lb-pools drains by) send ``trigger``;
+  Completed and Cancelled send ``resolve``; all with the same ``dedup_key``, made from the
+  EventId, so PagerDuty keeps one alert per event and a redelivery changes nothing. Resolve is
+  sent for every event the filter passes, impactful or not: an Updated can change an event's
+  impact, and resolving an alert that was never opened is a no-op for PagerDuty. The template,
+  if given, is the alert's summary text (cut to 1,024 characters, PagerDuty's limit).
+* **generic**: the template is the JSON body; by default every contract field, typed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from functions.webhooks.templates import (
+    FIELDS,
+    CompiledTemplate,
+    FieldValue,
+    clean,
+    compile_template,
+    render,
+)
+from sebridge import lifecycle
+from sebridge.contract.events import Transition, TransitionMessage
+
+SLACK, PAGERDUTY, GENERIC = "slack", "pagerduty", "generic"
+PAGERDUTY_ENQUEUE_URL = "https://events.pagerduty.com/v2/enqueue"
+PAGERDUTY_MAX_SUMMARY = 1024
+PAGERDUTY_MAX_SOURCE = 255
+PAGERDUTY_MAX_DETAIL = 1000
+SLACK_MAX_VALUE = 1000
+CLIENT = "Scheduled Events Bridge"
+
+EVENT_TRANSITIONS = frozenset(t for t in Transition if t is not Transition.HEARTBEAT)
+TRIGGERS = frozenset({Transition.SCHEDULED, Transition.UPDATED, Transition.STARTED})
+RESOLVES = frozenset({Transition.COMPLETED, Transition.CANCELLED})
+VM_LOSS = frozenset({"terminate", "preempt"})
+
+
+@dataclass(frozen=True)
+class Skip:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    transitions: frozenset[Transition]  # allowed, and the default when none are configured
+    template_kinds: tuple[type, ...]  # what a configured template must be
+    template_shape: str  # the same, in words
+    default_template: CompiledTemplate
+    needs_url: bool  # else default_url
+    default_url: str = ""
+    needs_routing_key: bool = False
+
+
+def slack_escape(text: str) -> str:
+    """Slack's three control characters as entities (and nothing else, as Slack asks)."""
+    if len(text) > SLACK_MAX_VALUE:
+        text = text[: SLACK_MAX_VALUE - 1] + "\u2026"
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _verbatim(text: str) -> str:
+    return text
+
+
+SLACK_TEMPLATE = compile_template(
+    {
+        "text": "*${eventType} ${transition}*: ${affected}\n"
+        "Not before (UTC): ${notBeforeText} | duration: ${durationText} | source: ${eventSource}\n"
+        "${description}\n"
+        "Event ${eventId}, observed by ${vmName} (${resourceGroup})"
+    }
+)
+PAGERDUTY_TEMPLATE = compile_template("${summary}")
+GENERIC_TEMPLATE = compile_template({name: f"${{{name}}}" for name in FIELDS})
+
+PRESETS: dict[str, Preset] = {
+    SLACK: Preset(
+        SLACK, EVENT_TRANSITIONS, (dict,), "a JSON object", SLACK_TEMPLATE, needs_url=True
+    ),
+    PAGERDUTY: Preset(
+        PAGERDUTY,
+        TRIGGERS | RESOLVES,
+        (str,),
+        "a string (the alert summary)",
+        PAGERDUTY_TEMPLATE,
+        needs_url=False,
+        default_url=PAGERDUTY_ENQUEUE_URL,
+        needs_routing_key=True,
+    ),
+    GENERIC: Preset(
+        GENERIC,
+        EVENT_TRANSITIONS,
+        (dict, list),
+        "a JSON object or list",
+        GENERIC_TEMPLATE,
+        needs_url=True,
+    ),
+}
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def dedup_key(message: TransitionMessage) -> str:
+    """One PagerDuty alert per event: the EventId as in message ids (lower case; a digest for
+    an odd one), at most 37 characters (PagerDuty takes 255)."""
+    assert message.event is not None
+    return f"sebridge:{lifecycle.event_ref(message.event.event_id)}"
+
+
+def pagerduty_body(
+    message: TransitionMessage,
+    fields: dict[str, FieldValue],
+    template: CompiledTemplate,
+    routing_key: str,
+) -> dict[str, Any] | Skip:
+    if message.transition in RESOLVES:
+        return {
+            "routing_key": routing_key,
+            "event_action": "resolve",
+            "dedup_key": dedup_key(message),
+        }
+    if message.transition not in TRIGGERS:
+        return Skip(f"PagerDuty does nothing on {message.transition.value}")
+    if not fields["impactful"]:
+        return Skip("not impactful (LB_IMPACTFUL_EVENT_TYPES, LB_FREEZE_THRESHOLD_SECONDS)")
+    summary = render(template, fields, escape=_verbatim, typed=False)
+    kind = str(fields["eventType"]).lower()
+    details = {
+        name: fields[name]
+        for name in (
+            "eventId",
+            "eventType",
+            "eventStatus",
+            "transition",
+            "resources",
+            "notBefore",
+            "durationInSeconds",
+            "eventSource",
+            "vmName",
+            "subscriptionId",
+            "resourceGroup",
+            "messageId",
+        )
+    }
+    description = fields["description"]
+    if isinstance(description, str):
+        details["description"] = _cut(clean(description), PAGERDUTY_MAX_DETAIL)
+    payload: dict[str, Any] = {
+        "summary": _cut(clean(str(summary)), PAGERDUTY_MAX_SUMMARY) or "scheduled event",
+        "source": _cut(clean(str(fields["affected"])), PAGERDUTY_MAX_SOURCE),
+        "severity": "critical" if kind in VM_LOSS else "warning",
+        "class": clean(str(fields["eventType"])),
+        "custom_details": details,
+    }
+    if fields["resourceGroup"]:
+        payload["group"] = clean(str(fields["resourceGroup"]))
+    if fields["observedAt"]:
+        payload["timestamp"] = fields["observedAt"]
+    return {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": dedup_key(message),
+        "client": CLIENT,
+        "payload": payload,
+    }
+
+
+def build_body(
+    preset: str,
+    message: TransitionMessage,
+    fields: dict[str, FieldValue],
+    template: CompiledTemplate,
+    routing_key: str = "",
+) -> Any | Skip:
+    """The body to POST for ``message`` (already past the endpoint's filter), or a Skip."""
+    if preset == SLACK:
+        return render(template, fields, escape=slack_escape, typed=False)
+    if preset == PAGERDUTY:
+        return pagerduty_body(message, fields, template, routing_key)
+    if preset == GENERIC:
+        return render(template, fields, escape=_verbatim, typed=True)
+    raise ValueError(f"unknown preset {preset!r}")

@@ -1,0 +1,74 @@
+"""`sebridge demo --scenario vm-side` as a user runs it: the VM prepares itself (checkpoint hook,
+drain probe), Prepared, the gate approves, the probe is healthy again after Completed.
+
+The approval step is the gate's: until the gate accepts a VM-side Prepared (it checks ARM pools,
+which a Uniform scale-set instance never leaves; see the README), that one step is reported
+missing and the test is an expected failure, while every step of the forwarder's must be there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+MILESTONES = [
+    r"probe\s+answers 200",
+    r"topic\s+Scheduled\s+Redeploy \w+ on web_0",
+    r"vm\s+hook checkpoint starting for [\w-]+:Scheduled:1 \(attempt 1\)",
+    r"hook\s+checkpoint file checkpoint-[\w-]+\.json written",
+    r"probe\s+200 -> 503 \(draining\)",
+    r"vm\s+prepare hook checkpoint for Scheduled [\w-]+: succeeded",
+    r"vm\s+Prepared [\w-]+ by hooks\+drain-probe",
+    r"topic\s+Prepared\s+Redeploy",
+    r"topic\s+Started\s+Redeploy",
+    r"topic\s+Completed\s+Redeploy",
+    r"probe\s+503 -> 200 \(healthy\)",
+]
+GATE_MILESTONE = r"imds\s+POST StartRequests \w+ -> 200"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hooks file must be root-owned: run as root")
+def test_the_vm_side_demo_prepares_the_vm_itself() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sebridge.cli", "demo", "--scenario", "vm-side"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    lines = result.stdout.splitlines()
+    positions = []
+    for milestone in MILESTONES:
+        index = next((i for i, line in enumerate(lines) if re.search(milestone, line)), None)
+        assert index is not None, (
+            f"missing {milestone!r} in:\n{result.stdout}\n{result.stderr[-3000:]}"
+        )
+        positions.append(index)
+    # The Scheduled on the topic, the hook and the probe race each other (the timeline stamps
+    # log lines when it reads them); then Prepared, Started, Completed and the probe in order.
+    assert max(positions[1:6]) < min(positions[6:8])
+    assert max(positions[6:8]) < positions[8] < positions[9] < positions[10]
+    approval = next((i for i, line in enumerate(lines) if re.search(GATE_MILESTONE, line)), None)
+    if approval is None:
+        assert result.returncode == 1
+        assert "the approval gate did not approve early after the VM-side Prepared" in result.stdout
+        pytest.xfail("the approval gate does not accept a VM-side Prepared yet (issue 16 report)")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert max(positions[6:8]) < approval < positions[8]  # after Prepared, before it started
+
+
+@pytest.mark.timeout(30)
+def test_the_vm_side_scenario_is_listed() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "sebridge.cli", "demo", "--list"],
+        capture_output=True,
+        text=True,
+        timeout=25,
+        check=True,
+    )
+    assert re.search(r"^vm-side\s+A Uniform scale-set VM prepares itself", listed.stdout, re.M)

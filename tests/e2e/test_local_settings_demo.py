@@ -1,0 +1,105 @@
+"""The shipped settings file for ``sebridge functions-host`` works with the fakes' demo world.
+
+``emulators/local.settings.demo.json`` names the ports the README's commands use
+(``servicebus-emulator`` on 5672, ``fakes --demo-world --port-base 17071``, the host's 7071).
+Here each process runs on a free port instead, and the file is used with only those port
+numbers rewritten; then a Scheduled for web-1 goes through the real function_app.py and reaches
+the Teams fake and the ARM fake.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from emulators.processes import ChildProcess
+from emulators.servicebus.testing import running_emulator
+from functions.shared.settings import load_settings
+from sebridge import servicebus
+from tests.fixtures import golden
+from tests.support.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "emulators" / "local.settings.demo.json"
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` consecutive free ports (the fakes take a base and the three above it)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count > 65535:
+            continue
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return list(range(base, base + count))
+    raise RuntimeError("no run of free ports")
+
+
+def test_the_shipped_file_is_a_complete_valid_configuration() -> None:
+    values = json.loads(SHIPPED.read_text())["Values"]
+    settings = load_settings(values)  # raises, naming each missing or invalid setting
+    assert settings.teams_webhook_url.startswith("http://127.0.0.1:17071/")
+    assert settings.arm_endpoint == "http://127.0.0.1:17072"
+    assert values["IDENTITY_ENDPOINT"] == "http://127.0.0.1:17073/msi/token"
+    assert "sb://127.0.0.1:5672;" in values["ServiceBusConnection"]
+
+
+@pytest.mark.timeout(180)
+def test_the_functions_host_runs_the_app_against_the_demo_world_with_it(tmp_path: Path) -> None:
+    fakes_base, http_port = _free_ports(4)[0], _free_ports(1)[0]
+    with running_emulator() as bus:
+        text = SHIPPED.read_text()
+        for old, new in [
+            ("127.0.0.1:5672", f"127.0.0.1:{bus.port}"),
+            *((f"127.0.0.1:{17071 + i}", f"127.0.0.1:{fakes_base + i}") for i in range(4)),
+            ("127.0.0.1:7071", f"127.0.0.1:{http_port}"),
+            ('"LocalHttpPort": 7071', f'"LocalHttpPort": {http_port}'),
+        ]:
+            assert old in text, old
+            text = text.replace(old, new)
+        settings_file = tmp_path / "local.settings.json"
+        settings_file.write_text(text)
+        fakes = ChildProcess(
+            "fakes",
+            [
+                "--demo-world",
+                "--port-base",
+                str(fakes_base),
+                "--identity-header",
+                "local-demo-identity-header",
+            ],
+        )
+        host = ChildProcess("functions-host", ["--settings", str(settings_file)], cwd=REPO)
+        with fakes, host:
+            fakes.wait_for_line("}", timeout=30)  # the settings it printed: it is serving
+            assert (
+                host.wait_for_line("listening on", timeout=60)
+                .strip()
+                .endswith(f"127.0.0.1:{http_port}")
+            )
+            client = servicebus.client(connection_string=bus.connection_string)
+            with client, client.get_topic_sender("scheduled-events") as sender:
+                sender.send_messages(servicebus.envelope_message(golden.build()["scheduled"]))
+
+            def seen(marker: str) -> bool:
+                return any(marker in line.text for line in fakes.lines)
+
+            wait_until(
+                lambda: seen("[teams]") and seen("web-1-nic/ipconfig1 left"),
+                60,
+                "a card and web-1's drain in the fakes' output:\n"
+                + "\n".join(line.text for line in fakes.lines[-20:])
+                + host.stderr_text()[-2000:],
+            )

@@ -1,0 +1,70 @@
+"""`sebridge demo --source eventgrid|both` as a user runs it (see emulators/demo_sources.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from emulators.demo_sources import one_message_per_transition
+from sebridge.imds import ScheduledEvent
+
+
+def demo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sebridge.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(180)
+def test_agentless_demo_runs_with_no_forwarder_and_approves_through_arm() -> None:
+    result = demo("--source", "eventgrid")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "forwarder polling IMDS" not in out and "Approved" not in out  # no forwarder at all
+    for milestone in (
+        r"evgrid\s+event subscription validated",
+        r"evgrid\s+Scheduled\s+\w+ -> HTTP 202 \(delivered again",
+        r"topic\s+Scheduled\s+Redeploy",
+        r"topic\s+Prepared\s+Redeploy",
+        r"evgrid\s+ARM acknowledge \w+ honoured",
+        r"topic\s+Started\s+Redeploy",
+        r"topic\s+Completed\s+Redeploy",
+        r"arm\s+\+ web-1-nic/ipconfig1 joined",
+    ):
+        assert re.search(milestone, out), f"missing {milestone!r} in:\n{out}"
+    assert len(re.findall(r"topic\s+Scheduled", out)) == 1  # delivered twice, published once
+
+
+@pytest.mark.timeout(180)
+def test_both_sources_show_one_message_per_transition() -> None:
+    result = demo("--source", "both", "--scenario", "multiple-events", "--timeout", "120")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    topic = re.findall(r"topic\s+(\w+)\s+\w+ (\w{8})", result.stdout)
+    assert topic, result.stdout
+    per_transition = [(t, e) for t, e in topic if t != "Updated"]
+    assert len(per_transition) == len(set(per_transition)), result.stdout
+    assert "one per transition" in result.stdout
+
+
+def test_the_duplicate_check_catches_two_ids_for_one_transition() -> None:
+    event = ScheduledEvent(event_id="e1", event_type="Reboot", status="Scheduled")
+    seen = [
+        {"event": event, "transition": "Scheduled", "message_id": "e1:Scheduled:1"},
+        {"event": event, "transition": "Scheduled", "message_id": "x-other:Scheduled:1"},
+        {"event": event, "transition": "Updated", "message_id": "e1:Updated:1:abc:1"},
+        {"event": event, "transition": "Updated", "message_id": "e1:Updated:1:def:1"},
+        {"event": event, "transition": "Scheduled", "message_id": "e1:Scheduled:2"},
+    ]
+    assert one_message_per_transition(seen) == ["Scheduled 1 of e1 reached the topic 2 times"]
+
+
+def test_the_demo_refuses_an_unknown_source() -> None:
+    result = demo("--source", "carrier-pigeon")
+    assert result.returncode == 2 and "invalid choice" in result.stderr

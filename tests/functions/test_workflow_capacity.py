@@ -1,0 +1,336 @@
+"""The capacity guard (LB_MIN_HEALTHY): lb-pools never drains a backend pool below its minimum of
+healthy members, publishes Held instead, and drains the held event once the blocking event
+completes; the gate never approves a held event early.
+
+Real function objects, the loopback ARM (load balancer documents, the rule health API, probe
+states) and the loopback blob storage (leases) over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from emulators.fakes.arm import FakeArm
+from emulators.fakes.storage import FakeBlobStorage
+from functions.adapters.pool_state import blob_name
+from functions.lb_pools import held
+from sebridge.contract.events import Envelope, Transition, parse_message
+from tests.functions.support import NOW, POOL_CONTAINER, RG, SUB, App, envelope, web_vm
+
+pytestmark = pytest.mark.timeout(60)
+
+EVENT_A = "a0a0a0a0-0000-4000-8000-00000000000a"
+EVENT_B = "b0b0b0b0-0000-4000-8000-00000000000b"
+EVENT_C = "c0c0c0c0-0000-4000-8000-00000000000c"
+
+
+@pytest.fixture
+def world(arm_fake: FakeArm) -> dict[str, str]:
+    """pool-a: web-1 and web-2 (availability set as-web), probed by rule `http`."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool_a = f"{lb}/backendAddressPools/pool-a"
+    return {
+        "web-1": web_vm(arm_fake, "web-1", [pool_a]),
+        "web-2": web_vm(arm_fake, "web-2", [pool_a]),
+        "pool-a": pool_a,
+        "lb": lb,
+    }
+
+
+def scheduled(event_id: str, vm: str, **fields: Any) -> Envelope:
+    return envelope("Scheduled", EventId=event_id, Resources=[vm], **fields)
+
+
+def ended(event_id: str, vm: str, transition: str = "Completed", **fields: Any) -> Envelope:
+    status = "Started" if transition == "Completed" else "Scheduled"
+    extra = {"NotBefore": ""} if transition == "Completed" else {}
+    return envelope(
+        transition, EventId=event_id, Resources=[vm], EventStatus=status, **extra, **fields
+    )
+
+
+def published(app: App, transition: str) -> list[Envelope]:
+    return [m for m in app.publisher.published if m.subject == transition]
+
+
+def in_pool(app: App, world: dict[str, str], vm: str) -> bool:
+    return app.arm.vm_pools(world[vm]) == [world["pool-a"]]
+
+
+def held_state(storage: FakeBlobStorage, pool_id: str) -> dict[str, held.HeldEvent]:
+    raw = storage.blobs.get(POOL_CONTAINER, {}).get(blob_name(pool_id))
+    return held.read(json.loads(raw)) if raw else {}
+
+
+def test_two_overlapping_events_one_drained_one_held_then_drained(
+    app: App, world: dict[str, str], storage_fake: FakeBlobStorage
+) -> None:
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    assert not in_pool(app, world, "web-1") and in_pool(app, world, "web-2")
+    (prepared_a,) = published(app, "Prepared")
+
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    assert in_pool(app, world, "web-2"), "the last healthy member was drained"
+    (held_b,) = published(app, "Held")
+    data = parse_message(held_b.body_bytes()).data["held"]
+    assert data == {"pool": world["pool-a"], "healthy": 0, "minimum": 1, "vms": ["web-2"]}
+    assert held_b.session_id == EVENT_B and held_b.message_id.startswith(f"{EVENT_B}:Held:")
+    assert list(held_state(storage_fake, world["pool-a"])) == [EVENT_B]
+    assert len(published(app, "Prepared")) == 1  # none for B
+
+    # The gate: A is prepared and approved; B is not approved early, whatever the policy.
+    app.deliver("approval_gate", prepared_a)
+    app.deliver("approval_gate", scheduled(EVENT_B, "web-2"))
+    app.deliver("approval_gate", scheduled(EVENT_B, "web-2", EventSource="User"))
+    assert [c.event_id for c, _ in app.commands.sent] == [EVENT_A]
+
+    # A completes: web-1 goes back, B is drained now and Prepared is published for it.
+    app.deliver("lb_pools", ended(EVENT_A, "web-1"))
+    assert in_pool(app, world, "web-1") and not in_pool(app, world, "web-2")
+    prepared_b = published(app, "Prepared")[-1]
+    assert parse_message(prepared_b.body_bytes()).event.key == EVENT_B  # type: ignore[union-attr]
+    assert held_state(storage_fake, world["pool-a"]) == {}
+    app.deliver("approval_gate", prepared_b)
+    assert [c.event_id for c, _ in app.commands.sent] == [EVENT_A, EVENT_B]
+
+    # B completes: every pool as it was.
+    app.deliver("lb_pools", ended(EVENT_B, "web-2"))
+    assert in_pool(app, world, "web-1") and in_pool(app, world, "web-2")
+    assert all(c.startswith("-") or c.startswith("+") for c in app.arm.changes)
+    assert [c[0] for c in app.arm.changes] == ["-", "+", "-", "+"]
+
+
+def test_a_replayed_hold_publishes_the_same_held_message(app: App, world: dict[str, str]) -> None:
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    for _ in range(2):
+        app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    first, second = published(app, "Held")
+    assert first.message_id == second.message_id  # duplicate detection keeps one
+    assert in_pool(app, world, "web-2")
+
+
+def test_an_unhealthy_member_does_not_count(
+    app: App, world: dict[str, str], arm_fake: FakeArm
+) -> None:
+    """web-2 is probed Down: web-1 is the only healthy member, so it is held; web-2 itself may
+    go (taking out a Down member never counts against the minimum)."""
+    arm_fake.set_probe(world["web-2"], up=False)
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    assert in_pool(app, world, "web-1")
+    (held_a,) = published(app, "Held")
+    assert parse_message(held_a.body_bytes()).data["held"]["healthy"] == 0
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    assert not in_pool(app, world, "web-2") and in_pool(app, world, "web-1")
+    health = [r for r in arm_fake.requests if r.path.endswith("/loadBalancingRules/http/health")]
+    assert health and all(r.method == "POST" for r in health)
+
+
+def test_a_pool_no_rule_covers_counts_its_members(
+    app: App, arm_fake: FakeArm, caplog: pytest.LogCaptureFixture
+) -> None:
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-out", ["outbound"])
+    pool = f"{lb}/backendAddressPools/outbound"
+    web_1, web_2 = (web_vm(arm_fake, vm, [pool]) for vm in ("web-1", "web-2"))
+    arm_fake.set_probe(web_2, up=False)  # no rule: no probe verdict is asked for
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    assert arm_fake.vm_pools(web_1) == [] and arm_fake.vm_pools(web_2) == [pool]
+    assert not [r for r in arm_fake.requests if r.path.endswith("/health")]
+    assert len(published(app, "Held")) == 1
+
+
+@pytest.mark.parametrize("minimum", ["2", "3"])
+def test_the_minimum_is_a_setting(
+    make_app: Callable[..., App], arm_fake: FakeArm, minimum: str
+) -> None:
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool = f"{lb}/backendAddressPools/pool-a"
+    vms = {vm: web_vm(arm_fake, vm, [pool]) for vm in ("web-1", "web-2", "web-3", "web-4")}
+    app = make_app(LB_MIN_HEALTHY=minimum)
+    for n, vm in enumerate(vms, start=1):
+        app.deliver("lb_pools", scheduled(f"0000000{n}-0000-4000-8000-000000000000", vm))
+    left = sum(arm_fake.vm_pools(v) == [pool] for v in vms.values())
+    assert left == int(minimum)
+    assert len(published(app, "Held")) == int(minimum)
+
+
+def test_zero_turns_the_guard_off(make_app: Callable[..., App], world: dict[str, str]) -> None:
+    app = make_app(LB_MIN_HEALTHY="0")
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    assert not in_pool(app, world, "web-1") and not in_pool(app, world, "web-2")
+    assert not published(app, "Held")
+
+
+def test_one_event_for_the_whole_pool_is_held_whole(app: App, world: dict[str, str]) -> None:
+    """An event naming both members would empty the pool: neither is taken out."""
+    app.deliver("lb_pools", envelope("Scheduled", Resources=["web-1", "web-2"]))
+    assert in_pool(app, world, "web-1") and in_pool(app, world, "web-2")
+    (message,) = published(app, "Held")
+    assert parse_message(message.body_bytes()).data["held"]["vms"] == ["web-1", "web-2"]
+
+
+def test_started_drains_without_the_guard_and_forgets_the_hold(
+    app: App, world: dict[str, str], storage_fake: FakeBlobStorage
+) -> None:
+    """At Started the VM is going down anyway: out of the pool it goes, and it is no longer
+    held (nothing must drain it again when A completes)."""
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    assert in_pool(app, world, "web-2")
+    started = envelope(
+        "Started", EventId=EVENT_B, Resources=["web-2"], EventStatus="Started", NotBefore=""
+    )
+    app.deliver("lb_pools", started)
+    assert not in_pool(app, world, "web-2")
+    assert held_state(storage_fake, world["pool-a"]) == {}
+
+
+def test_a_held_event_that_is_cancelled_is_not_drained_later(
+    app: App, world: dict[str, str]
+) -> None:
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    app.deliver("lb_pools", ended(EVENT_B, "web-2", "Cancelled"))
+    app.deliver("lb_pools", ended(EVENT_A, "web-1"))
+    assert in_pool(app, world, "web-1") and in_pool(app, world, "web-2")
+    assert len(published(app, "Prepared")) == 1
+
+
+def test_a_held_event_whose_not_before_passed_is_dropped(
+    app: App, world: dict[str, str], storage_fake: FakeBlobStorage
+) -> None:
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    app.clock.now = NOW + timedelta(hours=1)  # past the golden NotBefore
+    app.deliver("lb_pools", ended(EVENT_A, "web-1"))
+    assert in_pool(app, world, "web-2")  # Azure has started it: its Started will drain it
+    assert held_state(storage_fake, world["pool-a"]) == {}
+
+
+@pytest.mark.parametrize("event_type", ["Terminate", "Preempt"])
+def test_terminate_and_preempt_are_never_restored(
+    app: App, arm_fake: FakeArm, world: dict[str, str], event_type: str
+) -> None:
+    web_3 = web_vm(arm_fake, "web-3", [world["pool-a"]])
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1", EventType=event_type))
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    assert not in_pool(app, world, "web-1") and not in_pool(app, world, "web-2")
+    app.deliver("lb_pools", ended(EVENT_A, "web-1", EventType=event_type))
+    assert not in_pool(app, world, "web-1"), f"restored after {event_type}"
+    # The pool lost web-1 for good: a third event may not take the last member.
+    app.deliver("lb_pools", scheduled(EVENT_C, "web-3"))
+    assert arm_fake.vm_pools(web_3) == [world["pool-a"]]
+    assert len(published(app, "Held")) == 1
+
+
+def test_a_restored_member_is_waited_for_until_probed_up(
+    app: App, world: dict[str, str], arm_fake: FakeArm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member the bridge puts back is Down until the probe sees it (probe_lag): the held
+    event needs it healthy, so the restore waits (bounded) and drains B once it is Up."""
+    from functions.lb_pools import core
+
+    monkeypatch.setattr(core, "SETTLE_POLL_SECONDS", 0.5)
+    arm_fake.probe_lag = 1.2
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    app.deliver("lb_pools", ended(EVENT_A, "web-1"))
+    assert in_pool(app, world, "web-1") and not in_pool(app, world, "web-2")
+    joined, left = (e for e in arm_fake.pool_events[-2:])
+    assert joined.joined and not left.joined
+    assert left.at - joined.at >= 1.2  # it waited for the probe
+
+
+def test_concurrent_invocations_do_not_both_pass_the_guard(
+    app: App, world: dict[str, str], arm_fake: FakeArm, storage_fake: FakeBlobStorage
+) -> None:
+    """Two events on one pool of two, handled at the same moment by two threads: the health
+    query is slow (0.5 s), so without the lock both would see two healthy members and drain."""
+    arm_fake.slow(0.5, path_contains="/health")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def run(message: Envelope) -> None:
+        try:
+            barrier.wait(timeout=10)
+            app.deliver("lb_pools", message)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(scheduled(e, vm),))
+        for e, vm in ((EVENT_A, "web-1"), (EVENT_B, "web-2"))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors
+    assert sum(in_pool(app, world, vm) for vm in ("web-1", "web-2")) == 1
+    assert len(published(app, "Held")) == 1 and len(published(app, "Prepared")) == 1
+    contention = [c for c in storage_fake.lease_log if c.code == "LeaseAlreadyPresent"]
+    assert contention, "the two decisions never overlapped: the test proves nothing"
+
+
+def test_the_pool_state_is_written_only_under_the_lease(
+    storage_fake: FakeBlobStorage, identity_fake: object
+) -> None:
+    """The blob fake refuses a write without the lease id (412 LeaseIdMissing), as Blob
+    storage does, so a state written by an instance that lost its lease is refused."""
+    import requests
+    from azure.identity import ManagedIdentityCredential
+
+    from functions.adapters.pool_state import BlobPoolStore, LeaseLost
+
+    store = BlobPoolStore(storage_fake.container_url(POOL_CONTAINER), ManagedIdentityCredential())
+    with store.hold(["/subscriptions/x/pool"]) as lease:
+        lease.save("/subscriptions/x/pool", {"held": {}})
+        url = f"{storage_fake.container_url(POOL_CONTAINER)}/{blob_name('/subscriptions/x/pool')}"
+        token = ManagedIdentityCredential().get_token("https://storage.azure.com/.default").token
+        headers = {"Authorization": f"Bearer {token}", "x-ms-version": "2023-11-03"}
+        answer = requests.put(
+            url, data=b"{}", headers={**headers, "x-ms-blob-type": "BlockBlob"}, timeout=5
+        )
+        assert answer.status_code == 412
+        assert answer.headers["x-ms-error-code"] == "LeaseIdMissing"
+        with pytest.raises(LeaseLost):
+            store.put_state("/subscriptions/x/pool", {}, "00000000-0000-4000-8000-000000000000")
+    assert [c.action for c in storage_fake.lease_log] == ["acquire", "release"]
+
+
+def test_held_transition_goes_to_teams_as_a_card_that_says_why(
+    app: App, world: dict[str, str]
+) -> None:
+    from tests.functions.test_workflow_cards import assert_valid
+
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1"))
+    app.deliver("lb_pools", scheduled(EVENT_B, "web-2"))
+    (held_b,) = published(app, "Held")
+    app.deliver("teams", held_b)
+    (card,) = app.teams.cards
+    assert_valid(card)
+    text = json.dumps(card)
+    assert "Held: web-2 stay in their pools" in text
+    assert "lb-web/pool-a with 0 healthy member(s), fewer than the minimum 1" in text
+    assert card["body"][0]["style"] == "warning"
+    assert Transition.HELD.value in text
+
+
+@pytest.mark.parametrize("event_type", ["Terminate", "Preempt"])
+def test_a_cancelled_terminate_or_preempt_is_restored(
+    app: App, arm_fake: FakeArm, world: dict[str, str], event_type: str
+) -> None:
+    """Found by the stateful test: a Terminate or Preempt that is cancelled never happened, so
+    the VM is still there and goes back into its pools (only a completed one is not restored)."""
+    web_vm(arm_fake, "web-3", [world["pool-a"]])
+    app.deliver("lb_pools", scheduled(EVENT_A, "web-1", EventType=event_type))
+    assert not in_pool(app, world, "web-1")
+    app.deliver("lb_pools", ended(EVENT_A, "web-1", "Cancelled", EventType=event_type))
+    assert in_pool(app, world, "web-1")

@@ -1,0 +1,283 @@
+"""A body that breaks the contract is a contract error: logged with its reason and completed,
+never an exception the runtime would retry ten times. Through the real trigger functions.
+
+The named cases come from the issue; the generated ones put values of every JSON type where the
+contract expects something else, and require that no trigger raises (an exception here would
+be a retry loop in Azure) whatever the body holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from emulators.fakes.arm import FakeArm
+from tests.fixtures import golden
+from tests.functions.support import RG, SUB, App, envelope, sb_message, web_vm
+
+pytestmark = pytest.mark.timeout(120)
+
+FUNCTIONS = ("teams", "lb_pools", "approval_gate")
+MANUAL = json.dumps({"rules": [], "default": "manual"})
+
+
+@pytest.fixture
+def world(arm_fake: FakeArm) -> None:
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool = f"{lb}/backendAddressPools/pool-a"
+    for vm in ("web-1", "web-2", "web-3", "web-4"):
+        web_vm(arm_fake, vm, [pool])
+
+
+def body_of(name: str = "scheduled") -> dict[str, Any]:
+    return copy.deepcopy(golden.build()[name].body)
+
+
+def deliver_raw(app: App, body: dict[str, Any] | bytes, name: str = "scheduled") -> None:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    for function in FUNCTIONS:
+        app.call(function, sb_message(golden.build()[name], body=raw))
+
+
+def with_data(**changes: Any) -> dict[str, Any]:
+    body = body_of()
+    body["data"].update(changes)
+    return body
+
+
+CONTRACT_ERRORS = [
+    pytest.param(with_data(), "", id="control-valid"),
+    pytest.param({**body_of(), "type": 7}, "attribute 'type'", id="type-not-a-string"),
+    pytest.param({**body_of(), "type": ["x"]}, "attribute 'type'", id="type-a-list"),
+    pytest.param(
+        {**body_of(), "time": "9999-12-31T23:59:59-01:00"}, "out of range", id="time-out-of-range"
+    ),
+    pytest.param({**body_of(), "specversion": 1.0}, "specversion", id="specversion-number"),
+    pytest.param(with_data(schemaVersion=True), "schemaVersion", id="schema-version-bool"),
+    pytest.param(with_data(observer=["web-1"]), "observer", id="observer-a-list"),
+    pytest.param(with_data(Resources="web-1"), "Resources", id="resources-a-string"),
+    pytest.param(with_data(Resources=[1, 2]), "Resources", id="resources-of-numbers"),
+    pytest.param(with_data(EventId=None), "EventId", id="event-id-null"),
+    pytest.param(with_data(EventStatus=5), "EventStatus", id="status-a-number"),
+    pytest.param(with_data(documentIncarnation="11"), "documentIncarnation", id="incarnation"),
+    pytest.param(b"\xff\xfe not json", "not JSON", id="not-utf8"),
+    pytest.param(b"[" * 100_000, "not JSON", id="deep-nesting"),
+]
+
+
+@pytest.mark.parametrize(("body", "reason"), CONTRACT_ERRORS)
+def test_a_body_that_breaks_the_contract_is_completed_not_raised(
+    app: App, world: None, caplog: pytest.LogCaptureFixture, body: Any, reason: str
+) -> None:
+    deliver_raw(app, body)  # none of the three raises
+    if not reason:
+        assert app.teams.cards  # the control: a valid body does reach the workflows
+        return
+    broken = [r for r in caplog.records if "breaks contract v1" in r.getMessage()]
+    assert len(broken) == len(FUNCTIONS)
+    assert all(reason in str(getattr(r, "reason", "")) for r in broken)
+    assert not app.teams.cards and not app.arm.writes() and not app.commands.sent
+
+
+NOT_BEFORE_OUT_OF_RANGE = "9999-12-31T23:59:59-01:00"
+
+
+def test_an_out_of_range_not_before_is_read_as_unknown(
+    make_app: Callable[..., App], world: None
+) -> None:
+    """NotBefore that cannot be expressed in UTC parses to None (the verbatim value is kept):
+    no trigger raises, the card says '-', and no human is asked to approve a moment that
+    does not exist."""
+    app = make_app(APPROVAL_POLICY=MANUAL)
+    body = with_data(NotBefore=NOT_BEFORE_OUT_OF_RANGE, notBefore=None)
+    deliver_raw(app, body)
+    (card,) = app.teams.cards
+    assert "actions" not in card
+    assert "Not before (UTC): " in json.dumps(card)
+    assert not app.commands.sent
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"changes": "NotBefore"}, id="changes-a-string"),
+        pytest.param({"changes": {"Resources": ["web-2"]}}, id="changes-without-from-to"),
+        pytest.param(
+            {"changes": {"Resources": {"from": "web-2", "to": None}}}, id="changes-bad-types"
+        ),
+        pytest.param(
+            {"changes": {"Resources": {"from": ["web-2", 7, None], "to": []}}},
+            id="changes-mixed-list",
+        ),
+    ],
+)
+def test_an_updated_with_odd_changes_is_handled(
+    app: App, world: None, changes: dict[str, Any]
+) -> None:
+    body = copy.deepcopy(golden.build()["updated"].body)
+    body["data"].update(changes)
+    deliver_raw(app, body, "updated")
+    assert app.teams.cards
+
+
+def test_a_held_or_approved_with_odd_details_still_makes_a_card(app: App, world: None) -> None:
+    from tests.functions.test_workflow_cards import assert_valid
+
+    held = copy.deepcopy(golden.build()["held"].body)
+    held["data"]["held"] = {"pool": 5, "vms": "web-1", "healthy": "x"}
+    approved = copy.deepcopy(golden.build()["approved"].body)
+    approved["data"]["approval"] = ["not", "an", "object"]
+    for body, name in ((held, "held"), (approved, "approved")):
+        app.call("teams", sb_message(golden.build()[name], body=json.dumps(body).encode()))
+    assert len(app.teams.cards) == 2
+    for card in app.teams.cards:
+        assert_valid(card)
+
+
+def test_an_event_id_that_is_not_a_guid_is_never_approved(
+    make_app: Callable[..., App], world: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """IMDS EventIds are GUIDs; the contract carries anything (a digest names it). Neither an
+    approve command nor an Approve link can be made for it: logged, completed."""
+    for policy in (None, MANUAL):
+        app = make_app(**({"APPROVAL_POLICY": policy} if policy else {}))
+        message = envelope(
+            "Scheduled", EventId="not-a-guid", EventType="Freeze", DurationInSeconds=5
+        )
+        for function in FUNCTIONS:
+            app.deliver(function, message)
+        assert not app.commands.sent
+        assert all("actions" not in card for card in app.teams.cards)
+    assert "is not a GUID" in caplog.text
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=80),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+DATA_FIELDS = [
+    "EventId",
+    "EventType",
+    "ResourceType",
+    "Resources",
+    "EventStatus",
+    "NotBefore",
+    "Description",
+    "EventSource",
+    "DurationInSeconds",
+    "notBefore",
+    "documentIncarnation",
+    "changes",
+    "approval",
+    "prepared",
+    "held",
+]
+OBSERVER_FIELDS = [
+    "vmName",
+    "vmId",
+    "resourceId",
+    "subscriptionId",
+    "resourceGroup",
+    "vmScaleSetName",
+]
+ENVELOPE_FIELDS = ["type", "time", "id", "source", "subject", "specversion", "data"]
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    name=st.sampled_from(["scheduled", "updated", "completed", "held", "prepared", "approved"]),
+    where=st.sampled_from(["data", "observer", "envelope"]),
+    field_index=st.integers(min_value=0, max_value=100),
+    value=JSON_VALUES,
+)
+def test_no_body_makes_a_trigger_raise(
+    make_app: Callable[..., App],
+    world: None,
+    name: str,
+    where: str,
+    field_index: int,
+    value: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = make_app(APPROVAL_POLICY=MANUAL) if field_index % 2 else make_app()
+    caplog.set_level(logging.CRITICAL, logger="sebridge")  # expected refusals by the hundred
+    body = copy.deepcopy(golden.build()[name].body)
+    if where == "data":
+        body["data"][DATA_FIELDS[field_index % len(DATA_FIELDS)]] = value
+    elif where == "observer":
+        body["data"]["observer"][OBSERVER_FIELDS[field_index % len(OBSERVER_FIELDS)]] = value
+    else:
+        body[ENVELOPE_FIELDS[field_index % len(ENVELOPE_FIELDS)]] = value
+    raw = json.dumps(body).encode()
+    for function in FUNCTIONS:
+        app.call(function, sb_message(golden.build()[name], body=raw))  # must not raise
+
+
+ODD_VALUES: list[Any] = [
+    None,
+    True,
+    0,
+    -1,
+    2**63,
+    1.5,
+    1e308,
+    "",
+    "x",
+    "9999-12-31T23:59:59-01:00",
+    [],
+    ["web-2", 7, None],
+    {},
+    {"from": "a", "to": ["b"]},
+    {"Resources": {"from": ["web-2"], "to": "web-1"}},
+]
+
+
+@pytest.mark.parametrize(
+    "name", ["scheduled", "updated", "started", "completed", "held", "prepared", "approved"]
+)
+def test_every_field_with_every_odd_value(
+    make_app: Callable[..., App], world: None, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Exhaustive where the generated test samples: each field of data, of the observer and of
+    the envelope, set to each odd value in turn, through all three triggers."""
+    app = make_app(APPROVAL_POLICY=MANUAL)
+    caplog.set_level(logging.CRITICAL, logger="sebridge")
+    template = golden.build()[name]
+    places = (
+        [("data", f) for f in DATA_FIELDS]
+        + [("observer", f) for f in OBSERVER_FIELDS]
+        + [("envelope", f) for f in ENVELOPE_FIELDS]
+    )
+    for where, field in places:
+        for value in ODD_VALUES:
+            body = copy.deepcopy(template.body)
+            target = {
+                "data": body["data"],
+                "observer": body["data"]["observer"],
+                "envelope": body,
+            }[where]
+            target[field] = value
+            raw = json.dumps(body).encode()
+            for function in FUNCTIONS:
+                try:
+                    app.call(function, sb_message(template, body=raw))
+                except Exception as exc:
+                    raise AssertionError(f"{function} raised on {where}.{field}={value!r}") from exc

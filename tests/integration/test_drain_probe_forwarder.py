@@ -1,0 +1,276 @@
+"""The drain probe of the real `sebridge forwarder` process, driven by the IMDS simulator.
+
+The probe binds 127.0.0.1 here (in production the VM's address, see the README); the forwarder
+runs with --dry-run, so Prepared shows up as a JSON line on its stdout.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulators.imds.testing import RunningSimulator, running_simulator
+from emulators.processes import ChildProcess, forwarder
+from sebridge.contract.events import parse_message
+
+REPO = Path(__file__).resolve().parents[2]
+IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
+VM = "vmss_vm1"
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def sim() -> Iterator[RunningSimulator]:
+    with running_simulator(IDLE) as running:
+        yield running
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def status(port: int) -> int | None:
+    """The probe's answer; None while nothing listens (the forwarder is starting)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/")
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    except (ConnectionError, OSError):
+        return None
+    finally:
+        connection.close()
+
+
+def wait_status(port: int, expected: int, timeout: float = 20) -> float:
+    """Seconds until the probe answered ``expected``."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if status(port) == expected:
+            return time.monotonic() - began
+        time.sleep(0.02)
+    raise AssertionError(
+        f"the probe never answered {expected} within {timeout} s (last {status(port)})"
+    )
+
+
+def add_event(
+    sim: RunningSimulator,
+    event_type: str = "Reboot",
+    resources: list[str] | None = None,
+    duration: int = -1,
+) -> str:
+    event_id = str(uuid.uuid4())
+    sim.event(
+        "add",
+        notBeforeIn=600,
+        event={
+            "EventId": event_id,
+            "EventType": event_type,
+            "ResourceType": "VirtualMachine",
+            "Resources": [VM] if resources is None else resources,
+            "EventStatus": "Scheduled",
+            "EventSource": "Platform",
+            "DurationInSeconds": duration,
+        },
+    )
+    return event_id
+
+
+@contextmanager
+def running(sim: RunningSimulator, state: Path, port: int, *extra: str) -> Iterator[ChildProcess]:
+    """The forwarder with its probe on 127.0.0.1:port, once the probe answers."""
+    fw = forwarder(
+        sim.base_url,
+        state,
+        "--drain-probe-port",
+        str(port),
+        "--drain-probe-address",
+        "127.0.0.1",
+        *extra,
+    ).start()
+    try:
+        wait_status(port, 200, timeout=60)
+        yield fw
+    finally:
+        fw.close()
+
+
+def prepared(fw: ChildProcess, event_id: str) -> list[dict[str, Any]]:
+    return [
+        m
+        for m in fw.json_lines()
+        if m.get("subject") == "Prepared" and m["session_id"] == event_id.lower()
+    ]
+
+
+def subjects(fw: ChildProcess, event_id: str) -> list[str]:
+    return [m["subject"] for m in fw.json_lines() if m["session_id"] == event_id.lower()]
+
+
+def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
+    sim: RunningSimulator, tmp_path: Path
+) -> None:
+    port = free_port()
+    with running(sim, tmp_path / "state", port, "--drain-seconds", "300") as fw:
+        other = add_event(sim, resources=["vmss_vm2"])  # another VM's: stays healthy
+        short = add_event(sim, event_type="Freeze", duration=5)  # too short to drain
+        assert fw.wait_for(lambda _: len(subjects(fw, short)) == 1, 20)
+        assert status(port) == 200
+        event_id = add_event(sim)
+        wait_status(port, 503)
+        sim.event("start", eventId=event_id)
+        assert fw.wait_for(lambda _: "Started" in subjects(fw, event_id), 20)
+        assert status(port) == 503
+        sim.event("remove", eventId=event_id)
+        wait_status(port, 200)
+        assert "Completed" in subjects(fw, event_id)
+        # A cancelled event ends the drain too.
+        again = add_event(sim, event_type="Redeploy")
+        wait_status(port, 503)
+        sim.event("remove", eventId=again)
+        wait_status(port, 200)
+        sim.event("remove", eventId=other)
+        sim.event("remove", eventId=short)
+
+
+def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_path: Path) -> None:
+    port = free_port()
+    with running(sim, tmp_path / "state", port, "--drain-seconds", "3") as fw:
+        event_id = add_event(sim)
+        wait_status(port, 503)
+        flipped = time.monotonic()
+        assert fw.wait_for(lambda _: prepared(fw, event_id), 30), fw.stderr_text()[-3000:]
+        waited = time.monotonic() - flipped
+        assert waited >= 2.5, f"Prepared after {waited:.1f} s, before the drain time"
+        (message,) = prepared(fw, event_id)
+        parsed = parse_message(message["body"], message["message_id"])
+        assert parsed.data["prepared"] == {"vms": [VM], "preparedBy": "drain-probe"}
+        assert parsed.observer.vm_name == VM
+        assert parsed.source == parsed.observer.resource_id  # the VM's own ARM id
+        # A Prepared for a cancelled event's new appearance comes only after its own drain.
+        sim.event("remove", eventId=event_id)
+        wait_status(port, 200)
+        time.sleep(1)
+        assert len(prepared(fw, event_id)) == 1
+
+
+def test_a_restart_while_draining_drains_again_at_once_and_publishes_prepared_once(
+    sim: RunningSimulator, tmp_path: Path
+) -> None:
+    port = free_port()
+    state = tmp_path / "state"
+    with running(sim, state, port, "--drain-seconds", "1") as fw:
+        event_id = add_event(sim)
+        wait_status(port, 503)
+        assert fw.wait_for(lambda _: prepared(fw, event_id), 30)
+        first_id = prepared(fw, event_id)[0]["message_id"]
+        fw.kill()
+    again = forwarder(
+        sim.base_url,
+        state,
+        "--drain-probe-port",
+        str(port),
+        "--drain-probe-address",
+        "127.0.0.1",
+        "--drain-seconds",
+        "1",
+    ).start()
+    try:
+        # The first answer after the restart is already 503: no healthy window.
+        answers = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(answers) < 5:
+            answer = status(port)
+            if answer is not None:
+                answers.append(answer)
+            time.sleep(0.05)
+        assert answers and set(answers) == {503}, answers
+        # Prepared went into the durable outbox before the crash: not published again.
+        assert again.wait_for(lambda _: "drain time of 1 s over" in again.stderr_text(), 30)
+        time.sleep(1.0)
+        assert prepared(again, event_id) == [], first_id
+        sim.event("remove", eventId=event_id)
+        wait_status(port, 200)
+    finally:
+        again.close()
+
+
+class Upstream:
+    def __init__(self) -> None:
+        self.status = 200
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(outer.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/healthz"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_with_an_upstream_the_applications_health_counts_and_down_is_503(
+    sim: RunningSimulator, tmp_path: Path
+) -> None:
+    upstream = Upstream()
+    port = free_port()
+    try:
+        with running(sim, tmp_path / "state", port, "--drain-probe-upstream", upstream.url) as fw:
+            upstream.status = 500
+            wait_status(port, 503)
+            upstream.status = 204
+            wait_status(port, 200)
+            event_id = add_event(sim)
+            wait_status(port, 503)  # draining, whatever the application says
+            sim.event("remove", eventId=event_id)
+            wait_status(port, 200)
+            upstream.close()
+            wait_status(port, 503)  # the application is down
+            assert fw.alive
+    finally:
+        upstream.close()
+
+
+def test_a_probe_port_in_use_fails_the_start_clearly(sim: RunningSimulator, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        fw = forwarder(
+            sim.base_url,
+            tmp_path / "state",
+            "--drain-probe-port",
+            str(taken.getsockname()[1]),
+            "--drain-probe-address",
+            "127.0.0.1",
+        ).start()
+        try:
+            assert fw.process is not None
+            assert fw.process.wait(timeout=60) == 2
+            assert "drain probe cannot listen on 127.0.0.1" in fw.stderr_text()
+        finally:
+            fw.close()

@@ -1,0 +1,374 @@
+"""The forwarder's loop under every fault at once (hypothesis RuleBasedStateMachine).
+
+The real loop (:class:`sebridge.forwarder.service.Forwarder`) runs in-process against the
+in-memory fakes of tests/support/forwarder_fakes.py. Rules serve documents (events new,
+updated, started, vanished, coming back, NotBefore A -> B -> A, out-of-range and odd field
+values), inject faults at every port (the state save fails, the outbox cannot be written,
+IMDS fails, Service Bus fails or loses an acknowledgement, one message is refused for good,
+the process crashes and starts again from what is on disk alone, or stops cleanly) and move
+the clock (by less and more than the 30 s gap that can hide a Started).
+
+Beside it runs a *continuous observer*: an independent implementation of the lifecycle rules
+and the message-id scheme (README contract) that sees every document the forwarder observed.
+A crash makes the forwarder forget what it observed since its last successful state save (it
+starts again from the saved state), and the observer forgets the same.
+
+Invariants:
+- always: per EventId, what the broker holds is a prefix of what the observer derived (minus
+  the messages refused for good), so nothing is ever delivered out of order or twice, and no
+  two derived transitions share a message id;
+- always: the forwarder's health says the state save is failing exactly while it is;
+- at the end, once every fault is cleared, one successful poll and one successful send
+  deliver exactly what the observer derived, each once, in order; the refused messages are
+  in the aside table with their reason; nothing is left in the outbox.
+
+CI runs 2,000 examples (``SEBRIDGE_STATE_MACHINE_EXAMPLES`` for more).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from sebridge.contract.events import Envelope
+from sebridge.imds import ScheduledEvent, parse_not_before
+from sebridge.lifecycle import content_digest
+from tests.support.forwarder_fakes import T0, World
+
+EXAMPLES = int(os.environ.get("SEBRIDGE_STATE_MACHINE_EXAMPLES", "2000"))
+GAP = timedelta(seconds=30)  # README: a gap that can hide a Started
+
+EVENT_IDS = [
+    "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f",
+    "9D8C7B6A-5F4E-4D3C-8B2A-1F0E9D8C7B6A",  # upper case, as IMDS may send it
+    "11111111-2222-4333-8444-555555555555",
+]
+
+
+def rfc1123(moment: datetime) -> str:
+    return moment.strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+
+NOT_BEFORES = [
+    rfc1123(T0 - timedelta(minutes=1)),  # already passed
+    rfc1123(T0 + timedelta(seconds=40)),  # passes while the test runs
+    rfc1123(T0 + timedelta(hours=5)),
+    (T0 + timedelta(hours=5)).isoformat(),  # the same moment in ISO 8601: not a change
+    "9999-12-31T23:59:59-01:00",  # out of range: kept verbatim, parsed to null
+    "Mon, 11 Apr 20222222222222222222 22:26:58 GMT",
+]
+FIELD_VALUES: dict[str, list[Any]] = {
+    "NotBefore": NOT_BEFORES,
+    "Resources": [["vm1"], ["vm1", "vm2"], ["VM2", "vm1"], "not-a-list"],
+    "DurationInSeconds": [-1, 30, 3_000_000_000, "soon"],
+    "Description": ["Host maintenance.", "Rescheduled.", None],
+    "EventType": ["Reboot", "Freeze", 42],
+    "EventSource": ["Platform", "User"],
+}
+
+
+def comparable(raw: dict[str, Any]) -> tuple[Any, ...]:
+    """The event's content as the contract compares it (independent of sebridge.lifecycle):
+    NotBefore as a moment, Resource names as a set, ignoring case."""
+    not_before = parse_not_before(raw.get("NotBefore"))
+    resources = raw.get("Resources")
+    names = (
+        sorted(r.lower() for r in resources if isinstance(r, str))
+        if isinstance(resources, list)
+        else []
+    )
+    duration = raw.get("DurationInSeconds")
+    return (
+        not_before.isoformat() if not_before else raw.get("NotBefore"),
+        tuple(names),
+        duration if isinstance(duration, int) else None,
+        raw.get("Description"),
+        raw.get("EventType"),
+        raw.get("EventSource"),
+    )
+
+
+@dataclass
+class Life:
+    appearance: int = 1
+    versions: dict[str, int] = field(default_factory=dict)
+    ended: bool = False
+
+
+@dataclass
+class ContinuousObserver:
+    """Derives transitions and their ids from every document it is shown."""
+
+    known: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> raw, doc order
+    lives: dict[str, Life] = field(default_factory=dict)
+    last_seen: datetime | None = None
+    derived: list[tuple[str, str, str]] = field(default_factory=list)  # (key, transition, id)
+
+    def _id(self, key: str, transition: str, raw: dict[str, Any]) -> str:
+        life = self.lives.get(key)
+        if life is None:
+            life = self.lives[key] = Life()
+        elif life.ended and transition in ("Scheduled", "Started"):
+            life = self.lives[key] = Life(life.appearance + 1)
+        digest = content_digest(ScheduledEvent.from_imds(raw, strict=False))
+        if transition in ("Scheduled", "Started") and not life.versions:
+            life.versions[digest] = 1
+        elif transition == "Updated":
+            occurrence = life.versions.pop(digest, 0) + 1
+            life.versions[digest] = occurrence
+            return f"{key}:Updated:{life.appearance}:{digest}:{occurrence}"
+        if transition in ("Completed", "Cancelled"):
+            life.ended = True
+        return f"{key}:{transition}:{life.appearance}"
+
+    def observe(self, events: list[dict[str, Any]], at: datetime) -> None:
+        current: dict[str, dict[str, Any]] = {}
+        for raw in events:
+            current.setdefault(raw["EventId"].lower(), raw)
+        out: list[tuple[str, str, dict[str, Any]]] = []
+        for key, raw in current.items():
+            before = self.known.get(key)
+            is_started = raw["EventStatus"] == "Started"
+            if before is None:
+                out.append((key, "Started" if is_started else "Scheduled", raw))
+            elif is_started and before["EventStatus"] != "Started":
+                out.append((key, "Started", raw))
+            elif (
+                not is_started
+                and before["EventStatus"] != "Started"
+                and comparable(raw) != comparable(before)
+            ):
+                out.append((key, "Updated", raw))
+            # Started -> Scheduled (IMDS never does it) is not a transition.
+        for key, before in self.known.items():
+            if key in current:
+                continue
+            if before["EventStatus"] == "Started":
+                out.append((key, "Completed", before))
+                continue
+            not_before = parse_not_before(before.get("NotBefore"))
+            gap_hides_start = self.last_seen is None or at - self.last_seen >= GAP
+            ran = not_before is not None and not_before <= at and gap_hides_start
+            out.append((key, "Completed" if ran else "Cancelled", before))
+        for key, transition, raw in out:
+            self.derived.append((key, transition, self._id(key, transition, raw)))
+        self.known = current
+        self.last_seen = at
+
+
+def per_event(items: list[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, message_id in items:
+        out.setdefault(key, []).append(message_id)
+    return out
+
+
+class ForwarderUnderFaults(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(heartbeat_interval=3.0)
+        self.events: list[dict[str, Any]] = []  # what IMDS serves now
+        self.live = ContinuousObserver()  # what the running forwarder has observed
+        self.durable = ContinuousObserver()  # ...as of its last successful state save
+        self.refused: set[str] = set()
+        self.refuse_next = False
+        self.world.broker.refuse = self._refusal
+
+    # -- the broker refuses one message for good, when told to --------------------------------
+    def _refusal(self, envelope: Envelope) -> str | None:
+        if envelope.message_id in self.refused:
+            return "refused by the broker (injected): too large even alone"
+        if (
+            self.refuse_next
+            and envelope.subject != "Heartbeat"
+            and envelope.message_id not in self.world.broker.ids
+        ):
+            self.refuse_next = False
+            self.refused.add(envelope.message_id)
+            return "refused by the broker (injected): too large even alone"
+        return None
+
+    # -- documents ----------------------------------------------------------------------------
+    def _find(self, index: int) -> dict[str, Any] | None:
+        key = EVENT_IDS[index].lower()
+        return next((e for e in self.events if e["EventId"].lower() == key), None)
+
+    def _serve(self) -> None:
+        self.world.imds.set(self.events)
+
+    @rule(
+        index=st.integers(0, len(EVENT_IDS) - 1),
+        started=st.booleans(),
+        not_before=st.sampled_from(NOT_BEFORES),
+        event_type=st.sampled_from(FIELD_VALUES["EventType"]),
+    )
+    def add_event(self, index: int, started: bool, not_before: str, event_type: Any) -> None:
+        if self._find(index) is not None:
+            return
+        self.events.append(
+            {
+                "EventId": EVENT_IDS[index],
+                "EventType": event_type,
+                "ResourceType": "VirtualMachine",
+                "Resources": ["vm1"],
+                "EventStatus": "Started" if started else "Scheduled",
+                "NotBefore": "" if started else not_before,
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+            }
+        )
+        self._serve()
+
+    @rule(index=st.integers(0, len(EVENT_IDS) - 1))
+    def start_event(self, index: int) -> None:
+        event = self._find(index)
+        if event is not None and event["EventStatus"] == "Scheduled":
+            event.update(EventStatus="Started", NotBefore="")
+            self._serve()
+
+    @rule(
+        index=st.integers(0, len(EVENT_IDS) - 1),
+        change=st.sampled_from(sorted(FIELD_VALUES)).flatmap(
+            lambda name: st.tuples(st.just(name), st.sampled_from(FIELD_VALUES[name]))
+        ),
+    )
+    def update_event(self, index: int, change: tuple[str, Any]) -> None:
+        event = self._find(index)
+        if event is not None and event["EventStatus"] == "Scheduled":
+            name, value = change
+            if value is None:
+                event.pop(name, None)
+            else:
+                event[name] = value
+            self._serve()
+
+    @rule(index=st.integers(0, len(EVENT_IDS) - 1))
+    def remove_event(self, index: int) -> None:
+        event = self._find(index)
+        if event is not None:
+            self.events.remove(event)
+            self._serve()
+
+    # -- the forwarder's loop -----------------------------------------------------------------
+    @rule()
+    def poll(self) -> None:
+        world = self.world
+        imds_fails = world.imds.fail_next > 0
+        puts_failed = world.outbox.put_failures
+        saves, save_failures = world.store.saves, world.store.failures
+        at = world.clock.now()
+        world.forwarder.tick()
+        if not imds_fails and world.outbox.put_failures == puts_failed:
+            self.live.observe(self.world.imds.events, at)
+        if world.store.saves > saves:
+            self.durable = copy.deepcopy(self.live)
+            assert world.forwarder.save_failing_since is None
+        elif world.store.failures > save_failures:
+            assert world.forwarder.save_failing_since is not None
+            assert world.forwarder.health().heartbeat_health()["stateSaveFailing"] is True
+
+    @rule()
+    def send(self) -> None:
+        try:
+            self.world.forwarder.send_pending()
+        except Exception as exc:  # PublishError: retried by the send loop
+            assert "injected" in str(exc), exc
+
+    @rule(seconds=st.sampled_from([0.2, 1.0, 1.0, 5.0, 29.0, 31.0, 120.0]))
+    def advance_clock(self, seconds: float) -> None:
+        self.world.clock.advance(seconds)
+
+    # -- faults -------------------------------------------------------------------------------
+    @rule(times=st.integers(1, 4))
+    def fail_saves(self, times: int) -> None:
+        self.world.store.fail_next = times
+
+    @rule(times=st.integers(1, 3))
+    def fail_outbox_writes(self, times: int) -> None:
+        self.world.outbox.fail_writes = times
+
+    @rule(times=st.integers(1, 3))
+    def fail_imds(self, times: int) -> None:
+        self.world.imds.fail_next = times
+
+    @rule(times=st.integers(1, 3))
+    def fail_publishes(self, times: int) -> None:
+        self.world.broker.fail_next = times
+
+    @rule()
+    def lose_an_acknowledgement(self) -> None:
+        self.world.broker.lose_ack_next = 1
+
+    @precondition(lambda self: len(self.refused) < 2)
+    @rule()
+    def refuse_a_message_for_good(self) -> None:
+        self.refuse_next = True
+
+    @rule()
+    def crash(self) -> None:
+        """kill -9: a new forwarder from the state file and the outbox alone."""
+        self.world.restart()
+        self.live = copy.deepcopy(self.durable)
+
+    @rule()
+    def clean_restart(self) -> None:
+        """SIGTERM: the loop's last save (which may fail too), then a new forwarder."""
+        saves = self.world.store.saves
+        self.world.forwarder.stop()
+        self.world.forwarder.poll_loop()
+        if self.world.store.saves > saves:
+            self.durable = copy.deepcopy(self.live)
+        self.world.restart()
+        self.live = copy.deepcopy(self.durable)
+
+    # -- invariants ---------------------------------------------------------------------------
+    def _expected(self) -> dict[str, list[str]]:
+        return per_event(
+            [(key, mid) for key, _, mid in self.live.derived if mid not in self.refused]
+        )
+
+    def _delivered(self) -> dict[str, list[str]]:
+        return per_event([(e.session_id, e.message_id) for e in self.world.broker.transitions()])
+
+    @invariant()
+    def delivered_is_a_prefix_of_what_a_continuous_observer_derives(self) -> None:
+        expected = self._expected()
+        for key, ids in self._delivered().items():
+            assert ids == expected.get(key, [])[: len(ids)], (key, ids, expected.get(key))
+
+    @invariant()
+    def distinct_transitions_never_share_an_id(self) -> None:
+        ids = [mid for _, _, mid in self.live.derived]
+        assert len(ids) == len(set(ids)), ids
+
+    def teardown(self) -> None:
+        world = self.world
+        world.imds.fail_next = world.store.fail_next = world.outbox.fail_writes = 0
+        world.broker.fail_next = world.broker.lose_ack_next = 0
+        self.refuse_next = False
+        at = world.clock.now()
+        assert world.forwarder.tick() is None  # one successful poll...
+        self.live.observe(self.world.imds.events, at)
+        world.forwarder.send_pending()  # ...and one successful send
+        assert self._delivered() == {k: v for k, v in self._expected().items() if v}
+        assert world.outbox.depth() == 0 and world.outbox.held() == 0
+        aside = world.outbox.real.aside(limit=100)
+        assert {row.message_id for row in aside} == self.refused
+        assert all("injected" in row.reason for row in aside)
+        assert world.forwarder.health().state_save_failing_since is None
+
+
+ForwarderUnderFaults.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_forwarder_under_faults = ForwarderUnderFaults.TestCase
