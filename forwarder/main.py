@@ -51,6 +51,8 @@ def build_publisher(config: ForwarderConfig) -> Publisher:
         connection_string=config.connection_string,
         client_id=config.client_id,
         max_message_size=config.max_message_size,
+        transport=config.servicebus_transport,
+        endpoint=config.servicebus_endpoint,
     )
 
 
