@@ -31,37 +31,68 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "infra" / "servicebus-emulator" / "Config.json"
 
 
+EPILOG = """\
+connecting:
+  plain AMQP (--port):
+    Endpoint=sb://127.0.0.1:<port>;SharedAccessKeyName=RootManageSharedAccessKey;
+    SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;
+  AMQP over TLS (--tls-port): a connection string WITHOUT UseDevelopmentEmulator (it turns
+    TLS off), e.g. Endpoint=sb://localhost/;SharedAccessKeyName=...;SharedAccessKey=...;
+    plus connection_verify=<ca_cert> and custom_endpoint_address='sb://127.0.0.1:<tls port>'
+  AMQP over WebSockets (--websocket-port): the plain connection string plus
+    transport_type=TransportType.AmqpOverWebsocket and
+    custom_endpoint_address='sb://127.0.0.1:<websocket port>' (without it the SDK dials 80/443);
+    the forwarder: --servicebus-transport websocket
+    --servicebus-endpoint sb://127.0.0.1:<websocket port>
+  AMQP over secure WebSockets (--websocket-tls-port): as TLS, with the WebSocket keywords and
+    the wss port as custom_endpoint_address
+  The certificate (ca_cert) is made at start and written with the ports to --listen-info.
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sebridge servicebus-emulator",
         description=(
             "Loopback Azure Service Bus emulator speaking AMQP 1.0 to the real azure-servicebus "
             "SDK. Entities come from a Config.json in Microsoft's emulator format. State is kept "
-            "in memory only: every start is empty. Connect with "
-            "'Endpoint=sb://127.0.0.1:<port>;SharedAccessKeyName=RootManageSharedAccessKey;"
-            "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;' or "
-            "ServiceBusClient('127.0.0.1:<port>', credential, use_tls=False). Over WebSockets "
-            "(--websocket-port) add transport_type=TransportType.AmqpOverWebsocket and "
-            "custom_endpoint_address='sb://127.0.0.1:<websocket port>' to that client."
+            "in memory only: every start is empty. Binds loopback only. Listens for plain AMQP; "
+            "TLS, WebSockets and secure WebSockets are off unless their port is given."
         ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--host", default="127.0.0.1", help="loopback address to bind (127.0.0.1 or ::1)"
+        "--host",
+        default="127.0.0.1",
+        help="loopback address to bind, 127.0.0.1 or ::1 (default %(default)s)",
     )
-    parser.add_argument("--port", type=int, default=5672, help="AMQP port; 0 picks a free one")
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="Config.json path")
-    parser.add_argument("--sas-key-name", default="RootManageSharedAccessKey")
+    parser.add_argument(
+        "--port", type=int, default=5672, help="AMQP port; 0 picks a free one (default %(default)s)"
+    )
+    parser.add_argument(
+        "--config",
+        default=str(DEFAULT_CONFIG),
+        help="Config.json path (default: the project's infra/servicebus-emulator/Config.json)",
+    )
+    parser.add_argument(
+        "--sas-key-name",
+        default="RootManageSharedAccessKey",
+        help="SAS key name checked on put-token (default %(default)s)",
+    )
     parser.add_argument(
         "--sas-key",
         default="SAS_KEY_VALUE",
-        help="SAS key checked on put-token (Microsoft's emulator default); '' accepts any",
+        help="SAS key checked on put-token; '' accepts any (default %(default)s, Microsoft's "
+        "emulator default)",
     )
     parser.add_argument(
         "--tls-port",
         type=int,
         default=None,
-        help="also listen with TLS (self-signed certificate made at start; 0 picks a port). "
-        "Clients pass connection_verify=<certificate> and, for a port other than 5671, "
+        help="also listen for AMQP over TLS (amqps) on this port, 0 picks one, with a "
+        "self-signed certificate made at start (default: off). Clients pass "
+        "connection_verify=<certificate> and, for a port other than 5671, "
         "custom_endpoint_address='sb://127.0.0.1:<tls port>'",
     )
     parser.add_argument(
@@ -69,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="also serve AMQP over WebSockets (ws://, subprotocol AMQPWSB10, path "
-        "/$servicebus/websocket; 0 picks a port). Clients add "
+        "/$servicebus/websocket) on this port, 0 picks one (default: off). Clients add "
         "transport_type=TransportType.AmqpOverWebsocket and "
         "custom_endpoint_address='sb://127.0.0.1:<websocket port>'",
     )
@@ -77,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
         "--websocket-tls-port",
         type=int,
         default=None,
-        help="also serve AMQP over secure WebSockets (wss://, the same self-signed certificate "
-        "as --tls-port; 0 picks a port)",
+        help="also serve AMQP over secure WebSockets (wss://) on this port, 0 picks one, with "
+        "the same self-signed certificate as --tls-port (default: off)",
     )
     parser.add_argument(
         "--tls-hostname",
@@ -86,28 +117,36 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="a DNS name the self-signed certificate is also valid for (repeatable), for "
-        "clients that reach the emulator under a namespace's name mapped to loopback",
+        "clients that reach the emulator under a namespace's name mapped to loopback "
+        "(default: localhost, 127.0.0.1 and ::1 only)",
     )
     parser.add_argument(
-        "--tls-info", type=Path, default=None, help="write {port, ca_cert} JSON here once listening"
+        "--tls-info",
+        type=Path,
+        default=None,
+        help="write {port, ca_cert} JSON here once listening (default: none)",
     )
     parser.add_argument(
         "--listen-info",
         type=Path,
         default=None,
-        help="write {amqp, amqps, ws, wss: port, ca_cert} JSON here once listening",
+        help="write {amqp, amqps, ws, wss: port, ca_cert} JSON here once listening (default: none)",
     )
     parser.add_argument(
         "--max-message-size",
         type=int,
         default=None,
         metavar="BYTES",
-        help="lower every entity's maximum message and batch size to BYTES (the tier's limit "
-        "by default: Standard 262144; set the Tier in Config.json). Advertised on sender links "
-        "(create_message_batch obeys it) and enforced: a larger transfer is rejected with "
-        "amqp:link:message-size-exceeded (MessageSizeExceededError)",
+        help="lower every entity's maximum message and batch size to BYTES (default: the "
+        "tier's limit: Standard 262144; set the Tier in Config.json). Advertised on sender "
+        "links (create_message_batch obeys it) and enforced: a larger transfer is rejected "
+        "with amqp:link:message-size-exceeded (MessageSizeExceededError)",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default %(default)s)",
+    )
     return parser
 
 
