@@ -723,6 +723,11 @@ class EmulatorHandler(MessagingHandler):
     def _flush_dirty(self, now: float) -> None:
         while self._dirty:
             store = self._dirty.pop()
+            # A session that just got messages (or was released) goes at once to a
+            # next-available accept already waiting on this entity, as Service Bus hands it
+            # over, not at the next timer tick.
+            for waiting in [s for s in self._pending if s.store is store]:
+                self._try_next_session(waiting, now)
             consumers = self._consumers.get(store)
             if not consumers:
                 continue
