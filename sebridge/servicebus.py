@@ -65,6 +65,14 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+def load_sdk() -> None:
+    """Import the SDK now, on the calling thread. A process that first imports it from two
+    threads at once can fail: Python's per-module import locks reported a deadlock among
+    azure.core's modules to one thread and a KeyError for 'azure.servicebus' to the other
+    (seen in the forwarder: its sender connecting while the approvals worker started)."""
+    import azure.servicebus.exceptions  # noqa: F401
+
+
 def client(
     *,
     namespace: str | None = None,
