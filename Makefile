@@ -42,7 +42,7 @@ test: $(BIN)/.installed $(CHECKOV_VENV)/.installed
 	$(MAKE) --no-print-directory lint typecheck
 	SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/pytest $(PYTEST_ARGS)
 
-BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fleet eventgrid_ingest
+BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fleet eventgrid_ingest drain_probe_flip
 
 # Every benchmark in turn, each with its defaults (about 6 minutes on 2 cores); each prints its
 # figures and exits 1 when it misses a target. One of them: make bench BENCHMARKS=fleet

@@ -418,11 +418,6 @@ def run(speed: float, timeout: float, verbose: bool) -> int:
         print(f"\nFAILED after {elapsed:.1f} s: the loop did not complete")
         for reason in reasons:
             print(f"  - {reason}")
-        if reasons == [GATE_STEP]:
-            print(
-                "    (the gate's approve-when-prepared checks ARM pools, which a Uniform "
-                "scale-set instance never leaves: it does not accept a VM-side Prepared yet)"
-            )
         return 1
     print(
         f"\nOK in {elapsed:.1f} s: checkpoint written, the probe drained the VM, Prepared, "

@@ -76,8 +76,11 @@ def judge(
                 f"the scenario exists to show {transition} of event {event_id[:8]}, and the "
                 "topic never carried it"
             )
-    if plan.held and "Held" not in {t for ts in by_event.values() for t in ts}:
-        verdict.missing.append("no drain was held (the capacity guard did not act)")
+    if plan.held:
+        if "Held" in {t for ts in by_event.values() for t in ts}:
+            verdict.story.append("  A drain was held until capacity allowed it.")
+        else:
+            verdict.missing.append("no drain was held (the capacity guard did not act)")
     gone: set[str] = set()
     for key, fields in events.items():
         transitions = by_event.get(key, [])

@@ -13,3 +13,7 @@ FORWARDER = Subcommand(
 APPROVE = Subcommand(
     "sebridge.forwarder.approve_cli", "send an approval command to a VM's forwarder"
 )
+STATUS = Subcommand(
+    "sebridge.forwarder.status_cli",
+    "show this VM's forwarder state: events, outbox, set-aside messages, last poll and send",
+)

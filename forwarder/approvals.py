@@ -124,6 +124,9 @@ def approvals_worker(
                                 servicebus.message_body(message), message.message_id
                             )
                             settle(receiver, message, outcome)
+                            forwarder.command_settled(
+                                message.message_id, outcome.action, outcome.reason
+                            )
                             lock.keep()
                             if outcome.action == "abandon":
                                 stop.wait(backoff.next_delay())

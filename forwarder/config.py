@@ -20,6 +20,7 @@ DEFAULT_STATE_DIR = "/var/lib/sebridge"
 DEFAULT_TOPIC = "scheduled-events"
 DEFAULT_REPLY_QUEUE = "approvals"
 DEFAULT_HEARTBEAT_SECONDS = 300.0
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 
 
 class ConfigError(ValueError):
@@ -50,6 +51,9 @@ class ForwarderConfig:
     dry_run: bool = False
     # Hooks and the drain probe (sebridge.forwarder.local_actions): off unless configured.
     local: local_actions.LocalSettings = local_actions.NO_LOCAL_ACTIONS
+    # /metrics and /healthz (sebridge.forwarder.metrics): off unless a port is given.
+    metrics_port: int | None = None
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
 
     def describe(self) -> dict[str, Any]:
         """The effective configuration for the start-up log line: never a secret."""
@@ -73,6 +77,8 @@ class ForwarderConfig:
             "once": self.once,
             "dryRun": self.dry_run,
             **self.local.describe(),
+            "metricsPort": self.metrics_port,
+            "metricsAddress": self.metrics_address,
         }
 
 
@@ -199,6 +205,18 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="send nothing: print each message as one JSON line on stdout",
     )
     local_actions.add_arguments(p, env)
+    p.add_argument(
+        "--metrics-port",
+        default=default("SEBRIDGE_METRICS_PORT"),
+        help="serve /metrics (Prometheus) and /healthz on this port; off when not given "
+        "[SEBRIDGE_METRICS_PORT]",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=default("SEBRIDGE_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS),
+        help="address the metrics endpoint binds; not loopback is logged at WARNING "
+        "[SEBRIDGE_METRICS_ADDRESS] (default %(default)s)",
+    )
     return p
 
 
@@ -234,6 +252,13 @@ def parse_config(
         )
     if args.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise ConfigError(f"--log-level {args.log_level!r} is not DEBUG/INFO/WARNING/ERROR")
+    metrics_port = None
+    if args.metrics_port not in (None, ""):
+        metrics_port = int(_number("--metrics-port", args.metrics_port, minimum=1, maximum=65535))
+        if str(metrics_port) != str(args.metrics_port).strip():
+            raise ConfigError(f"--metrics-port must be a port number, not {args.metrics_port!r}")
+    if not args.metrics_address.strip():
+        raise ConfigError("--metrics-address must not be empty")
     try:
         # (argparse checks a flag's choices; a value from the environment is checked here)
         transport = check_transport(args.servicebus_transport)
@@ -269,4 +294,6 @@ def parse_config(
         once=bool(args.once),
         dry_run=bool(args.dry_run),
         local=local,
+        metrics_port=metrics_port,
+        metrics_address=args.metrics_address.strip(),
     )

@@ -33,6 +33,8 @@ from sebridge.forwarder.publisher import DryRunPublisher, ServiceBusPublisher
 from sebridge.forwarder.ratelimit import RequestLimit
 from sebridge.forwarder.service import Forwarder
 from sebridge.forwarder.state import StateDirUnusable, StateStore, ensure_dir
+from sebridge.forwarder.systemd_notify import Notifier, NotifyError
+from sebridge.forwarder.telemetry import MetricsError, Telemetry, install_telemetry
 from sebridge.logs import setup_logging
 
 log = logging.getLogger("forwarder")
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sebridge forwarder: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_format, config.log_level)
+    notifier = _systemd_notifier()  # before any child process can inherit its socket
     log.info(
         "sebridge forwarder %s starting: %s",
         __version__,
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     forwarder = wiring.forwarder
     clean = True
     local: LocalActions | None = None
+    telemetry: Telemetry | None = None
     try:
         if config.once:
             if config.local.enabled:
@@ -159,6 +163,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sebridge forwarder: {exc}", file=sys.stderr)
             return 2
         workers: tuple[Callable[[], None], ...] = ()
+        try:
+            telemetry = install_telemetry(forwarder, config, stop, notifier)
+        except MetricsError as exc:
+            log.error("cannot start: %s", exc)
+            print(f"sebridge forwarder: {exc}", file=sys.stderr)
+            return 2
+        workers += telemetry.workers
         if local is not None:
             # Told of every transition by the poller; works on threads of its own.
             local.current = lambda: (forwarder.state.events, forwarder.observer)
@@ -174,14 +185,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if forwarder.crashed else 0
     finally:
         forwarder.stop()
+        if telemetry is not None:
+            telemetry.stopping()
         clean = _bounded("Service Bus", wiring.publisher.close, CLOSE_TIMEOUT) and clean
         clean = _bounded("IMDS", wiring.imds.close, CLOSE_TIMEOUT / 4) and clean
         if clean:
             wiring.outbox.close()
             if local is not None:
                 local.close()
+            if telemetry is not None:
+                telemetry.close()
         else:
             _exit_now(1 if forwarder.crashed else 0)
+
+
+def _systemd_notifier() -> Notifier | None:
+    """The notify socket systemd gave (Type=notify), or None; a bad one is logged, not fatal."""
+    try:
+        return Notifier.from_env()
+    except (NotifyError, OSError) as exc:
+        log.warning("not notifying systemd: %s", exc)
+        return None
 
 
 def _depth(forwarder: Forwarder) -> int:

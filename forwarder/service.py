@@ -380,6 +380,18 @@ class Forwarder:
             except Exception:
                 log.exception("listener %r failed; ignored", listener)
 
+    def command_settled(self, message_id: str | None, action: str, reason: str = "") -> None:
+        """An approval command was settled (``action``: complete, dead-letter or abandon):
+        told to the listeners that want it (``command_settled``), on the receiver's thread."""
+        for listener in self.listeners:
+            report = getattr(listener, "command_settled", None)
+            if report is None:
+                continue
+            try:
+                report(message_id, action, reason)
+            except Exception:
+                log.exception("listener %r failed; ignored", listener)
+
     def tick(self) -> float | None:
         """poll_once plus housekeeping; never raises. None = on schedule, else a backoff."""
         try:

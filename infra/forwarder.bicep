@@ -30,11 +30,11 @@ param attachIdentity bool = true
 @description('Change to rerun the installer with unchanged settings (e.g. to pick up a new build behind the same packageSource).')
 param forceUpdateTag string = ''
 
-@description('The hooks file (JSON text, README "Hooks") installed on every VM as /etc/sebridge/hooks.json, root-owned, and given to the forwarder. Empty: no hooks. It names commands the forwarder runs: they must already be on the VMs (your image, or your own extension).')
+@description('The hooks file (JSON text, README "Act on the VM itself") installed on every VM as /etc/sebridge/hooks.json, root-owned, and given to the forwarder. Empty: no hooks. It names commands the forwarder runs: they must already be on the VMs (your image, or your own extension).')
 @maxLength(65536)
 param hooksJson string = ''
 
-@description('Port of the drain probe (README "Drain through the health probe"): a load balancer health probe that answers 503 while an impactful event of the VM is on. 0: off.')
+@description('Port of the drain probe (README "Act on the VM itself"): a load balancer health probe that answers 503 while an impactful event of the VM is on. 0: off.')
 @minValue(0)
 @maxValue(65535)
 param drainProbePort int = 0

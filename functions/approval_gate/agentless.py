@@ -71,7 +71,10 @@ def through_event_grid(message: TransitionMessage) -> bool:
 
 
 def names_a_vm(observer: Observer) -> bool:
-    return "/providers/microsoft.compute/virtualmachines/" in observer.resource_id.lower()
+    """A VM's id: a standalone or Flexible VM (``.../virtualMachines/web-1``) or a Uniform
+    scale-set instance (``.../virtualMachineScaleSets/web/virtualMachines/0``)."""
+    parts = observer.resource_id.lower().rstrip("/").split("/")
+    return len(parts) >= 2 and parts[-2] == "virtualmachines"
 
 
 def choose_route(

@@ -2,9 +2,11 @@
 
 Scheduled and Updated are decided by the policy; ``approve-when-prepared`` approves once ARM
 shows every affected VM out of all backend pools (checked read-only, at once and again when
-lb-pools publishes Prepared). Approving sends the command to the observer's forwarder through
-the ``approvals`` queue, or, when the fallback is on and that forwarder's last Heartbeat is
-stale, acknowledges the event through ARM instead. Heartbeats are remembered per VM.
+lb-pools publishes Prepared); a VM that prepared itself (its forwarder's hooks or drain probe
+publish an unsealed Prepared naming that VM alone: vm_side_prepared) counts as prepared without
+ARM. Approving sends the command to the observer's forwarder through the ``approvals`` queue,
+or, when the fallback is on and that forwarder's last Heartbeat is stale, acknowledges the
+event through ARM instead. Heartbeats are remembered per VM.
 
 Trust: a command goes only to the session of an observer that passed the scope check
 (functions.shared.scope: it exists in ARM as claimed, and every affected VM shares its
@@ -28,6 +30,7 @@ from functions.approval_gate.agentless import AgentlessRules, Route, choose_rout
 from functions.approval_gate.policy import Action, Policy
 from functions.lb_pools import nic_pools
 from functions.shared import scope as trust
+from functions.shared import seal
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
     AcknowledgeRefused,
@@ -112,7 +115,7 @@ class Gate:
             return GateOutcome.REFUSED
         drained = self.impact.is_impactful(event)
         if (decision.action is Action.APPROVE_WHEN_PREPARED or drained) and not self._prepared(
-            message, checked
+            message, checked, vm_side_prepared(message)
         ):
             log.info("waiting until the VMs are out of their pools", extra=fields)
             return GateOutcome.WAITING
@@ -120,16 +123,24 @@ class Gate:
             message, checked, now, reason=f"policy rule {decision.rule}: {decision.action}"
         )
 
-    def _prepared(self, message: TransitionMessage, checked: trust.Scope) -> bool:
-        """ARM, read-only: is every affected VM out of every backend pool? A VM the app may
-        not read (403) is not: what cannot be checked is not approved early."""
+    def _prepared(
+        self, message: TransitionMessage, checked: trust.Scope, self_prepared: str | None
+    ) -> bool:
+        """Is every affected VM prepared? ``self_prepared`` is the VM that prepared itself
+        (its forwarder's hooks or drain probe, :func:`vm_side_prepared`); every other VM must
+        be out of every backend pool in ARM (read-only). A VM the app may not read (403) is
+        not: what cannot be checked is not approved early."""
         event = message.event
         assert event is not None
+        if self_prepared is not None and [vm.name.lower() for vm in checked.vms] == [self_prepared]:
+            # The only affected VM prepared itself: nothing to ask ARM (its pools may be ones
+            # lb-pools cannot drain, a Uniform scale set's or an Application Gateway's).
+            return True
         if not self.impact.is_impactful(event):
             return True  # lb-pools leaves such VMs in their pools: there is nothing to wait for
         try:
             for vm in checked.vms:
-                if vm.kind is VmKind.GONE:
+                if vm.kind is VmKind.GONE or vm.name.lower() == self_prepared:
                     continue
                 if vm.kind is VmKind.FORBIDDEN:
                     return self._not_checkable(event.key, vm.problem)
@@ -203,3 +214,23 @@ class Gate:
         self.commands.send(command, observer.vm_name)
         log.info("approve command sent", extra={"eventId": event.key, "vm": observer.vm_name})
         return GateOutcome.COMMAND_SENT
+
+
+def vm_side_prepared(message: TransitionMessage) -> str | None:
+    """The VM that says it prepared itself, lower-case, or None.
+
+    A Prepared the app did not seal comes from a forwarder (its hooks or its drain probe,
+    issue 16). It counts for one VM only: the observer, which passed the scope check (it exists
+    as claimed and the event lists it), and only when it names nobody else. A forwarder cannot
+    speak for another VM: any other affected VM must still be out of its pools in ARM.
+    """
+    if message.transition is not Transition.PREPARED or seal.is_sealed(message):
+        return None
+    prepared = message.data.get("prepared")
+    if not isinstance(prepared, dict):
+        return None
+    vms = prepared.get("vms")
+    observer = message.observer.vm_name.lower()
+    if not isinstance(vms, list) or [str(vm).lower() for vm in vms] != [observer]:
+        return None
+    return observer

@@ -108,6 +108,30 @@ def test_a_message_without_an_arm_id_always_gets_the_command() -> None:
     assert choice.route is Route.COMMAND
 
 
+def test_a_forwarder_on_a_uniform_instance_gets_the_command() -> None:
+    """A Uniform scale-set instance is a VM with a forwarder (its id has the scale set in it):
+    it gets the command, never an acknowledgement on the scale set's id."""
+    instance_id = (
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/"
+        "virtualMachineScaleSets/web/virtualMachines/0"
+    )
+    instance = replace(
+        FORWARDER,
+        observer=Observer(vm_name="web_0", vm_scale_set_name="web", resource_id=instance_id),
+    )
+    choice = choose_route(instance, NOW, rules=None, heartbeats=None, stale_after=None)
+    assert choice.route is Route.COMMAND, choice.reason
+    scale_set = replace(
+        instance,
+        observer=replace(
+            instance.observer, resource_id=instance_id.removesuffix("/virtualMachines/0")
+        ),
+    )
+    assert scale_set.observer.resource_id.endswith("/virtualMachineScaleSets/web")
+    choice = choose_route(scale_set, NOW, rules=None, heartbeats=None, stale_after=None)
+    assert choice.route is Route.ACKNOWLEDGE, choice.reason
+
+
 def test_patterns_match_the_scale_set_name_too() -> None:
     rules = AgentlessRules.of([], ["batch*"])
     vmss = Observer(vm_name="node_3", vm_scale_set_name="batchpool", resource_group="rg")

@@ -48,8 +48,13 @@ def test_both_sources_show_one_message_per_transition() -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     topic = re.findall(r"topic\s+(\w+)\s+\w+ (\w{8})", result.stdout)
     assert topic, result.stdout
-    per_transition = [(t, e) for t, e in topic if t != "Updated"]
+    # Once per event: each lifecycle transition. Updated may repeat, and lb-pools prepares
+    # again after each Updated, so Prepared may follow each Scheduled or Updated once.
+    per_transition = [(t, e) for t, e in topic if t not in ("Updated", "Prepared")]
     assert len(per_transition) == len(set(per_transition)), result.stdout
+    for event in {e for _, e in topic}:
+        updated = topic.count(("Updated", event))
+        assert topic.count(("Prepared", event)) <= 1 + updated, result.stdout
     assert "one per transition" in result.stdout
 
 

@@ -646,3 +646,41 @@ def test_forwarder_bicep_hooks_and_probe_parameters_are_optional() -> None:
     assert params["hooksJson"]["default"] == ""
     assert params["drainProbePort"]["default"] == 0
     assert params["drainSeconds"]["default"] == 30
+
+
+def test_unit_is_type_notify_with_a_watchdog_above_the_slowest_healthy_poll() -> None:
+    """Issue 14: READY/WATCHDOG/STATUS come from the main process's poll loop; the watchdog
+    and the start timeout both exceed the first IMDS call's 125 s deadline (a healthy first
+    poll, or a poll tick before IMDS has answered once, is never taken for a stuck loop)."""
+    from sebridge.forwarder.imds_client import FIRST_CALL_READ_TIMEOUT
+
+    values: dict[str, list[str]] = {}
+    for key, value in unit_directives(UNIT.read_text()):
+        values.setdefault(key, []).append(value)
+    assert values["Type"] == ["notify"]
+    assert values["NotifyAccess"] == ["main"]
+    watchdog = int(values["WatchdogSec"][0])
+    start = int(values["TimeoutStartSec"][0])
+    assert watchdog > FIRST_CALL_READ_TIMEOUT + 10
+    assert start > FIRST_CALL_READ_TIMEOUT + 10
+    assert "AF_UNIX" in values["RestrictAddressFamilies"][0].split()  # the notify socket
+    assert values["Restart"] == ["always"]  # a watchdog kill is restarted
+
+
+def test_installer_passes_the_metrics_settings_through(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = run_installer(
+        root,
+        {
+            "SEBRIDGE_NAMESPACE": NAMESPACE,
+            "AZURE_CLIENT_ID": CLIENT_ID,
+            "SEBRIDGE_METRICS_PORT": "9464",
+            "SEBRIDGE_METRICS_ADDRESS": "127.0.0.1",
+        },
+        *SKIP_SYSTEM,
+    )
+    assert proc.returncode == 0, proc.stderr
+    env = (root / "etc" / "sebridge" / "forwarder.env").read_text().splitlines()
+    assert "SEBRIDGE_METRICS_PORT=9464" in env
+    assert "SEBRIDGE_METRICS_ADDRESS=127.0.0.1" in env

@@ -28,7 +28,12 @@ def _names(requirements: list[str]) -> set[str]:
 
 
 def test_the_vm_package_depends_on_the_servicebus_sdk_and_identity_only() -> None:
-    assert _names(PYPROJECT["project"]["dependencies"]) == {"azure-servicebus", "azure-identity"}
+    # ... and prometheus-client for --metrics-port (issue 14; imported only when it is on).
+    assert _names(PYPROJECT["project"]["dependencies"]) == {
+        "azure-servicebus",
+        "azure-identity",
+        "prometheus-client",
+    }
     assert "optional-dependencies" not in PYPROJECT["project"]
 
 
@@ -44,7 +49,7 @@ def test_the_vm_package_is_sebridge_alone_with_forwarder_mapped_into_it() -> Non
 def test_subcommands_are_registered_by_the_distribution_that_ships_them() -> None:
     vm = PYPROJECT["project"]["entry-points"]["sebridge.commands"]
     local = LOCAL["project"]["entry-points"]["sebridge.commands"]
-    assert set(vm) == {"forwarder", "approve"}
+    assert set(vm) == {"forwarder", "approve", "status"}
     assert set(local) == {"demo", "imds-sim", "servicebus-emulator", "functions-host", "fakes"}
     assert all(target.startswith("sebridge.forwarder:") for target in vm.values())
     assert all(target.startswith("emulators:") for target in local.values())

@@ -1,0 +1,292 @@
+"""``--metrics-port``: ``/metrics`` (Prometheus text format) and ``/healthz``, off by default.
+
+The metrics are prometheus-client objects in a registry of their own. Every label set is a
+fixed enum (poll results, transition types, publish results, command outcomes): no EventId,
+no VM name. The idle path costs one counter increment and one histogram observation per poll;
+the gauges (outbox depth, set aside, last poll and send times, health) are read from
+:class:`~sebridge.forwarder.observations.Observations` when scraped, not kept up to date.
+
+``/healthz`` answers 200 ``{"status": "ok"}`` while :func:`~sebridge.forwarder.observations.
+assess` finds nothing wrong, else 503 ``{"status": "unhealthy", "reasons": [...]}``.
+
+The server binds ``--metrics-address`` (default 127.0.0.1); any other address is allowed and
+logged at WARNING (the endpoints have no authentication). It is bound before the loop starts,
+so a port in use stops the start with a clear message (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from sebridge import __version__
+from sebridge.contract.events import Transition
+from sebridge.forwarder.health import Health
+from sebridge.forwarder.observations import (
+    COMMAND_OUTCOMES,
+    POLL_RESULTS,
+    PUBLISH_RESULTS,
+    Observations,
+)
+from sebridge.forwarder.telemetry import MetricsError
+from sebridge.values import is_loopback
+
+log = logging.getLogger("forwarder.metrics")
+
+PREFIX = "sebridge_forwarder"
+# IMDS answers in a few milliseconds; the first call can take up to 2 minutes.
+IMDS_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 125.0)
+# The forwarder's own transitions (Approved is counted with the approval commands).
+POLLED_TRANSITIONS = tuple(
+    t.value
+    for t in (
+        Transition.SCHEDULED,
+        Transition.UPDATED,
+        Transition.STARTED,
+        Transition.COMPLETED,
+        Transition.CANCELLED,
+    )
+)
+MAX_CONNECTIONS = 8
+REQUEST_TIMEOUT = 5.0
+
+
+def _seconds(moment: Any) -> float:
+    return float(moment.timestamp()) if moment is not None else math.nan
+
+
+class Metrics:
+    """The forwarder's metrics; a LoopListener and a watcher of IMDS reads, publish attempts
+    and approval commands (see :mod:`sebridge.forwarder.observed`)."""
+
+    def __init__(self, observations: Observations) -> None:
+        self.observations = observations
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: half the exposition, no use here
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        polls = Counter(f"{PREFIX}_polls", "IMDS polls by result", ["result"], registry=r)
+        self._polls = {result: polls.labels(result) for result in POLL_RESULTS}
+        self._imds_seconds = Histogram(
+            f"{PREFIX}_imds_request_seconds",
+            "Duration of the poller's scheduled events reads (every result)",
+            buckets=IMDS_BUCKETS,
+            registry=r,
+        )
+        transitions = Counter(
+            f"{PREFIX}_transitions",
+            "Lifecycle transitions derived from IMDS documents, by type",
+            ["transition"],
+            registry=r,
+        )
+        self._transitions = {t: transitions.labels(t) for t in POLLED_TRANSITIONS}
+        attempts = Counter(
+            f"{PREFIX}_publish_attempts",
+            "Service Bus send calls by result (ok, refused: set aside, failed: retried)",
+            ["result"],
+            registry=r,
+        )
+        self._attempts = {result: attempts.labels(result) for result in PUBLISH_RESULTS}
+        self._sent = Counter(f"{PREFIX}_messages_sent", "Messages Service Bus accepted", registry=r)
+        commands = Counter(
+            f"{PREFIX}_approval_commands",
+            "Approval commands settled, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self._commands = {outcome: commands.labels(outcome) for outcome in COMMAND_OUTCOMES}
+
+        def health() -> Health:
+            return observations.health
+
+        Gauge(f"{PREFIX}_outbox_depth", "Messages waiting in the outbox", registry=r).set_function(
+            lambda: _depth(health())
+        )
+        Gauge(
+            f"{PREFIX}_messages_set_aside",
+            "Messages set aside (kept in the outbox's aside table, never sent)",
+            registry=r,
+        ).set_function(lambda: float(health().set_aside))
+        Gauge(
+            f"{PREFIX}_last_successful_poll_timestamp_seconds",
+            "Unix time of the last successful IMDS poll",
+            registry=r,
+        ).set_function(lambda: _seconds(health().last_successful_poll))
+        Gauge(
+            f"{PREFIX}_last_successful_send_timestamp_seconds",
+            "Unix time of the last send Service Bus accepted",
+            registry=r,
+        ).set_function(lambda: _seconds(observations.last_successful_send))
+        Gauge(f"{PREFIX}_healthy", "1 while /healthz answers 200, else 0", registry=r).set_function(
+            lambda: 0.0 if observations.assess() else 1.0
+        )
+        Info(f"{PREFIX}_build", "The forwarder's version", registry=r).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
+
+    # -- LoopListener -----------------------------------------------------------------------
+    def transitions_recorded(self, envelopes: Any) -> None:
+        for envelope in envelopes:
+            counter = self._transitions.get(envelope.subject)
+            if counter is not None:
+                counter.inc()
+
+    def polled(self, health: Health) -> None:
+        return None
+
+    # -- watchers ---------------------------------------------------------------------------
+    def imds_read(self, seconds: float, result: str) -> None:
+        self._imds_seconds.observe(seconds)
+        counter = self._polls.get(result)
+        if counter is not None:
+            counter.inc()
+
+    def publish_attempt(self, result: str, count: int) -> None:
+        counter = self._attempts.get(result)
+        if counter is not None:
+            counter.inc()
+        if count:
+            self._sent.inc(count)
+
+    def command_settled(self, message_id: str | None, action: str, reason: str) -> None:
+        counter = self._commands.get(action)
+        if counter is not None:
+            counter.inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _depth(health: Health) -> float:
+    return math.nan if health.outbox_depth is None else float(health.outbox_depth)
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` on one loopback port (see the module)."""
+
+    def __init__(self, metrics: Metrics, address: str, port: int) -> None:
+        self.metrics = metrics
+        if not is_loopback(address):
+            log.warning(
+                "metrics endpoint on %s: not a loopback address, reachable from the network "
+                "without authentication",
+                address,
+            )
+        try:
+            self.server = _Server(address, port, self)
+        except (OSError, ValueError) as exc:
+            raise MetricsError(
+                f"metrics endpoint cannot listen on {address}:{port}: {exc}"
+            ) from exc
+        host, bound, *_ = self.server.server_address
+        self.address = (str(host), int(bound))
+
+    def healthz(self) -> tuple[int, bytes]:
+        reasons = self.metrics.observations.assess()
+        body: dict[str, Any] = {"status": "unhealthy" if reasons else "ok"}
+        if reasons:
+            body["reasons"] = reasons
+        return (503 if reasons else 200), json.dumps(body).encode("utf-8")
+
+    def serve(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set (a worker of :meth:`Forwarder.run`)."""
+        thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 1.0}, name="metrics-http"
+        )
+        thread.daemon = True
+        thread.start()
+        try:
+            stop.wait()
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
+            thread.join(timeout=2.0)
+
+    def close(self) -> None:
+        self.server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "sebridge-metrics"
+    sys_version = ""
+    timeout = REQUEST_TIMEOUT
+
+    def _reply(self, status: int, content_type: str, body: bytes, *, send_body: bool) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+    def _answer(self, send_body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        owner = self.server.owner
+        try:
+            if path == "/metrics":
+                self._reply(
+                    200, CONTENT_TYPE_LATEST, owner.metrics.exposition(), send_body=send_body
+                )
+            elif path == "/healthz":
+                status, body = owner.healthz()
+                self._reply(status, "application/json", body, send_body=send_body)
+            else:
+                self._reply(404, "text/plain; charset=utf-8", b"not found\n", send_body=send_body)
+        except Exception:
+            log.exception("metrics request %s failed", path)
+            self._reply(500, "text/plain; charset=utf-8", b"error\n", send_body=send_body)
+
+    def do_GET(self) -> None:
+        self._answer(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(send_body=False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("metrics %s: " + format, self.client_address[0], *args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = MAX_CONNECTIONS
+
+    def __init__(self, address: str, port: int, owner: MetricsServer) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self.owner = owner
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__((address, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # too many at once: the scraper retries
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
