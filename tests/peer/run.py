@@ -37,7 +37,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CACHE = HERE / ".cache"
+# PEER_CACHE_DIR: another cache (two runs at once must not share the staged copy and results)
+CACHE = Path(os.environ.get("PEER_CACHE_DIR") or HERE / ".cache")
 EXCLUSIONS = HERE / "exclusions.toml"
 KNOWN = HERE / "known_differences.toml"
 SUBSETS = {"ci": HERE / "ci_subset.txt"}
