@@ -508,7 +508,8 @@ def _restore(before: _Snapshot) -> list[str]:
                 setattr(owner, name, value)
                 changed.append(f"{module_name}.{class_name + '.' if class_name else ''}{name}")
         if class_name:  # attributes a test added to a class (a module may import lazily)
-            for name in [n for n in now if n not in attributes]:
+            # (__slotnames__ is copyreg's cache, filled by copy/pickle: not a patch)
+            for name in [n for n in now if n not in attributes and n != "__slotnames__"]:
                 delattr(owner, name)
                 changed.append(f"{module_name}.{class_name}.{name} (added)")
     return changed
