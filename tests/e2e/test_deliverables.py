@@ -83,7 +83,11 @@ def test_the_vm_wheel_puts_only_sebridge_into_site_packages(dist: Path) -> None:
         for line in metadata.splitlines()
         if line.startswith("Requires-Dist:")
     )
-    assert [r.split(">")[0] for r in requires] == ["azure-identity", "azure-servicebus"]
+    assert [r.split(">")[0] for r in requires] == [
+        "azure-identity",
+        "azure-servicebus",
+        "prometheus-client",
+    ]
     assert not [r for r in requires if "azure-functions" in r]
     assert "[sebridge.commands]" in entry_points and "emulators" not in entry_points
 
@@ -106,7 +110,7 @@ def test_the_installed_vm_package_has_no_functions_runtime_nor_local_tools(
     )
     assert listing.returncode == 0, listing.stderr
     commands = {line.split()[0] for line in listing.stdout.splitlines() if line.startswith("  ")}
-    assert commands == {"forwarder", "approve"}
+    assert commands == {"forwarder", "approve", "status"}
 
 
 @pytest.mark.timeout(120)
