@@ -9,7 +9,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION ?= 3.2.369
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck bench install clean dist
+.PHONY: demo test lint typecheck bench install clean dist peer-suite peer-suite-ci
 
 # The VM package (this directory) and the local tools (emulators/) as editable installs, the
 # Function App's requirements.txt, and the test tools.
@@ -52,6 +52,17 @@ bench: $(BIN)/.installed
 # The two deliverables: the VM wheel and the Function App zip, in dist/.
 dist: $(BIN)/.installed
 	$(BIN)/python scripts/build-dist
+
+# azure-servicebus's own test suite (the installed version's sdist, cached in tests/peer/.cache)
+# against the Service Bus emulator, with only its live-test harness replaced; prints passed,
+# failed (emulator differs from Service Bus) and excluded (tests/peer/exclusions.toml).
+peer-suite: $(BIN)/.installed
+	$(BIN)/python tests/peer/run.py
+
+# A representative subset (tests/peer/ci_subset.txt) bounded to 5 minutes of wall time;
+# exits non-zero when a test fails or the bound is hit.
+peer-suite-ci: $(BIN)/.installed
+	timeout --kill-after=15 300 $(BIN)/python tests/peer/run.py --subset ci --timeout 60 --deadline 285
 
 clean:
 	rm -rf dist $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache

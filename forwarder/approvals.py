@@ -124,6 +124,8 @@ def approvals_worker(
                     namespace=config.namespace,
                     connection_string=config.connection_string,
                     client_id=config.client_id,
+                    transport=config.servicebus_transport,
+                    endpoint=config.servicebus_endpoint,
                     retry_total=1,
                     retry_backoff_factor=0.5,
                 )

@@ -13,6 +13,7 @@ from sebridge.forwarder import local_actions
 from sebridge.forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
 from sebridge.forwarder.outbox import DEFAULT_MAX_ROWS
 from sebridge.forwarder.publisher import STANDARD_MAX_MESSAGE_BYTES
+from sebridge.servicebus import TRANSPORTS, check_endpoint, check_transport
 from sebridge.values import parse_bool
 
 DEFAULT_STATE_DIR = "/var/lib/sebridge"
@@ -35,6 +36,8 @@ class ForwarderConfig:
     namespace: str | None = None
     connection_string: str | None = None
     client_id: str | None = None
+    servicebus_transport: str = "amqp"  # or "websocket": AMQP over WebSockets on 443
+    servicebus_endpoint: str | None = None  # sb://host[:port]: a gateway, a route, an emulator
     topic: str = DEFAULT_TOPIC
     reply_queue: str = DEFAULT_REPLY_QUEUE
     vm_name: str | None = None
@@ -62,6 +65,8 @@ class ForwarderConfig:
             "namespace": self.namespace,
             "connectionString": "<set>" if self.connection_string else None,
             "clientId": self.client_id,
+            "serviceBusTransport": self.servicebus_transport,
+            "serviceBusEndpoint": self.servicebus_endpoint,
             "topic": self.topic,
             "replyQueue": self.reply_queue,
             "vmName": self.vm_name,
@@ -128,6 +133,20 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--client-id",
         default=default("AZURE_CLIENT_ID"),
         help="user-assigned managed identity client id [AZURE_CLIENT_ID]",
+    )
+    p.add_argument(
+        "--servicebus-transport",
+        choices=TRANSPORTS,
+        default=default("SEBRIDGE_SERVICEBUS_TRANSPORT", "amqp"),
+        help="amqp (TCP 5671) or websocket (AMQP over WebSockets, TCP 443: behind a proxy or "
+        "where only 443 is open) [SEBRIDGE_SERVICEBUS_TRANSPORT] (default %(default)s)",
+    )
+    p.add_argument(
+        "--servicebus-endpoint",
+        default=default("SEBRIDGE_SERVICEBUS_ENDPOINT"),
+        help="connect to sb://HOST[:PORT] instead of the namespace's own address (an "
+        "application gateway, a private route, the emulator's WebSocket port); the namespace "
+        "still names the service [SEBRIDGE_SERVICEBUS_ENDPOINT] (default: none)",
     )
     p.add_argument(
         "--topic",
@@ -241,6 +260,15 @@ def parse_config(
     if not args.metrics_address.strip():
         raise ConfigError("--metrics-address must not be empty")
     try:
+        # (argparse checks a flag's choices; a value from the environment is checked here)
+        transport = check_transport(args.servicebus_transport)
+    except ValueError as exc:
+        raise ConfigError(f"--servicebus-transport: {exc}") from exc
+    try:
+        endpoint = check_endpoint(args.servicebus_endpoint) if args.servicebus_endpoint else None
+    except ValueError as exc:
+        raise ConfigError(f"--servicebus-endpoint: {exc}") from exc
+    try:
         local = local_actions.settings_from_args(args)
     except local_actions.LocalActionsError as exc:
         raise ConfigError(str(exc)) from exc
@@ -252,6 +280,8 @@ def parse_config(
         namespace=args.namespace or None,
         connection_string=args.connection_string or None,
         client_id=args.client_id or None,
+        servicebus_transport=transport,
+        servicebus_endpoint=endpoint,
         topic=args.topic,
         reply_queue=args.reply_queue,
         vm_name=args.vm_name or None,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
-from sebridge import __version__
+from sebridge import __version__, servicebus
 from sebridge.forwarder.config import ConfigError, ForwarderConfig, parse_config
 from sebridge.forwarder.imds_client import ImdsClient
 from sebridge.forwarder.local_actions import LocalActions, LocalActionsError, build_local_actions
@@ -47,12 +47,15 @@ CLOSE_TIMEOUT = 1.0
 def build_publisher(config: ForwarderConfig) -> Publisher:
     if config.dry_run:
         return DryRunPublisher(sys.stdout)
+    servicebus.load_sdk()  # before the sender and the approvals worker start on their threads
     return ServiceBusPublisher(
         config.topic,
         namespace=config.namespace,
         connection_string=config.connection_string,
         client_id=config.client_id,
         max_message_size=config.max_message_size,
+        transport=config.servicebus_transport,
+        endpoint=config.servicebus_endpoint,
     )
 
 

@@ -73,9 +73,13 @@ class ServiceBusPublisher:
         connection_string: str | None = None,
         client_id: str | None = None,
         max_message_size: int = STANDARD_MAX_MESSAGE_BYTES,
+        transport: str = "amqp",
+        endpoint: str | None = None,
     ) -> None:
         self.topic = topic
         self.max_message_size = max_message_size
+        self.transport = transport
+        self.endpoint = endpoint
         self._namespace = namespace
         self._connection_string = connection_string
         self._client_id = client_id
@@ -88,6 +92,8 @@ class ServiceBusPublisher:
                 namespace=self._namespace,
                 connection_string=self._connection_string,
                 client_id=self._client_id,
+                transport=self.transport,
+                endpoint=self.endpoint,
                 retry_total=1,
                 retry_backoff_factor=0.5,
             )

@@ -1,7 +1,8 @@
 """The one home of the Service Bus mapping, shipped by both deployables (an adapter: SDK here).
 
 - :func:`client`: a ``ServiceBusClient`` from a namespace (azure-identity: managed identity in
-  Azure) or a connection string (emulators);
+  Azure) or a connection string (emulators), over AMQP (TCP 5671) or AMQP over WebSockets
+  (``transport="websocket"``: TCP 443, for hosts behind a proxy or with only 443 open);
 - :func:`envelope_message` / :func:`command_message`: contract objects to SDK messages;
 - :func:`message_body`: a received message's body as bytes, whatever AMQP body type it has.
 
@@ -22,6 +23,55 @@ if TYPE_CHECKING:
 COMMAND_CONTENT_TYPE = "application/json"
 COMMAND_SUBJECT = "approve"
 
+# The transports a setting may name: plain AMQP, or AMQP over WebSockets (the SDK's
+# TransportType.AmqpOverWebsocket, which imports the websocket-client package).
+TRANSPORTS = ("amqp", "websocket")
+
+
+def check_transport(transport: str) -> str:
+    """``transport`` if it names one of :data:`TRANSPORTS` that can be used here, else a
+    ValueError saying why (without loading the SDK: settings are checked at start-up)."""
+    if transport not in TRANSPORTS:
+        raise ValueError(
+            f"Service Bus transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}"
+        )
+    if transport == "websocket":
+        import importlib.util
+
+        if importlib.util.find_spec("websocket") is None:
+            raise ValueError(
+                "the websocket transport needs the websocket-client package "
+                "(the SDK imports it for AMQP over WebSockets); it is not installed"
+            )
+    return transport
+
+
+def check_endpoint(endpoint: str) -> str:
+    """``endpoint`` if it is ``sb://HOST[:PORT]`` (the SDK's ``custom_endpoint_address``: where
+    to connect instead of the namespace's own address), else a ValueError saying why."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(endpoint)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {endpoint!r} ({exc})") from exc
+    if parts.scheme != "sb" or not parts.hostname or parts.path not in ("", "/"):
+        raise ValueError(f"must be sb://HOST or sb://HOST:PORT, not {endpoint!r}")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"must be sb://HOST or sb://HOST:PORT, not {endpoint!r}")
+    if port == 0:
+        raise ValueError(f"port 0 is not a port: {endpoint!r}")
+    return endpoint
+
+
+def load_sdk() -> None:
+    """Import the SDK now, on the calling thread. A process that first imports it from two
+    threads at once can fail: Python's per-module import locks reported a deadlock among
+    azure.core's modules to one thread and a KeyError for 'azure.servicebus' to the other
+    (seen in the forwarder: its sender connecting while the approvals worker started)."""
+    import azure.servicebus.exceptions  # noqa: F401
+
 
 def client(
     *,
@@ -29,12 +79,21 @@ def client(
     connection_string: str | None = None,
     client_id: str | None = None,
     credential: Any = None,
+    transport: str = "amqp",
+    endpoint: str | None = None,
     **options: Any,
 ) -> ServiceBusClient:
     """A client for ``connection_string`` if given, else for ``namespace`` with ``credential``
-    (default: ``DefaultAzureCredential``, for the user-assigned identity ``client_id`` if set).
-    ``options`` go to the client (``retry_total``, ``transport_type``, ...)."""
-    from azure.servicebus import ServiceBusClient
+    (default: ``DefaultAzureCredential``, for the user-assigned identity ``client_id`` if set),
+    over ``transport`` (one of :data:`TRANSPORTS`), to ``endpoint`` (``sb://HOST[:PORT]``) instead
+    of the namespace's own address if given. ``options`` go to the client (``retry_total``,
+    ...)."""
+    from azure.servicebus import ServiceBusClient, TransportType
+
+    if check_transport(transport) == "websocket":
+        options.setdefault("transport_type", TransportType.AmqpOverWebsocket)
+    if endpoint:
+        options.setdefault("custom_endpoint_address", check_endpoint(endpoint))
 
     if connection_string:
         return ServiceBusClient.from_connection_string(connection_string, **options)

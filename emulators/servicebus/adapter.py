@@ -2,8 +2,9 @@
 
 The Proton handler here is only the adapter: it turns AMQP attaches, transfers and dispositions
 into calls on the pure broker core (broker.py, management.py, auth.py) and back. One reactor
-thread; timers (locks, sessions, TTL, scheduled messages) run every TICK seconds. Plain-TCP
-connections are accepted by a small thread that runs SASL (sasl.py) and hands the socket over.
+thread; timers (locks, sessions, TTL, scheduled messages) run every TICK seconds. Connections
+(plain, TLS, WebSocket) are accepted by one thread; each gets a bridge.Connection thread that
+runs TLS, the WebSocket upgrade and SASL and then relays AMQP to the reactor over a socket pair.
 
 How the SDK sees some answers (read from azure.servicebus._pyamqp and _transport):
 * a refused attach (unknown entity, bad session, next-available timeout) is answered like
@@ -23,7 +24,9 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import select
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -31,41 +34,51 @@ import uuid
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from proton import Condition, Delivery, Endpoint, Link, SSLDomain, Terminus, Transport, symbol
+from proton import Condition, Delivery, Endpoint, Link, Terminus, Transport, symbol, ulong
 from proton._handlers import IOHandler
 from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, EventInjector
 
+from emulators.servicebus import bridge
 from emulators.servicebus.auth import SasPolicy, check_token
+from emulators.servicebus.bridge import Listener
 from emulators.servicebus.broker import (
     BrokerError,
+    EntityNotFound,
     InvalidRequest,
     MessageStore,
     Namespace,
     Queue,
     Resolved,
     SendTarget,
+    check_size,
+    entity_path,
 )
 from emulators.servicebus.codec import (
     MessageDecodeError,
     decode_sections,
     decode_value_message,
     encode_value_message,
+    read_value,
     split_batch,
 )
 from emulators.servicebus.management import handle as handle_management
-from emulators.servicebus.sasl import SaslError, SaslResult, handshake
+from emulators.servicebus.sasl import SaslResult
 from emulators.servicebus.wire import encode_delivery, to_ticks
 
 LOG = logging.getLogger("sebridge.servicebus_emulator")
 
 TICK = 0.05
 CREDIT = 500  # credit kept open on incoming links
+MAX_FRAME_SIZE = 65536
+CHANNEL_MAX = 4999
+IDLE_TIMEOUT = 240.0
 DEFAULT_SESSION_WAIT = 60.0  # next-available wait when the client sends no com.microsoft:timeout
 SESSION_FILTER = symbol("com.microsoft:session-filter")
 LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
+MAX_BATCH_SIZE = symbol("com.microsoft:max-message-batch-size")
 OPERATION_TIMEOUT = "com.microsoft:timeout"
 
 
@@ -93,31 +106,32 @@ class LinkState:
     deadline: float = 0.0  # for a pending next-available session attach
 
 
-class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
+class EmulatorHandler(MessagingHandler):
     def __init__(
         self,
         namespace: Namespace,
-        listener: socket.socket,
+        listeners: list[Listener],
         policy: SasPolicy | None,
         *,
-        tls_port: int | None = None,
+        tls: ssl.SSLContext | None = None,
+        ca_cert: Path | None = None,
         tls_info: Path | None = None,
-        tls_files: tuple[Path, Path] | None = None,
+        listen_info: Path | None = None,
     ) -> None:
         super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
         self.handlers = []  # raw events only: this class does its own flow and settlement
         self.namespace = namespace
-        self.listener = listener
-        self.host = listener.getsockname()[0]
+        self.listeners = listeners
+        self.host = str(listeners[0].sock.getsockname()[0])
         self.policy = policy
-        self.tls_port = tls_port
+        self.tls = tls
+        self.ca_cert = ca_cert
         self.tls_info = tls_info
-        self.tls_files = tls_files
-        self.bound_port = int(listener.getsockname()[1])
+        self.listen_info = listen_info
+        self.bound_port = listeners[0].port
         self.stop_requested = False
-        self._adopt: queue.Queue[tuple[socket.socket, SaslResult, bytes]] = queue.Queue()
+        self._adopt: queue.Queue[tuple[socket.socket, SaslResult]] = queue.Queue()
         self._injector = EventInjector()
-        self._acceptor: Any = None
         self._container: Any = None
         self._consumers: dict[MessageStore, list[LinkState]] = {}
         self._pending: list[LinkState] = []
@@ -126,69 +140,79 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         self.stats: dict[str, int] = {}
         for store in namespace.stores():
             store.notify = self._dirty.add
+            store.session_kept_alive = _waiting_for_messages
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_reactor_init(self, event: Any) -> None:
         container = self._container = event.container
         container.selectable(self._injector)
-        if self.tls_port is not None and self.tls_files is not None:
-            cert, key = self.tls_files
-            domain = SSLDomain(SSLDomain.MODE_SERVER)
-            domain.set_credentials(str(cert), str(key), None)
-            domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
-            self._acceptor = container.listen(f"amqps://{self.host}:{self.tls_port}", domain)
-            tls_port = int(self._acceptor._selectable._delegate.getsockname()[1])
-            LOG.info("TLS on amqps://127.0.0.1:%s, certificate %s", tls_port, cert)
-            if self.tls_info is not None:
-                self.tls_info.write_text(json.dumps({"port": tls_port, "ca_cert": str(cert)}))
         threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
-        shown = "127.0.0.1" if self.host in ("127.0.0.1", "0.0.0.0") else f"[{self.host}]"  # noqa: S104
-        sys.stdout.write(f"listening on amqp://{shown}:{self.bound_port}\n")
+        ports = {listener.scheme: listener.port for listener in self.listeners}
+        if self.tls_info is not None and "amqps" in ports:
+            self.tls_info.write_text(
+                json.dumps({"port": ports["amqps"], "ca_cert": str(self.ca_cert)})
+            )
+        if self.listen_info is not None:
+            self.listen_info.write_text(json.dumps({**ports, "ca_cert": _str(self.ca_cert)}))
+        shown = "127.0.0.1" if self.host == "127.0.0.1" else self.host
+        for listener in self.listeners:  # the first line is amqp://: tools read its port
+            sys.stdout.write(f"listening on {listener.url(shown)}\n")
+            LOG.info("listening on %s", listener.url(shown))
         sys.stdout.flush()
-        LOG.info("listening on %s:%s", self.host, self.bound_port)
+        if self.ca_cert is not None:
+            LOG.info("TLS certificate (self-signed, trust it to connect): %s", self.ca_cert)
         container.schedule(TICK, self)
 
-    # -- accepting plain TCP connections (SASL done here, then handed to the reactor) ---------
+    # -- accepting connections (TLS, WebSocket and SASL run in bridge.py, then the reactor) ---
     def _accept_loop(self) -> None:
-        self.listener.settimeout(0.5)
+        by_fd = {listener.sock.fileno(): listener for listener in self.listeners}
+        for listener in self.listeners:
+            listener.sock.setblocking(False)
         while not self.stop_requested:
             try:
-                sock, peer = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
+                ready, _, _ = select.select(list(by_fd), [], [], 0.5)
+            except (OSError, ValueError):
                 if self.stop_requested:
                     return
-                LOG.exception("accept failed; carrying on")
+                LOG.exception("waiting for connections failed; carrying on")
                 time.sleep(0.1)
                 continue
-            threading.Thread(
-                target=self._handshake, args=(sock, peer), name="sasl", daemon=True
-            ).start()
+            for fd in ready:
+                listener = by_fd[fd]
+                try:
+                    sock, peer = listener.sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    if self.stop_requested:
+                        return
+                    LOG.exception("accept on %s failed; carrying on", listener.scheme)
+                    time.sleep(0.1)
+                    continue
+                sock.setblocking(True)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                connection = bridge.Connection(
+                    sock,
+                    peer,
+                    listener,
+                    self.policy,
+                    self.tls,
+                    self._hand_over,
+                    lambda: self.stop_requested,
+                )
+                bridge.start(connection)
 
-    def _handshake(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            sock.settimeout(10)
-            outcome = handshake(sock, self.policy)
-        except (OSError, SaslError) as exc:
-            LOG.info("connection from %s dropped during SASL: %s", peer, exc)
-            sock.close()
-            return
-        if outcome is None:
-            sock.close()
-            return
-        result, already_read = outcome
-        sock.settimeout(None)
+    def _hand_over(self, sock: socket.socket, result: SaslResult) -> None:
+        """Called on a connection's thread once SASL is done: the reactor takes ``sock``."""
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._adopt.put((sock, result, already_read))
+        self._adopt.put((sock, result))
         self._injector.trigger(ApplicationEvent("sb_adopt"))
 
     def on_sb_adopt(self, event: Any) -> None:
         container = self._container
         while True:
             try:
-                sock, result, already_read = self._adopt.get_nowait()
+                sock, result = self._adopt.get_nowait()
             except queue.Empty:
                 return
             try:
@@ -198,9 +222,13 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 connection._acceptor = self
                 transport = Transport(Transport.SERVER)
                 transport.require_auth(False)
+                # what Service Bus advertises in its open frame: 64 KiB frames, 4999 channels,
+                # and a 240 s idle time-out (a connection with no traffic for that long is
+                # closed; the SDK's keep-alive exists to prevent it)
+                transport.max_frame_size = MAX_FRAME_SIZE
+                transport.channel_max = CHANNEL_MAX
+                transport.idle_timeout = IDLE_TIMEOUT
                 transport.bind(connection)
-                if already_read:
-                    transport.push(already_read)
                 selectable = container.selectable(delegate=sock)
                 selectable._transport = transport
                 transport._selectable = selectable
@@ -212,11 +240,10 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
     def on_timer_task(self, event: Any) -> None:
         if self.stop_requested:
             LOG.info("stopping; deliveries and outcomes: %s", self.stats)
-            if self._acceptor is not None:
-                self._acceptor.close()
             self._injector.close()
-            with suppress(OSError):
-                self.listener.close()
+            for listener in self.listeners:
+                with suppress(OSError):
+                    listener.sock.close()
             event.container.stop()
             return
         now = time.time()
@@ -242,12 +269,15 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         self._flush(now)
 
     # -- connections -------------------------------------------------------------------------
-    def on_connection_bound(self, event: Any) -> None:
-        if getattr(event.connection, "sbsasl", None) is not None:
-            return  # plain TCP: SASL already done by the accept thread
-        # TLS connections: Proton's own SASL, which offers ANONYMOUS (then $cbs put-token)
-        sasl = event.transport.sasl()
-        sasl.allowed_mechs("ANONYMOUS")
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        if condition is not None:
+            # a client that broke the protocol: Proton closes its connection, others carry on
+            LOG.warning(
+                "closing a connection on a protocol error: %s: %s",
+                condition.name,
+                condition.description,
+            )
 
     def _conn_state(self, conn: Any) -> ConnState:
         state: ConnState | None = getattr(conn, "sbconn", None)
@@ -330,7 +360,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         link.open()
-        link.condition = Condition(condition, description)
+        link.condition = error_condition(condition, description)
         link.close()
 
     def _authorize(self, conn: ConnState, address: str) -> None:
@@ -350,6 +380,11 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 raise _NotAllowed(f"cannot send to {address!r}: send to a queue or a topic")
             else:
                 state = LinkState("target", link, conn, resolved=resolved, target=resolved.target)
+                # Service Bus advertises the entity's limits: the SDK sizes
+                # ServiceBusMessageBatch from these two (create_message_batch)
+                settings = resolved.target.settings
+                link.max_message_size = settings.max_message_size
+                link.properties = {MAX_BATCH_SIZE: ulong(settings.max_batch_size)}
         link.sbstate = state
         conn.links.append(state)
         self._open(link)
@@ -376,6 +411,13 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
         filters = _filters(link)
         wants_session = SESSION_FILTER in filters
+        requested = filters.get(SESSION_FILTER)
+        if requested is not None and not isinstance(requested, str):
+            # Service Bus refuses the attach: session ids are strings
+            raise _InvalidField(
+                f"the session id filter must be a string, got {type(requested).__name__} "
+                f"{requested!r}"
+            )
         if wants_session != store.session_mode:
             if wants_session:
                 raise InvalidRequest(
@@ -398,7 +440,6 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         if not wants_session:
             self._complete_consumer(state)
             return
-        requested = filters.get(SESSION_FILTER)
         if requested is not None:
             info = store.accept_session(str(requested), state, now)
             assert info is not None
@@ -486,7 +527,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
     def _close_link(self, state: LinkState, condition: str, description: str) -> None:
         self._forget(state)
         with suppress(Exception):
-            state.link.condition = Condition(condition, description)
+            state.link.condition = error_condition(condition, description)
             state.link.close()
 
     # -- delivery ----------------------------------------------------------------------------
@@ -539,7 +580,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         self.stats[what] = self.stats.get(what, 0) + 1
 
     def _reject(self, dlv: Delivery, condition: str, description: str) -> None:
-        dlv.local.condition = Condition(condition, description)
+        dlv.local.condition = error_condition(condition, description)
         dlv.update(Delivery.REJECTED)
         dlv.settle()
 
@@ -560,7 +601,12 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
             dlv.settle()
             return
         if state.kind in {"cbs", "management"}:
-            self._request(state, raw, now)
+            try:
+                self._request(state, raw, now)
+            except MessageDecodeError as exc:
+                LOG.warning("undecodable %s request: %s", state.kind, exc)
+                self._reject(dlv, "amqp:decode-error", str(exc))
+                return
             dlv.update(Delivery.ACCEPTED)
             dlv.settle()
             return
@@ -570,11 +616,14 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
         sections = decode_sections(raw)
         batch = split_batch(raw, sections)
         messages = batch if batch is not None else [sections]
+        check_size(target, len(raw), None if batch is not None else sections.properties[0])
         if isinstance(target, Queue) and target.store.session_mode:
             for message in messages:
                 if message.properties[10] is None:
-                    raise InvalidRequest(
-                        f"queue {target.name!r} requires sessions: set session_id on the message"
+                    raise _NotAllowed(
+                        "The SessionId was not set on a message, and it cannot be sent to the "
+                        f"entity {target.name!r}. Entities that have session support enabled "
+                        "can only receive messages that have the SessionId set to a valid value."
                     )
         for message in messages:
             target.accept(message, now)
@@ -597,7 +646,13 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                     now,
                 )
                 status, description = verdict.status, verdict.description
-                if verdict.ok:
+                missing = self._missing_audience(str(app.get("name", ""))) if verdict.ok else None
+                if missing is not None:
+                    # Service Bus checks the token first, then the entity: 404 on put-token,
+                    # which the SDK raises as ServiceBusAuthenticationError
+                    status, description = 404, missing
+                    LOG.info("put-token for a missing entity refused: %s", description)
+                elif verdict.ok:
                     state.conn.authorized = True
                 else:
                     LOG.info("put-token (%s) refused: %s", app.get("type"), description)
@@ -630,13 +685,28 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
             return
         self._send(link, payload, settle=True)
 
+    def _missing_audience(self, audience: str) -> str | None:
+        """Service Bus's put-token description when ``audience`` names no entity, else None."""
+        if not entity_path(audience):
+            return None  # the namespace itself
+        try:
+            self.namespace.resolve(audience)
+        except EntityNotFound:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+            return (
+                f"The messaging entity '{audience}' could not be found. To know more visit "
+                f"https://aka.ms/sbResourceMgrExceptions.  TrackingId:{uuid.uuid4()}, "
+                f"SystemTracker:{self.namespace.name}:{entity_path(audience)}, Timestamp:{stamp}"
+            )
+        return None
+
     def _send(
         self, link: Link, payload: bytes, *, settle: bool, tag: bytes | None = None
     ) -> Delivery:
         if tag is None:
             self._tag += 1
             tag = self._tag.to_bytes(8, "big")
-        dlv = link.delivery(tag)
+        dlv = link.delivery(cast(Any, tag))  # proton's stub says str; bytes is what it takes
         link.stream(payload)
         link.advance()
         if settle:
@@ -653,6 +723,11 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
     def _flush_dirty(self, now: float) -> None:
         while self._dirty:
             store = self._dirty.pop()
+            # A session that just got messages (or was released) goes at once to a
+            # next-available accept already waiting on this entity, as Service Bus hands it
+            # over, not at the next timer tick.
+            for waiting in [s for s in self._pending if s.store is store]:
+                self._try_next_session(waiting, now)
             consumers = self._consumers.get(store)
             if not consumers:
                 continue
@@ -673,9 +748,11 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 if message is None:
                     break
                 locked = state.peek_lock and not state.session_mode
-                payload = encode_delivery(message, locked=locked)
                 token = message.lock_token
-                tag = token.bytes_le if token is not None else uuid.uuid4().bytes_le
+                payload = encode_delivery(message, locked=locked, lock_token=token, on_link=True)
+                # peek-lock: the lock token is the delivery tag (the SDK reads it back from
+                # there); receive-and-delete (settled): an empty tag, as Service Bus sends
+                tag = token.bytes_le if token is not None else b""
                 dlv = self._send(link, payload, settle=not state.peek_lock, tag=tag)
                 self._count("delivered")
                 if token is not None:
@@ -697,8 +774,8 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
             if outcome == Delivery.ACCEPTED:
                 store.complete(token, now)
             elif outcome == Delivery.REJECTED:
-                info = (remote.condition.info if remote.condition else None) or {}
-                info = {str(k): v for k, v in dict(info).items()}
+                raw_info: Any = (remote.condition.info if remote.condition else None) or {}
+                info = {str(k): v for k, v in dict(raw_info).items()}
                 reason = info.get("DeadLetterReason")
                 description = info.get("DeadLetterErrorDescription")
                 store.dead_letter(
@@ -729,7 +806,7 @@ class EmulatorHandler(MessagingHandler):  # type: ignore[misc]
                 self._reject(dlv, exc.condition, exc.description)
 
 
-_OUTCOMES = {
+_OUTCOMES: dict[Any, str] = {
     Delivery.ACCEPTED: "accepted",
     Delivery.REJECTED: "rejected",
     Delivery.RELEASED: "released",
@@ -743,9 +820,37 @@ class _Unauthorized(BrokerError):
     status = 401
 
 
+class _InvalidField(BrokerError):
+    condition = "amqp:invalid-field"
+    status = 400
+
+
 class _NotAllowed(BrokerError):
     condition = "amqp:not-allowed"
     status = 403
+
+
+def _waiting_for_messages(owner: Any) -> bool:
+    """A session receiver with credit outstanding: Service Bus does not let its lock lapse."""
+    return isinstance(owner, LinkState) and not owner.closed and owner.link.credit > 0
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def error_condition(condition: str, description: str) -> Condition:
+    """An AMQP error as Service Bus sends them: ``info`` is always a map (with a tracking id).
+
+    azure-servicebus reads a rejected transfer's ``error[2]`` unconditionally; without it the
+    send's completion callback fails and the sender waits out its timeout instead of raising.
+    """
+    tracking = str(uuid.uuid4())
+    return Condition(
+        condition,
+        f"{description} TrackingId:{tracking}",
+        {symbol("com.microsoft:tracking-id"): tracking},
+    )
 
 
 def _filters(link: Link) -> dict[Any, Any]:
@@ -755,5 +860,5 @@ def _filters(link: Link) -> dict[Any, Any]:
     data.rewind()
     if not data.next():
         return {}
-    value = data.get_object()
+    value = read_value(data)
     return dict(value) if isinstance(value, dict) else {}

@@ -77,6 +77,6 @@ def check_plain(username: str, password: str, policy: SasPolicy | None) -> bool:
     """SASL PLAIN: the key name and key as user name and password."""
     if policy is None:
         return True
-    return hmac.compare_digest(username, policy.key_name) and hmac.compare_digest(
-        password, policy.key
-    )
+    # compare bytes: compare_digest refuses str holding anything but ASCII
+    name_ok = hmac.compare_digest(username.encode(), policy.key_name.encode())
+    return hmac.compare_digest(password.encode(), policy.key.encode()) and name_ok

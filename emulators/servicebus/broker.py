@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from emulators.servicebus.codec import PROPERTY_FIELDS, Sections, encode_application_properties
+from emulators.servicebus.codec import PROPERTY_FIELDS, Sections, with_application_properties
 from emulators.servicebus.config import (
     NamespaceConfig,
     ReceiverSettings,
@@ -63,6 +63,11 @@ class SessionCannotBeLocked(BrokerError):
 class SessionLockLost(BrokerError):
     condition = "com.microsoft:session-lock-lost"
     status = 410
+
+
+class MessageSizeExceeded(BrokerError):
+    condition = "amqp:link:message-size-exceeded"  # the SDK raises MessageSizeExceededError
+    status = 413
 
 
 class InvalidRequest(BrokerError):
@@ -151,6 +156,7 @@ class SessionInfo:
     owner: Any = None
     locked_until: float = 0.0
     state: bytes | None = None
+    state_updated_at: float | None = None  # when set-session-state last ran (list filter)
     ready: list[tuple[int, StoredMessage]] = field(default_factory=list)
     locked_tokens: set[uuid.UUID] = field(default_factory=set)
 
@@ -177,6 +183,9 @@ class MessageStore:
         self.sessions: dict[str, SessionInfo] = {}
         self._session_deadlines: list[tuple[float, str]] = []
         self.notify: Callable[[MessageStore], None] | None = None
+        # Service Bus keeps a session locked while its receiver is waiting for messages (link
+        # credit outstanding; azure-service-bus#694): the adapter says whether an owner is
+        self.session_kept_alive: Callable[[Any], bool] | None = None
 
     # -- arrival -----------------------------------------------------------------------------
     def enqueue(self, message: StoredMessage, now: float) -> None:
@@ -356,12 +365,12 @@ class MessageStore:
         copy = message.copy_for()
         copy.delivery_count = message.delivery_count
         copy.dead_letter_source = self.path
-        application = dict(message.sections.application)
+        updates: dict[str, str] = {}
         if reason is not None:
-            application["DeadLetterReason"] = reason
+            updates["DeadLetterReason"] = reason
         if description is not None:
-            application["DeadLetterErrorDescription"] = description
-        copy.application_raw = encode_application_properties(application)
+            updates["DeadLetterErrorDescription"] = description
+        copy.application_raw = with_application_properties(message.application_bytes(), updates)
         self.dead_letter_queue.enqueue(copy, now)
 
     # -- deferred and peek -------------------------------------------------------------------
@@ -409,15 +418,15 @@ class MessageStore:
             for sid in idle:  # forget sessions with nothing left, so this scan stays short
                 del self.sessions[sid]
             return None if chosen is None else self._lock_session(chosen, owner, now)
-        info = self.sessions.get(session_id)
-        if info is None:
-            info = self.sessions[session_id] = SessionInfo(session_id)
-        if not self._session_free(info, now):
+        named = self.sessions.get(session_id)
+        if named is None:
+            named = self.sessions[session_id] = SessionInfo(session_id)
+        if not self._session_free(named, now):
             raise SessionCannotBeLocked(
                 f"The requested session '{session_id}' cannot be accepted. "
                 "It may be locked by another receiver."
             )
-        return self._lock_session(info, owner, now)
+        return self._lock_session(named, owner, now)
 
     def _session_free(self, info: SessionInfo, now: float) -> bool:
         if info.owner is not None and info.locked_until <= now:
@@ -454,7 +463,9 @@ class MessageStore:
         return info
 
     def renew_session(self, session_id: str, owner: Any, now: float) -> float:
-        info = self.session_for(session_id, owner, now)
+        return self._extend_session(self.session_for(session_id, owner, now), now)
+
+    def _extend_session(self, info: SessionInfo, now: float) -> float:
         info.locked_until = now + self.settings.lock_duration
         heapq.heappush(self._session_deadlines, (info.locked_until, info.session_id))
         for token in info.locked_tokens:
@@ -490,6 +501,9 @@ class MessageStore:
             _, sid = heapq.heappop(self._session_deadlines)
             info = self.sessions.get(sid)
             if info is not None and info.owner is not None and info.locked_until <= now:
+                if self.session_kept_alive is not None and self.session_kept_alive(info.owner):
+                    self._extend_session(info, now)
+                    continue
                 lost.append((info.owner, sid))
                 self._lose_session(info, now)
         while self._expiries and self._expiries[0][0] <= now:
@@ -599,6 +613,23 @@ class SendTarget:
             expires_at,
             effective if effective is not None and effective <= MAX_TTL_MS else None,
             None if group_id is None else str(group_id),
+        )
+
+
+def check_size(target: SendTarget, size: int, message_id: Any = None) -> None:
+    """Refuse a transfer over the entity's limit as Service Bus does (a batch when
+    ``message_id`` is None: the SDK's batch envelope has no message id of its own)."""
+    settings = target.settings
+    if message_id is None:
+        if size > settings.max_batch_size:
+            raise MessageSizeExceeded(
+                f"The batch (size:{size} bytes) is larger than is currently allowed "
+                f"({settings.max_batch_size} bytes) on {target.name!r}."
+            )
+    elif size > settings.max_message_size:
+        raise MessageSizeExceeded(
+            f"The message (id:{message_id}, size:{size} bytes) is larger than is currently "
+            f"allowed ({settings.max_message_size} bytes) on {target.name!r}."
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,19 @@ DEFAULT_LOCK_DURATION = 60.0
 DEFAULT_MAX_DELIVERY_COUNT = 10
 DEFAULT_TTL = 14 * 86400.0  # Azure allows more; 14 days is the emulator's documented maximum
 DEFAULT_DUPLICATE_WINDOW = 20.0
+# Message size limits by tier (Service Bus quotas): Standard 256 KB for a message and for a
+# batch; Premium the entity's MaxMessageSizeInKilobytes (1 MB by default, up to 100 MB) for a
+# message and 1 MB for a batch.
+TIERS = ("Standard", "Premium")
+STANDARD_MAX_MESSAGE_SIZE = 256 * 1024
+PREMIUM_DEFAULT_MAX_MESSAGE_KB = 1024
+PREMIUM_MAX_MESSAGE_KB = 100 * 1024
+PREMIUM_MAX_BATCH_SIZE = 1024 * 1024
+MIN_MESSAGE_SIZE_LIMIT = 256  # --max-message-size below this could not carry any message
 
 _QUEUE_KEYS = {
     "DeadLetteringOnMessageExpiration",
+    "MaxMessageSizeInKilobytes",
     "DefaultMessageTimeToLive",
     "DuplicateDetectionHistoryTimeWindow",
     "ForwardDeadLetteredMessagesTo",
@@ -43,6 +53,7 @@ _QUEUE_KEYS = {
 }
 _TOPIC_KEYS = {
     "DefaultMessageTimeToLive",
+    "MaxMessageSizeInKilobytes",
     "DuplicateDetectionHistoryTimeWindow",
     "RequiresDuplicateDetection",
 }
@@ -103,6 +114,8 @@ class SenderSettings:
     requires_duplicate_detection: bool = False
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW
     default_ttl: float = DEFAULT_TTL
+    max_message_size: int = STANDARD_MAX_MESSAGE_SIZE  # bytes of one message's transfer
+    max_batch_size: int = STANDARD_MAX_MESSAGE_SIZE  # bytes of one batch's transfer
 
 
 @dataclass(frozen=True)
@@ -131,6 +144,35 @@ class NamespaceConfig:
     name: str
     queues: tuple[QueueConfig, ...] = ()
     topics: tuple[TopicConfig, ...] = field(default_factory=tuple)
+    tier: str = "Standard"
+
+
+def with_max_message_size(config: NamespaceConfig, limit: int) -> NamespaceConfig:
+    """``config`` with every entity's message and batch size limit lowered to ``limit`` bytes
+    (``--max-message-size``: exercise a sender's size handling without 256 KB messages)."""
+    largest = max(
+        [q.sending.max_message_size for q in config.queues]
+        + [t.sending.max_message_size for t in config.topics]
+        + [STANDARD_MAX_MESSAGE_SIZE]
+    )
+    if not MIN_MESSAGE_SIZE_LIMIT <= limit <= largest:
+        raise ConfigError(
+            f"the maximum message size can only be lowered: {limit} bytes is outside "
+            f"{MIN_MESSAGE_SIZE_LIMIT}..{largest} ({config.tier} tier)"
+        )
+
+    def lowered(settings: SenderSettings) -> SenderSettings:
+        return replace(
+            settings,
+            max_message_size=min(settings.max_message_size, limit),
+            max_batch_size=min(settings.max_batch_size, limit),
+        )
+
+    return replace(
+        config,
+        queues=tuple(replace(q, sending=lowered(q.sending)) for q in config.queues),
+        topics=tuple(replace(t, sending=lowered(t.sending)) for t in config.topics),
+    )
 
 
 def load_config(path: str | Path) -> NamespaceConfig:
@@ -151,14 +193,17 @@ def parse_config(document: Any) -> NamespaceConfig:
     if not isinstance(namespaces, list) or len(namespaces) != 1:
         raise ConfigError("UserConfig.Namespaces must be a list with exactly one namespace")
     ns = _mapping(namespaces[0], "the namespace")
-    _only(ns, {"Name", "Queues", "Topics"}, "namespace")
-    queues = tuple(_queue(q) for q in _list(ns.get("Queues", []), "Queues"))
-    topics = tuple(_topic(t) for t in _list(ns.get("Topics", []), "Topics"))
+    _only(ns, {"Name", "Queues", "Topics", "Tier"}, "namespace")
+    tier = ns.get("Tier", "Standard")
+    if tier not in TIERS:
+        raise ConfigError(f"namespace: Tier must be one of {list(TIERS)}, got {tier!r}")
+    queues = tuple(_queue(q, tier) for q in _list(ns.get("Queues", []), "Queues"))
+    topics = tuple(_topic(t, tier) for t in _list(ns.get("Topics", []), "Topics"))
     names = [q.name.lower() for q in queues] + [t.name.lower() for t in topics]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"entity names used twice (names are case-insensitive): {duplicates}")
-    return NamespaceConfig(str(ns.get("Name", "sbemulatorns")), queues, topics)
+    return NamespaceConfig(str(ns.get("Name", "sbemulatorns")), queues, topics, tier)
 
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:
@@ -229,27 +274,54 @@ def _receiving(props: Mapping[str, Any], where: str) -> ReceiverSettings:
     )
 
 
-def _sending(props: Mapping[str, Any], where: str) -> SenderSettings:
+def _size_limits(props: Mapping[str, Any], tier: str, where: str) -> tuple[int, int]:
+    """(max message size, max batch size) in bytes for an entity of ``tier``."""
+    kilobytes = props.get("MaxMessageSizeInKilobytes")
+    if tier == "Standard":
+        if kilobytes is not None:
+            raise ConfigError(
+                f"{where}: MaxMessageSizeInKilobytes needs the Premium tier "
+                "(Standard is fixed at 256 KB; lower it for tests with --max-message-size)"
+            )
+        return STANDARD_MAX_MESSAGE_SIZE, STANDARD_MAX_MESSAGE_SIZE
+    if kilobytes is None:
+        kilobytes = PREMIUM_DEFAULT_MAX_MESSAGE_KB
+    if (
+        not isinstance(kilobytes, int)
+        or isinstance(kilobytes, bool)
+        or not PREMIUM_DEFAULT_MAX_MESSAGE_KB <= kilobytes <= PREMIUM_MAX_MESSAGE_KB
+    ):
+        raise ConfigError(
+            f"{where}: MaxMessageSizeInKilobytes must be an integer in "
+            f"{PREMIUM_DEFAULT_MAX_MESSAGE_KB}..{PREMIUM_MAX_MESSAGE_KB}, got {kilobytes!r}"
+        )
+    return kilobytes * 1024, PREMIUM_MAX_BATCH_SIZE
+
+
+def _sending(props: Mapping[str, Any], where: str, tier: str) -> SenderSettings:
+    message_size, batch_size = _size_limits(props, tier, where)
     return SenderSettings(
         requires_duplicate_detection=_bool(props, "RequiresDuplicateDetection", where),
         duplicate_window=_duration(
             props, "DuplicateDetectionHistoryTimeWindow", DEFAULT_DUPLICATE_WINDOW, where
         ),
         default_ttl=_duration(props, "DefaultMessageTimeToLive", DEFAULT_TTL, where),
+        max_message_size=message_size,
+        max_batch_size=batch_size,
     )
 
 
-def _queue(raw: Any) -> QueueConfig:
+def _queue(raw: Any, tier: str = "Standard") -> QueueConfig:
     obj = _mapping(raw, "a queue")
     name = _name(obj, "a queue")
     where = f"queue {name!r}"
     _only(obj, {"Name", "Properties"}, where)
     props = _mapping(obj.get("Properties", {}), f"{where} Properties")
     _only(props, _QUEUE_KEYS, f"{where} Properties")
-    return QueueConfig(name, _sending(props, where), _receiving(props, where))
+    return QueueConfig(name, _sending(props, where, tier), _receiving(props, where))
 
 
-def _topic(raw: Any) -> TopicConfig:
+def _topic(raw: Any, tier: str = "Standard") -> TopicConfig:
     obj = _mapping(raw, "a topic")
     name = _name(obj, "a topic")
     where = f"topic {name!r}"
@@ -260,7 +332,7 @@ def _topic(raw: Any) -> TopicConfig:
     names = [s.name.lower() for s in subs]
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}: subscription names used twice")
-    return TopicConfig(name, _sending(props, where), subs)
+    return TopicConfig(name, _sending(props, where, tier), subs)
 
 
 def _subscription(raw: Any, topic: str) -> SubscriptionConfig:

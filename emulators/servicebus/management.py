@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from proton import UNDESCRIBED, Array, Data
 
@@ -18,6 +18,7 @@ from emulators.servicebus.broker import (
     MessageStore,
     Resolved,
     StoredMessage,
+    check_size,
 )
 from emulators.servicebus.codec import MessageDecodeError, decode_sections
 from emulators.servicebus.wire import encode_delivery, to_timestamp
@@ -33,10 +34,12 @@ class Response:
 
 OK = 200
 NO_CONTENT = 204
+# what the SDK sends as last-updated-time when no state_updated_after is given (year 10000)
+MAX_LAST_UPDATED_MS = 253402300800000
 
 
 def _array(kind: int, values: list[Any]) -> Array:
-    return Array(UNDESCRIBED, kind, *values)
+    return Array(cast(Any, UNDESCRIBED), kind, *values)
 
 
 def _require(body: Mapping[str, Any], key: str) -> Any:
@@ -48,6 +51,8 @@ def _require(body: Mapping[str, Any], key: str) -> Any:
 def _tokens(body: Mapping[str, Any]) -> list[uuid.UUID]:
     raw = _require(body, "lock-tokens")
     values = list(raw.elements if isinstance(raw, Array) else raw)
+    if any(v is None for v in values):
+        raise InvalidRequest("The lock token supplied is invalid: it is null")
     try:
         return [v if isinstance(v, uuid.UUID) else uuid.UUID(str(v)) for v in values]
     except ValueError as exc:
@@ -163,9 +168,11 @@ def _schedule(resolved: Resolved, body: dict[str, Any], now: float) -> Response:
     sequence_numbers: list[int] = []
     for entry in entries:
         try:
-            sections = decode_sections(bytes(entry["message"]))
+            raw = bytes(entry["message"])
+            sections = decode_sections(raw)
         except (KeyError, TypeError, MessageDecodeError) as exc:
             raise InvalidRequest(f"bad scheduled message: {exc}") from exc
+        check_size(resolved.target, len(raw), sections.properties[0] or "")
         at = sections.annotations.get("x-opt-scheduled-enqueue-time")
         when = now if at is None else int(at) / 1000.0
         sequence_numbers.append(resolved.target.schedule(sections, when, now))
@@ -189,6 +196,7 @@ def _set_session_state(resolved: Resolved, body: dict[str, Any], now: float) -> 
     info = _store(resolved).session_for(str(_require(body, "session-id")), None, now)
     state = body.get("session-state")
     info.state = None if state is None else bytes(state)
+    info.state_updated_at = now
     return Response(OK, "OK")
 
 
@@ -196,7 +204,18 @@ def _list_sessions(resolved: Resolved, body: dict[str, Any], now: float) -> Resp
     store = _store(resolved)
     skip = int(body.get("skip", 0) or 0)
     top = int(body.get("top", 100) or 100)
-    ids = [sid for sid, info in store.sessions.items() if info.ready or info.locked_tokens]
+    cutoff = body.get("last-updated-time")
+    if cutoff is None or int(cutoff) >= MAX_LAST_UPDATED_MS:
+        # no filter: the sessions holding messages
+        ids = [sid for sid, info in store.sessions.items() if info.ready or info.locked_tokens]
+    else:
+        # state_updated_after: the sessions whose state was set after the cutoff
+        after = int(cutoff) / 1000.0
+        ids = [
+            sid
+            for sid, info in store.sessions.items()
+            if info.state_updated_at is not None and info.state_updated_at > after
+        ]
     page = ids[skip : skip + top]
     if not page:
         return Response(NO_CONTENT, "No sessions")

@@ -11,15 +11,14 @@ PLAIN takes the SAS key name as user name and the key as password (``auth.check_
 from __future__ import annotations
 
 import logging
-import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, ulong
 
 from emulators.servicebus.auth import SasPolicy, check_plain
-from emulators.servicebus.codec import owned
+from emulators.servicebus.codec import MessageDecodeError, decode_value
 
 LOG = logging.getLogger("sebridge.servicebus_emulator.sasl")
 
@@ -61,19 +60,22 @@ def decode_frame(frame: bytes) -> tuple[int, list[Any]]:
     size, doff, kind, _channel = struct.unpack(">IBBH", frame[:8])
     if kind != 1 or size != len(frame) or doff < 2:
         raise SaslError(f"not a SASL frame (type {kind}, size {size}, doff {doff})")
-    data = Data()
-    data.decode(frame[doff * 4 :])
-    data.rewind()
-    data.next()
-    value = data.get_object()
-    if not isinstance(value, Described):
+    try:
+        value, _used = decode_value(frame[doff * 4 :])
+    except MessageDecodeError as exc:
+        raise SaslError(f"undecodable SASL frame: {exc}") from exc
+    if not isinstance(value, Described) or not isinstance(value.value, list | None):
         raise SaslError("SASL frame body is not a described list")
-    return int(value.descriptor), owned(list(value.value or []))
+    descriptor: Any = value.descriptor
+    if not isinstance(descriptor, int):
+        raise SaslError(f"SASL frame descriptor {descriptor!r} is not numeric")
+    return int(descriptor), list(value.value or [])
 
 
 def mechanisms_frame() -> bytes:
     return encode_frame(
-        SASL_MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL, *(symbol(m) for m in MECHANISMS))]
+        SASL_MECHANISMS,
+        [Array(cast(Any, UNDESCRIBED), Data.SYMBOL, *(symbol(m) for m in MECHANISMS))],
     )
 
 
@@ -98,40 +100,38 @@ def judge_init(fields: list[Any], policy: SasPolicy | None) -> tuple[int, SaslRe
     return AUTH_FAILED, SaslResult(True, mechanism)
 
 
-def _recv_exact(sock: socket.socket, count: int) -> bytes:
-    chunks: list[bytes] = []
-    while count:
-        chunk = sock.recv(count)
-        if not chunk:
-            raise SaslError("peer closed during the SASL exchange")
-        chunks.append(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
+class ByteStream(Protocol):
+    """What the exchange reads from and writes to (bridge.ClientStream: the client's socket
+    through its TLS and WebSocket layers)."""
+
+    def recv_exact(self, count: int) -> bytes: ...
+
+    def sendall(self, data: bytes) -> None: ...
 
 
-def handshake(sock: socket.socket, policy: SasPolicy | None) -> tuple[SaslResult, bytes] | None:
-    """Run the exchange on a blocking socket (with a timeout set by the caller).
+def handshake(stream: ByteStream, policy: SasPolicy | None) -> tuple[SaslResult, bytes] | None:
+    """Run the exchange on a blocking stream (with a timeout set by the caller).
 
     Returns what was established and the bytes already read that belong to the AMQP layer
     (the AMQP header when the client skipped SASL), or None when the connection is refused.
     Reads never go past the SASL frames, so a client pipelining its AMQP header is fine.
     """
-    header = _recv_exact(sock, 8)
+    header = stream.recv_exact(8)
     if header == AMQP_HEADER:
         return SaslResult(False, authenticated=policy is None), header
     if header != SASL_HEADER:
-        sock.sendall(SASL_HEADER)
+        stream.sendall(SASL_HEADER)
         LOG.info("refusing connection: unknown protocol header %r", header)
         return None
-    sock.sendall(SASL_HEADER + mechanisms_frame())
-    size = struct.unpack(">I", _recv_exact(sock, 4))[0]
+    stream.sendall(SASL_HEADER + mechanisms_frame())
+    size = struct.unpack(">I", stream.recv_exact(4))[0]
     if not 8 <= size <= MAX_SASL_FRAME:
         raise SaslError(f"SASL frame size {size} out of range")
-    code, fields = decode_frame(struct.pack(">I", size) + _recv_exact(sock, size - 4))
+    code, fields = decode_frame(struct.pack(">I", size) + stream.recv_exact(size - 4))
     if code != SASL_INIT:
         raise SaslError(f"expected sasl-init, got performative {code:#x}")
     outcome, result = judge_init(fields, policy)
-    sock.sendall(outcome_frame(outcome))
+    stream.sendall(outcome_frame(outcome))
     if outcome != OK:
         LOG.info("SASL %s refused for user %r", result.mechanism, result.user)
         return None

@@ -15,6 +15,14 @@ With TLS on (the SDK's default), the SDK drops the port and dials 5671; reach th
 listener with ``ServiceBusClient("localhost", credential, custom_endpoint_address=
 f"sb://127.0.0.1:{emulator.tls_port}", transport_type=TransportType.Amqp,
 connection_verify=emulator.ca_cert)`` (start it with ``tls=True``).
+
+AMQP over WebSockets (start it with ``websocket=True``): the same connection string plus
+``**emulator.websocket_kwargs()``, i.e. ``transport_type=TransportType.AmqpOverWebsocket,
+custom_endpoint_address=f"sb://127.0.0.1:{emulator.websocket_port}"`` (the SDK keeps no port of
+its own for WebSockets: without a custom endpoint it dials port 80/443). With ``tls=True`` as
+well there is a wss:// listener too: ``emulator.websocket_kwargs(tls=True)`` adds
+``connection_verify``; use it with a connection string *without* UseDevelopmentEmulator (that
+setting turns TLS off), e.g. ``emulator.tls_connection_string``.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 SAS_KEY_NAME = "RootManageSharedAccessKey"
 SAS_KEY = "SAS_KEY_VALUE"
@@ -54,10 +62,14 @@ class EmulatorProcess:
         extra_args: list[str] | None = None,
         log_path: str | Path | None = None,
         tls: bool = False,
+        websocket: bool = False,
     ) -> None:
         self.config = None if config is None else Path(config)
         self.tls = tls
+        self.websocket = websocket
         self.tls_port: int | None = None
+        self.websocket_port: int | None = None
+        self.websocket_tls_port: int | None = None
         self.ca_cert: str | None = None
         self.port = port
         self.extra_args = list(extra_args or [])
@@ -79,6 +91,30 @@ class EmulatorProcess:
         )
 
     @property
+    def tls_connection_string(self) -> str:
+        """For the TLS listeners: no UseDevelopmentEmulator (it turns TLS off), no port (the
+        SDK drops it under TLS; pass custom_endpoint_address)."""
+        return (
+            f"Endpoint=sb://localhost/;SharedAccessKeyName={SAS_KEY_NAME};"
+            f"SharedAccessKey={SAS_KEY};"
+        )
+
+    def websocket_kwargs(self, *, tls: bool = False) -> dict[str, Any]:
+        """Client keywords for AMQP over WebSockets (ws://, or wss:// with ``tls``)."""
+        from azure.servicebus import TransportType
+
+        port = self.websocket_tls_port if tls else self.websocket_port
+        if port is None:
+            raise EmulatorError("start the emulator with websocket=True (and tls=True for wss)")
+        kwargs: dict[str, Any] = {
+            "transport_type": TransportType.AmqpOverWebsocket,
+            "custom_endpoint_address": f"sb://127.0.0.1:{port}",
+        }
+        if tls:
+            kwargs["connection_verify"] = self.ca_cert
+        return kwargs
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
@@ -94,10 +130,14 @@ class EmulatorProcess:
         if self.config is not None:
             command += ["--config", str(self.config)]
         command += self.extra_args
-        info: Path | None = None
+        info = Path(tempfile.mkdtemp(prefix="sebridge-sb-")) / "listening.json"
+        command += ["--listen-info", str(info)]
         if self.tls:
-            info = Path(tempfile.mkdtemp(prefix="sebridge-sb-")) / "tls.json"
-            command += ["--tls-port", str(self.tls_port or 0), "--tls-info", str(info)]
+            command += ["--tls-port", str(self.tls_port or 0)]
+        if self.websocket:
+            command += ["--websocket-port", str(self.websocket_port or 0)]
+            if self.tls:
+                command += ["--websocket-tls-port", str(self.websocket_tls_port or 0)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         deadline = time.monotonic() + timeout
         while True:  # a just-freed port can linger briefly after stop(); retry until deadline
@@ -117,16 +157,19 @@ class EmulatorProcess:
             line = _read_line(self._process, max(0.1, deadline - time.monotonic()))
             if line is not None and line.startswith("listening on amqp://"):
                 self.port = int(line.strip().rsplit(":", 1)[1])
-                if info is not None:
-                    details = json.loads(info.read_text())
-                    self.tls_port, self.ca_cert = int(details["port"]), str(details["ca_cert"])
-                    shutil.rmtree(info.parent, ignore_errors=True)
+                details = json.loads(info.read_text())  # written before the first line
+                shutil.rmtree(info.parent, ignore_errors=True)
+                self.tls_port = details.get("amqps")
+                self.websocket_port = details.get("ws")
+                self.websocket_tls_port = details.get("wss")
+                self.ca_cert = details.get("ca_cert")
                 threading.Thread(target=_drain, args=(self._process.stdout,), daemon=True).start()
                 return
             exit_code = self._process.poll()
             self._kill()
             # only "cannot listen" (exit 1: the port is still held) is worth another try
             if time.monotonic() >= deadline or self.port == 0 or exit_code not in (1, None):
+                shutil.rmtree(info.parent, ignore_errors=True)
                 tail = "".join(self._stderr_tail[-20:])
                 raise EmulatorError(f"emulator did not start (got {line!r}); stderr:\n{tail}")
             time.sleep(0.2)
@@ -227,13 +270,18 @@ def running_emulator(
     extra_args: list[str] | None = None,
     log_path: str | Path | None = None,
     tls: bool = False,
+    websocket: bool = False,
 ) -> Iterator[EmulatorProcess]:
     """Start the emulator (``config`` defaults to infra/servicebus-emulator/Config.json).
 
     ``tls=True`` also opens a TLS listener (``.tls_port``) with a self-signed certificate
-    (``.ca_cert``, pass it as ``connection_verify``).
+    (``.ca_cert``, pass it as ``connection_verify``). ``websocket=True`` also serves AMQP over
+    WebSockets (``.websocket_port``; with ``tls=True`` also wss on ``.websocket_tls_port``);
+    ``.websocket_kwargs()`` are the client keywords that reach it.
     """
-    emulator = EmulatorProcess(config, port=port, extra_args=extra_args, log_path=log_path, tls=tls)
+    emulator = EmulatorProcess(
+        config, port=port, extra_args=extra_args, log_path=log_path, tls=tls, websocket=websocket
+    )
     try:
         emulator.start()
         yield emulator

@@ -1,7 +1,7 @@
-"""A self-signed certificate for the emulator's optional TLS listener, made at start.
+"""A self-signed certificate for the emulator's optional TLS listeners, made at start.
 
-Valid for 127.0.0.1, ::1 and localhost for one day; written with its key to a private
-temporary directory. Clients trust it with ``connection_verify=<certificate path>``.
+Valid for 127.0.0.1, ::1, localhost (and any --tls-hostname) for one day; written with its key
+to a private temporary directory. Clients trust it with ``connection_verify=<certificate path>``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def self_signed_certificate(directory: Path | None = None) -> tuple[Path, Path]:
-    """(certificate path, key path) of a fresh self-signed certificate."""
+def self_signed_certificate(
+    directory: Path | None = None, hostnames: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
+    """(certificate path, key path) of a fresh self-signed certificate; ``hostnames`` are
+    extra DNS names it is valid for (e.g. a namespace's name mapped to loopback)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sebridge-servicebus-emulator")])
     now = dt.datetime.now(dt.UTC)
@@ -35,6 +38,7 @@ def self_signed_certificate(directory: Path | None = None) -> tuple[Path, Path]:
             x509.SubjectAlternativeName(
                 [
                     x509.DNSName("localhost"),
+                    *(x509.DNSName(name) for name in hostnames),
                     x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
                     x509.IPAddress(ipaddress.ip_address("::1")),
                 ]

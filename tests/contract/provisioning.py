@@ -47,6 +47,7 @@ ENTITY_KEYWORDS = {
     "ForwardTo": "forward_to",
     "LockDuration": "lock_duration",
     "MaxDeliveryCount": "max_delivery_count",
+    "MaxMessageSizeInKilobytes": "max_message_size_in_kilobytes",  # Premium namespaces only
     "RequiresDuplicateDetection": "requires_duplicate_detection",
     "RequiresSession": "requires_session",
 }

@@ -182,11 +182,11 @@ def test_sasl_plain_with_the_sas_key(namespace) -> None:
     emulator = namespace.emulator
     target = f"amqp://{emulator.namespace}/{QUEUE}"
 
-    def send(password: str) -> None:
+    def send(password: str, user: str = SAS_KEY_NAME) -> None:
         client = SendClient(
             emulator.namespace,
             target,
-            auth=SASLPlainAuth(authcid=SAS_KEY_NAME, passwd=password),
+            auth=SASLPlainAuth(authcid=user, passwd=password),
             use_tls=False,
         )
         try:
@@ -202,6 +202,12 @@ def test_sasl_plain_with_the_sas_key(namespace) -> None:
     send(SAS_KEY)
     with pytest.raises(ValueError, match="SASL negotiation failed"):
         send("wrong")
+    # a non-ASCII user name is refused like any wrong one, at once (it used to kill the
+    # handshake thread, leaving the client to wait for its timeout)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="SASL negotiation failed"):
+        send(SAS_KEY, user="Schlüssel-ключ")
+    assert time.monotonic() - started < 5
     with (
         namespace.client() as client,
         client.get_queue_receiver(

@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import copy
 import json
+import struct
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from emulators.servicebus import amqpbytes, decimals
 from emulators.servicebus.broker import (
     LockLost,
     Namespace,
     SessionCannotBeLocked,
 )
 from emulators.servicebus.codec import Sections
-from emulators.servicebus.config import ConfigError, load_config, parse_config
+from emulators.servicebus.config import (
+    ConfigError,
+    load_config,
+    parse_config,
+    with_max_message_size,
+)
 from emulators.servicebus.durations import DurationError, parse_duration
+from emulators.servicebus.frames import FrameRewriter
 from emulators.servicebus.sqlfilter import FilterSyntaxError, MessageFacts, compile_sql_filter
 
 CONFIG = Path(__file__).with_name("Config.json")
@@ -165,6 +173,16 @@ def _first_rule(ns: dict[str, Any]) -> dict[str, Any]:
         (lambda ns: _first_rule(ns).update(Action={"SqlExpression": "SET x = 1"}), "actions"),
         (lambda ns: _first_rule(ns).update(FilterType="Magic"), "FilterType"),
         (lambda ns: ns["Queues"].append(copy.deepcopy(ns["Queues"][0])), "used twice"),
+        (
+            lambda ns: _queue_props(ns).update(MaxMessageSizeInKilobytes=2048),
+            "MaxMessageSizeInKilobytes needs the Premium tier",
+        ),
+        (
+            lambda ns: (
+                ns.update(Tier="Premium") or _queue_props(ns).update(MaxMessageSizeInKilobytes=512)
+            ),
+            "MaxMessageSizeInKilobytes must be an integer in 1024..102400",
+        ),
     ],
 )
 def test_config_refuses_what_it_cannot_honour(change: Any, message: str) -> None:
@@ -173,6 +191,33 @@ def test_config_refuses_what_it_cannot_honour(change: Any, message: str) -> None
     assert message in str(caught.value)
     # the error names the entity it is about
     assert "contract-" in str(caught.value) or "used twice" in message
+
+
+def test_tier_decides_the_size_limits_and_the_flag_only_lowers_them() -> None:
+    standard = load_config(CONFIG)
+    assert standard.tier == "Standard"
+    queue = standard.queues[0].sending
+    assert (queue.max_message_size, queue.max_batch_size) == (262144, 262144)
+
+    def premium(ns: dict[str, Any]) -> None:
+        ns["Tier"] = "Premium"
+        _queue_props(ns)["MaxMessageSizeInKilobytes"] = 4096
+
+    config = parse_config(_with(premium))
+    big, default = config.queues[0].sending, config.queues[1].sending
+    assert (big.max_message_size, big.max_batch_size) == (4096 * 1024, 1024 * 1024)
+    assert (default.max_message_size, default.max_batch_size) == (1024 * 1024, 1024 * 1024)
+    with pytest.raises(ConfigError, match="Tier"):
+        parse_config(_with(lambda ns: ns.update(Tier="Basic")))
+
+    lowered = with_max_message_size(standard, 2048)
+    assert {(q.sending.max_message_size, q.sending.max_batch_size) for q in lowered.queues} == {
+        (2048, 2048)
+    }
+    assert lowered.topics[0].sending.max_batch_size == 2048
+    for bad in (100, 262145):
+        with pytest.raises(ConfigError, match="can only be lowered"):
+            with_max_message_size(standard, bad)
 
 
 def _sections(
@@ -277,3 +322,154 @@ def test_addresses_resolve_case_insensitively(ns: Namespace) -> None:
     assert ns.resolve("contract-queue/$management").management
     with pytest.raises(Exception, match="could not be found"):
         ns.resolve("contract-topic/Subscriptions/nope")
+
+
+# -- frames.FrameRewriter: out-of-order delivery-ids from a multi-threaded client ---------------
+
+
+def _frame(code: int, fields: list[bytes], channel: int = 1, payload: bytes = b"") -> bytes:
+    body = bytes([0x00, 0x53, code]) + amqpbytes.encode_list(fields) + payload
+    return struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body
+
+
+def _transfer(
+    delivery_id: int, handle: int = 0, more: bool = False, settled: bool = False
+) -> bytes:
+    flag = [bytes([0x42]), bytes([0x41])]
+    fields = [amqpbytes.encode_uint(handle), amqpbytes.encode_uint(delivery_id)]
+    fields += [b"\xa0\x01t", amqpbytes.encode_uint(0), flag[settled], flag[more]]
+    return _frame(0x14, fields, payload=b"payload")
+
+
+def _delivery_ids(stream: bytes, code: int) -> list[tuple[int, int | None]]:
+    """(field 1, field 2) of every ``code`` performative in a frame stream."""
+    found = []
+    at = 0
+    while at < len(stream):
+        size = struct.unpack_from(">I", stream, at)[0]
+        frame = stream[at : at + size]
+        if frame[10] == code:
+            items = [frame[a:b] for a, b in amqpbytes.elements(frame, 11)]
+            second = amqpbytes.read_uint(items[2], 0) if code == 0x15 else None
+            found.append((amqpbytes.read_uint(items[1], 0), second))
+        at += size
+    return found
+
+
+def _opened_rewriter() -> FrameRewriter:
+    rewriter = FrameRewriter("test")
+    begin = _frame(0x11, [bytes([0x40]), amqpbytes.encode_uint(0), amqpbytes.encode_uint(100)])
+    assert rewriter.from_client(b"AMQP\x00\x01\x00\x00" + begin).endswith(begin)
+    broker_begin = _frame(0x11, [b"\x60\x00\x01", amqpbytes.encode_uint(0)], channel=0)
+    assert rewriter.from_broker(b"AMQP\x00\x01\x00\x00" + broker_begin).endswith(broker_begin)
+    return rewriter
+
+
+def test_out_of_order_transfers_are_renumbered_and_dispositions_mapped_back() -> None:
+    rewriter = _opened_rewriter()
+    # two threads raced: ids 1, 0, then 1 again (a repeated id), then 3
+    sent = b"".join(_transfer(i) for i in (1, 0, 1, 3))
+    forwarded = rewriter.from_client(sent)
+    assert [first for first, _ in _delivery_ids(forwarded, 0x14)] == [0, 1, 2, 3]
+    assert forwarded.count(b"payload") == 4
+    # the broker settles 0..3 in one range: the client hears about its own ids
+    flag_true = bytes([0x41])
+    disposition = _frame(
+        0x15,
+        [flag_true, amqpbytes.encode_uint(0), amqpbytes.encode_uint(3), flag_true, b"\x40"],
+        channel=0,
+    )
+    back = rewriter.from_broker(disposition)
+    assert _delivery_ids(back, 0x15) == [(1, 1), (0, 1), (3, 3)]
+    # settled: the mapping is gone, later dispositions pass through untouched
+    assert rewriter.from_broker(disposition) == disposition
+
+
+def test_in_order_multi_frame_transfers_pass_through_byte_for_byte() -> None:
+    rewriter = _opened_rewriter()
+    frames = [_transfer(0, more=True), _transfer(0), _transfer(1, handle=2)]
+    # split at arbitrary points: the rewriter reassembles frames across reads
+    stream = b"".join(frames)
+    out = b"".join(rewriter.from_client(stream[i : i + 7]) for i in range(0, len(stream), 7))
+    assert out == stream
+    assert rewriter.renumbered == 0
+
+
+def test_frames_after_the_client_ended_its_session_are_dropped() -> None:
+    rewriter = _opened_rewriter()
+    end = _frame(0x17, [])
+    detach = _frame(0x16, [amqpbytes.encode_uint(0), bytes([0x41])])
+    assert rewriter.from_client(end + detach) == end
+    close = _frame(0x18, [], channel=0)
+    assert rewriter.from_client(close) == close
+
+
+def test_unparseable_bytes_are_handed_on_untouched() -> None:
+    rewriter = FrameRewriter("test")
+    garbage = b"AMQP\x00\x01\x00\x00" + b"\x00\x00\x00\x02" + b"\xff" * 40
+    assert rewriter.from_client(garbage) == garbage
+    assert rewriter.from_client(b"more") == b"more"
+
+
+@pytest.mark.parametrize(
+    ("value", "sent", "delivered"),
+    [
+        # what azure-servicebus sends (IEEE 754 decimal128) -> what Service Bus delivers
+        ("1.5", "94303e000000000000000000000000000f", "940c3e000000000000000000000000000f"),
+        ("1.2345", "9430380000000000000000000000003039", "940c380000000000000000000000003039"),
+        ("-7.5", "94b03e000000000000000000000000004b", "948c3e000000000000000000000000004b"),
+        ("12E+2", "943044000000000000000000000000000c", "940c4000000000000000000000000004b0"),
+    ],
+)
+def test_decimals_are_re_encoded_as_service_bus_does(value: str, sent: str, delivered: str) -> None:
+    from decimal import Decimal
+
+    from azure.servicebus._pyamqp._decode import _decode_decimal128
+    from azure.servicebus._pyamqp._encode import encode_decimal128
+
+    encoded = bytearray()
+    encode_decimal128(encoded, Decimal(value))
+    assert bytes(encoded).hex() == sent
+    assert decimals.as_servicebus(bytes(encoded)).hex() == delivered
+    # and the SDK's own decoder reads the delivered form back as the value that was sent
+    _rest, decoded = _decode_decimal128(memoryview(bytes.fromhex(delivered)[1:]))
+    assert decoded == Decimal(value)
+
+
+def test_decimals_service_bus_cannot_hold_are_refused() -> None:
+    with pytest.raises(decimals.DecimalError, match="scale"):
+        decimals.as_servicebus(bytes.fromhex("94") + bytes.fromhex("2ffe") + bytes(14))
+    too_big = bytes.fromhex("94") + bytes.fromhex("3042") + b"\x00\x00" + b"\xff" * 12
+    with pytest.raises(decimals.DecimalError, match="overflows"):
+        decimals.as_servicebus(too_big)
+
+
+def test_byte_level_decoder_reads_what_proton_refuses_and_agrees_elsewhere() -> None:
+    from proton import UNDESCRIBED, Array, Data, symbol, timestamp
+
+    from emulators.servicebus.codec import decode_value
+
+    token = uuid.uuid4()
+    value = {
+        "sequence-numbers": Array(UNDESCRIBED, Data.LONG, 1, 300, 2**40),
+        "symbol": symbol("com.microsoft:x"),
+        "binary": b"\x00\xff",
+        "none": None,
+        "list": [1, "a", [True, False]],
+        "token": token,
+        "when": timestamp(1_700_000_000_000),
+    }
+    data = Data()
+    data.put_object(value)
+    encoded = data.encode()
+    decoded, end = amqpbytes.decode(encoded)
+    assert end == len(encoded)
+    assert list(decoded["sequence-numbers"].elements) == [1, 300, 2**40]
+    assert {k: v for k, v in decoded.items() if k != "sequence-numbers"} == {
+        k: v for k, v in value.items() if k != "sequence-numbers"
+    }
+    # an array of nulls (azure-servicebus's "lock-tokens": [None]): proton cannot, we can
+    nulls = bytes.fromhex("c11202a10b6c6f636b2d746f6b656e73e0010140")
+    with pytest.raises(Exception):  # noqa: B017 - proton's DataException family
+        Data().decode(nulls)
+    assert list(decode_value(nulls)[0]["lock-tokens"].elements) == [None]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.servicebus.exceptions import MessagingEntityNotFoundError
+from azure.servicebus.exceptions import ServiceBusAuthenticationError
 
 from emulators.servicebus.testing import EmulatorError, running_emulator
 
@@ -30,10 +30,12 @@ def test_listening_line_sigterm_and_restart_on_the_same_port() -> None:
                 with suppress(OSError):
                     while raw.recv(4096):  # the emulator answers, then drops the connection
                         pass
-        with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
+        with ServiceBusClient.from_connection_string(
+            emulator.connection_string, retry_total=0
+        ) as client:
             with client.get_topic_sender("scheduled-events", keep_alive=0) as sender:
                 sender.send_messages(ServiceBusMessage("x", session_id="e1", message_id="a"))
-            with pytest.raises(MessagingEntityNotFoundError):
+            with pytest.raises(ServiceBusAuthenticationError):
                 with client.get_queue_sender("contract-queue", keep_alive=0) as sender:
                     sender.send_messages(ServiceBusMessage("not in this config"))
         emulator.restart()

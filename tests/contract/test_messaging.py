@@ -9,7 +9,7 @@ import uuid
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
-from azure.servicebus.exceptions import MessagingEntityNotFoundError
+from azure.servicebus.exceptions import ServiceBusAuthenticationError
 
 QUEUE = "contract-queue"
 
@@ -137,21 +137,28 @@ def test_receive_and_delete_removes_the_message(client: ServiceBusClient, drain)
 
 
 @pytest.mark.timeout(30)
-def test_unknown_entity_is_not_found_promptly(client: ServiceBusClient) -> None:
+def test_unknown_entity_is_refused_promptly_at_put_token(client: ServiceBusClient) -> None:
+    """Service Bus answers the put-token for a missing entity with 404 ("The messaging entity
+    ... could not be found"), so the SDK raises ServiceBusAuthenticationError (its own tests:
+    test_sb_client_bad_entity, test_session_connection_failure_is_idempotent)."""
     started = time.monotonic()
-    with pytest.raises(MessagingEntityNotFoundError), client.get_queue_sender("no-such-queue") as s:
-        s.send_messages(ServiceBusMessage("x"))
-    with pytest.raises(MessagingEntityNotFoundError):
+    with pytest.raises(ServiceBusAuthenticationError) as refused:
+        with client.get_queue_sender("no-such-queue") as sender:
+            sender.send_messages(ServiceBusMessage("x"))
+    assert "404" in refused.value.exc_msg and "could not be found" in refused.value.exc_msg
+    with pytest.raises(ServiceBusAuthenticationError) as refused:
         with client.get_queue_receiver("no-such-queue", max_wait_time=1) as receiver:
             receiver.receive_messages(max_wait_time=1)
+    assert "404" in refused.value.exc_msg
     assert time.monotonic() - started < 10
 
 
 @pytest.mark.timeout(30)
-def test_unknown_subscription_is_not_found(client: ServiceBusClient) -> None:
-    with pytest.raises(MessagingEntityNotFoundError):
+def test_unknown_subscription_is_refused_at_put_token(client: ServiceBusClient) -> None:
+    with pytest.raises(ServiceBusAuthenticationError) as refused:
         with client.get_subscription_receiver("contract-topic", "nope", max_wait_time=1) as r:
             r.receive_messages(max_wait_time=1)
+    assert "404" in refused.value.exc_msg
 
 
 def _receive(receiver, count: int, timeout: float = 10.0) -> list:

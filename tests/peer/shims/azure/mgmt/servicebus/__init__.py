@@ -1,0 +1,1 @@
+"""What the tests import of azure-mgmt-servicebus."""

@@ -1,0 +1,1 @@
+RESOURCE_GROUP_PARAM = "resource_group"
