@@ -48,6 +48,10 @@ class ChildProcess:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> ChildProcess:
+        """Start the process; a no-op while it runs (``with server(...)[0]:`` after
+        :func:`server` started it would otherwise start a second one and leak the first)."""
+        if self.alive:
+            return self
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
             "w+", prefix=f"{self.name}-", suffix=".log", encoding="utf-8"
         )
