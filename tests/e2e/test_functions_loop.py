@@ -235,9 +235,10 @@ def publish_many(bus: Any, envelopes: list[Any]) -> None:
 @pytest.mark.timeout(240)
 def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any]) -> None:
     """pool-p holds pair-1 and pair-2 (LB_MIN_HEALTHY 1). Two Scheduled events, one for each,
-    reach two functions-host processes at once; the health query is slowed down (1 s) so both
-    decisions overlap. The blob lease serialises them: one is drained, one is held; when the
-    drained one completes, the held one is drained and the pool keeps a member throughout."""
+    reach two functions-host processes at once; the health query (1 s) and the first drain's
+    NIC PUT (1.5 s, under the lease) are slowed down so both decisions overlap. The blob lease
+    serialises them: one is drained, one is held; when the drained one completes, the held one
+    is drained and the pool keeps a member throughout."""
     bus, arm, storage, vms = world["bus"], world["arm"], world["storage"], world["vms"]
     receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
     second, _ = server(
@@ -249,6 +250,9 @@ def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any])
     )
     try:
         arm.slow(1.0, path_contains="lb-pair/loadBalancingRules/http/health")
+        # The first drain's NIC PUT happens under the pool's lease: held that long, the other
+        # decision finds the lease taken even when a loaded machine starts it a little later.
+        arm.slow(1.5, method="PUT", path_contains="/networkInterfaces/", times=1)
         not_before = (datetime.now(UTC) + timedelta(minutes=10)).strftime(
             "%a, %d %b %Y %H:%M:%S GMT"
         )
