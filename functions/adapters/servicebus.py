@@ -15,8 +15,9 @@ import threading
 from typing import Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusError
 
+from functions.shared.batching import Batcher
 from sebridge import servicebus
 from sebridge.contract.commands import ApproveCommand
 from sebridge.contract.events import Envelope
@@ -28,9 +29,18 @@ class ServiceBusSender:
     """One lazily built client per process and one long-lived sender per entity.
 
     Opening a sender attaches an AMQP link (and exchanges a token): hundreds of milliseconds
-    that every approval would otherwise wait for. Sends through one sender are serialized
-    (SDK senders are not thread-safe; a send takes milliseconds); a sender that fails is
-    dropped and the send tried once more on a fresh one before the error propagates.
+    that every approval would otherwise wait for. An SDK sender is not thread-safe, so the
+    invocations of a process take turns on each entity's link; but a burst (fifty events
+    prepared at once, each publishing ``Prepared``) would then wait for fifty round trips one
+    after another. So the sends of one entity are group-committed (functions.shared.batching):
+    the messages that queue up while one send is in flight go together in the next, as one
+    batch (``create_message_batch``, split when full), and each caller returns once the broker
+    took its own message. One batch holds messages of many sessions with distinct message ids,
+    which Service Bus accepts on an entity without partitioning (the forwarder relies on the
+    same; infra/modules/servicebus.bicep does not enable partitioning). A message too large on
+    its own fails only its own send. A send that fails drops the link and is tried once more
+    on a fresh one (a message the broker took the first time is a duplicate the second time,
+    and duplicate detection drops it) before the error reaches every caller of that batch.
     """
 
     def __init__(self, *, namespace: str, connection_string: str, credential: Any = None) -> None:
@@ -39,53 +49,67 @@ class ServiceBusSender:
         self._credential = credential
         self._client: ServiceBusClient | None = None
         self._senders: dict[tuple[str, str], Any] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # the client and the senders' table, not the sends
+        self.batches: Batcher[tuple[str, str], ServiceBusMessage, None] = Batcher()
 
     def __repr__(self) -> str:
         return f"ServiceBusSender(namespace={self._namespace or '<connection string>'})"
 
     def _get_client(self) -> ServiceBusClient:
-        with self._lock:
-            if self._client is None:
-                self._client = servicebus.client(
-                    namespace=self._namespace,
-                    connection_string=self._connection_string,
-                    credential=self._credential,
-                    retry_total=3,
-                )
-            return self._client
+        if self._client is None:
+            self._client = servicebus.client(
+                namespace=self._namespace,
+                connection_string=self._connection_string,
+                credential=self._credential,
+                retry_total=3,
+            )
+        return self._client
 
     def _sender(self, kind: str, name: str) -> Any:
-        sender = self._senders.get((kind, name))
-        if sender is None:
-            client = self._get_client()
-            sender = (
-                client.get_topic_sender(name) if kind == "topic" else client.get_queue_sender(name)
-            )
-            self._senders[(kind, name)] = sender
-        return sender
+        with self._lock:
+            sender = self._senders.get((kind, name))
+            if sender is None:
+                client = self._get_client()
+                sender = (
+                    client.get_topic_sender(name)
+                    if kind == "topic"
+                    else client.get_queue_sender(name)
+                )
+                self._senders[(kind, name)] = sender
+            return sender
+
+    def _drop(self, kind: str, name: str, sender: Any) -> None:
+        with self._lock:
+            if self._senders.get((kind, name)) is sender:
+                del self._senders[(kind, name)]
+        try:
+            sender.close()
+        except Exception as close_exc:  # noqa: BLE001 - a broken link may not close
+            log.debug("closing a failed sender: %s", close_exc)
+
+    def _serve(
+        self, entity: tuple[str, str], messages: list[ServiceBusMessage]
+    ) -> list[BaseException | None]:
+        """Send a batch of callers' messages on the entity's link (one caller's thread)."""
+        kind, name = entity
+        for attempt in (1, 2):
+            sender = self._sender(kind, name)
+            try:
+                return _send_in_batches(sender, messages)
+            except ServiceBusError as exc:
+                self._drop(kind, name, sender)
+                if attempt == 2:
+                    raise
+                log.warning(
+                    "sending to %s %s failed (%s); retrying on a new link",
+                    kind,
+                    name,
+                    type(exc).__name__,
+                )
+        raise AssertionError("unreachable")
 
     def _send(self, kind: str, name: str, message: ServiceBusMessage) -> None:
-        with self._lock:
-            for attempt in (1, 2):
-                sender = self._sender(kind, name)
-                try:
-                    sender.send_messages(message)
-                    return
-                except ServiceBusError as exc:
-                    self._senders.pop((kind, name), None)
-                    try:
-                        sender.close()
-                    except Exception as close_exc:  # noqa: BLE001 - a broken link may not close
-                        log.debug("closing a failed sender: %s", close_exc)
-                    if attempt == 2:
-                        raise
-                    log.warning(
-                        "sending to %s %s failed (%s); retrying on a new link",
-                        kind,
-                        name,
-                        type(exc).__name__,
-                    )
+        self.batches.submit((kind, name), message, self._serve)
 
     def send_to_topic(self, topic: str, message: ServiceBusMessage) -> None:
         self._send("topic", topic, message)
@@ -104,6 +128,32 @@ class ServiceBusSender:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+
+def _send_in_batches(sender: Any, messages: list[ServiceBusMessage]) -> list[BaseException | None]:
+    """Send ``messages`` in as few batches as the link's size limit allows; a message that
+    does not fit even in an empty batch gets its MessageSizeExceededError, the rest are sent."""
+    results: list[BaseException | None] = [None] * len(messages)
+    batch, filled = sender.create_message_batch(), 0
+    for index, message in enumerate(messages):
+        try:
+            batch.add_message(message)
+            filled += 1
+            continue
+        except MessageSizeExceededError as exc:
+            if not filled:
+                results[index] = exc  # too large on its own
+                continue
+        sender.send_messages(batch)
+        batch, filled = sender.create_message_batch(), 0
+        try:
+            batch.add_message(message)
+            filled += 1
+        except MessageSizeExceededError as exc:
+            results[index] = exc
+    if filled:
+        sender.send_messages(batch)
+    return results
 
 
 class SdkTopicPublisher:
