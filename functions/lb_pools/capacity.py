@@ -148,3 +148,17 @@ def first_blocked(
         if going & healthy and len(after) < minimum:
             return Blocked(pool.pool_id, len(healthy), len(after), minimum)
     return None
+
+
+def after_leaving(
+    health: Mapping[str, PoolHealth], leaving: Mapping[str, Iterable[str]]
+) -> dict[str, PoolHealth]:
+    """``health`` as it will be once ``leaving`` (pool -> ip configurations) is out: how a batch
+    of decisions counts the drains decided before the next one."""
+    result = dict(health)
+    for pool_id, ipcs in leaving.items():
+        pool = result.get(pool_id)
+        if pool is not None:
+            going = {i.lower() for i in ipcs}
+            result[pool_id] = PoolHealth(pool.pool_id, pool.members - going, pool.up)
+    return result

@@ -22,6 +22,14 @@ sees the VMs still in their pools and does not approve early). When an event com
 VMs go back into their pools, the held events of those pools are tried again, oldest first; a
 restored member that the probe does not report Up yet is waited for (bounded), because the
 held event needs it healthy. Started drains without the guard (the VM is down already).
+
+Bursts (functions.shared.batching): the drains that wait for the same pools in one process are
+decided together, by one of their invocations, under one lease: the events that queued up while
+one batch was being decided form the next, are decided in the order they came (each as if the
+ones before it were already out) and their NICs are written side by side. So the tenth event of
+a pool waits for one batch, not for nine leases taken and given back, each with a NIC write
+that waits for ARM's long-running operation. Instances of the app still take turns on the
+pool's lease.
 """
 
 from __future__ import annotations
@@ -29,12 +37,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from functions.lb_pools import capacity, held, nic_pools
 from functions.shared import scope as trust
+from functions.shared.batching import Batcher
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
     ArmClient,
@@ -67,6 +77,7 @@ MAX_LOCK_ROUNDS = 3
 SETTLE_SECONDS = 60.0  # how long a restore waits for its members to be probed Up again
 SETTLE_POLL_SECONDS = 5.0
 PROBE_MAX_AGE_SECONDS = 10.0  # probe verdicts older than this are asked for again
+PARALLEL_WRITES = 16  # NIC writes of one batch of decisions under way at once
 
 Restored = dict[str, set[str]]  # lower-case pool id -> ip configuration ids put back
 
@@ -132,6 +143,51 @@ def _event_grid(message: TransitionMessage) -> dict[str, Any] | None:
     return dict(provenance) if isinstance(provenance, dict) else None
 
 
+@dataclass
+class DrainRequest:
+    """One event's drain, waiting for (or in) a batch of decisions on its pools."""
+
+    message: TransitionMessage
+    vms: list[ResolvedVm]
+    outcome: LbOutcome
+    now: datetime
+    resume_pool: str | None  # a held event tried again because this pool got members back
+    check: bool  # the capacity guard applies
+    probes: capacity.Probes  # verdicts asked for before the locks
+    probed_at: float
+
+    @property
+    def key(self) -> str:
+        event = self.message.event
+        assert event is not None
+        return event.key
+
+
+@dataclass
+class Verdict:
+    relock: dict[str, set[str]] | None = None  # the VMs are in other pools now: lock those
+    held: capacity.Blocked | None = None
+    held_vms: list[str] = field(default_factory=list)
+
+
+def _names_in(vms: list[ResolvedVm], in_pool: set[str]) -> list[str]:
+    """The VMs with an ip configuration among ``in_pool`` (lower-case ip configuration ids)."""
+    return [
+        vm.name
+        for vm in vms
+        if any(
+            ipc.startswith(f"{nic.lower()}/ipconfigurations/")
+            for nic in vm.nic_ids
+            for ipc in in_pool
+        )
+    ]
+
+
+def pool_decisions() -> Batcher[tuple[str, ...], DrainRequest, Verdict]:
+    """The batches of decisions of one process (shared by its invocations)."""
+    return Batcher()
+
+
 @dataclass(frozen=True)
 class LbPools:
     arm: ArmClient
@@ -144,6 +200,12 @@ class LbPools:
     monotonic: Callable[[], float] = time.monotonic
     settle_seconds: float | None = None  # None: SETTLE_SECONDS
     settle_poll_seconds: float | None = None  # None: SETTLE_POLL_SECONDS
+    # Decisions on the same pools from concurrent invocations are batched: pass the process's
+    # one Batcher (composition does); the default batches only this instance's own.
+    decisions: Batcher[tuple[str, ...], DrainRequest, Verdict] = field(
+        default_factory=pool_decisions
+    )
+    parallel_writes: int = PARALLEL_WRITES
 
     @property
     def guarded(self) -> bool:
@@ -265,13 +327,6 @@ class LbPools:
                 for vm in changeable:  # in no pool: nothing to decide, nothing to lock
                     self._drain_vm(vm, outcome)
                 return
-            # Only this event's own messages (one session, in order) put it on a held list, or
-            # keep it there; so if no list names it now, none will while we hold the locks, and
-            # the lists need not be read in there.
-            assert message.event is not None
-            was_held = resume_pool is not None or any(
-                message.event.key in held.read(self.pools.peek(p)) for p in sorted(wanted)
-            )
             # The probe verdicts are asked for before the locks are taken (the health API is a
             # long-running operation in Azure: it must not lengthen the time a pool is locked);
             # membership is read again under them (capacity.measure says why that is sound).
@@ -279,33 +334,120 @@ class LbPools:
             probed_at = self.monotonic()
             if check:
                 capacity.measure(self.arm, wanted, probes)
-            with self.pools.hold(sorted(wanted)) as lease:
-                fresh: dict[str, ArmDocument] = {}
-                members = self._memberships(changeable, read=fresh)  # again, under the locks
-                if not set(members) <= wanted:
-                    log.info("the VMs joined other pools meanwhile, locking again")
-                    outside = members
-                    continue
-                assert message.event is not None
-                if resume_pool and message.event.key not in held.read(lease.state(resume_pool)):
-                    # Its Cancelled or Completed (or another resume) came first: nothing to do.
-                    outcome.reason = "no longer held"
-                    return
-                if check:
-                    if self.monotonic() - probed_at > PROBE_MAX_AGE_SECONDS:
-                        probes = {}  # waited long for the locks: ask the probes again
-                    health = capacity.measure(self.arm, members, probes)
-                    blocked = capacity.first_blocked(health, members, self.min_healthy)
-                    if blocked is not None:
-                        self._hold(lease, message, blocked, changeable, members, outcome, now)
-                        return
-                for vm in changeable:
-                    lease.check()
-                    self._drain_vm(vm, outcome, fresh)
-                if was_held:
-                    self._forget(lease, wanted, message.event.key)
+            request = DrainRequest(
+                message, changeable, outcome, now, resume_pool, check, probes, probed_at
+            )
+            verdict = self.decisions.submit(tuple(sorted(wanted)), request, self._decide)
+            if verdict.relock is not None:
+                log.info("the VMs joined other pools meanwhile, locking again")
+                outside = verdict.relock
+                continue
+            if verdict.held is not None:
+                self._announce_hold(request, verdict.held, verdict.held_vms)
             return
         raise PreconditionFailed("pool membership kept changing while the pools were locked")
+
+    def _decide(
+        self, pools: tuple[str, ...], requests: list[DrainRequest]
+    ) -> list[Verdict | BaseException]:
+        """Decide and drain, under the locks of ``pools``, the events queued for those pools
+        (in the order they came): one lease, one read of each pool's held list and health, the
+        drains written side by side, each pool's list written once. Each event is decided as
+        if the ones before it in the batch were already out; a failed drain fails only its own
+        event (its message is redelivered; the others are done)."""
+        assert self.pools is not None
+        verdicts: list[Verdict | BaseException] = [Verdict() for _ in requests]
+        with self.pools.hold(list(pools)) as lease:
+            lists = {pool: held.read(lease.state(pool)) for pool in pools}
+            ready: list[tuple[int, DrainRequest, dict[str, set[str]], dict[str, ArmDocument]]] = []
+            for index, request in enumerate(requests):
+                fresh: dict[str, ArmDocument] = {}
+                try:
+                    members = self._memberships(request.vms, read=fresh)  # again, under the locks
+                except Exception as exc:  # noqa: BLE001 - this event's own failure
+                    verdicts[index] = exc
+                    continue
+                if not set(members) <= set(pools):
+                    verdicts[index] = Verdict(relock=members)
+                elif request.resume_pool and request.key not in lists[request.resume_pool.lower()]:
+                    # Its Cancelled or Completed (or another resume) came first: nothing to do.
+                    request.outcome.reason = "no longer held"
+                else:
+                    ready.append((index, request, members, fresh))
+            changed: set[str] = set()
+            health = self._batch_health(pools, [r for _, r, _, _ in ready if r.check])
+            drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
+            for index, request, members, fresh in ready:
+                if request.check and health is not None:
+                    blocked = capacity.first_blocked(health, members, self.min_healthy)
+                    if blocked is not None:
+                        pool_key = blocked.pool_id.lower()
+                        lists[pool_key][request.key] = held.entry_for(request.message, request.now)
+                        changed.add(pool_key)
+                        names = _names_in(request.vms, members.get(pool_key, set()))
+                        verdicts[index] = Verdict(held=blocked, held_vms=names)
+                        continue
+                    health = capacity.after_leaving(health, members)
+                drains.append((index, request, fresh))
+            for index, error in self._drain_all(lease, drains).items():
+                verdicts[index] = error
+            for index, request, _ in drains:
+                if isinstance(verdicts[index], BaseException):
+                    continue
+                for pool in pools:
+                    if lists[pool].pop(request.key, None) is not None:
+                        changed.add(pool)
+                        log.info(
+                            "held event is held no more",
+                            extra={"eventId": request.key, "pool": pool},
+                        )
+            for pool in sorted(changed):
+                lease.check()
+                lease.save(pool, held.write(lists[pool]))
+        return verdicts
+
+    def _batch_health(
+        self, pools: tuple[str, ...], checked: list[DrainRequest]
+    ) -> dict[str, capacity.PoolHealth] | None:
+        """The pools' health for a batch's guarded decisions (None: no decision is guarded):
+        membership read now, probe verdicts the freshest a request brought, unless those are
+        older than PROBE_MAX_AGE_SECONDS (the batch waited long for the locks)."""
+        if not checked:
+            return None
+        freshest = max(checked, key=lambda r: r.probed_at)
+        fresh_enough = self.monotonic() - freshest.probed_at <= PROBE_MAX_AGE_SECONDS
+        probes = dict(freshest.probes) if fresh_enough else {}
+        return capacity.measure(self.arm, pools, probes)
+
+    def _drain_all(
+        self, lease: PoolLease, drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]]
+    ) -> dict[int, BaseException]:
+        """Write the drains of a batch, several at once (each NIC write waits for ARM's
+        long-running operation): the failures, by the request's index."""
+
+        def drain(request: DrainRequest, fresh: dict[str, ArmDocument]) -> None:
+            for vm in request.vms:
+                lease.check()
+                self._drain_vm(vm, request.outcome, fresh)
+
+        errors: dict[int, BaseException] = {}
+        if len(drains) <= 1 or self.parallel_writes <= 1:
+            for index, request, fresh in drains:
+                try:
+                    drain(request, fresh)
+                except Exception as exc:  # noqa: BLE001 - this event's own failure
+                    errors[index] = exc
+            return errors
+        workers = min(self.parallel_writes, len(drains))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lb-pools-drain") as pool:
+            futures = {
+                index: pool.submit(drain, request, fresh) for index, request, fresh in drains
+            }
+        for index, future in futures.items():
+            error = future.exception()
+            if error is not None:
+                errors[index] = error
+        return errors
 
     def _drainable(self, vm: ResolvedVm, outcome: LbOutcome) -> bool:
         if vm.kind is VmKind.GONE:
@@ -407,33 +549,12 @@ class LbPools:
             if change is not None:
                 outcome.changed.append(nic_id)
 
-    def _hold(
-        self,
-        lease: PoolLease,
-        message: TransitionMessage,
-        blocked: capacity.Blocked,
-        vms: list[ResolvedVm],
-        members: dict[str, set[str]],
-        outcome: LbOutcome,
-        now: datetime,
+    def _announce_hold(
+        self, request: DrainRequest, blocked: capacity.Blocked, names: list[str]
     ) -> None:
-        event = message.event
+        """The hold is saved in the blocking pool's list: say so, and publish Held."""
+        message, event = request.message, request.message.event
         assert event is not None
-        pool_key = blocked.pool_id.lower()
-        entries = held.read(lease.state(pool_key))
-        entries[event.key] = held.entry_for(message, now)
-        lease.check()
-        lease.save(pool_key, held.write(entries))
-        in_pool = members.get(pool_key, set())
-        names = [
-            vm.name
-            for vm in vms
-            if any(
-                ipc.startswith(f"{nic.lower()}/ipconfigurations/")
-                for nic in vm.nic_ids
-                for ipc in in_pool
-            )
-        ]
         log.warning(
             "event %s held, VMs %s left in their pools: %s",
             event.key,
@@ -446,18 +567,18 @@ class LbPools:
                 event,
                 message.observer,
                 message.incarnation,
-                now,
+                request.now,
                 source=SOURCE,
                 event_grid=_event_grid(message),
                 cause=message.message_id or event.key,
                 pool=blocked.pool_id,
                 healthy=blocked.healthy_after,
                 minimum=blocked.minimum,
-                vms=names or [vm.name for vm in vms],
+                vms=names or [vm.name for vm in request.vms],
             )
         )
-        outcome.held = blocked
-        outcome.not_ready.extend(vm.name for vm in vms)
+        request.outcome.held = blocked
+        request.outcome.not_ready.extend(vm.name for vm in request.vms)
 
     def _forget(self, lease: PoolLease, pools: Iterable[str], event_id: str) -> None:
         """Drop ``event_id`` from the held lists of ``pools`` (held by ``lease``)."""

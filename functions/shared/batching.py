@@ -62,6 +62,7 @@ class Batcher(Generic[K, R, V]):
         self._serving: set[K] = set()
         self.batches = 0  # how many calls of serve so far (for tests and benchmarks)
         self.largest = 0  # the largest batch so far
+        self.waited = 0  # requests that queued behind a batch being served
 
     def submit(self, key: K, request: R, serve: Serve[K, R, V]) -> V:
         """Serve ``request`` (alone or with others of ``key``); its result, or raise its error."""
@@ -71,6 +72,8 @@ class Batcher(Generic[K, R, V]):
             leads = key not in self._serving
             if leads:
                 self._serving.add(key)
+            else:
+                self.waited += 1
         while not leads:
             ticket.ready.wait()
             if not ticket.lead:

@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
-from functions.lb_pools.core import LbPools
+from functions.lb_pools.core import DrainRequest, LbPools, Verdict, pool_decisions
 from functions.shared import seal
+from functions.shared.batching import Batcher
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
     ArmClient,
@@ -59,6 +60,11 @@ class Dependencies:
     webhooks: WebhookPoster | None = None
     event_state: EventStateStore | None = None  # only with EVENTGRID_INGEST_ENABLED
     pools: PoolStore | None = None  # the capacity guard's locks and held events
+    # One per process: lb-pools decisions on the same pools, from concurrent invocations, are
+    # taken together under one lease (functions.lb_pools.core, functions.shared.batching).
+    pool_decisions: Batcher[tuple[str, ...], DrainRequest, Verdict] = field(
+        default_factory=pool_decisions
+    )
 
     @property
     def trust(self) -> TrustRules:
@@ -76,6 +82,7 @@ class Dependencies:
             rules=self.trust,
             pools=self.pools,
             min_healthy=self.settings.min_healthy,
+            decisions=self.pool_decisions,
         )
 
     @property

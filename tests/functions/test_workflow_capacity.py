@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ from emulators.fakes.arm import FakeArm
 from emulators.fakes.storage import FakeBlobStorage
 from functions.adapters.pool_state import blob_name
 from functions.lb_pools import held
+from functions.lb_pools.core import pool_decisions
 from sebridge.contract.events import Envelope, Transition, parse_message
 from tests.functions.support import NOW, POOL_CONTAINER, RG, SUB, App, envelope, web_vm
 
@@ -248,30 +250,68 @@ def test_a_restored_member_is_waited_for_until_probed_up(
     assert left.at - joined.at >= 1.2  # it waited for the probe
 
 
-def test_concurrent_invocations_do_not_both_pass_the_guard(
-    app: App, world: dict[str, str], arm_fake: FakeArm, storage_fake: FakeBlobStorage
-) -> None:
-    """Two events on one pool of two, handled at the same moment by two threads: the health
-    query is slow (0.5 s), so without the lock both would see two healthy members and drain."""
-    arm_fake.slow(0.5, path_contains="/health")
+def at_once(*calls: Callable[[], object]) -> list[BaseException]:
+    """Run the calls in threads that start together; the exceptions they raised."""
     errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(len(calls))
 
-    def run(message: Envelope) -> None:
+    def run(call: Callable[[], object]) -> None:
         try:
             barrier.wait(timeout=10)
-            app.deliver("lb_pools", message)
+            call()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [
-        threading.Thread(target=run, args=(scheduled(e, vm),))
-        for e, vm in ((EVENT_A, "web-1"), (EVENT_B, "web-2"))
-    ]
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    return errors
+
+
+def test_concurrent_invocations_do_not_both_pass_the_guard(
+    app: App, world: dict[str, str], arm_fake: FakeArm
+) -> None:
+    """Two events on one pool of two, handled at the same moment by two invocations of one
+    instance: the health query is slow (0.5 s), so without serialisation both would see two
+    healthy members and drain. The instance decides them in turn (in one batch, or the second
+    behind the first), under one lease."""
+    from functions.shared import composition
+
+    arm_fake.slow(0.5, path_contains="/health")
+    errors = at_once(
+        lambda: app.deliver("lb_pools", scheduled(EVENT_A, "web-1")),
+        lambda: app.deliver("lb_pools", scheduled(EVENT_B, "web-2")),
+    )
+    assert not errors
+    assert sum(in_pool(app, world, vm) for vm in ("web-1", "web-2")) == 1
+    assert len(published(app, "Held")) == 1 and len(published(app, "Prepared")) == 1
+    decisions = composition.dependencies().pool_decisions
+    assert decisions.waited == 1 or decisions.largest == 2, "the decisions never overlapped"
+
+
+def test_two_instances_do_not_both_pass_the_guard(
+    app: App, world: dict[str, str], arm_fake: FakeArm, storage_fake: FakeBlobStorage
+) -> None:
+    """The same with two instances of the app (each with its own batches): the pool's blob
+    lease serialises them."""
+    from functions.lb_pools.core import LbPools
+    from functions.shared import composition
+
+    deps = composition.dependencies()
+    instances = [deps.lb_pools, replace(deps.lb_pools, decisions=pool_decisions())]
+    assert instances[0].decisions is not instances[1].decisions
+    arm_fake.slow(0.5, path_contains="/health")
+
+    def handle(instance: LbPools, event_id: str, vm: str) -> None:
+        instance.handle(parse_message(scheduled(event_id, vm).body_bytes()), NOW)
+
+    errors = at_once(
+        lambda: handle(instances[0], EVENT_A, "web-1"),
+        lambda: handle(instances[1], EVENT_B, "web-2"),
+    )
     assert not errors
     assert sum(in_pool(app, world, vm) for vm in ("web-1", "web-2")) == 1
     assert len(published(app, "Held")) == 1 and len(published(app, "Prepared")) == 1
@@ -334,3 +374,88 @@ def test_a_cancelled_terminate_or_preempt_is_restored(
     assert not in_pool(app, world, "web-1")
     app.deliver("lb_pools", ended(EVENT_A, "web-1", "Cancelled", EventType=event_type))
     assert in_pool(app, world, "web-1")
+
+
+def burst_world(arm_fake: FakeArm, size: int) -> tuple[str, list[str]]:
+    """One pool of ``size`` VMs (web-1 .. web-N in the golden availability set)."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-burst", ["pool-b"], rules={"http": "pool-b"})
+    pool = f"{lb}/backendAddressPools/pool-b"
+    return pool, [web_vm(arm_fake, f"web-{n}", [pool]) for n in range(1, size + 1)]
+
+
+def lowest_membership(arm_fake: FakeArm, pool: str, size: int) -> int:
+    """Replay ARM's record of the pool's changes: the fewest members it ever had."""
+    members, lowest = size, size
+    for change in sorted(arm_fake.pool_events, key=lambda c: c.at):
+        if change.pool.lower() == pool.lower():
+            members += 1 if change.joined else -1
+            lowest = min(lowest, members)
+    return lowest
+
+
+def event_id(n: int) -> str:
+    return f"{n:08x}-0000-4000-8000-0000000000b0"
+
+
+def test_a_burst_on_one_pool_is_decided_in_batches_under_few_leases(
+    make_app: Callable[..., App], arm_fake: FakeArm, storage_fake: FakeBlobStorage
+) -> None:
+    """Eight events at once on a pool of eight with LB_MIN_HEALTHY=5: three are drained and
+    five held, whatever the interleaving; the decisions that queued up while one was taken
+    share a batch, so the pool's lease is taken fewer times than there are events."""
+    from functions.shared import composition
+
+    app = make_app(LB_MIN_HEALTHY="5")
+    pool, _ = burst_world(arm_fake, 8)
+    arm_fake.slow(0.3, path_contains="/health", times=1)  # the first waits; the rest queue
+    errors = at_once(
+        *(
+            (lambda n=n: app.deliver("lb_pools", scheduled(event_id(n), f"web-{n}")))
+            for n in range(1, 9)
+        )
+    )
+    assert not errors
+    assert len(published(app, "Prepared")) == 3 and len(published(app, "Held")) == 5
+    assert lowest_membership(arm_fake, pool, 8) == 5
+    decisions = composition.dependencies().pool_decisions
+    assert decisions.largest >= 2, "no two decisions shared a batch"
+    acquired = [c for c in storage_fake.lease_log if c.action == "acquire" and c.status == 201]
+    assert len(acquired) == decisions.batches < 8
+    held_now = held_state(storage_fake, pool)
+    assert sorted(held_now) == sorted(
+        parse_message(m.body_bytes()).event.key  # type: ignore[union-attr]
+        for m in published(app, "Held")
+    )
+
+
+def test_a_failed_drain_in_a_batch_fails_only_its_own_event(
+    make_app: Callable[..., App], arm_fake: FakeArm
+) -> None:
+    """ARM refuses one NIC's write: that event's invocation fails (Service Bus redelivers it,
+    and the redelivery drains it); the others of its batch are drained and prepared."""
+    app = make_app(LB_MIN_HEALTHY="1")
+    pool, _ = burst_world(arm_fake, 5)
+    arm_fake.fail(400, times=1, method="PUT", path_contains="/web-3-nic")
+    arm_fake.slow(0.3, path_contains="/health", times=1)
+    errors = at_once(
+        *(
+            (lambda n=n: app.deliver("lb_pools", scheduled(event_id(n), f"web-{n}")))
+            for n in range(1, 5)
+        )
+    )
+    assert len(errors) == 1, errors
+    prepared = {
+        parse_message(m.body_bytes()).event.key  # type: ignore[union-attr]
+        for m in published(app, "Prepared")
+    }
+    assert prepared == {event_id(n) for n in (1, 2, 4)}
+    assert app.arm.vm_pools(
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/"
+        "Microsoft.Compute/virtualMachines/web-3"
+    ) == [pool]
+    app.deliver("lb_pools", scheduled(event_id(3), "web-3"))  # the redelivery
+    assert lowest_membership(arm_fake, pool, 5) == 1
+    assert event_id(3) in {
+        parse_message(m.body_bytes()).event.key  # type: ignore[union-attr]
+        for m in published(app, "Prepared")
+    }

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -77,6 +78,7 @@ def test_the_guard_holds_under_generated_histories(
 ) -> None:
     credential = ManagedIdentityCredential()
     counter = itertools.count(1)
+    largest_batches: list[int] = []  # per example: did concurrent decisions share a batch?
 
     class Pools(RuleBasedStateMachine):
         events = Bundle("events")
@@ -145,6 +147,43 @@ def test_the_guard_holds_under_generated_histories(
             self.deliver("Scheduled", event)
             return event
 
+        @rule(
+            target=events,
+            vms=st.sets(st.sampled_from(VMS), min_size=2),
+            event_type=st.sampled_from(["Reboot", "Redeploy"]),
+        )
+        def schedule_at_once(self, vms: set[str], event_type: str) -> object:
+            """Several events on several VMs handled at the same moment by concurrent
+            invocations (threads): their decisions are batched under one lease."""
+            busy = {e.vm for e in self.model.active.values()} | self.started_vms
+            gone = {e.vm for e in self.model.active.values() if e.event_type == "Preempt"}
+            free = sorted(vms - busy - gone)
+            if len(free) < 2:
+                return multiple()
+            events = [
+                Event(f"{next(counter):08x}-0000-4000-8000-000000000000", vm, event_type)
+                for vm in free
+            ]
+            for event in events:
+                self.model.active[event.event_id] = event
+            barrier = threading.Barrier(len(events))
+            errors: list[BaseException] = []
+
+            def one(event: Event) -> None:
+                barrier.wait(timeout=10)
+                try:
+                    self.deliver("Scheduled", event)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=one, args=(e,)) for e in events]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+            assert not errors, errors
+            return multiple(*events)
+
         @rule(event=events)
         def start(self, event: Event) -> None:
             if event.event_id not in self.model.active or event.started:
@@ -211,6 +250,9 @@ def test_the_guard_holds_under_generated_histories(
             scheduled = {k for k, e in self.model.active.items() if not e.started}
             assert set(entries) <= scheduled, f"stale held entries {set(entries) - scheduled}"
 
+        def teardown(self) -> None:
+            largest_batches.append(self.lb_pools.decisions.largest)
+
         def check_holds_have_reasons(self) -> None:
             raw = storage_fake.blobs.get(POOL_CONTAINER, {}).get(blob_name(self.pool))
             entries = held.read(json.loads(raw)) if raw else {}
@@ -233,3 +275,4 @@ def test_the_guard_holds_under_generated_histories(
             derandomize=True,
         ),
     )
+    assert max(largest_batches) >= 2, "no example had two decisions in one batch"
