@@ -57,7 +57,12 @@ from emulators.functions_host.bindings import FunctionSpec, ServiceBusTrigger
 from emulators.functions_host.hostconfig import MAX_CONCURRENT_RECEIVERS, ServiceBusOptions
 from emulators.functions_host.invoke import FunctionInvoker
 from emulators.functions_host.logs import event
-from emulators.functions_host.sbclient import ClientFactory, OutputSender, make_client
+from emulators.functions_host.sbclient import (
+    ClientFactory,
+    OutputSender,
+    make_client,
+    without_keep_alive_thread,
+)
 from sebridge.retry import Backoff
 
 RECEIVE_WAIT_S = 0.5  # one receive call's wait: also how quickly a thread notices stop
@@ -271,9 +276,11 @@ class _ReceiverWorker(threading.Thread):
             **kwargs,
         }
         if trigger.queue is not None:
-            return client.get_queue_receiver(trigger.queue, **options)
-        return client.get_subscription_receiver(
-            str(trigger.topic), str(trigger.subscription), **options
+            return without_keep_alive_thread(client.get_queue_receiver(trigger.queue, **options))
+        return without_keep_alive_thread(
+            client.get_subscription_receiver(
+                str(trigger.topic), str(trigger.subscription), **options
+            )
         )
 
     @property

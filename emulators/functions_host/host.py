@@ -53,7 +53,13 @@ from emulators.functions_host.dispatcher import Dispatcher, ServiceBusFunction
 from emulators.functions_host.eventgrid import WEBHOOK_PATH, EventGridFunction, EventGridWebhook
 from emulators.functions_host.hostconfig import HostConfig, HostConfigError, parse_host_json
 from emulators.functions_host.http_server import HttpFunction, HttpHost, RouteError, compile_route
-from emulators.functions_host.invoke import FunctionInvoker, FunctionLoadError
+from emulators.functions_host.invoke import (
+    THREADPOOL_SETTING,
+    FunctionInvoker,
+    FunctionLoadError,
+    sync_slots,
+    sync_thread_count,
+)
 from emulators.functions_host.logs import configure, event, host_logger
 from emulators.functions_host.sbclient import ClientFactory, OutputSender, make_client
 from emulators.functions_host.settings import (
@@ -165,6 +171,17 @@ class FunctionsHost:
             raise HostStartError(
                 "the app cannot run locally:\n  " + "\n  ".join(exc.problems)
             ) from exc
+        threads, warning = sync_thread_count(os.environ)
+        if warning is not None:
+            event(self.logger, logging.WARNING, "setting_invalid", warning)
+        slots = sync_slots(threads)
+        event(
+            self.logger,
+            logging.INFO,
+            "worker_threads",
+            f"sync functions run on {threads} worker thread(s) ({THREADPOOL_SETTING})",
+            threads=threads,
+        )
         sb_functions: list[ServiceBusFunction] = []
         http_functions: list[HttpFunction] = []
         eventgrid_functions: list[EventGridFunction] = []
@@ -172,7 +189,7 @@ class FunctionsHost:
         for spec in self.specs:
             entry = indexed[spec.name]
             try:
-                invoker = FunctionInvoker(spec, entry.user_function, entry.directory)
+                invoker = FunctionInvoker(spec, entry.user_function, entry.directory, slots)
                 if isinstance(spec.trigger, ServiceBusTrigger):
                     sb_functions.append(ServiceBusFunction(spec, spec.trigger, invoker))
                 elif isinstance(spec.trigger, EventGridTrigger):

@@ -21,7 +21,10 @@ from typing import Any
 
 DEFAULT_ROUTE_PREFIX = "api"
 DEFAULT_MAX_CONCURRENT_CALLS = 4
-MAX_CONCURRENT_RECEIVERS = 32  # hard cap per trigger: threads and connections are not free
+# Hard cap per trigger: every receiver is a thread and an AMQP connection of its own here (the
+# sync SDK shares neither). host.json's maxConcurrentSessions (64, sized for a burst of events)
+# must fit, or the local host would not run what Azure runs.
+MAX_CONCURRENT_RECEIVERS = 64
 DEFAULT_MAX_CONCURRENT_SESSIONS = 8  # the extension's own default
 DEFAULT_MAX_MESSAGE_BATCH_SIZE = 1000
 DEFAULT_LOCK_RENEWAL = timedelta(minutes=5)

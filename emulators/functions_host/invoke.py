@@ -4,8 +4,15 @@ At load the worker checks that the function's parameters match its bindings (eac
 but `$return` is a parameter; `context` is the only extra name allowed; an output parameter,
 if annotated, is `func.Out[...]`; an annotated trigger parameter has a type the binding's
 converter accepts) and refuses the function otherwise. At invocation it passes the trigger
-value, a fresh `Out` per output parameter and a Context; sync functions run on the calling
-thread, coroutines on one shared event loop (the worker's own loop model).
+value, a fresh `Out` per output parameter and a Context; sync functions run in the
+worker's thread pool, coroutines on one shared event loop (the worker's own loop model).
+
+The thread pool: the worker runs sync functions on a ThreadPoolExecutor of
+``PYTHON_THREADPOOL_THREAD_COUNT`` threads (the app setting; unset, Python's default
+``min(32, cpu_count + 4)``), shared by every function of the app. An invocation beyond that
+waits for a thread, however many sessions or calls the Service Bus extension has open; the
+host models this with one semaphore per host (:func:`sync_slots`), held while a sync
+function runs on its receiver's thread.
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import os
 import threading
 import typing
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,12 +168,46 @@ def _is_out_annotation(annotation: Any) -> bool:
     return isinstance(origin, type) and issubclass(origin, func.Out)
 
 
+THREADPOOL_SETTING = "PYTHON_THREADPOOL_THREAD_COUNT"
+
+
+def default_thread_count() -> int:
+    """ThreadPoolExecutor's default, which the worker uses when the setting is not set."""
+    return min(32, (os.cpu_count() or 1) + 4)
+
+
+def sync_thread_count(environ: Mapping[str, str]) -> tuple[int, str | None]:
+    """(the worker's sync thread count for these app settings, a warning or None)."""
+    raw = environ.get(THREADPOOL_SETTING)
+    if raw is None or not raw.strip():
+        return default_thread_count(), None
+    try:
+        count = int(raw.strip())
+    except ValueError:
+        count = 0
+    if count < 1:
+        return default_thread_count(), (
+            f"{THREADPOOL_SETTING}={raw!r} is not a positive integer; the worker uses its "
+            f"default ({default_thread_count()})"
+        )
+    return count, None
+
+
+def sync_slots(count: int) -> threading.BoundedSemaphore:
+    return threading.BoundedSemaphore(count)
+
+
 class FunctionInvoker:
     def __init__(
-        self, spec: FunctionSpec, user_function: Callable[..., Any], directory: Path
+        self,
+        spec: FunctionSpec,
+        user_function: Callable[..., Any],
+        directory: Path,
+        slots: threading.BoundedSemaphore | None = None,
     ) -> None:
         self.spec = spec
         self.directory = directory
+        self._slots = slots  # the worker's sync thread pool (None: unbounded, for unit tests)
         self._function = user_function
         self._is_async = inspect.iscoroutinefunction(user_function)
         self._out_params = self._validate()
@@ -233,8 +275,11 @@ class FunctionInvoker:
             kwargs["context"] = context or Context(self.spec.name, self.directory, retry_count)
         if self._is_async:
             value = _RUNNER.run(self._function(**kwargs))
-        else:
+        elif self._slots is None:
             value = self._function(**kwargs)
+        else:
+            with self._slots:  # waits for one of the worker's threads
+                value = self._function(**kwargs)
         return Result(return_value=value, outputs={p: o.get() for p, o in outs.items()})
 
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from azure.functions.servicebus import ServiceBusMessageOutConverter
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
@@ -24,6 +24,7 @@ from emulators.functions_host.connection import (
 )
 from sebridge import servicebus
 
+_R = TypeVar("_R")
 ClientFactory = Callable[..., ServiceBusClient]  # (connection, *, retry_total=2) -> client
 
 
@@ -48,6 +49,31 @@ def make_client(connection: Connection, *, retry_total: int = 2) -> ServiceBusCl
     return servicebus.client(
         namespace=connection.fully_qualified_namespace, credential=credential, **options
     )
+
+
+def without_keep_alive_thread(receiver: _R) -> _R:
+    """Keep a receiver's AMQP client from starting the SDK's keep-alive thread.
+
+    With prefetch 0 (host.json's ``prefetchCount``, and the extension's default) the SDK
+    (azure-servicebus 7.15, pyamqp) ignores ``keep_alive`` and always starts a thread that
+    sleeps in 1 s steps; ``close()`` joins it, so every session the host releases cost up to a
+    second before its thread could accept the next one (a burst of sessions waited ~1 s per
+    turn; the extension closes a session in one round trip). The host's loops receive all the
+    time, so they need no keep-alive. Relies on SDK internals: when they change, this does
+    nothing instead of failing.
+    """
+    create = getattr(receiver, "_create_handler", None)
+    if create is None:
+        return receiver
+
+    def create_handler(*args: Any, **kwargs: Any) -> None:
+        create(*args, **kwargs)
+        handler = getattr(receiver, "_handler", None)
+        if handler is not None and hasattr(handler, "_keep_alive_interval"):
+            handler._keep_alive_interval = 0  # pyamqp starts the thread only when non-zero
+
+    receiver._create_handler = create_handler  # type: ignore[attr-defined]
+    return receiver
 
 
 class OutputValueError(TypeError):

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
+from emulators.functions_host.sbclient import without_keep_alive_thread
 from tests.contract.cleanup import drain_entity, purge_sessions
 from tests.contract.provisioning import ProvisioningError, admin_calls, provision
 
@@ -42,27 +43,6 @@ CONFIG = Path(__file__).with_name("Config.json")
 NEXT_AVAILABLE_SESSION_QUEUES = ("contract-sessions",)
 SESSION_LOCK_DURATION = 5.0  # their LockDuration
 DEDUP_WINDOW_QUEUE = "contract-dedup-window"
-
-
-def _without_keep_alive_thread(receiver: Any) -> Any:
-    """Keep a receiver's AMQP client from starting the SDK's keep-alive thread.
-
-    Without prefetch the SDK ignores ``keep_alive`` and always starts it with a 5 s interval;
-    it pings only after 5 s idle, which these short-lived receivers never need, and close()
-    joins it. Relies on SDK internals, so when they change this does nothing instead of failing.
-    """
-    create = getattr(receiver, "_create_handler", None)
-    if create is None:
-        return receiver
-
-    def create_handler(*args: Any, **kwargs: Any) -> None:
-        create(*args, **kwargs)
-        handler = getattr(receiver, "_handler", None)
-        if handler is not None and hasattr(handler, "_keep_alive_interval"):
-            handler._keep_alive_interval = 0  # pyamqp starts the thread only when non-zero
-
-    receiver._create_handler = create_handler
-    return receiver
 
 
 class _Client(ServiceBusClient):
@@ -82,13 +62,13 @@ class _Client(ServiceBusClient):
         return super().get_topic_sender(topic_name, **kwargs)
 
     def get_queue_receiver(self, queue_name: str, **kwargs: Any) -> Any:
-        return _without_keep_alive_thread(super().get_queue_receiver(queue_name, **kwargs))
+        return without_keep_alive_thread(super().get_queue_receiver(queue_name, **kwargs))
 
     def get_subscription_receiver(
         self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> Any:
         receiver = super().get_subscription_receiver(topic_name, subscription_name, **kwargs)
-        return _without_keep_alive_thread(receiver)
+        return without_keep_alive_thread(receiver)
 
 
 @dataclass

@@ -91,3 +91,48 @@ def test_idle_session_threads_wait_in_one_accept_and_stop_at_once(
         stopped_in = time.monotonic() - started
     # Threads waiting up to a minute in an accept do not hold the stop up.
     assert stopped_in < 5.0, f"stop took {stopped_in:.1f} s"
+
+
+def keep_alive_threads() -> list[threading.Thread]:
+    """The SDK's keep-alive threads (pyamqp's AMQPClient._keep_alive) alive now."""
+    return [
+        t
+        for t in threading.enumerate()
+        if getattr(getattr(t, "_target", None), "__name__", "") == "_keep_alive"
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_released_sessions_leave_no_keep_alive_thread_to_wait_for(emulator: Any) -> None:
+    """With prefetch 0 the SDK starts a keep-alive thread per receiver that sleeps in 1 s steps
+    and close() joins it: every released session cost its thread up to a second before the
+    next accept (the burst benchmark's second round of sessions started ~1 s late). The host's
+    receivers run without it, so three sessions on one slot follow each other at the pace of
+    sessionIdleTimeout, not a second more each."""
+    recorded.ordered.clear()
+    settings = {"FhServiceBus": emulator.connection_string, "FhTopicName": TOPIC}
+    options = ServiceBusOptions(
+        max_concurrent_calls=1,
+        max_concurrent_sessions=1,
+        session_idle_timeout=dt.timedelta(seconds=0.2),
+    )
+    before = set(keep_alive_threads())
+    host = FunctionsHost(
+        sb_app, settings, host_config=HostConfig(service_bus=options), functions=["ordered"]
+    ).start()
+    try:
+        with (
+            ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+            client.get_topic_sender(TOPIC) as sender,
+        ):
+            for name in ("k1", "k2", "k3"):
+                sender.send_messages(
+                    ServiceBusMessage(
+                        f"{name}:0", session_id=name, application_properties={"kind": "ordered"}
+                    )
+                )
+        got = recorded.ordered.wait_for(3, timeout=20)
+        assert sorted(got) == [("k1", "k1:0"), ("k2", "k2:0"), ("k3", "k3:0")]
+        assert set(keep_alive_threads()) - before == set()
+    finally:
+        host.stop()
