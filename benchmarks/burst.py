@@ -200,6 +200,22 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="functions-host processes, as instances of a scaled-out app (%(default)s)",
     )
+    parser.add_argument(
+        "--worker-threads",
+        type=int,
+        default=32,
+        metavar="N",
+        help="PYTHON_THREADPOOL_THREAD_COUNT, the Python worker's threads for sync functions "
+        "(%(default)s, as infra/modules/functionapp.bicep sets it)",
+    )
+    parser.add_argument(
+        "--nic-write-latency",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="every NIC PUT waits S seconds in the ARM fake, as ARM's long-running operation "
+        "does (%(default)s)",
+    )
     parser.add_argument("--serve", metavar="SETTINGS", help=argparse.SUPPRESS)  # the child
     args = parser.parse_args(argv)
     if not 1 <= args.pools <= args.vms <= 500 or not 0 <= args.min_healthy <= 100:
@@ -238,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         lb = arm.add_load_balancer(
             SUBSCRIPTION, GROUP, "lb-burst", pool_names, rules={f"rule-{p}": p for p in pool_names}
         )
+        if args.nic_write_latency > 0:
+            arm.slow(
+                args.nic_write_latency,
+                method="PUT",
+                path_contains="/networkInterfaces/",
+                times=10 * args.vms,
+            )
         vm_pool: dict[str, str] = {}
         members: dict[str, list[str]] = {}
         for n in range(args.vms):
@@ -263,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             "ARM_ENDPOINT": arm.url,
             "LB_MIN_HEALTHY": str(args.min_healthy),
             "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
+            "PYTHON_THREADPOOL_THREAD_COUNT": str(args.worker_threads),
             **identity.environ(),
         }
         settings_file = Path(tempfile.mkdtemp(prefix="bench-burst-")) / "settings.json"

@@ -162,6 +162,11 @@ var requiredSettings = {
   EVENTGRID_STATE_URL: eventGridStateUrl
   AGENTLESS_RESOURCE_GROUPS: join(agentlessResourceGroups, ',')
   AGENTLESS_VM_PATTERNS: join(agentlessVmPatterns, ',')
+  // The Python worker runs sync functions on this many threads, shared by every function of an
+  // instance (unset: min(32, cores + 4), 6 on two cores). The workflows wait on ARM, blob
+  // storage and Service Bus, not on the CPU, and a burst of events keeps many invocations
+  // waiting at once (benchmarks/burst.py); 32 is the most the worker documents.
+  PYTHON_THREADPOOL_THREAD_COUNT: '32'
 }
 
 // The webhook secrets' settings, one versionless Key Vault reference each. Their names come from

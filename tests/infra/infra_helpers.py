@@ -246,6 +246,8 @@ def app_environment() -> dict[str, str]:
         elif isinstance(expression, str) and passed.get(expression) in main["variables"]:
             # A subscription name main.bicep passes from one of its variables.
             env[name] = main["variables"][passed[expression]]["value"]
+        elif isinstance(expression, str) and not any(p in expression for p in tree["parameters"]):
+            env[name] = expression  # a literal (PYTHON_THREADPOOL_THREAD_COUNT)
         else:
             # A setting from a parameter's default: LB_*, HEARTBEAT_*, flags.
             param = next(p for p in tree["parameters"] if p in str(expression))

@@ -294,3 +294,23 @@ def test_function_app_is_flex_consumption_python_311_with_identity_deployment() 
         "ftp": False,
         "scm": False,
     }
+
+
+def test_the_worker_threads_are_what_the_burst_benchmark_measured() -> None:
+    """The burst figures in the README were measured with the worker's thread count the app is
+    deployed with (benchmarks/burst.py --worker-threads defaults to it)."""
+    import ast
+
+    settings = app_settings()
+    tree = ast.parse((INFRA.parent / "benchmarks" / "burst.py").read_text())
+    default = next(
+        kw.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value == "--worker-threads"
+        for kw in node.keywords
+        if kw.arg == "default" and isinstance(kw.value, ast.Constant)
+    )
+    assert settings["PYTHON_THREADPOOL_THREAD_COUNT"] == str(default) == "32"
