@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
 
+from benchmarks.stats import percentile  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import forwarder, server  # noqa: E402
 from emulators.servicebus.testing import running_emulator  # noqa: E402
@@ -40,11 +41,6 @@ from emulators.servicebus.testing import running_emulator  # noqa: E402
 VM = "vmss_vm1"
 TARGET_P99_MS = 250.0
 MIN_COMMANDS_FOR_P99 = 100  # below this the 99th percentile is just the maximum of few samples
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,6 @@ import os
 import platform
 import secrets
 import signal
-import statistics
 import sys
 import tempfile
 import threading
@@ -56,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from azure.servicebus import ServiceBusClient  # noqa: E402
 
+from benchmarks.stats import percentile, summary  # noqa: E402
 from emulators.fakes.arm import FakeArm, simulator_vm_id  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
 from emulators.fakes.storage import FakeBlobStorage  # noqa: E402
@@ -73,19 +73,6 @@ from sebridge.servicebus import envelope_message  # noqa: E402
 SUBSCRIPTION = "00000000-0000-4000-8000-0000000000b5"
 GROUP = "rg-burst"
 TARGET_DECISION_P99_S = 3.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
-def summary(values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return (
-        f"p50 {percentile(ms, 50):.0f} ms, p95 {percentile(ms, 95):.0f} ms, "
-        f"p99 {percentile(ms, 99):.0f} ms, max {max(ms):.0f} ms, mean {statistics.mean(ms):.0f} ms"
-    )
 
 
 APPROVED = "approve command sent"

@@ -42,17 +42,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.stats import percentile  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import ChildProcess, forwarder, server  # noqa: E402
 
 IDLE_SCENARIO = ROOT / "benchmarks" / "idle-scenario.json"
 VM = "vmss_vm1"  # the simulator's VM
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def probe_status(port: int) -> int | None:

@@ -68,7 +68,6 @@ import platform
 import random
 import re
 import secrets
-import statistics
 import sys
 import tempfile
 import threading
@@ -83,6 +82,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.stats import percentile, summary  # noqa: E402
 from emulators.demo import GROUP, SUBSCRIPTION, free_port  # noqa: E402
 from emulators.fakes.arm import FakeArm  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
@@ -145,19 +145,6 @@ _DETECTED = re.compile(r"^Scheduled ([0-9a-fA-F-]{36}) \(")
 _SENT = re.compile(r"^sent \d+ message\(s\): \[(.*)\]$")
 _CMD = re.compile(r"^command approve:([0-9a-fA-F-]{36}) received")
 FUNCTIONS = {"teams": "teams", "lb_pools": "lb-pools", "approval_gate": "gate"}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
-def summary(values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return (
-        f"p50 {percentile(ms, 50):.0f} ms, p95 {percentile(ms, 95):.0f} ms, "
-        f"p99 {percentile(ms, 99):.0f} ms, max {max(ms):.0f} ms, mean {statistics.mean(ms):.0f} ms"
-    )
 
 
 def idle_world() -> dict[str, Any]:

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient  # noqa: E402
 from azure.servicebus.exceptions import OperationTimeoutError  # noqa: E402
 
+from benchmarks.stats import percentile  # noqa: E402
 from emulators.demo_sources import webhook_url  # noqa: E402
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage  # noqa: E402
 from emulators.fakes.eventgrid import (  # noqa: E402
@@ -56,11 +57,6 @@ SUBSCRIPTION = "00000000-0000-4000-8000-0000000000be"
 GROUP, VM = "rg-bench", "web-1"
 TARGET_P99_MS = 100.0
 MIN_EVENTS_FOR_P99 = 50
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def properties(event_id: str, status: str) -> dict[str, object]:

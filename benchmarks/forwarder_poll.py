@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.stats import percentile  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import ChildProcess, forwarder, server  # noqa: E402
 from emulators.servicebus.testing import running_emulator  # noqa: E402
@@ -63,12 +64,6 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def event(event_id: str) -> dict[str, object]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -130,3 +132,24 @@ class App:
 
     def deliver(self, name: str, message: Envelope) -> Any:
         return self.call(name, sb_message(message))
+
+
+def at_once(*calls: Callable[[], object]) -> list[BaseException]:
+    """Run the calls in threads that start together; the exceptions they raised."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            barrier.wait(timeout=10)
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    return errors

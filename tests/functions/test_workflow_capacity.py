@@ -9,7 +9,6 @@ states) and the loopback blob storage (leases) over HTTP.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -23,7 +22,16 @@ from functions.adapters.pool_state import blob_name
 from functions.lb_pools import held
 from functions.lb_pools.core import pool_decisions
 from sebridge.contract.events import Envelope, Transition, parse_message
-from tests.functions.support import NOW, POOL_CONTAINER, RG, SUB, App, envelope, web_vm
+from tests.functions.support import (
+    NOW,
+    POOL_CONTAINER,
+    RG,
+    SUB,
+    App,
+    at_once,
+    envelope,
+    web_vm,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -248,27 +256,6 @@ def test_a_restored_member_is_waited_for_until_probed_up(
     joined, left = (e for e in arm_fake.pool_events[-2:])
     assert joined.joined and not left.joined
     assert left.at - joined.at >= 1.2  # it waited for the probe
-
-
-def at_once(*calls: Callable[[], object]) -> list[BaseException]:
-    """Run the calls in threads that start together; the exceptions they raised."""
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(calls))
-
-    def run(call: Callable[[], object]) -> None:
-        try:
-            barrier.wait(timeout=10)
-            call()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not any(t.is_alive() for t in threads)
-    return errors
 
 
 def test_concurrent_invocations_do_not_both_pass_the_guard(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -51,6 +50,7 @@ from tests.functions.support import (
     RG,
     SUB,
     RecordingPublisher,
+    at_once,
     envelope,
     web_vm,
 )
@@ -166,21 +166,7 @@ def test_the_guard_holds_under_generated_histories(
             ]
             for event in events:
                 self.model.active[event.event_id] = event
-            barrier = threading.Barrier(len(events))
-            errors: list[BaseException] = []
-
-            def one(event: Event) -> None:
-                barrier.wait(timeout=10)
-                try:
-                    self.deliver("Scheduled", event)
-                except BaseException as exc:
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=one, args=(e,)) for e in events]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(timeout=30)
+            errors = at_once(*((lambda e=e: self.deliver("Scheduled", e)) for e in events))
             assert not errors, errors
             return multiple(*events)
 
