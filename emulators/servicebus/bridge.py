@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import socket
 import ssl
 import threading
@@ -33,6 +32,7 @@ from typing import NoReturn
 from emulators.servicebus import websocket
 from emulators.servicebus.auth import SasPolicy
 from emulators.servicebus.frames import FrameRewriter
+from emulators.servicebus.polling import select_by_poll
 from emulators.servicebus.sasl import SaslError, SaslResult, handshake
 
 LOG = logging.getLogger("sebridge.servicebus_emulator")
@@ -339,7 +339,7 @@ class Connection:
             if to_broker and not broker_write_shut:
                 writers.append(broker)
             try:
-                readable, writable, _ = select.select(readers, writers, [], POLL)
+                readable, writable, _ = select_by_poll(readers, writers, [], POLL)
             except (OSError, ValueError):
                 break
             if client in readable:

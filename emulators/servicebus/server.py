@@ -20,6 +20,7 @@ from typing import Any
 
 from proton.reactor import Container
 
+from emulators.servicebus import polling
 from emulators.servicebus.adapter import EmulatorHandler
 from emulators.servicebus.auth import SasPolicy
 from emulators.servicebus.bridge import Listener
@@ -203,6 +204,7 @@ def run(
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
+        polling.install_into_proton()  # no FD_SETSIZE limit (emulators/servicebus/polling.py)
         try:
             Container(handler).run()
         finally:
