@@ -51,7 +51,13 @@ from emulators.functions_host.bindings import (
 )
 from emulators.functions_host.dispatcher import Dispatcher, ServiceBusFunction
 from emulators.functions_host.eventgrid import WEBHOOK_PATH, EventGridFunction, EventGridWebhook
-from emulators.functions_host.hostconfig import HostConfig, HostConfigError, parse_host_json
+from emulators.functions_host.hostconfig import (
+    OVERRIDE_PREFIX,
+    HostConfig,
+    HostConfigError,
+    parse_host_json,
+    with_overrides,
+)
 from emulators.functions_host.http_server import HttpFunction, HttpHost, RouteError, compile_route
 from emulators.functions_host.invoke import (
     THREADPOOL_SETTING,
@@ -78,12 +84,13 @@ class HostStartError(Exception):
     """The host cannot start: bad app, settings, host.json or bindings. The message says why."""
 
 
-def read_host_json(directory: Path) -> HostConfig:
+def read_host_json(directory: Path, environ: Mapping[str, str] | None = None) -> HostConfig:
+    """host.json next to the app, with the ``AzureFunctionsJobHost__...`` app settings in
+    ``environ`` applied over it (hostconfig.with_overrides)."""
     path = directory / "host.json"
-    if not path.is_file():
-        return HostConfig()
     try:
-        return parse_host_json(json.loads(path.read_text(encoding="utf-8-sig")))
+        document = json.loads(path.read_text(encoding="utf-8-sig")) if path.is_file() else {}
+        return parse_host_json(with_overrides(document, environ or {}))
     except json.JSONDecodeError as exc:
         raise HostStartError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     except HostConfigError as exc:
@@ -153,7 +160,16 @@ class FunctionsHost:
             )
         self._overlay.apply(merged.values, [n for n in self._settings if n not in merged.shadowed])
         app, directory = self._import(location)
-        self.config = self._host_config or read_host_json(directory)
+        self.config = self._host_config or read_host_json(directory, os.environ)
+        for name in sorted(os.environ):
+            if self._host_config is None and name.lower().startswith(OVERRIDE_PREFIX.lower()):
+                event(
+                    self.logger,
+                    logging.INFO,
+                    "host_json_override",
+                    "host.json value overridden by an app setting",
+                    setting=name,
+                )
         for option in self.config.ignored:
             event(
                 self.logger,

@@ -14,7 +14,9 @@ Local defaults that differ from Azure, and why:
 
 from __future__ import annotations
 
+import copy
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -103,6 +105,35 @@ def _bool(value: Any, what: str) -> bool:
     if isinstance(value, str) and value.lower() in {"true", "false"}:
         return value.lower() == "true"
     raise HostConfigError(f"host.json {what}: expected true or false, got {value!r}")
+
+
+OVERRIDE_PREFIX = "AzureFunctionsJobHost__"
+
+
+def with_overrides(document: Any, environ: Mapping[str, str]) -> Any:
+    """host.json with the app settings that override it applied, as the Functions host does:
+    ``AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentSessions=1`` sets that value
+    (the path case-insensitive, the value a string, as .NET configuration reads it). A copy:
+    ``document`` is not changed."""
+    overrides = [
+        (key[len(OVERRIDE_PREFIX) :].split("__"), value)
+        for key, value in sorted(environ.items())
+        if key.lower().startswith(OVERRIDE_PREFIX.lower()) and len(key) > len(OVERRIDE_PREFIX)
+    ]
+    if not overrides:
+        return document
+    result = copy.deepcopy(document) if isinstance(document, dict) else {}
+    for path, value in overrides:
+        section = result
+        for name in path[:-1]:
+            existing = next((k for k in section if str(k).lower() == name.lower()), None)
+            if existing is None or not isinstance(section[existing], dict):
+                existing = existing or name
+                section[existing] = {}
+            section = section[existing]
+        leaf = next((k for k in section if str(k).lower() == path[-1].lower()), path[-1])
+        section[leaf] = value
+    return result
 
 
 def parse_host_json(document: Any) -> HostConfig:

@@ -37,6 +37,12 @@ from tests.support.bus import receive_all
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+# One session per trigger and host (an app setting overriding host.json, as in Azure): the
+# two-hosts test's two events then go to two hosts; with host.json's 64, one host could take
+# both and decide them in one batch, and the pool's lease would never be contended.
+ONE_SESSION_PER_TRIGGER = {
+    "AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentSessions": "1"
+}
 SUBSCRIPTION = golden.OBSERVER.subscription_id
 GROUP = golden.OBSERVER.resource_group
 
@@ -93,6 +99,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                             "APPROVAL_BASE_URL": "http://127.0.0.1:9",
                             "ARM_ENDPOINT": arm.url,
                             "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
+                            **ONE_SESSION_PER_TRIGGER,
                             **identity.environ(),
                         },
                     }

@@ -195,3 +195,31 @@ def test_reconnect_backoff_grows_with_jitter_and_is_capped() -> None:
     assert max(delays) <= 4.0
     backoff.reset()
     assert backoff.next_delay() <= 1.0
+
+
+def test_app_settings_override_host_json_as_in_azure() -> None:
+    """``AzureFunctionsJobHost__<path>`` app settings override host.json values (path case-
+    insensitive, value a string), and only those; the document itself is not changed."""
+    from emulators.functions_host.hostconfig import with_overrides
+
+    document = {"version": "2.0", "extensions": {"serviceBus": {"maxConcurrentSessions": 64}}}
+    environ = {
+        "AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentSessions": "1",
+        "azurefunctionsjobhost__Extensions__ServiceBus__sessionIdleTimeout": "00:00:03",
+        "AzureFunctionsJobHost__extensions__http__routePrefix": "x",
+        "OTHER__extensions__serviceBus__maxConcurrentCalls": "2",
+    }
+    config = parse_host_json(with_overrides(document, environ))
+    assert config.service_bus.max_concurrent_sessions == 1
+    assert config.service_bus.session_idle_timeout == timedelta(seconds=3)
+    assert config.route_prefix == "x"
+    assert config.service_bus.max_concurrent_calls != 2
+    assert document["extensions"]["serviceBus"]["maxConcurrentSessions"] == 64
+    assert with_overrides(document, {}) is document
+    with pytest.raises(HostConfigError, match="at least 1"):
+        parse_host_json(
+            with_overrides(
+                document,
+                {"AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentSessions": "0"},
+            )
+        )
