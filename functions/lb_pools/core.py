@@ -36,15 +36,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from functions.lb_pools import capacity, held, nic_pools
 from functions.shared import scope as trust
-from functions.shared.batching import Batcher
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
     ArmClient,
@@ -77,7 +75,7 @@ MAX_LOCK_ROUNDS = 3
 SETTLE_SECONDS = 60.0  # how long a restore waits for its members to be probed Up again
 SETTLE_POLL_SECONDS = 5.0
 PROBE_MAX_AGE_SECONDS = 10.0  # probe verdicts older than this are asked for again
-PARALLEL_WRITES = 16  # NIC writes of one batch of decisions under way at once
+PARALLEL_WRITES = 16  # NIC writes of one batch of decisions under way at once (in the app)
 
 Restored = dict[str, set[str]]  # lower-case pool id -> ip configuration ids put back
 
@@ -183,9 +181,42 @@ def _names_in(vms: list[ResolvedVm], in_pool: set[str]) -> list[str]:
     ]
 
 
-def pool_decisions() -> Batcher[tuple[str, ...], DrainRequest, Verdict]:
-    """The batches of decisions of one process (shared by its invocations)."""
-    return Batcher()
+PoolKey = tuple[str, ...]  # the lower-case ids of the pools a decision locks, sorted
+Decide = Callable[[PoolKey, list[DrainRequest]], Sequence[Verdict | BaseException]]
+
+
+class DecisionBatches(Protocol):
+    """Where decisions on the same pools wait to be decided together (the process's one
+    functions.shared.batching.Batcher in the app): ``decide`` is called with the requests of
+    one batch, by one of the waiting threads."""
+
+    def submit(self, key: PoolKey, request: DrainRequest, serve: Decide) -> Verdict: ...
+
+
+class OneAtATime:
+    """Each decision in a batch of its own (tests that need no threads; the core's default)."""
+
+    def submit(self, key: PoolKey, request: DrainRequest, serve: Decide) -> Verdict:
+        (result,) = serve(key, [request])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+SideBySide = Callable[[Sequence[Callable[[], None]]], list[BaseException | None]]
+
+
+def one_after_another(calls: Sequence[Callable[[], None]]) -> list[BaseException | None]:
+    """Run ``calls`` in turn: what each raised, or None (the core's default; the app runs a
+    batch's NIC writes side by side, functions.shared.batching.side_by_side)."""
+    errors: list[BaseException | None] = []
+    for call in calls:
+        try:
+            call()
+            errors.append(None)
+        except Exception as exc:  # noqa: BLE001 - that call's own failure
+            errors.append(exc)
+    return errors
 
 
 @dataclass(frozen=True)
@@ -200,12 +231,11 @@ class LbPools:
     monotonic: Callable[[], float] = time.monotonic
     settle_seconds: float | None = None  # None: SETTLE_SECONDS
     settle_poll_seconds: float | None = None  # None: SETTLE_POLL_SECONDS
-    # Decisions on the same pools from concurrent invocations are batched: pass the process's
-    # one Batcher (composition does); the default batches only this instance's own.
-    decisions: Batcher[tuple[str, ...], DrainRequest, Verdict] = field(
-        default_factory=pool_decisions
-    )
-    parallel_writes: int = PARALLEL_WRITES
+    # Decisions on the same pools from concurrent invocations are batched, and a batch's NIC
+    # writes run side by side: composition passes the process's one Batcher and a thread pool;
+    # the defaults do neither (one decision at a time, writes in turn).
+    decisions: DecisionBatches = field(default_factory=OneAtATime)
+    side_by_side: SideBySide = one_after_another
 
     @property
     def guarded(self) -> bool:
@@ -422,32 +452,24 @@ class LbPools:
     def _drain_all(
         self, lease: PoolLease, drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]]
     ) -> dict[int, BaseException]:
-        """Write the drains of a batch, several at once (each NIC write waits for ARM's
-        long-running operation): the failures, by the request's index."""
+        """Write the drains of a batch (side by side in the app: each NIC write waits for
+        ARM's long-running operation): the failures, by the request's index."""
 
-        def drain(request: DrainRequest, fresh: dict[str, ArmDocument]) -> None:
-            for vm in request.vms:
-                lease.check()
-                self._drain_vm(vm, request.outcome, fresh)
+        def drain(request: DrainRequest, fresh: dict[str, ArmDocument]) -> Callable[[], None]:
+            def run() -> None:
+                for vm in request.vms:
+                    lease.check()
+                    self._drain_vm(vm, request.outcome, fresh)
 
-        errors: dict[int, BaseException] = {}
-        if len(drains) <= 1 or self.parallel_writes <= 1:
-            for index, request, fresh in drains:
-                try:
-                    drain(request, fresh)
-                except Exception as exc:  # noqa: BLE001 - this event's own failure
-                    errors[index] = exc
-            return errors
-        workers = min(self.parallel_writes, len(drains))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lb-pools-drain") as pool:
-            futures = {
-                index: pool.submit(drain, request, fresh) for index, request, fresh in drains
-            }
-        for index, future in futures.items():
-            error = future.exception()
-            if error is not None:
-                errors[index] = error
-        return errors
+            return run
+
+        calls = [drain(request, fresh) for _, request, fresh in drains]
+        errors = self.side_by_side(calls) if len(calls) > 1 else one_after_another(calls)
+        return {
+            index: error
+            for (index, _, _), error in zip(drains, errors, strict=True)
+            if error is not None
+        }
 
     def _drainable(self, vm: ResolvedVm, outcome: LbOutcome) -> bool:
         if vm.kind is VmKind.GONE:

@@ -20,7 +20,8 @@ that request's thread only (one request's failure is not the others'). An except
 ``serve`` itself fails every request of the batch. The batcher never retries: a failed
 request fails its invocation, and Service Bus redelivers that message.
 
-Pure: threads and locks only, no I/O.
+:func:`side_by_side` runs the calls of one batch (its NIC writes, say) on a few threads at once.
+Threads and locks only, no I/O; the workflows' cores take both as ports and stay pure.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -132,3 +134,21 @@ def _copy(exc: BaseException) -> BaseException:
         return exc
     twin.__cause__ = exc.__cause__
     return twin.with_traceback(exc.__traceback__)
+
+
+def side_by_side(
+    max_workers: int,
+) -> Callable[[Sequence[Callable[[], None]]], list[BaseException | None]]:
+    """Run calls on up to ``max_workers`` threads at once: what each raised, or None, in order."""
+    if max_workers < 1:
+        raise ValueError("max_workers must be at least 1")
+
+    def run(calls: Sequence[Callable[[], None]]) -> list[BaseException | None]:
+        if not calls:
+            return []
+        workers = min(max_workers, len(calls))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="side-by-side") as pool:
+            futures = [pool.submit(call) for call in calls]
+        return [future.exception() for future in futures]
+
+    return run

@@ -18,9 +18,9 @@ from typing import Any
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
-from functions.lb_pools.core import DrainRequest, LbPools, Verdict, pool_decisions
+from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, PoolKey, Verdict
 from functions.shared import seal
-from functions.shared.batching import Batcher
+from functions.shared.batching import Batcher, side_by_side
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
     ArmClient,
@@ -62,9 +62,7 @@ class Dependencies:
     pools: PoolStore | None = None  # the capacity guard's locks and held events
     # One per process: lb-pools decisions on the same pools, from concurrent invocations, are
     # taken together under one lease (functions.lb_pools.core, functions.shared.batching).
-    pool_decisions: Batcher[tuple[str, ...], DrainRequest, Verdict] = field(
-        default_factory=pool_decisions
-    )
+    pool_decisions: Batcher[PoolKey, DrainRequest, Verdict] = field(default_factory=Batcher)
 
     @property
     def trust(self) -> TrustRules:
@@ -83,6 +81,7 @@ class Dependencies:
             pools=self.pools,
             min_healthy=self.settings.min_healthy,
             decisions=self.pool_decisions,
+            side_by_side=side_by_side(PARALLEL_WRITES),
         )
 
     @property

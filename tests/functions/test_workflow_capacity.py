@@ -20,7 +20,7 @@ from emulators.fakes.arm import FakeArm
 from emulators.fakes.storage import FakeBlobStorage
 from functions.adapters.pool_state import blob_name
 from functions.lb_pools import held
-from functions.lb_pools.core import pool_decisions
+from functions.shared.batching import Batcher
 from sebridge.contract.events import Envelope, Transition, parse_message
 from tests.functions.support import (
     NOW,
@@ -288,7 +288,7 @@ def test_two_instances_do_not_both_pass_the_guard(
     from functions.shared import composition
 
     deps = composition.dependencies()
-    instances = [deps.lb_pools, replace(deps.lb_pools, decisions=pool_decisions())]
+    instances = [deps.lb_pools, replace(deps.lb_pools, decisions=Batcher())]
     assert instances[0].decisions is not instances[1].decisions
     arm_fake.slow(0.5, path_contains="/health")
 

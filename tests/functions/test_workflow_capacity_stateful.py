@@ -40,7 +40,8 @@ from functions.adapters.arm import ArmRestClient
 from functions.adapters.arm_cache import CachedVmReads
 from functions.adapters.pool_state import BlobPoolStore, blob_name
 from functions.lb_pools import held
-from functions.lb_pools.core import LbPools
+from functions.lb_pools.core import PARALLEL_WRITES, LbPools
+from functions.shared.batching import Batcher, side_by_side
 from functions.shared.impact import DEFAULT_RULES
 from functions.shared.scope import TrustRules
 from sebridge.contract.events import parse_message
@@ -104,6 +105,8 @@ def test_the_guard_holds_under_generated_histories(
                 pools=BlobPoolStore(storage_fake.container_url(POOL_CONTAINER), credential),
                 min_healthy=self.minimum,
                 settle_seconds=0.0,
+                decisions=Batcher(),  # as the app wires it (functions.shared.composition)
+                side_by_side=side_by_side(PARALLEL_WRITES),
             )
             self.model = Model()
             self.checked_events = 0
@@ -237,6 +240,7 @@ def test_the_guard_holds_under_generated_histories(
             assert set(entries) <= scheduled, f"stale held entries {set(entries) - scheduled}"
 
         def teardown(self) -> None:
+            assert isinstance(self.lb_pools.decisions, Batcher)
             largest_batches.append(self.lb_pools.decisions.largest)
 
         def check_holds_have_reasons(self) -> None:

@@ -161,3 +161,30 @@ def test_a_serve_that_returns_the_wrong_number_of_results_fails_the_batch() -> N
 def test_max_batch_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Batcher(max_batch=0)
+
+
+def test_side_by_side_runs_calls_at_once_and_reports_each_failure_in_order() -> None:
+    from functions.shared.batching import side_by_side
+
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def call(n: int) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        if n % 3 == 0:
+            raise Boom(f"call {n}")
+
+    errors = side_by_side(4)([lambda n=n: call(n) for n in range(10)])
+    assert most == 4  # ten calls, four at a time
+    assert [str(e) if e else None for e in errors] == [
+        f"call {n}" if n % 3 == 0 else None for n in range(10)
+    ]
+    assert side_by_side(2)([]) == []
+    with pytest.raises(ValueError):
+        side_by_side(0)
