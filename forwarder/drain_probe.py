@@ -31,15 +31,15 @@ from __future__ import annotations
 
 import http.client
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
+from sebridge.forwarder.bounded_http import BoundedHTTPServer
 from sebridge.forwarder.preparation import ENDS, Observed, Preparations
 from sebridge.impact import ImpactRules
 
@@ -281,29 +281,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("probe %s: " + format, self.client_address[0], *args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = MAX_CONNECTIONS
-
+class _Server(BoundedHTTPServer):
     def __init__(self, address: str, port: int, probe: DrainProbe) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self.probe = probe
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__((address, port), _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # too many at once: the balancer retries
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+        super().__init__(address, port, _Handler, max_connections=MAX_CONNECTIONS)

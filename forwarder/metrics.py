@@ -20,9 +20,8 @@ import json
 import logging
 import math
 import platform
-import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import (
@@ -38,6 +37,7 @@ from prometheus_client import (
 
 from sebridge import __version__
 from sebridge.contract.events import Transition
+from sebridge.forwarder.bounded_http import BoundedHTTPServer
 from sebridge.forwarder.health import Health
 from sebridge.forwarder.observations import (
     COMMAND_OUTCOMES,
@@ -264,29 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("metrics %s: " + format, self.client_address[0], *args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = MAX_CONNECTIONS
-
+class _Server(BoundedHTTPServer):
     def __init__(self, address: str, port: int, owner: MetricsServer) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self.owner = owner
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__((address, port), _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # too many at once: the scraper retries
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+        super().__init__(address, port, _Handler, max_connections=MAX_CONNECTIONS)

@@ -102,6 +102,10 @@ class Outbox:
         self.dropped_total = 0
         self.set_aside_total = 0  # since start
         self._lock = threading.Lock()
+        # (pending rows, set-aside rows) as of the last write, or None: the forwarder asks
+        # for both on every poll (status.json, metrics, /healthz), while an idle outbox does not
+        # change; every write transaction forgets them.
+        self._counts: tuple[int, int] | None = None
         try:
             self._db = self._open()
         except sqlite3.DatabaseError as exc:
@@ -161,6 +165,7 @@ class Outbox:
         """One write transaction under the lock; any failure rolls back and is re-raised as
         :class:`OutboxError` carrying the original error (never the ROLLBACK's own)."""
         with self._lock:
+            self._counts = None  # whatever happens below, count again next time
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 yield self._db
@@ -304,14 +309,18 @@ class Outbox:
         return [AsideRow(int(s), str(m), str(r), str(t)) for s, m, r, t in rows]
 
     def aside_count(self) -> int:
-        with self._reading() as db:
-            (count,) = db.execute("SELECT COUNT(*) FROM aside").fetchone()
-        return int(count)
+        return self._count()[1]
 
     def depth(self) -> int:
+        return self._count()[0]
+
+    def _count(self) -> tuple[int, int]:
         with self._reading() as db:
-            (count,) = db.execute("SELECT COUNT(*) FROM outbox").fetchone()
-        return int(count)
+            if self._counts is None:
+                (depth,) = db.execute("SELECT COUNT(*) FROM outbox").fetchone()
+                (aside,) = db.execute("SELECT COUNT(*) FROM aside").fetchone()
+                self._counts = (int(depth), int(aside))
+            return self._counts
 
 
 def _malformed(exc: sqlite3.DatabaseError) -> bool:

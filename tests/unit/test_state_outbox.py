@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sebridge.contract.events import Observer, Transition, event_message, heartbeat_message
 from sebridge.forwarder.outbox import MEMORY, OUTBOX_FILE, Outbox, OutboxError
@@ -371,3 +373,38 @@ def test_an_in_memory_outbox_works_like_the_file(tmp_path: Path) -> None:
     assert outbox.peek(10) == []
     assert outbox.recover(highest) == (2, 0)
     assert len(outbox.peek(10)) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["put", "put-held", "release", "remove", "aside"]), st.integers(0, 5)
+        ),
+        max_size=25,
+    )
+)
+def test_the_cached_counts_are_the_database_counts(steps: list[tuple[str, int]]) -> None:
+    """depth() and aside_count() are asked on every poll and answered from memory between
+    writes: after any mix of writes they equal what a fresh connection counts."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        outbox = Outbox(directory, max_rows=8)
+        made = 0
+        for action, n in steps:
+            if action.startswith("put"):
+                envelopes = _envelopes(made + n + 1)[made:]
+                made += len(envelopes)
+                outbox.put(envelopes, hold=action == "put-held")
+            elif action == "release":
+                outbox.release(10**9)
+            elif action == "remove":
+                outbox.remove([seq for seq, _ in outbox.peek(n)])
+            elif rows := outbox.peek(1):
+                outbox.set_aside(rows[0][0], "too large")
+            outbox.depth()  # fill the cache between writes
+            fresh = Outbox(directory)
+            assert (outbox.depth(), outbox.aside_count()) == (fresh.depth(), fresh.aside_count())
+            fresh.close()
+        outbox.close()
