@@ -39,6 +39,7 @@ import logging
 import os
 import platform
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -276,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             "PYTHON_THREADPOOL_THREAD_COUNT": str(args.worker_threads),
             **identity.environ(),
         }
-        settings_file = Path(tempfile.mkdtemp(prefix="bench-burst-")) / "settings.json"
+        workdir = Path(tempfile.mkdtemp(prefix="bench-burst-"))
+        stack.append(lambda: shutil.rmtree(workdir, ignore_errors=True))
+        settings_file = workdir / "settings.json"
         settings_file.write_text(json.dumps(settings))
         hosts: list[ChildProcess] = []
         for n in range(args.hosts):
