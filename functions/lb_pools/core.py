@@ -372,8 +372,6 @@ class LbPools:
                 log.info("the VMs joined other pools meanwhile, locking again")
                 outside = verdict.relock
                 continue
-            if verdict.held is not None:
-                self._announce_hold(request, verdict.held, verdict.held_vms)
             return
         raise PreconditionFailed("pool membership kept changing while the pools were locked")
 
@@ -382,9 +380,10 @@ class LbPools:
     ) -> list[Verdict | BaseException]:
         """Decide and drain, under the locks of ``pools``, the events queued for those pools
         (in the order they came): one lease, one read of each pool's held list and health, the
-        drains written side by side, each pool's list written once. Each event is decided as
-        if the ones before it in the batch were already out; a failed drain fails only its own
-        event (its message is redelivered; the others are done)."""
+        drains written side by side, each pool's list written once, then Held published for
+        the held ones. Each event is decided as if the ones before it in the batch were already
+        out; a failed drain (or Held) fails only its own event (its message is redelivered;
+        the others are done)."""
         assert self.pools is not None
         verdicts: list[Verdict | BaseException] = [Verdict() for _ in requests]
         with self.pools.hold(list(pools)) as lease:
@@ -434,6 +433,15 @@ class LbPools:
             for pool in sorted(changed):
                 lease.check()
                 lease.save(pool, held.write(lists[pool]))
+            # Held goes out while the pools are still locked, so that a restore that drains a
+            # held event (under the same lease) cannot publish its Prepared before the Held.
+            for index, request in enumerate(requests):
+                verdict = verdicts[index]
+                if isinstance(verdict, Verdict) and verdict.held is not None:
+                    try:
+                        self._announce_hold(request, verdict.held, verdict.held_vms)
+                    except Exception as exc:  # noqa: BLE001 - this event's own failure
+                        verdicts[index] = exc
         return verdicts
 
     def _batch_health(
@@ -574,7 +582,8 @@ class LbPools:
     def _announce_hold(
         self, request: DrainRequest, blocked: capacity.Blocked, names: list[str]
     ) -> None:
-        """The hold is saved in the blocking pool's list: say so, and publish Held."""
+        """The hold is saved in the blocking pool's list: say so, and publish Held (under the
+        pool's lease)."""
         message, event = request.message, request.message.event
         assert event is not None
         log.warning(
