@@ -68,6 +68,7 @@ import platform
 import random
 import re
 import secrets
+import shutil
 import sys
 import tempfile
 import threading
@@ -364,6 +365,7 @@ def run_round(number: int, args: argparse.Namespace, host_config: Any, seed: int
         stack.append(host.stop)
 
         workdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+        stack.append(lambda: shutil.rmtree(workdir, ignore_errors=True))
         scenario_file = workdir / "scenario.json"
         scenario_file.write_text(json.dumps(idle_world()))
         sim_process, sim_url = server("imds-sim", "--scenario", str(scenario_file))

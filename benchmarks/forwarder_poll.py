@@ -117,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     bus = cleanup.enter_context(
         running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
     )
-    fw = forwarder(url, tempfile.mkdtemp(prefix="bench-fw-"), poll_interval=args.interval)
+    fw = forwarder(
+        url,
+        cleanup.enter_context(tempfile.TemporaryDirectory(prefix="bench-fw-")),
+        poll_interval=args.interval,
+    )
     onvm = forwarder(
         url,
-        tempfile.mkdtemp(prefix="bench-fw-bus-"),
+        cleanup.enter_context(tempfile.TemporaryDirectory(prefix="bench-fw-bus-")),
         "--connection-string",
         bus.connection_string,
         dry_run=False,
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics_port = free_port()
     fwm = forwarder(
         url,
-        tempfile.mkdtemp(prefix="bench-fw-metrics-"),
+        cleanup.enter_context(tempfile.TemporaryDirectory(prefix="bench-fw-metrics-")),
         "--metrics-port",
         str(metrics_port),
         poll_interval=args.interval,
