@@ -175,6 +175,11 @@ class DrainProbe:
         with self._cond:
             return bool(self._drains)
 
+    def answer_counts(self) -> dict[int, int]:
+        """How many times the probe answered 200 and 503 so far (for the metrics)."""
+        with self._cond:
+            return dict(self.answers)
+
     def preparation_status(self, event_key: str) -> str | None:
         with self._cond:
             drain = self._drains.get(event_key)
@@ -231,6 +236,13 @@ class DrainProbe:
             self._server = _Server(address, port, self)
         except OSError as exc:
             raise ProbeError(f"drain probe cannot listen on {address}:{port}: {exc}") from exc
+        return self.address
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address and port bound (call :meth:`bind` first)."""
+        if self._server is None:
+            raise ProbeError("the drain probe is not bound")
         bound = self._server.server_address
         return str(bound[0]), int(bound[1])
 

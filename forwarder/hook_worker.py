@@ -79,6 +79,9 @@ class HookWorker:
         self.failed = 0
         self.last_failure: str | None = None
         self.running: dict[str, str] = {}  # thread name -> "hook for message id"
+        # (hook, outcome) -> runs that ended so (the metrics read it; outcomes as journalled,
+        # plus "interrupted", which is not an end: the run goes again after the restart).
+        self._outcomes: collections.Counter[tuple[str, str]] = collections.Counter()
 
     # -- on the poller's thread -------------------------------------------------------------
     def observe(self, observed: Observed) -> int:
@@ -168,6 +171,11 @@ class HookWorker:
         except JournalError as exc:
             log.error("cannot read the hook journal: %s", exc)
             return "pending"  # unknown is not prepared
+
+    def outcome_counts(self) -> dict[tuple[str, str], int]:
+        """How many runs of each hook ended with each outcome so far (for the metrics)."""
+        with self._cond:
+            return dict(self._outcomes)
 
     def health(self) -> dict[str, Any]:
         """For Heartbeats: only what is wrong."""
@@ -281,12 +289,18 @@ class HookWorker:
             self.running.pop(me, None)
         self._report(run, hook, result)
         if result.outcome is Outcome.INTERRUPTED:
+            self._count(run.hook, result.outcome.value)
             return  # left "running" in the journal: it runs again after the restart
         self._finish(run, result.outcome.value, result.detail)
         if hook.prepare and self.preparations is not None:
             self.preparations.check(run.event_key)
 
+    def _count(self, hook: str, outcome: str) -> None:
+        with self._cond:
+            self._outcomes[(hook, outcome)] += 1
+
     def _finish(self, run: Run, status: str, detail: str) -> None:
+        self._count(run.hook, status)
         try:
             self.journal.finish(run.message_id, run.hook, status, detail)
         except JournalError as exc:

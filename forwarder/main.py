@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         workers: tuple[Callable[[], None], ...] = ()
         try:
-            telemetry = install_telemetry(forwarder, config, stop, notifier)
+            telemetry = install_telemetry(forwarder, config, stop, notifier, local)
         except MetricsError as exc:
             log.error("cannot start: %s", exc)
             print(f"sebridge forwarder: {exc}", file=sys.stderr)

@@ -21,8 +21,9 @@ import logging
 import math
 import platform
 import threading
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -34,6 +35,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from sebridge import __version__
 from sebridge.contract.events import Transition
@@ -47,6 +50,10 @@ from sebridge.forwarder.observations import (
 )
 from sebridge.forwarder.telemetry import MetricsError
 from sebridge.values import is_loopback
+
+if TYPE_CHECKING:
+    from sebridge.forwarder.drain_probe import DrainProbe
+    from sebridge.forwarder.hook_worker import HookWorker
 
 log = logging.getLogger("forwarder.metrics")
 
@@ -64,6 +71,9 @@ POLLED_TRANSITIONS = tuple(
         Transition.CANCELLED,
     )
 )
+# How a hook run can end (hook_runner.Outcome, and "skipped": a prepare hook whose event had
+# started or ended before its turn); every hook has a series for each from the start.
+HOOK_OUTCOMES = ("succeeded", "failed", "timed-out", "not-started", "interrupted", "skipped")
 MAX_CONNECTIONS = 8
 REQUEST_TIMEOUT = 5.0
 
@@ -140,6 +150,26 @@ class Metrics:
             {"version": __version__, "python": platform.python_version()}
         )
 
+    def watch_local(self, hooks: HookWorker | None, probe: DrainProbe | None) -> None:
+        """The local actions' metrics (``--hooks-file``, ``--drain-probe-port``), read when
+        scraped: hook runs by hook and outcome (hook names come from the hooks file, a fixed
+        set), hooks queued or running, and whether the drain probe answers 503."""
+        r = self.registry
+        if hooks is not None:
+            r.register(_HookRuns(hooks))
+            Gauge(
+                f"{PREFIX}_hooks_pending",
+                "Hook runs queued or running",
+                registry=r,
+            ).set_function(lambda: float(hooks.pending()))
+        if probe is not None:
+            Gauge(
+                f"{PREFIX}_drain_probe_draining",
+                "1 while the drain probe answers 503 for an impactful event, else 0",
+                registry=r,
+            ).set_function(lambda: 1.0 if probe.draining else 0.0)
+            r.register(_ProbeAnswers(probe))
+
     # -- LoopListener -----------------------------------------------------------------------
     def transitions_recorded(self, envelopes: Any) -> None:
         for envelope in envelopes:
@@ -171,6 +201,38 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _HookRuns(Collector):
+    def __init__(self, hooks: HookWorker) -> None:
+        self.hooks = hooks
+        self.names = [hook.name for hook in hooks.hooks.hooks]
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            f"{PREFIX}_hook_runs",
+            "Hook runs ended, by hook and outcome",
+            labels=["hook", "outcome"],
+        )
+        counts = self.hooks.outcome_counts()
+        names = self.names + sorted({hook for hook, _ in counts} - set(self.names))
+        for name in names:
+            for outcome in HOOK_OUTCOMES:
+                family.add_metric([name, outcome], float(counts.get((name, outcome), 0)))
+        yield family
+
+
+class _ProbeAnswers(Collector):
+    def __init__(self, probe: DrainProbe) -> None:
+        self.probe = probe
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            f"{PREFIX}_drain_probe_answers", "Drain probe answers, by status", labels=["status"]
+        )
+        for status, count in sorted(self.probe.answer_counts().items()):
+            family.add_metric([str(status)], float(count))
+        yield family
 
 
 def _depth(health: Health) -> float:

@@ -23,6 +23,7 @@ from sebridge.forwarder.systemd_notify import Notifier, SystemdListener
 
 if TYPE_CHECKING:
     from sebridge.forwarder.config import ForwarderConfig
+    from sebridge.forwarder.local_actions import LocalActions
     from sebridge.forwarder.metrics import MetricsServer
     from sebridge.forwarder.service import Forwarder
 
@@ -57,9 +58,11 @@ def install_telemetry(
     config: ForwarderConfig,
     stop: threading.Event,
     notifier: Notifier | None = None,
+    local: LocalActions | None = None,
 ) -> Telemetry:
-    """Plug the reporters into ``forwarder``. Raises ``MetricsError`` when the metrics port
-    cannot be bound (the caller exits 2)."""
+    """Plug the reporters into ``forwarder`` (and the metrics of ``local``'s hooks and drain
+    probe, when there are any). Raises ``MetricsError`` when the metrics port cannot be bound
+    (the caller exits 2)."""
     observations = Observations(config.poll_interval)
     watchers: list[Watcher] = [observations]
     telemetry = Telemetry(observations, StatusWriter(observations, config.state_dir))
@@ -68,6 +71,8 @@ def install_telemetry(
         from sebridge.forwarder.metrics import Metrics, MetricsServer
 
         metrics = Metrics(observations)
+        if local is not None:
+            metrics.watch_local(local.hooks, local.probe)
         telemetry.server = MetricsServer(metrics, config.metrics_address, config.metrics_port)
         host, port = telemetry.server.address
         log.info("metrics on http://%s:%d/metrics and /healthz", host, port)

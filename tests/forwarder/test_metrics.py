@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import threading
 import uuid
@@ -25,18 +26,28 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from emulators.imds.testing import SimClient, in_process_simulator
 from sebridge.contract.commands import approve_command
-from sebridge.contract.events import Observer
+from sebridge.contract.events import Observer, Transition, event_message
 from sebridge.forwarder.approval_handler import CommandHandler
 from sebridge.forwarder.config import ForwarderConfig
 from sebridge.forwarder.health import Health
 from sebridge.forwarder.imds_client import ImdsClient
+from sebridge.forwarder.local_actions import LocalActions, LocalSettings, build_local_actions
 from sebridge.forwarder.metrics import Metrics, MetricsServer
 from sebridge.forwarder.observations import Observations
 from sebridge.forwarder.outbox import Outbox
 from sebridge.forwarder.ports import PublishError
 from sebridge.forwarder.service import Forwarder
 from sebridge.forwarder.telemetry import MetricsError, install_telemetry
+from tests.forwarder.local_support import (
+    OBSERVER,
+    Recorder,
+    imds_event,
+    root_dir,
+    script,
+    write_hooks,
+)
 from tests.support.forwarder_fakes import FakeBroker, FakeStore
+from tests.support.waiting import wait_until
 
 IDLE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "idle-scenario.json")
 pytestmark = pytest.mark.timeout(120)
@@ -86,7 +97,9 @@ def reboot(event_id: str) -> dict[str, Any]:
 
 
 class Rig:
-    def __init__(self, sim: SimClient, state_dir: Path, port: int) -> None:
+    def __init__(
+        self, sim: SimClient, state_dir: Path, port: int, local: LocalActions | None = None
+    ) -> None:
         self.sim = sim
         self.stop = threading.Event()
         self.imds = ImdsClient(sim.base_url, cancel=self.stop)
@@ -105,8 +118,9 @@ class Rig:
         config = replace(
             ForwarderConfig(), state_dir=state_dir, metrics_port=port, poll_interval=1.0
         )
-        self.telemetry = install_telemetry(self.forwarder, config, self.stop)
-        self.threads = [threading.Thread(target=w, daemon=True) for w in self.telemetry.workers]
+        self.telemetry = install_telemetry(self.forwarder, config, self.stop, local=local)
+        workers = self.telemetry.workers + (local.workers(self.stop) if local else ())
+        self.threads = [threading.Thread(target=w, daemon=True) for w in workers]
         for thread in self.threads:
             thread.start()
 
@@ -281,3 +295,84 @@ def test_a_taken_port_is_a_clear_error_and_other_addresses_are_warned_about(
         r.levelname == "WARNING" and "not a loopback address" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_path: Path) -> None:
+    """Real hooks (a shell script that exits 0, one that exits 3, one killed at its timeout) and
+    the drain probe, wired by install_telemetry as main() wires them; /metrics counts each
+    hook's runs by outcome (every outcome has a series from the start) and says when the probe
+    drains."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a root-owned hooks file")
+    etc = root_dir(tmp_path)
+    hooks = write_hooks(
+        etc,
+        [
+            {"name": "ok", "on": ["Scheduled"], "command": [script(etc, "ok.sh", "exit 0")]},
+            {"name": "bad", "on": ["Scheduled"], "command": [script(etc, "bad.sh", "exit 3")]},
+            {
+                "name": "slow",
+                "on": ["Scheduled"],
+                "command": [script(etc, "slow.sh", "exec sleep 30")],
+                "timeoutSeconds": 0.5,
+            },
+        ],
+    )
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    settings = LocalSettings(
+        hooks_file=hooks, probe_port=0, probe_address="127.0.0.1", drain_seconds=60
+    )
+    local = build_local_actions(settings, state_dir, Recorder())
+    assert local is not None and local.probe is not None and local.hooks is not None
+    with in_process_simulator(IDLE) as sim:
+        rig = Rig(sim, state_dir, free_port(), local)
+        try:
+            port = rig.telemetry.server.address[1] if rig.telemetry.server else 0
+            before = scrape(port)
+            for hook in ("ok", "bad", "slow"):
+                for outcome in ("succeeded", "failed", "timed-out", "skipped"):
+                    assert (
+                        value(
+                            before, "sebridge_forwarder_hook_runs_total", hook=hook, outcome=outcome
+                        )
+                        == 0
+                    )
+            assert value(before, "sebridge_forwarder_drain_probe_draining") == 0
+            event = imds_event("aaaaaaaa-0000-4000-8000-00000000000a", event_type="Redeploy")
+            now = datetime.now(UTC)
+            local.transitions_recorded(
+                [event_message(Transition.SCHEDULED, event, OBSERVER, 3, now)]
+            )
+            probe_port = local.probe.address[1]
+            assert get(probe_port, "/")[0] == 503
+            wait_until(lambda: local.hooks is not None and local.hooks.pending() == 0, 20, "hooks")
+            after = scrape(port)
+            assert (
+                value(after, "sebridge_forwarder_hook_runs_total", hook="ok", outcome="succeeded")
+                == 1
+            )
+            assert (
+                value(after, "sebridge_forwarder_hook_runs_total", hook="bad", outcome="failed")
+                == 1
+            )
+            assert (
+                value(after, "sebridge_forwarder_hook_runs_total", hook="slow", outcome="timed-out")
+                == 1
+            )
+            assert (
+                value(after, "sebridge_forwarder_hook_runs_total", hook="ok", outcome="failed") == 0
+            )
+            assert value(after, "sebridge_forwarder_hooks_pending") == 0
+            assert value(after, "sebridge_forwarder_drain_probe_draining") == 1
+            assert value(after, "sebridge_forwarder_drain_probe_answers_total", status="503") == 1
+            local.transitions_recorded(
+                [event_message(Transition.COMPLETED, event, OBSERVER, 3, now)]
+            )
+            assert get(probe_port, "/")[0] == 200
+            done = scrape(port)
+            assert value(done, "sebridge_forwarder_drain_probe_draining") == 0
+            assert value(done, "sebridge_forwarder_drain_probe_answers_total", status="200") == 1
+        finally:
+            rig.close()
+            local.close()
