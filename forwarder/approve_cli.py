@@ -11,6 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 from sebridge import servicebus
 from sebridge.contract.commands import CommandError, approve_command
+from sebridge.servicebus import TRANSPORTS, check_endpoint, check_transport
+
+SEND_TIMEOUT = 30.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +45,24 @@ def _parser() -> argparse.ArgumentParser:
         help="connection string, for emulators [SEBRIDGE_CONNECTION_STRING]",
     )
     p.add_argument(
+        "--client-id",
+        default=env.get("AZURE_CLIENT_ID"),
+        help="user-assigned managed identity client id, with --namespace [AZURE_CLIENT_ID]",
+    )
+    p.add_argument(
+        "--servicebus-transport",
+        choices=TRANSPORTS,
+        default=env.get("SEBRIDGE_SERVICEBUS_TRANSPORT", "amqp"),
+        help="amqp (TCP 5671) or websocket (AMQP over WebSockets, TCP 443) "
+        "[SEBRIDGE_SERVICEBUS_TRANSPORT] (default %(default)s)",
+    )
+    p.add_argument(
+        "--servicebus-endpoint",
+        default=env.get("SEBRIDGE_SERVICEBUS_ENDPOINT"),
+        help="connect to sb://HOST[:PORT] instead of the namespace's own address "
+        "[SEBRIDGE_SERVICEBUS_ENDPOINT] (default: none)",
+    )
+    p.add_argument(
         "--queue",
         default=env.get("SEBRIDGE_REPLY_QUEUE", "approvals"),
         help="approvals queue [SEBRIDGE_REPLY_QUEUE] (default %(default)s)",
@@ -57,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.expires_in <= 7 * 86_400:
         print("sebridge approve: --expires-in must be between 1 s and 7 days", file=sys.stderr)
         return 2
+    try:
+        # (argparse checks a flag's choices; a value from the environment is checked here)
+        transport = check_transport(args.servicebus_transport)
+        endpoint = check_endpoint(args.servicebus_endpoint) if args.servicebus_endpoint else None
+    except ValueError as exc:
+        print(f"sebridge approve: {exc}", file=sys.stderr)
+        return 2
     requested_by = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
     try:
         command = approve_command(
@@ -68,11 +96,28 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"sebridge approve: {exc.description}", file=sys.stderr)
         return 2
-    client = servicebus.client(
-        namespace=args.namespace, connection_string=args.connection_string, retry_total=1
-    )
-    with client, client.get_queue_sender(args.queue) as sender:
-        sender.send_messages(servicebus.command_message(command, args.vm), timeout=30)
+    from azure.core.exceptions import AzureError
+    from azure.servicebus.exceptions import ServiceBusError
+
+    try:
+        client = servicebus.client(
+            namespace=args.namespace,
+            connection_string=args.connection_string,
+            client_id=args.client_id,
+            transport=transport,
+            endpoint=endpoint,
+            retry_total=1,
+        )
+        with client, client.get_queue_sender(args.queue) as sender:
+            sender.send_messages(servicebus.command_message(command, args.vm), timeout=SEND_TIMEOUT)
+    except (ServiceBusError, AzureError, OSError, ValueError) as exc:
+        # One line, no traceback; a connection string is never echoed (the SDK's messages name
+        # the host and the entity, not the key).
+        print(
+            f"sebridge approve: not sent ({type(exc).__name__}): {_first_line(exc)}",
+            file=sys.stderr,
+        )
+        return 1
     print(f"sent {command.message_id} to session {args.vm} on {args.queue}")
     # Cheap to say, costly to find out (reading the queue's settings needs Manage rights).
     print(
@@ -84,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         f"--scheduled-events-id {command.event_id}"
     )
     return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else "(no message)"
 
 
 if __name__ == "__main__":

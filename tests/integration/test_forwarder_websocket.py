@@ -86,3 +86,62 @@ def test_the_forwarder_publishes_and_takes_approvals_over_websockets(
         log = fw.stderr_text()
         assert fw.alive, log[-3000:]
     assert '"serviceBusTransport": "websocket"' in log, log[:3000]
+
+
+@pytest.mark.timeout(120)
+def test_sebridge_approve_sends_over_websockets_and_says_clearly_when_it_cannot(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sebridge approve`` with the forwarder's transport flags: over WebSockets (the plain
+    AMQP port in its connection string refuses) the command reaches the VM's session; with
+    nothing to reach it exits 1 with one line saying so, and no traceback."""
+    from sebridge.forwarder import approve_cli
+
+    event_id = "0d8e1a5f-0000-4000-8000-00000000ab01"
+    connection = _nowhere(emulator.connection_string, emulator.port)
+    code = approve_cli.main(
+        [
+            "--vm",
+            VM,
+            "--event-id",
+            event_id,
+            "--by",
+            "ops",
+            "--connection-string",
+            connection,
+            "--servicebus-transport",
+            "websocket",
+            "--servicebus-endpoint",
+            f"sb://127.0.0.1:{emulator.websocket_port}",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    with (
+        ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+        client.get_queue_receiver("approvals", session_id=VM, max_wait_time=5) as receiver,
+    ):
+        (received,) = receiver.receive_messages(max_message_count=5, max_wait_time=5)
+        receiver.complete_message(received)
+    assert received.message_id in out
+    assert event_id in servicebus.message_body(received).decode()
+
+    code = approve_cli.main(["--vm", VM, "--event-id", event_id, "--connection-string", connection])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert err.startswith("sebridge approve: not sent (") and "Traceback" not in err
+    assert "SharedAccessKey" not in err and "sent " not in out
+
+    code = approve_cli.main(
+        [
+            "--vm",
+            VM,
+            "--event-id",
+            event_id,
+            "--connection-string",
+            connection,
+            "--servicebus-endpoint",
+            "http://127.0.0.1:1",
+        ]
+    )
+    assert code == 2 and "sb://HOST" in capsys.readouterr().err
