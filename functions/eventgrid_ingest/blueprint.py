@@ -13,7 +13,7 @@ from typing import Any
 import azure.functions as func
 
 from functions.eventgrid_ingest.notification import RawNotification
-from functions.shared import composition
+from functions.shared import composition, invocations
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
@@ -42,6 +42,15 @@ def raw_notification(event: Any) -> RawNotification:
 
 @bp.function_name("eventgrid_ingest")
 @bp.event_grid_trigger(arg_name="event")
+@invocations.log_invocation
 def eventgrid_ingest(event: func.EventGridEvent) -> None:
     deps = composition.dependencies()
-    deps.eventgrid_ingest.handle_raw(raw_notification(event))
+    outcome = deps.eventgrid_ingest.handle_raw(raw_notification(event))
+    # The invocation line: "dropped" for a notification that cannot be read (as a Service Bus
+    # message that breaks the contract), else "ok"; the verdict and what was published beside.
+    invocations.note(
+        invocations.DROPPED if outcome.verdict == "invalid" else None,
+        verdict=outcome.verdict,
+        published=len(outcome.published),
+        **outcome.about,
+    )

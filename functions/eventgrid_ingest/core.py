@@ -48,7 +48,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
@@ -247,6 +247,20 @@ class IngestOutcome:
     verdict: str  # a Verdict, or "invalid"
     reason: str
     published: tuple[str, ...] = ()  # message ids published by this call (pending included)
+    about: Mapping[str, str] = field(default_factory=dict)  # for the invocation line
+
+    @staticmethod
+    def describe(n: Notification, transition: Transition | None) -> dict[str, str]:
+        """What the invocation line says of a checked notification: ids and names only."""
+        about = {
+            "eventId": n.event.key,
+            "eventType": n.event.event_type,
+            "vmName": n.observer.vm_name,
+            "status": n.status,
+        }
+        if transition is not None:
+            about["transition"] = transition.value
+        return about
 
 
 def envelope_for(decision: Decision, n: Notification, now: datetime) -> Envelope:
@@ -322,7 +336,9 @@ class Ingestor:
                     continue
             elif not pending:
                 log.info("notification changes nothing: %s", decision.reason, extra=fields)
-                return IngestOutcome(decision.verdict.value, decision.reason)
+                return IngestOutcome(
+                    decision.verdict.value, decision.reason, about=IngestOutcome.describe(n, None)
+                )
             else:
                 assert record is not None
                 new = record
@@ -336,7 +352,12 @@ class Ingestor:
                 decision.reason,
                 extra={**fields, "published": list(published), "attempt": attempt},
             )
-            return IngestOutcome(decision.verdict.value, decision.reason, published)
+            return IngestOutcome(
+                decision.verdict.value,
+                decision.reason,
+                published,
+                IngestOutcome.describe(n, decision.transition),
+            )
         raise StateConflict(f"{key}: record still changing after {self.attempts} attempts")
 
     def _publish(self, pending: tuple[Mapping[str, Any], ...]) -> tuple[str, ...]:

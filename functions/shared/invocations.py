@@ -1,7 +1,8 @@
-"""One structured log line per Service Bus invocation, so one event can be followed through
-every workflow in Application Insights (README, "Telemetry").
+"""One structured log line per invocation, so one event can be followed through every workflow
+in Application Insights (README, "Telemetry").
 
-Every Service Bus trigger is decorated with :func:`log_invocation`; :func:`decode` (in
+Every Service Bus trigger, and the Event Grid trigger of agentless ingestion, is decorated with
+:func:`log_invocation`; :func:`decode` (in
 ``triggers.py``) tells the current invocation what it decoded, and a workflow may add an outcome
 of its own with :func:`note`. When the trigger returns or raises, one line is logged on the
 logger ``sebridge.functions.invocation``::
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 import azure.functions as func
 
@@ -38,7 +40,7 @@ OK, DROPPED, ERROR = "ok", "dropped", "error"
 
 log = logging.getLogger(LOGGER_NAME)
 
-Trigger = Callable[[func.ServiceBusMessage], None]
+Trigger = Callable[..., None]  # one argument: a ServiceBusMessage, or an Event Grid event
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
@@ -111,7 +113,8 @@ def invocation_fields(
     if error is not None:
         fields["error"] = error
     for key, value in record.details.items():
-        fields.setdefault(key, _text(value) if isinstance(value, str) else value)
+        if fields.get(key) is None:  # a detail fills in what no message said (Event Grid)
+            fields[key] = _text(value) if isinstance(value, str) else value
     return fields
 
 
@@ -133,26 +136,37 @@ def _delivery_count(message: func.ServiceBusMessage) -> int | None:
     return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
+def _invocation(function: str, argument: object) -> _Invocation:
+    """The record of one invocation: a Service Bus message's id and delivery count, or an
+    Event Grid event's id (as the ``eventGridId`` detail: it is not a message id)."""
+    record = _Invocation(function, None, None, time.monotonic())
+    if isinstance(argument, func.ServiceBusMessage) or hasattr(argument, "message_id"):
+        record.message_id = getattr(argument, "message_id", None)
+        record.delivery_count = _delivery_count(argument)  # type: ignore[arg-type]
+    else:
+        event_grid_id = _text(getattr(argument, "id", None))
+        if event_grid_id is not None:
+            record.details["eventGridId"] = event_grid_id
+    return record
+
+
 def log_invocation(trigger: Trigger) -> Trigger:
-    """Decorate a Service Bus trigger (below the binding decorators): one line per invocation.
+    """Decorate a trigger (below the binding decorators): one line per invocation.
 
     The function name in the line is the Python function's name, which is also the name each
     blueprint registers (``@bp.function_name``). ``functools.wraps`` keeps the signature and the
-    annotations the Functions worker reads to bind ``msg``.
+    annotations the Functions worker reads to bind the argument (``msg``, ``event``), which it
+    passes by name.
     """
 
     @functools.wraps(trigger)
-    def run(msg: func.ServiceBusMessage) -> None:
-        record = _Invocation(
-            function=trigger.__name__,
-            message_id=msg.message_id,
-            delivery_count=_delivery_count(msg),
-            started=time.monotonic(),
-        )
+    def run(*args: Any, **kwargs: Any) -> None:
+        (argument,) = (*args, *kwargs.values())
+        record = _invocation(trigger.__name__, argument)
         token = _current.set(record)
         error: str | None = None
         try:
-            trigger(msg)
+            trigger(*args, **kwargs)
         except BaseException as exc:
             error = type(exc).__name__
             raise

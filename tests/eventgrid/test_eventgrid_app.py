@@ -19,6 +19,7 @@ import pytest
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.eventgrid import CLOUD_EVENT_SCHEMA
 from emulators.functions_host.eventgrid import to_function_event
+from functions.shared.invocations import INVOCATION_PREFIX, LOGGER_NAME
 from functions.shared.settings import SettingsError, load_settings
 from sebridge.contract.events import parse_message
 from sebridge.lifecycle import event_ref
@@ -121,6 +122,41 @@ def test_a_storage_outage_raises_so_event_grid_redelivers(
     with pytest.raises(Exception, match="503"):
         deliver(ingest_app, event_json())
     assert ingest_app.publisher.published == []
+
+
+def test_each_notification_logs_one_invocation_line(
+    ingest_app: App, state_storage: FakeConditionalBlobStorage, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same structured line as every Service Bus trigger (functions/shared/invocations.py),
+    so an event that came through Event Grid can be followed into the workflows: applied,
+    duplicate, forged (dropped) and a storage outage (error, raised for Event Grid's retry)."""
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    scheduled = event_json("Scheduled", 0)
+    forged = event_json("Started", 10)
+    forged["data"]["resourceInfo"]["id"] += "/../../x"
+    deliver(ingest_app, scheduled)
+    deliver(ingest_app, scheduled)
+    deliver(ingest_app, forged)
+    state_storage.fail(503, times=100)
+    with pytest.raises(Exception, match="503"):
+        deliver(ingest_app, event_json("Started", 20))
+    found = []
+    for record in caplog.records:
+        if record.name == LOGGER_NAME:
+            text = record.getMessage()
+            assert text.startswith(INVOCATION_PREFIX)
+            found.append(json.loads(text.removeprefix(INVOCATION_PREFIX)))
+    applied, duplicate, dropped, failed = found
+    assert {line["function"] for line in found} == {"eventgrid_ingest"}
+    assert applied["eventGridId"] == scheduled["id"] and applied["messageId"] is None
+    assert (applied["outcome"], applied["verdict"], applied["published"]) == ("ok", "applied", 1)
+    assert applied["eventId"] == EVENT_ID.lower() and applied["transition"] == "Scheduled"
+    assert applied["vmName"] == "web-1" and applied["eventType"] == "Reboot"
+    assert (duplicate["verdict"], duplicate["published"]) == ("duplicate", 0)
+    assert duplicate["transition"] is None and duplicate["eventId"] == EVENT_ID.lower()
+    assert (dropped["outcome"], dropped["verdict"]) == ("dropped", "invalid")
+    assert dropped["eventId"] is None and dropped["eventGridId"] == forged["id"]
+    assert failed["outcome"] == "error" and "503" not in json.dumps(failed)
 
 
 # -- settings -----------------------------------------------------------------------------
