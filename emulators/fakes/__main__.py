@@ -1,13 +1,14 @@
-"""``sebridge fakes``: run the four fakes on loopback and print the app settings they need.
+"""``sebridge fakes``: run the five fakes on loopback and print the app settings they need.
 
 With ``--demo-world`` the fake ARM holds the golden test world: web-1 and web-2 in rg-web,
 both in lb-web's pool-a. Cards and pool changes are printed as they happen. Stops on Ctrl-C or
 SIGTERM, or after ``--seconds``.
 
 With ``--port-base N`` the fakes listen on fixed ports (Teams N, ARM N+1, identity N+2, blob
-N+3) and with ``--identity-header`` the identity endpoint takes a fixed header, so that a
-settings file can name them: ``emulators/local.settings.demo.json`` does, for
-``--port-base 17071 --identity-header local-demo-identity-header``.
+N+3, the blob store with ETags for agentless ingestion's records N+4) and with
+``--identity-header`` the identity endpoint takes a fixed header, so that a settings file can
+name them: ``emulators/local.settings.demo.json`` does, for ``--port-base 17071
+--identity-header local-demo-identity-header``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from types import FrameType
 
 from emulators.fakes.arm import FakeArm
+from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams
@@ -52,8 +54,9 @@ def seed_demo_world(arm: FakeArm) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sebridge fakes",
-        description="Run the Teams, ARM, managed-identity and blob fakes on 127.0.0.1 and print "
-        "the app settings that point at them.",
+        description="Run the Teams, ARM, managed-identity and blob fakes (and the blob store "
+        "with ETags that agentless ingestion needs) on 127.0.0.1 and print the app settings that "
+        "point at them.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--demo-world", action="store_true", help="seed the fake ARM")
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "--port-base",
         type=int,
         default=0,
-        help="Teams on this port, ARM +1, identity +2, blob +3 (0: free ports)",
+        help="Teams on this port, ARM +1, identity +2, blob +3, blob with ETags +4 (0: free ports)",
     )
     parser.add_argument(
         "--identity-header",
@@ -70,14 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=24 * 3600.0, help="stop after this long")
     args = parser.parse_args(argv)
-    if not (args.port_base == 0 or 1024 <= args.port_base <= 65532):
-        parser.error("--port-base must be 0 or 1024..65532")
+    if not (args.port_base == 0 or 1024 <= args.port_base <= 65531):
+        parser.error("--port-base must be 0 or 1024..65531")
     teams, arm = FakeTeams(print_cards=True), FakeArm(print_changes=True)
     identity, storage = FakeIdentity(header=args.identity_header), FakeBlobStorage()
-    ports = [args.port_base + i if args.port_base else 0 for i in range(4)]
-    servers = [
-        fake.start(port) for fake, port in zip((teams, arm, identity, storage), ports, strict=True)
-    ]
+    records = FakeConditionalBlobStorage()
+    fakes = (teams, arm, identity, storage, records)
+    ports = [args.port_base + i if args.port_base else 0 for i in range(len(fakes))]
+    servers = [fake.start(port) for fake, port in zip(fakes, ports, strict=True)]
     if args.demo_world:
         seed_demo_world(arm)
     settings = {
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         "ARM_ENDPOINT": arm.url,
         "HEARTBEAT_STORE_URL": storage.container_url("sebridge-heartbeats"),
         "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
+        # read only with EVENTGRID_INGEST_ENABLED=true (agentless ingestion)
+        "EVENTGRID_STATE_URL": records.container_url("sebridge-eventgrid-state"),
         **identity.environ(),
     }
     print(json.dumps(settings, indent=2), flush=True)

@@ -123,6 +123,7 @@ def test_the_fakes_cli_prints_the_settings_and_stops(capsys: pytest.CaptureFixtu
         "ARM_ENDPOINT",
         "HEARTBEAT_STORE_URL",
         "LB_POOL_STATE_URL",
+        "EVENTGRID_STATE_URL",
         "IDENTITY_ENDPOINT",
         "IDENTITY_HEADER",
     }
