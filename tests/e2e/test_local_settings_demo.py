@@ -27,7 +27,7 @@ SHIPPED = REPO / "emulators" / "local.settings.demo.json"
 
 
 def _free_ports(count: int) -> list[int]:
-    """``count`` consecutive free ports (the fakes take a base and the three above it)."""
+    """``count`` consecutive free ports (the fakes take a base and the four above it)."""
     for _ in range(50):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -58,7 +58,7 @@ def test_the_shipped_file_is_a_complete_valid_configuration() -> None:
 
 @pytest.mark.timeout(180)
 def test_the_functions_host_runs_the_app_against_the_demo_world_with_it(tmp_path: Path) -> None:
-    fakes_base, http_port = _free_ports(4)[0], _free_ports(1)[0]
+    fakes_base, http_port = _free_ports(5)[0], _free_ports(1)[0]
     with running_emulator() as bus:
         text = SHIPPED.read_text()
         for old, new in [
