@@ -26,12 +26,10 @@ file must be root-owned, as on a VM).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import platform
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -43,31 +41,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import percentile  # noqa: E402
+from emulators.demo import free_port  # noqa: E402
+from emulators.demo_hooks import probe_status  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import ChildProcess, forwarder, server  # noqa: E402
 
 IDLE_SCENARIO = ROOT / "benchmarks" / "idle-scenario.json"
 VM = "vmss_vm1"  # the simulator's VM
-
-
-def probe_status(port: int) -> int | None:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        connection.request("GET", "/")
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    except OSError:
-        return None
-    finally:
-        connection.close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def hooks_file(directory: Path) -> Path:

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import percentile  # noqa: E402
+from emulators.demo import free_port  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import ChildProcess, forwarder, server  # noqa: E402
 from emulators.servicebus.testing import running_emulator  # noqa: E402
@@ -77,15 +78,6 @@ def event(event_id: str) -> dict[str, object]:
         "EventSource": "Platform",
         "DurationInSeconds": -1,
     }
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def scrape(port: int) -> None:

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -282,20 +282,169 @@ def watch_list(
         count = len(current)
 
 
+# -- the stand-ins every demo runs --------------------------------------------------------
+class DemoStack:
+    """The stand-ins every demo runs, and the threads that put what they do on the timeline:
+    the Teams, ARM and identity fakes (and any others given), the Service Bus emulator with
+    the project's entities, the functions host running the real function_app.py, the IMDS
+    simulator. ``with DemoStack(timeline, verbose) as stack:``; whatever happens, the watchers
+    stop and everything started is stopped in reverse order (a failure to stop one is
+    reported, and the rest are still stopped)."""
+
+    def __init__(
+        self,
+        timeline: Timeline,
+        verbose: bool,
+        report: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+    ) -> None:
+        from emulators.fakes.arm import FakeArm
+        from emulators.fakes.identity import FakeIdentity
+        from emulators.fakes.teams import FakeTeams
+
+        self.timeline = timeline
+        self.verbose = verbose
+        self.report = report
+        self.stop = threading.Event()
+        self.teams, self.arm, self.identity = FakeTeams(), FakeArm(), FakeIdentity()
+        self.topic_seen: list[dict[str, Any]] = []  # every message on the topic, in order
+        self.posts_seen: list[dict[str, Any]] = []  # the simulator's record of IMDS POSTs
+        self.connection_string = ""
+        self._undo: list[Callable[[], object]] = []
+        self._watchers: list[threading.Thread] = []
+
+    def __enter__(self) -> DemoStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def defer(self, undo: Callable[[], object]) -> None:
+        """Call ``undo`` when the stack closes (the last deferred first)."""
+        self._undo.append(undo)
+
+    def workdir(self, prefix: str) -> Path:
+        """A temporary directory, removed when the stack closes (make it first: it goes last)."""
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        self.defer(lambda: shutil.rmtree(path, ignore_errors=True))
+        return path
+
+    def start_fakes(self, *more: Any) -> None:
+        """Start Teams, ARM and identity, and ``more`` (fakes with start() and stop())."""
+        for fake in (self.teams, self.arm, self.identity, *more):
+            fake.start()
+            self.defer(fake.stop)
+
+    def start_bus(self) -> None:
+        """The Service Bus emulator, and a watcher of the topic's audit subscription."""
+        from emulators.servicebus.testing import running_emulator
+
+        emulator = running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
+        bus = emulator.__enter__()
+        self.defer(lambda: emulator.__exit__(None, None, None))
+        self.connection_string = bus.connection_string
+        self.timeline.add("setup", f"Service Bus emulator on {bus.namespace}")
+        self.watch(watch_topic, bus.connection_string, self.timeline, self.topic_seen, self.stop)
+
+    def start_host(self, settings: Mapping[str, str]) -> Any:
+        """The functions host running function_app.py against the emulator and the fakes, with
+        ``settings`` over the common ones; watchers of the Teams cards and the ARM changes."""
+        from emulators.fakes.teams import card_lines
+        from emulators.functions_host.host import FunctionsHost
+
+        host_logger = logging.getLogger("sebridge.demo.functions-host")
+        host_logger.setLevel(logging.INFO if self.verbose else logging.ERROR)
+        http_port = free_port()
+        common = {
+            "ServiceBusConnection": self.connection_string,
+            "TopicName": "scheduled-events",
+            "TeamsSubscriptionName": "teams",
+            "LbPoolsSubscriptionName": "lb-pools",
+            "ApprovalGateSubscriptionName": "approval-gate",
+            "ApprovalsQueueName": "approvals",
+            "TEAMS_WEBHOOK_URL": self.teams.webhook_url,
+            "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
+            "ARM_ENDPOINT": self.arm.url,
+            "APPROVAL_BASE_URL": f"http://127.0.0.1:{http_port}",  # the Approve links
+            **self.identity.environ(),
+        }
+        host = FunctionsHost(
+            ROOT / "function_app.py", {**common, **settings}, logger=host_logger, port=http_port
+        )
+        host.start()
+        self.defer(host.stop)
+        self.timeline.add("setup", "functions host running function_app.py")
+        self.watch(
+            watch_list,
+            lambda: list(self.teams.cards),
+            lambda c: "card: " + " | ".join(card_lines(c)[:2]),
+            "teams",
+            self.timeline,
+            self.stop,
+        )
+        self.watch(watch_list, lambda: list(self.arm.changes), str, "arm", self.timeline, self.stop)
+        return host
+
+    def start_simulator(self, scenario_file: Path, speed: float) -> tuple[Any, str]:
+        """The IMDS simulator replaying ``scenario_file`` (its clock starts on the first poll),
+        and a watcher of the POSTs it takes: its client and its URL."""
+        from emulators.imds.testing import SimClient
+        from emulators.processes import server
+
+        process, url = server(
+            "imds-sim",
+            "--scenario",
+            str(scenario_file),
+            "--speed",
+            str(speed),
+            "--start-on-first-poll",
+        )
+        self.defer(process.close)
+        sim = SimClient(url)
+        posts = self.posts_seen
+
+        def recorded() -> list[dict[str, Any]]:
+            posts[:] = sim.posts()
+            return list(posts)
+
+        self.watch(
+            watch_list,
+            recorded,
+            render_post,
+            "imds",
+            self.timeline,
+            self.stop,
+            lambda p: datetime.fromisoformat(p["time"]).timestamp(),
+        )
+        self.timeline.add("setup", f"IMDS simulator on {url}")
+        return sim, url
+
+    def watch(self, target: Callable[..., object], *args: Any) -> None:
+        """Run ``target(*args)`` on a thread of its own until the stack closes (it must return
+        once ``self.stop`` is set)."""
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._watchers.append(thread)
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self._watchers:
+            thread.join(timeout=5)
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
+                self.report(f"demo: stopping failed: {exc}")
+
+
 # -- the run ------------------------------------------------------------------------------
 def run(
     scenario_name: str, speed: float, timeout: float, verbose: bool, source: str = "forwarder"
 ) -> int:
     from emulators import demo_sources
     from emulators.demo_verdict import Verdict, judge, plan_for
-    from emulators.fakes.arm import FakeArm
-    from emulators.fakes.identity import FakeIdentity
     from emulators.fakes.storage import FakeBlobStorage
-    from emulators.fakes.teams import FakeTeams, card_lines
-    from emulators.functions_host.host import FunctionsHost
-    from emulators.imds.testing import SimClient
-    from emulators.processes import forwarder, server
-    from emulators.servicebus.testing import running_emulator
+    from emulators.processes import forwarder
 
     scenario = load_packaged(scenario_name)
     world, vms = rehome(scenario)
@@ -303,21 +452,16 @@ def run(
     plan = plan_for(world, held=options.expect_held)
     spares = [f"web-spare{'' if n == 0 else n + 1}" for n in range(options.spares)]
     timeline = Timeline(live=verbose)
-    stop = threading.Event()
-    stack: list[Callable[[], object]] = []
-    topic_seen: list[dict[str, Any]] = []
     print(f"sebridge demo: scenario {scenario_name} at speed {speed:g}: {scenario['description']}")
     print(
         f"world: {', '.join([*vms, *spares])} in {GROUP} (one availability set), behind "
         f"lb-web/pool-a (LB_MIN_HEALTHY={MIN_HEALTHY}); everything on 127.0.0.1\n"
     )
-    try:
-        teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
-        storage = FakeBlobStorage()
-        state_storage = demo_sources.state_storage()
-        for fake in (teams, arm, identity, storage, state_storage):
-            fake.start()
-            stack.append(fake.stop)
+    with DemoStack(timeline, verbose) as stack:
+        workdir = stack.workdir("sebridge-demo-")  # removed last: the forwarder's state is in it
+        storage, state_storage = FakeBlobStorage(), demo_sources.state_storage()
+        stack.start_fakes(storage, state_storage)
+        arm = stack.arm
         lb = arm.add_load_balancer(
             SUBSCRIPTION, GROUP, "lb-web", ["pool-a"], rules={"http": "pool-a"}
         )
@@ -329,26 +473,10 @@ def run(
         }
         initial = {vm: sorted(arm.vm_pools(vm_id)) for vm, vm_id in vm_ids.items()}
 
-        emulator_cm = running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
-        bus = emulator_cm.__enter__()
-        stack.append(lambda: emulator_cm.__exit__(None, None, None))
-        timeline.add("setup", f"Service Bus emulator on {bus.namespace}")
-
-        host_logger = logging.getLogger("sebridge.demo.functions-host")
-        host_logger.setLevel(logging.INFO if verbose else logging.ERROR)
+        stack.start_bus()
         settings = {
-            "ServiceBusConnection": bus.connection_string,
-            "TopicName": "scheduled-events",
-            "TeamsSubscriptionName": "teams",
-            "LbPoolsSubscriptionName": "lb-pools",
-            "ApprovalGateSubscriptionName": "approval-gate",
-            "ApprovalsQueueName": "approvals",
-            "TEAMS_WEBHOOK_URL": teams.webhook_url,
-            "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
-            "ARM_ENDPOINT": arm.url,
             "LB_MIN_HEALTHY": str(MIN_HEALTHY),
             "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
-            **identity.environ(),
             **demo_sources.app_settings(source, state_storage, GROUP),
         }
         if plan.policy is not None:
@@ -358,87 +486,23 @@ def run(
                 "policy: a human decides (no early approval), so the scenario's Updated or "
                 "Cancelled can happen before NotBefore",
             )
-        http_port = free_port()
-        settings["APPROVAL_BASE_URL"] = f"http://127.0.0.1:{http_port}"  # the Approve links
-        host = FunctionsHost(ROOT / "function_app.py", settings, logger=host_logger, port=http_port)
-        host.start()
-        stack.append(host.stop)
-        timeline.add("setup", "functions host running function_app.py")
+        host = stack.start_host(settings)
 
-        watchers = [
-            threading.Thread(
-                target=watch_topic,
-                args=(bus.connection_string, timeline, topic_seen, stop),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=watch_list,
-                args=(
-                    lambda: list(teams.cards),
-                    lambda c: "card: " + " | ".join(card_lines(c)[:2]),
-                    "teams",
-                    timeline,
-                    stop,
-                ),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=watch_list,
-                args=(lambda: list(arm.changes), lambda line: line, "arm", timeline, stop),
-                daemon=True,
-            ),
-        ]
-        for watcher in watchers:
-            watcher.start()
-
-        def join_watchers() -> None:
-            for watcher in watchers:
-                watcher.join(timeout=5)
-
-        stack.append(join_watchers)
-        stack.append(stop.set)
-
-        workdir = Path(tempfile.mkdtemp(prefix="sebridge-demo-"))
-        stack.insert(0, lambda: shutil.rmtree(workdir, ignore_errors=True))  # removed last
         scenario_file = workdir / "scenario.json"
         scenario_file.write_text(json.dumps(world))
-        sim_process, sim_url = server(
-            "imds-sim",
-            "--scenario",
-            str(scenario_file),
-            "--speed",
-            str(speed),
-            "--start-on-first-poll",
-        )
-        stack.append(sim_process.close)
-        sim = SimClient(sim_url)
-        posts_seen: list[dict[str, Any]] = []
-        watch_posts = threading.Thread(
-            target=watch_list,
-            args=(
-                lambda: posts_seen.__setitem__(slice(None), sim.posts()) or list(posts_seen),
-                render_post,
-                "imds",
-                timeline,
-                stop,
-                lambda p: datetime.fromisoformat(p["time"]).timestamp(),
-            ),
-            daemon=True,
-        )
-        watch_posts.start()
-        timeline.add("setup", f"IMDS simulator on {sim_url}")
+        sim, sim_url = stack.start_simulator(scenario_file, speed)
 
         fw = forwarder(
             sim_url,
-            scenario_file.parent / "state",
+            workdir / "state",
             "--connection-string",
-            bus.connection_string,
+            stack.connection_string,
             dry_run=False,
             poll_interval=1.0,
         )
         if source != "eventgrid":
             fw.start()
-            stack.append(fw.close)
+            stack.defer(fw.close)
             timeline.add("setup", "forwarder polling IMDS once a second")
         if source != "forwarder":
             for stop_source in demo_sources.start_event_grid(
@@ -451,8 +515,9 @@ def run(
                 report=lambda text: timeline.add("evgrid", text),
                 start_clock=source == "eventgrid",
             ):
-                stack.append(stop_source.stop)
+                stack.defer(stop_source.stop)
 
+        topic_seen = stack.topic_seen
         expected_events = {e["EventId"].lower(): e for e in world["events"]}
         deadline = time.monotonic() + timeout - (time.time() - timeline.start)
         if not verbose:
@@ -463,7 +528,7 @@ def run(
                 plan,
                 expected_events,
                 topic_seen,
-                approved_event_ids(posts_seen),
+                approved_event_ids(stack.posts_seen),
                 lambda vm: arm.vm_pools(vm_ids[vm]),
                 initial,
             )
@@ -492,13 +557,6 @@ def run(
         for line in demo_sources.summary(source, topic_seen):
             print(line)
         return 0
-    finally:
-        stop.set()
-        for undo in reversed(stack):
-            try:
-                undo()
-            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
-                print(f"demo: stopping failed: {exc}", file=sys.stderr)
 
 
 def render_post(post: dict[str, Any]) -> str:

@@ -27,26 +27,20 @@ import json
 import logging
 import os
 import re
-import secrets
-import shutil
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from emulators.demo import (
     GROUP,
-    ROOT,
     SUBSCRIPTION,
+    DemoStack,
     Timeline,
     free_port,
-    render_post,
     watch_list,
-    watch_topic,
 )
 
 NAME = "vm-side"
@@ -184,80 +178,33 @@ def forwarder_lines(stderr: Callable[[], str]) -> Callable[[], list[str]]:
 
 def run_vm_side(speed: float, timeout: float, verbose: bool) -> tuple[list[str], Timeline]:
     """Run the scenario; the reasons it is incomplete (empty: the whole loop) and the timeline."""
-    from emulators.fakes.arm import FakeArm
-    from emulators.fakes.identity import FakeIdentity
-    from emulators.fakes.teams import FakeTeams, card_lines
-    from emulators.functions_host.host import FunctionsHost
-    from emulators.imds.testing import SimClient
-    from emulators.processes import forwarder, server
-    from emulators.servicebus.testing import running_emulator
+    from emulators.processes import forwarder
 
     timeline = Timeline(live=verbose)
-    stop = threading.Event()
-    stack: list[Callable[[], object]] = []
-    work = Path(tempfile.mkdtemp(prefix="sebridge-demo-vm-side-"))
-    stack.append(lambda: shutil.rmtree(work, ignore_errors=True))
-    topic_seen: list[dict[str, Any]] = []
-    posts_seen: list[dict[str, Any]] = []
     probe_answers: list[tuple[float, int]] = []
-    try:
-        teams, arm, identity = FakeTeams(), FakeArm(), FakeIdentity()
-        for fake in (teams, arm, identity):
-            fake.start()
-            stack.append(fake.stop)
-        lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
-        instance_id = arm.add_vmss_instance(
+    report = logging.getLogger("sebridge.demo").warning
+    with DemoStack(timeline, verbose, report) as stack:
+        work = stack.workdir("sebridge-demo-vm-side-")
+        stack.start_fakes()
+        lb = stack.arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-web", ["pool-a"])
+        instance_id = stack.arm.add_vmss_instance(
             SUBSCRIPTION, GROUP, SCALE_SET, "0", [f"{lb}/backendAddressPools/pool-a"], vm_id=VM_ID
         )
-
-        emulator_cm = running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json")
-        bus = emulator_cm.__enter__()
-        stack.append(lambda: emulator_cm.__exit__(None, None, None))
-        timeline.add("setup", f"Service Bus emulator on {bus.namespace}")
-        host_logger = logging.getLogger("sebridge.demo.functions-host")
-        host_logger.setLevel(logging.INFO if verbose else logging.ERROR)
-        http_port = free_port()
-        settings = {
-            "ServiceBusConnection": bus.connection_string,
-            "TopicName": "scheduled-events",
-            "TeamsSubscriptionName": "teams",
-            "LbPoolsSubscriptionName": "lb-pools",
-            "ApprovalGateSubscriptionName": "approval-gate",
-            "ApprovalsQueueName": "approvals",
-            "TEAMS_WEBHOOK_URL": teams.webhook_url,
-            "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
-            "ARM_ENDPOINT": arm.url,
-            # No capacity guard: lb-pools cannot drain a Uniform instance in any case.
-            "LB_MIN_HEALTHY": "0",
-            "APPROVAL_BASE_URL": f"http://127.0.0.1:{http_port}",
-            **identity.environ(),
-        }
-        host = FunctionsHost(ROOT / "function_app.py", settings, logger=host_logger, port=http_port)
-        host.start()
-        stack.append(host.stop)
-        timeline.add("setup", "functions host running function_app.py")
+        stack.start_bus()
+        # No capacity guard: lb-pools cannot drain a Uniform instance in any case.
+        stack.start_host({"LB_MIN_HEALTHY": "0"})
 
         scenario_file = work / "scenario.json"
         scenario_file.write_text(json.dumps(world(instance_id)))
         hooks_path, checkpoints = write_hooks(work)
-        sim_process, sim_url = server(
-            "imds-sim",
-            "--scenario",
-            str(scenario_file),
-            "--speed",
-            str(speed),
-            "--start-on-first-poll",
-        )
-        stack.append(sim_process.close)
-        sim = SimClient(sim_url)
-        timeline.add("setup", f"IMDS simulator on {sim_url}")
+        _, sim_url = stack.start_simulator(scenario_file, speed)
 
         probe_port = free_port()
         fw = forwarder(
             sim_url,
             work / "state",
             "--connection-string",
-            bus.connection_string,
+            stack.connection_string,
             "--hooks-file",
             str(hooks_path),
             "--drain-probe-port",
@@ -270,75 +217,23 @@ def run_vm_side(speed: float, timeout: float, verbose: bool) -> tuple[list[str],
             poll_interval=1.0,
         )
         fw.start()
-        stack.append(fw.close)
+        stack.defer(fw.close)
         timeline.add(
             "setup",
             f"forwarder with {hooks_path.name} and the drain probe on 127.0.0.1:{probe_port}",
         )
-        watchers = [
-            threading.Thread(
-                target=watch_topic,
-                args=(bus.connection_string, timeline, topic_seen, stop),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=watch_list,
-                args=(
-                    lambda: list(teams.cards),
-                    lambda c: "card: " + " | ".join(card_lines(c)[:2]),
-                    "teams",
-                    timeline,
-                    stop,
-                ),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=watch_list,
-                args=(lambda: list(arm.changes), lambda line: line, "arm", timeline, stop),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=watch_list,
-                args=(
-                    lambda: sorted(p.name for p in checkpoints.glob("*.json")),
-                    lambda name: f"checkpoint file {name} written",
-                    "hook",
-                    timeline,
-                    stop,
-                ),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=watch_list,
-                args=(forwarder_lines(fw.stderr_text), lambda line: line, "vm", timeline, stop),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=watch_list,
-                args=(
-                    lambda: posts_seen.__setitem__(slice(None), sim.posts()) or list(posts_seen),
-                    render_post,
-                    "imds",
-                    timeline,
-                    stop,
-                    lambda p: datetime.fromisoformat(p["time"]).timestamp(),
-                ),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=watch_probe, args=(probe_port, timeline, probe_answers, stop), daemon=True
-            ),
-        ]
-        for watcher in watchers:
-            watcher.start()
+        stack.watch(
+            watch_list,
+            lambda: sorted(p.name for p in checkpoints.glob("*.json")),
+            lambda name: f"checkpoint file {name} written",
+            "hook",
+            timeline,
+            stack.stop,
+        )
+        stack.watch(watch_list, forwarder_lines(fw.stderr_text), str, "vm", timeline, stack.stop)
+        stack.watch(watch_probe, probe_port, timeline, probe_answers, stack.stop)
 
-        def join_watchers() -> None:
-            for watcher in watchers:
-                watcher.join(timeout=5)
-
-        stack.append(join_watchers)
-        stack.append(stop.set)
-
+        topic_seen, posts_seen = stack.topic_seen, stack.posts_seen
         deadline = time.monotonic() + timeout
         reasons = ["not finished"]
         while time.monotonic() < deadline:
@@ -353,13 +248,6 @@ def run_vm_side(speed: float, timeout: float, verbose: bool) -> tuple[list[str],
             reasons.append(f"the forwarder exited:\n{fw.stderr_text()[-2000:]}")
         time.sleep(0.5)  # the watchers' last lines
         return reasons, timeline
-    finally:
-        stop.set()
-        for undo in reversed(stack):
-            try:
-                undo()
-            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
-                logging.getLogger("sebridge.demo").warning("stopping failed: %s", exc)
 
 
 def verdict(
