@@ -137,31 +137,45 @@ class FrameRewriter:
         return self._client.feed(data, self._client_frame)
 
     def _client_frame(self, frame: bytes) -> bytes:
+        return self._performative_frame(frame, "client ->", self._client_performative)
+
+    def _client_performative(self, frame: bytes, code: int, list_at: int, channel: int) -> bytes:
+        if channel in self._ended and code != BEGIN:
+            # azure-servicebus detaches links after ending their session when it closes;
+            # Proton would fail the connection with "no such channel" (Service Bus does not)
+            LOG.debug("%s: dropped %#04x on ended channel %s", self.name, code, channel)
+            return b""
+        if code == BEGIN:
+            fields, _end = _fields(frame, list_at)
+            next_id = _uint(fields[1]) if len(fields) > 1 else None
+            self._sessions[channel] = _Session(next_id or 0)
+            self._ended.discard(channel)
+        elif code == END:
+            self._sessions.pop(channel, None)
+            self._ended.add(channel)
+        elif code == TRANSFER:
+            return self._transfer(frame, list_at, channel)
+        return frame
+
+    def _performative_frame(
+        self,
+        frame: bytes,
+        direction: str,
+        handle: Callable[[bytes, int, int, int], bytes],
+    ) -> bytes:
+        """``handle(frame, code, list_at, channel)`` for a performative frame, else ``frame``;
+        a frame that cannot be parsed goes through as it is (Proton answers it)."""
         try:
             parsed = _performative(frame)
             if parsed is None:
                 return frame
             code, list_at, channel = parsed
             if LOG.isEnabledFor(logging.DEBUG):
-                LOG.debug("%s: client -> %#04x on channel %s", self.name, code, channel)
-            if channel in self._ended and code != BEGIN:
-                # azure-servicebus detaches links after ending their session when it closes;
-                # Proton would fail the connection with "no such channel" (Service Bus does not)
-                LOG.debug("%s: dropped %#04x on ended channel %s", self.name, code, channel)
-                return b""
-            if code == BEGIN:
-                fields, _end = _fields(frame, list_at)
-                next_id = _uint(fields[1]) if len(fields) > 1 else None
-                self._sessions[channel] = _Session(next_id or 0)
-                self._ended.discard(channel)
-            elif code == END:
-                self._sessions.pop(channel, None)
-                self._ended.add(channel)
-            elif code == TRANSFER:
-                return self._transfer(frame, list_at, channel)
+                LOG.debug("%s: %s %#04x on channel %s", self.name, direction, code, channel)
+            return handle(frame, code, list_at, channel)
         except amqpbytes.AmqpBytesError as exc:
-            LOG.debug("%s: client frame left as it is (%s)", self.name, exc)
-        return frame
+            LOG.debug("%s: %s frame left as it is (%s)", self.name, direction, exc)
+            return frame
 
     def _transfer(self, frame: bytes, list_at: int, channel: int) -> bytes:
         session = self._sessions.get(channel)
@@ -212,24 +226,18 @@ class FrameRewriter:
         return self._broker.feed(data, self._broker_frame)
 
     def _broker_frame(self, frame: bytes) -> bytes:
-        try:
-            parsed = _performative(frame)
-            if parsed is None:
-                return frame
-            code, list_at, channel = parsed
-            if LOG.isEnabledFor(logging.DEBUG):
-                LOG.debug("%s: broker -> %#04x on channel %s", self.name, code, channel)
-            if code == BEGIN:
-                fields, _end = _fields(frame, list_at)
-                remote = _uint(fields[0]) if fields else None
-                if remote is not None:
-                    self._broker_channels[channel] = remote
-            elif code == END:
-                self._broker_channels.pop(channel, None)
-            elif code == DISPOSITION:
-                return self._disposition(frame, list_at, channel)
-        except amqpbytes.AmqpBytesError as exc:
-            LOG.debug("%s: broker frame left as it is (%s)", self.name, exc)
+        return self._performative_frame(frame, "broker ->", self._broker_performative)
+
+    def _broker_performative(self, frame: bytes, code: int, list_at: int, channel: int) -> bytes:
+        if code == BEGIN:
+            fields, _end = _fields(frame, list_at)
+            remote = _uint(fields[0]) if fields else None
+            if remote is not None:
+                self._broker_channels[channel] = remote
+        elif code == END:
+            self._broker_channels.pop(channel, None)
+        elif code == DISPOSITION:
+            return self._disposition(frame, list_at, channel)
         return frame
 
     def _disposition(self, frame: bytes, list_at: int, channel: int) -> bytes:
