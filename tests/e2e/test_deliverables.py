@@ -87,6 +87,7 @@ def test_the_vm_wheel_puts_only_sebridge_into_site_packages(dist: Path) -> None:
         "azure-identity",
         "azure-servicebus",
         "prometheus-client",
+        "websocket-client",
     ]
     assert not [r for r in requires if "azure-functions" in r]
     assert "[sebridge.commands]" in entry_points and "emulators" not in entry_points
@@ -111,6 +112,20 @@ def test_the_installed_vm_package_has_no_functions_runtime_nor_local_tools(
     assert listing.returncode == 0, listing.stderr
     commands = {line.split()[0] for line in listing.stdout.splitlines() if line.startswith("  ")}
     assert commands == {"forwarder", "approve", "status"}
+    # --servicebus-transport websocket works with the VM package alone (websocket-client).
+    websocket = subprocess.run(
+        [
+            str(vm_python),
+            "-c",
+            "from sebridge.servicebus import check_transport; check_transport('websocket')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=CLEAN_ENV,
+        cwd="/",
+    )
+    assert websocket.returncode == 0, websocket.stderr
 
 
 @pytest.mark.timeout(120)

@@ -28,11 +28,13 @@ def _names(requirements: list[str]) -> set[str]:
 
 
 def test_the_vm_package_depends_on_the_servicebus_sdk_and_identity_only() -> None:
-    # ... and prometheus-client for --metrics-port (issue 14; imported only when it is on).
+    # ... and prometheus-client for --metrics-port (issue 14; imported only when it is on),
+    # websocket-client for --servicebus-transport websocket (imported only then).
     assert _names(PYPROJECT["project"]["dependencies"]) == {
         "azure-servicebus",
         "azure-identity",
         "prometheus-client",
+        "websocket-client",
     }
     assert "optional-dependencies" not in PYPROJECT["project"]
 
