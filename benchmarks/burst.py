@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
 
     started = time.monotonic()
+    batches = 0
     stack: list[Callable[[], object]] = []
     failures: list[str] = []
     decisions: dict[str, float] = {}
@@ -387,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         if held_messages < len(held):
             failures.append(f"{len(held)} held but only {held_messages} Held card(s) in Teams")
         found = violations(arm, members, args.min_healthy)
+        # How the decisions were grouped: each lease taken on a pool is one batch of decisions.
+        batches = sum(
+            1 for call in storage.lease_log if call.action == "acquire" and call.status == 201
+        )
         expected_held = args.pools * min(args.min_healthy, args.vms // args.pools)
         if len(held) != expected_held:
             failures.append(f"{len(held)} held, expected {expected_held} (min per pool kept)")
@@ -429,6 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     if waited:
         print(f"  of which: sent -> lb-pools invocation started: {summary(list(waited.values()))}")
         print(f"  of which: lb-pools invocation, start to end: {summary(list(worked.values()))}")
+    print(
+        f"decision batches: {batches} leases taken on the {args.pools} pools for "
+        f"{len(decisions)} events (a batch decides the events that queued while the one "
+        "before it was decided)"
+    )
     print(f"pool minimum violations (replayed from ARM's changes): {len(found)}")
     for violation in found[:10]:
         print(f"  {violation}")
