@@ -80,7 +80,14 @@ APPROVED = "approve command sent"
 HELD = " held, VMs "
 
 
-def serve(settings_file: str, host_config: HostConfig) -> int:
+# Flex Consumption (infra/modules/functionapp.bicep) scales per function: each Service Bus
+# function on instances of its own, the HTTP functions as one group. --scaling per-function
+# runs one functions-host process for each group (per instance); --scaling app runs the whole
+# app in each process, as a plan that scales the app as one would.
+FUNCTION_GROUPS = (("lb_pools",), ("approval_gate",), ("teams",), ("approve",))
+
+
+def serve(settings_file: str, host_config: HostConfig, functions: list[str] | None) -> int:
     """The functions host in a process of its own (so that the fakes in the benchmark's process
     do not share its interpreter lock): runs until SIGTERM; what the workflows log about holds
     and approvals goes to stderr as JSON lines, with the time they happened."""
@@ -100,7 +107,12 @@ def serve(settings_file: str, host_config: HostConfig) -> int:
     host_log.addHandler(host_handler)
     host_log.propagate = False
     host = FunctionsHost(
-        ROOT / "function_app.py", settings, host_config=host_config, logger=host_log, port=0
+        ROOT / "function_app.py",
+        settings,
+        host_config=host_config,
+        logger=host_log,
+        port=0,
+        functions=functions,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
@@ -204,7 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         help="every NIC PUT waits S seconds in the ARM fake, as ARM's long-running operation "
         "does (%(default)s)",
     )
+    parser.add_argument(
+        "--scaling",
+        choices=("per-function", "app"),
+        default="per-function",
+        help="per-function: a host process per function (per instance), as Flex Consumption "
+        "scales the deployed app; app: every function in one process (%(default)s)",
+    )
     parser.add_argument("--serve", metavar="SETTINGS", help=argparse.SUPPRESS)  # the child
+    parser.add_argument("--serve-functions", metavar="NAMES", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not 1 <= args.pools <= args.vms <= 500 or not 0 <= args.min_healthy <= 100:
         parser.error("need 1 <= pools <= vms <= 500 and 0 <= min-healthy <= 100")
@@ -220,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         options = replace(options, max_concurrent_sessions=args.max_concurrent_sessions)
     host_config = replace(host_config, service_bus=options)
     if args.serve:
-        return serve(args.serve, host_config)
+        names = args.serve_functions.split(",") if args.serve_functions else None
+        return serve(args.serve, host_config, names)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
 
     started = time.monotonic()
@@ -283,21 +304,27 @@ def main(argv: list[str] | None = None) -> int:
         settings_file = workdir / "settings.json"
         settings_file.write_text(json.dumps(settings))
         hosts: list[ChildProcess] = []
+        groups: tuple[tuple[str, ...] | None, ...] = (
+            FUNCTION_GROUPS if args.scaling == "per-function" else (None,)
+        )
         for n in range(args.hosts):
-            child = ChildProcess(f"burst-host-{n}", [])
-            child.argv = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--serve",
-                str(settings_file),
-            ]
-            if args.session_idle_timeout is not None:
-                child.argv += ["--session-idle-timeout", str(args.session_idle_timeout)]
-            if args.max_concurrent_sessions is not None:
-                child.argv += ["--max-concurrent-sessions", str(args.max_concurrent_sessions)]
-            child.start()
-            stack.append(child.close)
-            hosts.append(child)
+            for group in groups:
+                child = ChildProcess(f"burst-host-{n}-{'+'.join(group or ('app',))}", [])
+                child.argv = [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--serve",
+                    str(settings_file),
+                ]
+                if group is not None:
+                    child.argv += ["--serve-functions", ",".join(group)]
+                if args.session_idle_timeout is not None:
+                    child.argv += ["--session-idle-timeout", str(args.session_idle_timeout)]
+                if args.max_concurrent_sessions is not None:
+                    child.argv += ["--max-concurrent-sessions", str(args.max_concurrent_sessions)]
+                child.start()
+                stack.append(child.close)
+                hosts.append(child)
         for child in hosts:
             child.wait_for_line("listening on ", timeout=60)
         time.sleep(1.5)  # let the receivers settle on their subscriptions
@@ -413,7 +440,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.vms} Scheduled Reboots in one batch; run took {elapsed:.0f} s"
     )
     print(
-        f"functions hosts: {args.hosts} process(es) (instances), each with maxConcurrentSessions "
+        f"functions hosts: {args.hosts} instance(s) of the app, "
+        + (
+            f"each one process per function ({', '.join('+'.join(g) for g in FUNCTION_GROUPS)}: "
+            "Flex Consumption's per-function scaling)"
+            if args.scaling == "per-function"
+            else "each one process running every function"
+        )
+        + f", {args.worker_threads} worker threads per process; maxConcurrentSessions "
         f"{options.max_concurrent_sessions}, "
         f"sessionIdleTimeout {options.session_idle_timeout.total_seconds():g} s"
         + (
