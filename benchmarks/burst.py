@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--worker-threads",
         type=int,
-        default=32,
+        default=64,
         metavar="N",
         help="PYTHON_THREADPOOL_THREAD_COUNT, the Python worker's threads for sync functions "
         "(%(default)s, as infra/modules/functionapp.bicep sets it)",

@@ -165,8 +165,10 @@ var requiredSettings = {
   // The Python worker runs sync functions on this many threads, shared by every function of an
   // instance (unset: min(32, cores + 4), 6 on two cores). The workflows wait on ARM, blob
   // storage and Service Bus, not on the CPU, and a burst of events keeps many invocations
-  // waiting at once (benchmarks/burst.py); 32 is the most the worker documents.
-  PYTHON_THREADPOOL_THREAD_COUNT: '32'
+  // waiting at once (benchmarks/burst.py). As many as host.json's maxConcurrentSessions (64),
+  // so no message the extension has received waits for a thread while its session lock runs.
+  // (The worker caps the count at 32 only on Python 3.7; PYTHON_THREADPOOL_THREAD_COUNT_MAX.)
+  PYTHON_THREADPOOL_THREAD_COUNT: '64'
 }
 
 // The webhook secrets' settings, one versionless Key Vault reference each. Their names come from
