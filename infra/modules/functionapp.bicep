@@ -163,11 +163,9 @@ var requiredSettings = {
   AGENTLESS_RESOURCE_GROUPS: join(agentlessResourceGroups, ',')
   AGENTLESS_VM_PATTERNS: join(agentlessVmPatterns, ',')
   // The Python worker runs sync functions on this many threads, shared by every function of an
-  // instance (unset: min(32, cores + 4), 6 on two cores). The workflows wait on ARM, blob
-  // storage and Service Bus, not on the CPU, and a burst of events keeps many invocations
-  // waiting at once (benchmarks/burst.py). As many as host.json's maxConcurrentSessions (64),
-  // so no message the extension has received waits for a thread while its session lock runs.
-  // (The worker caps the count at 32 only on Python 3.7; PYTHON_THREADPOOL_THREAD_COUNT_MAX.)
+  // instance (unset: min(32, cores + 4)). The workflows wait on ARM, storage and Service Bus,
+  // and a burst keeps many invocations waiting (benchmarks/burst.py): as many threads as
+  // maxConcurrentSessions in host.json, so no received message waits for one (no cap past 3.7).
   PYTHON_THREADPOOL_THREAD_COUNT: '64'
 }
 
