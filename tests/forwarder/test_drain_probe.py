@@ -323,3 +323,44 @@ class ProbeModel(RuleBasedStateMachine):
 
 ProbeModel.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
 test_probe_model = ProbeModel.TestCase
+
+
+class _Done:
+    """A preparer whose preparation is done."""
+
+    name = "drain-probe"
+
+    def preparation_status(self, event_key: str) -> str | None:
+        return "succeeded"
+
+
+def test_a_crash_between_the_outbox_write_and_the_journal_mark_republishes_the_same_id(
+    tmp_path: Path,
+) -> None:
+    """The window the restart test cannot hit on purpose: Prepared went into the outbox, and
+    the process died before the journal marked it published. After the restart, Prepared goes
+    out again, with the same message id (derived from its cause), so the topic's duplicate
+    detection keeps one; and once marked, never again."""
+    journal = Journal(tmp_path)
+    first: list[Any] = []
+
+    def enqueue_then_die(envelope: Any) -> None:
+        first.append(envelope)
+        raise SystemExit("killed after the outbox write")  # not caught by check()
+
+    crashed = Preparations(journal, enqueue_then_die, preparers=[_Done()])
+    scheduled = observed("Scheduled", A)
+    crashed.observe(scheduled)
+    with pytest.raises(SystemExit):
+        crashed.check(scheduled.event.key)
+    journal.close()
+
+    reopened = Journal(tmp_path)
+    outbox = Recorder()
+    restarted = Preparations(reopened, outbox, preparers=[_Done()])
+    assert restarted.check_all() == 1
+    (again,) = outbox.envelopes
+    (lost,) = first
+    assert again.message_id == lost.message_id and again.subject == "Prepared"
+    assert restarted.check_all() == 0 and len(outbox.envelopes) == 1
+    reopened.close()
