@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from sebridge import servicebus
 from sebridge.contract.commands import CommandError, approve_command
-from sebridge.servicebus import TRANSPORTS, check_endpoint, check_transport
+from sebridge.servicebus import check_endpoint, check_transport
 
 SEND_TIMEOUT = 30.0
 
@@ -33,35 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         default=900.0,
         help="seconds until the command expires (default %(default)s)",
     )
-    target = p.add_mutually_exclusive_group()
-    target.add_argument(
-        "--namespace",
-        default=env.get("SEBRIDGE_NAMESPACE"),
-        help="Service Bus namespace FQDN, azure-identity [SEBRIDGE_NAMESPACE]",
-    )
-    target.add_argument(
-        "--connection-string",
-        default=env.get("SEBRIDGE_CONNECTION_STRING"),
-        help="connection string, for emulators [SEBRIDGE_CONNECTION_STRING]",
-    )
-    p.add_argument(
-        "--client-id",
-        default=env.get("AZURE_CLIENT_ID"),
-        help="user-assigned managed identity client id, with --namespace [AZURE_CLIENT_ID]",
-    )
-    p.add_argument(
-        "--servicebus-transport",
-        choices=TRANSPORTS,
-        default=env.get("SEBRIDGE_SERVICEBUS_TRANSPORT", "amqp"),
-        help="amqp (TCP 5671) or websocket (AMQP over WebSockets, TCP 443) "
-        "[SEBRIDGE_SERVICEBUS_TRANSPORT] (default %(default)s)",
-    )
-    p.add_argument(
-        "--servicebus-endpoint",
-        default=env.get("SEBRIDGE_SERVICEBUS_ENDPOINT"),
-        help="connect to sb://HOST[:PORT] instead of the namespace's own address "
-        "[SEBRIDGE_SERVICEBUS_ENDPOINT] (default: none)",
-    )
+    servicebus.add_connection_arguments(p, env)
     p.add_argument(
         "--queue",
         default=env.get("SEBRIDGE_REPLY_QUEUE", "approvals"),

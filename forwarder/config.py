@@ -13,7 +13,7 @@ from sebridge.forwarder import local_actions
 from sebridge.forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
 from sebridge.forwarder.outbox import DEFAULT_MAX_ROWS
 from sebridge.forwarder.publisher import STANDARD_MAX_MESSAGE_BYTES
-from sebridge.servicebus import TRANSPORTS, check_endpoint, check_transport
+from sebridge.servicebus import add_connection_arguments, check_endpoint, check_transport
 from sebridge.values import parse_bool
 
 DEFAULT_STATE_DIR = "/var/lib/sebridge"
@@ -118,36 +118,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=default("SEBRIDGE_STATE_DIR", DEFAULT_STATE_DIR),
         help="state and outbox directory [SEBRIDGE_STATE_DIR] (default %(default)s)",
     )
-    target = p.add_mutually_exclusive_group()
-    target.add_argument(
-        "--namespace",
-        default=default("SEBRIDGE_NAMESPACE"),
-        help="Service Bus namespace FQDN, managed identity [SEBRIDGE_NAMESPACE]",
-    )
-    target.add_argument(
-        "--connection-string",
-        default=default("SEBRIDGE_CONNECTION_STRING"),
-        help="Service Bus connection string, for emulators [SEBRIDGE_CONNECTION_STRING]",
-    )
-    p.add_argument(
-        "--client-id",
-        default=default("AZURE_CLIENT_ID"),
-        help="user-assigned managed identity client id [AZURE_CLIENT_ID]",
-    )
-    p.add_argument(
-        "--servicebus-transport",
-        choices=TRANSPORTS,
-        default=default("SEBRIDGE_SERVICEBUS_TRANSPORT", "amqp"),
-        help="amqp (TCP 5671) or websocket (AMQP over WebSockets, TCP 443: behind a proxy or "
-        "where only 443 is open) [SEBRIDGE_SERVICEBUS_TRANSPORT] (default %(default)s)",
-    )
-    p.add_argument(
-        "--servicebus-endpoint",
-        default=default("SEBRIDGE_SERVICEBUS_ENDPOINT"),
-        help="connect to sb://HOST[:PORT] instead of the namespace's own address (an "
-        "application gateway, a private route, the emulator's WebSocket port); the namespace "
-        "still names the service [SEBRIDGE_SERVICEBUS_ENDPOINT] (default: none)",
-    )
+    add_connection_arguments(p, env)
     p.add_argument(
         "--topic",
         default=default("SEBRIDGE_TOPIC", DEFAULT_TOPIC),

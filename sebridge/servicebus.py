@@ -1,5 +1,7 @@
 """The one home of the Service Bus mapping, shipped by both deployables (an adapter: SDK here).
 
+- :func:`add_connection_arguments`: the flags (and their environment variables) that say how to
+  reach Service Bus, the same for ``sebridge forwarder`` and ``sebridge approve``;
 - :func:`client`: a ``ServiceBusClient`` from a namespace (azure-identity: managed identity in
   Azure) or a connection string (emulators), over AMQP (TCP 5671) or AMQP over WebSockets
   (``transport="websocket"``: TCP 443, for hosts behind a proxy or with only 443 open);
@@ -12,6 +14,8 @@ kernel never load it.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from sebridge.contract.commands import ApproveCommand
@@ -63,6 +67,43 @@ def check_endpoint(endpoint: str) -> str:
     if port == 0:
         raise ValueError(f"port 0 is not a port: {endpoint!r}")
     return endpoint
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """``--namespace`` or ``--connection-string``, ``--client-id``, ``--servicebus-transport``
+    and ``--servicebus-endpoint``, each defaulting to its environment variable in ``env``
+    (values from ``env`` are not checked here: call :func:`check_transport` and
+    :func:`check_endpoint`)."""
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
+        "--namespace",
+        default=env.get("SEBRIDGE_NAMESPACE"),
+        help="Service Bus namespace FQDN, managed identity [SEBRIDGE_NAMESPACE]",
+    )
+    target.add_argument(
+        "--connection-string",
+        default=env.get("SEBRIDGE_CONNECTION_STRING"),
+        help="Service Bus connection string, for emulators [SEBRIDGE_CONNECTION_STRING]",
+    )
+    parser.add_argument(
+        "--client-id",
+        default=env.get("AZURE_CLIENT_ID"),
+        help="user-assigned managed identity client id [AZURE_CLIENT_ID]",
+    )
+    parser.add_argument(
+        "--servicebus-transport",
+        choices=TRANSPORTS,
+        default=env.get("SEBRIDGE_SERVICEBUS_TRANSPORT", "amqp"),
+        help="amqp (TCP 5671) or websocket (AMQP over WebSockets, TCP 443: behind a proxy or "
+        "where only 443 is open) [SEBRIDGE_SERVICEBUS_TRANSPORT] (default %(default)s)",
+    )
+    parser.add_argument(
+        "--servicebus-endpoint",
+        default=env.get("SEBRIDGE_SERVICEBUS_ENDPOINT"),
+        help="connect to sb://HOST[:PORT] instead of the namespace's own address (an "
+        "application gateway, a private route, the emulator's WebSocket port); the namespace "
+        "still names the service [SEBRIDGE_SERVICEBUS_ENDPOINT] (default: none)",
+    )
 
 
 def load_sdk() -> None:

@@ -123,9 +123,11 @@ def test_installer_knows_every_setting_the_forwarder_reads() -> None:
     passthrough = set(re.search(r'readonly PASSTHROUGH="([^"]+)"', script).group(1).split())
     fixed = {"SEBRIDGE_NAMESPACE", "AZURE_CLIENT_ID", "SEBRIDGE_STATE_DIR"}
     config_module = REPO / "forwarder" / "config.py"
-    # The flags of the local actions (hooks, drain probe) are declared beside them.
+    # The flags of the local actions (hooks, drain probe) are declared beside them, and the
+    # Service Bus connection flags (shared with sebridge approve) in the Service Bus module.
     local_flags = REPO / "forwarder" / "local_actions.py"
-    sources = config_module.read_text() + local_flags.read_text()
+    connection_flags = REPO / "sebridge" / "servicebus.py"
+    sources = config_module.read_text() + local_flags.read_text() + connection_flags.read_text()
     read = set(re.findall(r'"(SEBRIDGE_[A-Z_]+|AZURE_CLIENT_ID)"', sources))
     assert read, "forwarder/config.py reads no SEBRIDGE_* setting?"
     # A connection string is a secret and the namespace has local auth off: never installed.
