@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import platform
-import secrets
 import shutil
 import signal
 import sys
@@ -57,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from azure.servicebus import ServiceBusClient  # noqa: E402
 
 from benchmarks.stats import percentile, summary  # noqa: E402
+from emulators.demo import app_settings_for_stand_ins  # noqa: E402
 from emulators.fakes.arm import FakeArm, simulator_vm_id  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
 from emulators.fakes.storage import FakeBlobStorage  # noqa: E402
@@ -284,20 +284,16 @@ def main(argv: list[str] | None = None) -> int:
         bus = emulator.__enter__()
         stack.append(lambda: emulator.__exit__(None, None, None))
         settings = {
-            "ServiceBusConnection": bus.connection_string,
-            "TopicName": "scheduled-events",
-            "TeamsSubscriptionName": "teams",
-            "LbPoolsSubscriptionName": "lb-pools",
-            "ApprovalGateSubscriptionName": "approval-gate",
-            "ApprovalsQueueName": "approvals",
-            "TEAMS_WEBHOOK_URL": teams.webhook_url,
-            "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
-            "APPROVAL_BASE_URL": "http://127.0.0.1:9",
-            "ARM_ENDPOINT": arm.url,
+            **app_settings_for_stand_ins(
+                bus.connection_string,
+                teams_url=teams.webhook_url,
+                arm_url=arm.url,
+                approval_base_url="http://127.0.0.1:9",
+                identity=identity.environ(),
+            ),
             "LB_MIN_HEALTHY": str(args.min_healthy),
             "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
             "PYTHON_THREADPOOL_THREAD_COUNT": str(args.worker_threads),
-            **identity.environ(),
         }
         workdir = Path(tempfile.mkdtemp(prefix="bench-burst-"))
         stack.append(lambda: shutil.rmtree(workdir, ignore_errors=True))

@@ -67,7 +67,6 @@ import os
 import platform
 import random
 import re
-import secrets
 import shutil
 import sys
 import tempfile
@@ -84,7 +83,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import percentile, summary  # noqa: E402
-from emulators.demo import GROUP, SUBSCRIPTION, free_port  # noqa: E402
+from emulators.demo import GROUP, SUBSCRIPTION, app_settings_for_stand_ins, free_port  # noqa: E402
 from emulators.fakes.arm import FakeArm  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
 from emulators.fakes.storage import FakeBlobStorage  # noqa: E402
@@ -340,19 +339,15 @@ def run_round(number: int, args: argparse.Namespace, host_config: Any, seed: int
 
         http_port = free_port()
         settings = {
-            "ServiceBusConnection": bus.connection_string,
-            "TopicName": "scheduled-events",
-            "TeamsSubscriptionName": "teams",
-            "LbPoolsSubscriptionName": "lb-pools",
-            "ApprovalGateSubscriptionName": "approval-gate",
-            "ApprovalsQueueName": "approvals",
-            "TEAMS_WEBHOOK_URL": teams.webhook_url,
-            "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
-            "APPROVAL_BASE_URL": f"http://127.0.0.1:{http_port}",
+            **app_settings_for_stand_ins(
+                bus.connection_string,
+                teams_url=teams.webhook_url,
+                arm_url=arm.url,
+                approval_base_url=f"http://127.0.0.1:{http_port}",
+                identity=identity.environ(),
+            ),
             "APPROVAL_POLICY": json.dumps(AUTO_APPROVE),
-            "ARM_ENDPOINT": arm.url,
             "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
-            **identity.environ(),
         }
         host = FunctionsHost(
             ROOT / "function_app.py",

@@ -27,7 +27,6 @@ import argparse
 import logging
 import os
 import platform
-import secrets
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient  # noqa: E
 from azure.servicebus.exceptions import OperationTimeoutError  # noqa: E402
 
 from benchmarks.stats import percentile  # noqa: E402
+from emulators.demo import app_settings_for_stand_ins  # noqa: E402
 from emulators.demo_sources import webhook_url  # noqa: E402
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage  # noqa: E402
 from emulators.fakes.eventgrid import (  # noqa: E402
@@ -118,19 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with running_emulator(ROOT / "infra" / "servicebus-emulator" / "Config.json") as bus:
             settings = {
-                "ServiceBusConnection": bus.connection_string,
-                "TopicName": "scheduled-events",
-                "TeamsSubscriptionName": "teams",
-                "LbPoolsSubscriptionName": "lb-pools",
-                "ApprovalGateSubscriptionName": "approval-gate",
-                "ApprovalsQueueName": "approvals",
-                "TEAMS_WEBHOOK_URL": "http://127.0.0.1:9/teams",
-                "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
-                "APPROVAL_BASE_URL": "http://127.0.0.1:9",
-                "ARM_ENDPOINT": "http://127.0.0.1:9",
+                **app_settings_for_stand_ins(
+                    bus.connection_string,
+                    teams_url="http://127.0.0.1:9/teams",
+                    arm_url="http://127.0.0.1:9",
+                    approval_base_url="http://127.0.0.1:9",
+                    identity=identity.environ(),
+                ),
                 "EVENTGRID_INGEST_ENABLED": "true",
                 "EVENTGRID_STATE_URL": storage.container_url("sebridge-eventgrid-state"),
-                **identity.environ(),
             }
             quiet = logging.getLogger("bench.functions-host")
             quiet.setLevel(logging.ERROR)

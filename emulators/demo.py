@@ -201,6 +201,32 @@ def free_port() -> int:
         return port
 
 
+def app_settings_for_stand_ins(
+    connection_string: str,
+    *,
+    teams_url: str,
+    arm_url: str,
+    approval_base_url: str,
+    identity: Mapping[str, str],
+) -> dict[str, str]:
+    """The app settings every local run of function_app.py starts from: the project's entities
+    (infra/servicebus-emulator/Config.json) on ``connection_string``, a fresh signing key, the
+    Teams and ARM stand-ins, where the Approve links point, and the identity fake's settings."""
+    return {
+        "ServiceBusConnection": connection_string,
+        "TopicName": "scheduled-events",
+        "TeamsSubscriptionName": "teams",
+        "LbPoolsSubscriptionName": "lb-pools",
+        "ApprovalGateSubscriptionName": "approval-gate",
+        "ApprovalsQueueName": "approvals",
+        "TEAMS_WEBHOOK_URL": teams_url,
+        "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
+        "ARM_ENDPOINT": arm_url,
+        "APPROVAL_BASE_URL": approval_base_url,
+        **identity,
+    }
+
+
 # -- watchers -----------------------------------------------------------------------------
 def watch_topic(
     connection_string: str, timeline: Timeline, seen: list[dict[str, Any]], stop: threading.Event
@@ -354,19 +380,13 @@ class DemoStack:
         host_logger = logging.getLogger("sebridge.demo.functions-host")
         host_logger.setLevel(logging.INFO if self.verbose else logging.ERROR)
         http_port = free_port()
-        common = {
-            "ServiceBusConnection": self.connection_string,
-            "TopicName": "scheduled-events",
-            "TeamsSubscriptionName": "teams",
-            "LbPoolsSubscriptionName": "lb-pools",
-            "ApprovalGateSubscriptionName": "approval-gate",
-            "ApprovalsQueueName": "approvals",
-            "TEAMS_WEBHOOK_URL": self.teams.webhook_url,
-            "APPROVAL_SIGNING_KEY": secrets.token_urlsafe(32),
-            "ARM_ENDPOINT": self.arm.url,
-            "APPROVAL_BASE_URL": f"http://127.0.0.1:{http_port}",  # the Approve links
-            **self.identity.environ(),
-        }
+        common = app_settings_for_stand_ins(
+            self.connection_string,
+            teams_url=self.teams.webhook_url,
+            arm_url=self.arm.url,
+            approval_base_url=f"http://127.0.0.1:{http_port}",  # the Approve links
+            identity=self.identity.environ(),
+        )
         host = FunctionsHost(
             ROOT / "function_app.py", {**common, **settings}, logger=host_logger, port=http_port
         )
