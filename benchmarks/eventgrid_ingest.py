@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "EVENTGRID_INGEST_ENABLED": "true",
                 "EVENTGRID_STATE_URL": storage.container_url("sebridge-eventgrid-state"),
+                # Required by the capacity guard (issue 11) for the app to start at all; the
+                # ingestion measured here never takes a pool's lease.
+                "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
             }
             quiet = logging.getLogger("bench.functions-host")
             quiet.setLevel(logging.ERROR)
