@@ -59,6 +59,13 @@ def _site_packages(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
+def _in_vm_env(program: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``program`` of the VM package's environment, run from / with only the clean environment."""
+    return subprocess.run(
+        [str(program), *args], capture_output=True, text=True, timeout=60, env=CLEAN_ENV, cwd="/"
+    )
+
+
 @pytest.fixture(scope="module")
 def vm_python(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     python = _venv(tmp_path_factory.mktemp("vm") / "venv")
@@ -101,29 +108,15 @@ def test_the_installed_vm_package_has_no_functions_runtime_nor_local_tools(
     assert "sebridge" in installed
     assert not installed & {"forwarder", "functions", "emulators", "proton", "function_app.py"}
     assert not (site / "azure" / "functions").exists()
-    listing = subprocess.run(
-        [str(vm_python.parent / "sebridge"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=CLEAN_ENV,
-        cwd="/",
-    )
+    listing = _in_vm_env(vm_python.parent / "sebridge", "--help")
     assert listing.returncode == 0, listing.stderr
     commands = {line.split()[0] for line in listing.stdout.splitlines() if line.startswith("  ")}
     assert commands == {"forwarder", "approve", "status"}
     # --servicebus-transport websocket works with the VM package alone (websocket-client).
-    websocket = subprocess.run(
-        [
-            str(vm_python),
-            "-c",
-            "from sebridge.servicebus import check_transport; check_transport('websocket')",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=CLEAN_ENV,
-        cwd="/",
+    websocket = _in_vm_env(
+        vm_python,
+        "-c",
+        "from sebridge.servicebus import check_transport; check_transport('websocket')",
     )
     assert websocket.returncode == 0, websocket.stderr
 
@@ -133,22 +126,15 @@ def test_the_installed_forwarder_reads_the_simulator_once_in_dry_run(
     vm_python: Path, tmp_path: Path
 ) -> None:
     with running_simulator("redeploy", speed=1.0) as sim:
-        proc = subprocess.run(
-            [
-                str(vm_python.parent / "sebridge"),
-                "forwarder",
-                "--once",
-                "--dry-run",
-                "--imds-endpoint",
-                sim.base_url,
-                "--state-dir",
-                str(tmp_path / "state"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=CLEAN_ENV,
-            cwd="/",
+        proc = _in_vm_env(
+            vm_python.parent / "sebridge",
+            "forwarder",
+            "--once",
+            "--dry-run",
+            "--imds-endpoint",
+            sim.base_url,
+            "--state-dir",
+            str(tmp_path / "state"),
         )
     assert proc.returncode == 0, proc.stderr[-3000:]
     messages = [json.loads(line) for line in proc.stdout.splitlines()]
