@@ -140,9 +140,9 @@ def _invocation(function: str, argument: object) -> _Invocation:
     """The record of one invocation: a Service Bus message's id and delivery count, or an
     Event Grid event's id (as the ``eventGridId`` detail: it is not a message id)."""
     record = _Invocation(function, None, None, time.monotonic())
-    if isinstance(argument, func.ServiceBusMessage) or hasattr(argument, "message_id"):
-        record.message_id = getattr(argument, "message_id", None)
-        record.delivery_count = _delivery_count(argument)  # type: ignore[arg-type]
+    if isinstance(argument, func.ServiceBusMessage):
+        record.message_id = argument.message_id
+        record.delivery_count = _delivery_count(argument)
     else:
         event_grid_id = _text(getattr(argument, "id", None))
         if event_grid_id is not None:
