@@ -94,7 +94,7 @@ from emulators.functions_host.logs import LOGGER_NAME  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import forwarder, server  # noqa: E402
 from emulators.servicebus.testing import running_emulator  # noqa: E402
-from sebridge.forwarder.ratelimit import WINDOW_SECONDS  # noqa: E402
+from sebridge.forwarder.imds.ratelimit import WINDOW_SECONDS  # noqa: E402
 
 VM = "web-1"
 POLL_INTERVAL_S = 1.0

@@ -11,9 +11,9 @@ FORWARDER = Subcommand(
     "sebridge.forwarder.main", "poll IMDS, publish lifecycle transitions, apply approvals"
 )
 APPROVE = Subcommand(
-    "sebridge.forwarder.approve_cli", "send an approval command to a VM's forwarder"
+    "sebridge.forwarder.approvals.cli", "send an approval command to a VM's forwarder"
 )
 STATUS = Subcommand(
-    "sebridge.forwarder.status_cli",
+    "sebridge.forwarder.observability.status_cli",
     "show this VM's forwarder state: events, outbox, set-aside messages, last poll and send",
 )

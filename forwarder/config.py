@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sebridge.forwarder import local_actions
-from sebridge.forwarder.imds_client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
-from sebridge.forwarder.outbox import DEFAULT_MAX_ROWS
-from sebridge.forwarder.publisher import STANDARD_MAX_MESSAGE_BYTES
+from sebridge.forwarder.delivery.outbox import DEFAULT_MAX_ROWS
+from sebridge.forwarder.delivery.publisher import STANDARD_MAX_MESSAGE_BYTES
+from sebridge.forwarder.imds.client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
+from sebridge.forwarder.local import actions as local_actions
 from sebridge.servicebus import add_connection_arguments, check_endpoint, check_transport
 from sebridge.values import parse_bool
 
@@ -49,9 +49,9 @@ class ForwarderConfig:
     log_level: str = "INFO"
     once: bool = False
     dry_run: bool = False
-    # Hooks and the drain probe (sebridge.forwarder.local_actions): off unless configured.
+    # Hooks and the drain probe (sebridge.forwarder.local.actions): off unless configured.
     local: local_actions.LocalSettings = local_actions.NO_LOCAL_ACTIONS
-    # /metrics and /healthz (sebridge.forwarder.metrics): off unless a port is given.
+    # /metrics and /healthz (sebridge.forwarder.observability.metrics): off unless a port is given.
     metrics_port: int | None = None
     metrics_address: str = DEFAULT_METRICS_ADDRESS
 

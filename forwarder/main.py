@@ -25,16 +25,16 @@ from types import FrameType
 
 from sebridge import __version__, servicebus
 from sebridge.forwarder.config import ConfigError, ForwarderConfig, parse_config
-from sebridge.forwarder.imds_client import ImdsClient
-from sebridge.forwarder.local_actions import LocalActions, LocalActionsError, build_local_actions
-from sebridge.forwarder.outbox import Outbox, OutboxError
+from sebridge.forwarder.delivery.outbox import Outbox, OutboxError
+from sebridge.forwarder.delivery.publisher import DryRunPublisher, ServiceBusPublisher
+from sebridge.forwarder.imds.client import ImdsClient
+from sebridge.forwarder.imds.ratelimit import RequestLimit
+from sebridge.forwarder.local.actions import LocalActions, LocalActionsError, build_local_actions
+from sebridge.forwarder.observability.systemd_notify import Notifier, NotifyError
+from sebridge.forwarder.observability.telemetry import MetricsError, Telemetry, install_telemetry
 from sebridge.forwarder.ports import Publisher
-from sebridge.forwarder.publisher import DryRunPublisher, ServiceBusPublisher
-from sebridge.forwarder.ratelimit import RequestLimit
 from sebridge.forwarder.service import Forwarder
 from sebridge.forwarder.state import StateDirUnusable, StateStore, ensure_dir
-from sebridge.forwarder.systemd_notify import Notifier, NotifyError
-from sebridge.forwarder.telemetry import MetricsError, Telemetry, install_telemetry
 from sebridge.logs import setup_logging
 
 log = logging.getLogger("forwarder")
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             local.resume()
             workers += local.workers(stop)
         if not config.dry_run:
-            from sebridge.forwarder.approvals import approvals_worker
+            from sebridge.forwarder.approvals.receiver import approvals_worker
 
             workers += (approvals_worker(forwarder, config, limit),)
         clean = forwarder.run(workers)

@@ -1,10 +1,10 @@
 """The ports of the forwarder's loop: what it touches, as small protocols.
 
 The loop (:class:`sebridge.forwarder.service.Forwarder`) sees only these; the production
-adapters are :class:`~sebridge.forwarder.imds_client.ImdsClient`,
-:class:`~sebridge.forwarder.state.StateStore`, :class:`~sebridge.forwarder.outbox.Outbox` and
-the publishers of :mod:`sebridge.forwarder.publisher`, wired in ``main.py``; tests run the same
-loop in-process against in-memory fakes (``tests/support/forwarder_fakes.py``).
+adapters are :class:`~sebridge.forwarder.imds.client.ImdsClient`,
+:class:`~sebridge.forwarder.state.StateStore`, :class:`~sebridge.forwarder.delivery.outbox.Outbox`
+and the publishers of :mod:`sebridge.forwarder.delivery.publisher`, wired in ``main.py``; tests
+run the same loop in-process against in-memory fakes (``tests/support/forwarder_fakes.py``).
 
 Errors that cross a port: :class:`ImdsError` (the document source), ``OutboxError`` (the outbox),
 any ``Exception`` from :meth:`StateSaver.save` (a failed save: the loop keeps the transitions
@@ -22,7 +22,7 @@ from sebridge.contract.events import Envelope, Observer
 from sebridge.imds import Document
 
 if TYPE_CHECKING:
-    from sebridge.forwarder.health import Health
+    from sebridge.forwarder.observability.health import Health
     from sebridge.forwarder.state import ForwarderState
 
 

@@ -35,10 +35,10 @@ from typing import Any
 
 from sebridge import __version__, lifecycle
 from sebridge.contract.events import Envelope, Observer, event_message, heartbeat_message
-from sebridge.forwarder.diff import diff, index
-from sebridge.forwarder.health import ConditionLog, Health
-from sebridge.forwarder.imds_client import hostname_observer
-from sebridge.forwarder.outbox import OutboxError
+from sebridge.forwarder.delivery.outbox import OutboxError
+from sebridge.forwarder.imds.client import hostname_observer
+from sebridge.forwarder.imds.diff import diff, index
+from sebridge.forwarder.observability.health import ConditionLog, Health
 from sebridge.forwarder.ports import (
     Clock,
     DocumentSource,

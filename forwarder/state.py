@@ -52,7 +52,7 @@ class ForwarderState:
     # events that ended, so that one coming back is told apart from its first appearance.
     lives: dict[str, Life] = field(default_factory=dict)
     # When the document these events come from was observed: the start of the observation gap
-    # of an event that has vanished by the next observation (sebridge.forwarder.diff).
+    # of an event that has vanished by the next observation (sebridge.forwarder.imds.diff).
     observed_at: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -221,7 +221,7 @@ if [ -n "$hooks_json" ]; then
     trap 'rm -f "$tmp" "$hooks_tmp"' EXIT
     printf '%s\n' "$hooks_json" >"$hooks_tmp"
     if [ -x "$root$VENV/bin/python" ]; then
-        "$root$VENV/bin/python" -m sebridge.forwarder.hooks --content-only "$hooks_tmp" \
+        "$root$VENV/bin/python" -m sebridge.forwarder.local.hooks_file --content-only "$hooks_tmp" \
             || die "SEBRIDGE_HOOKS_JSON is not a valid hooks file (above)"
     fi
     chmod 0644 "$hooks_tmp"

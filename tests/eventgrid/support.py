@@ -26,7 +26,7 @@ from functions.eventgrid_ingest.notification import (
     raw_from_json,
 )
 from sebridge.contract.events import Envelope
-from sebridge.forwarder.diff import diff, index
+from sebridge.forwarder.imds.diff import diff, index
 from sebridge.imds import Document
 from sebridge.lifecycle import Life, advance
 from tests.fixtures import golden

@@ -11,7 +11,7 @@ from typing import Any
 
 from sebridge import lifecycle
 from sebridge.contract.events import Envelope, Observer, Transition
-from sebridge.forwarder.preparation import Observed
+from sebridge.forwarder.local.preparation import Observed
 from sebridge.imds import ScheduledEvent
 
 VM = "web-1"

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from sebridge.contract.events import Transition, parse_message
-from sebridge.forwarder.drain_probe import DrainProbe, ProbeError
-from sebridge.forwarder.hook_journal import Journal
-from sebridge.forwarder.preparation import Preparations
+from sebridge.forwarder.local.drain_probe import DrainProbe, ProbeError
+from sebridge.forwarder.local.journal import Journal
+from sebridge.forwarder.local.preparation import Preparations
 from sebridge.impact import DEFAULT_RULES, ImpactRules
 from tests.forwarder.local_support import Recorder, observed
 from tests.support.waiting import wait_until
@@ -272,7 +272,7 @@ def test_after_a_restart_the_probe_drains_again_for_open_events(tmp_path: Path) 
     journal.close()
     reopened = Journal(tmp_path)
     probe = DrainProbe(DEFAULT_RULES, 30)
-    from sebridge.forwarder.preparation import Observed
+    from sebridge.forwarder.local.preparation import Observed
 
     records = [
         Observed.from_payload(Transition.SCHEDULED, r.cause or "", r.payload)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from sebridge.forwarder.hook_runner import (
+from sebridge.forwarder.local.hooks_file import Hook
+from sebridge.forwarder.local.runner import (
     MAX_CAPTURE,
     Invocation,
     Outcome,
     hook_environment,
     run_hook,
 )
-from sebridge.forwarder.hooks import Hook
 from sebridge.imds import ScheduledEvent
 
 pytestmark = pytest.mark.timeout(60)

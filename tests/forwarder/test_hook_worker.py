@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from sebridge.contract.events import Transition, derived_message_id, parse_message
-from sebridge.forwarder.hook_journal import JOURNAL_FILE, Journal
-from sebridge.forwarder.hook_worker import HookWorker
-from sebridge.forwarder.hooks import parse_hooks
-from sebridge.forwarder.preparation import Preparations
+from sebridge.forwarder.local.hooks_file import parse_hooks
+from sebridge.forwarder.local.journal import JOURNAL_FILE, Journal
+from sebridge.forwarder.local.preparation import Preparations
+from sebridge.forwarder.local.worker import HookWorker
 from tests.forwarder.local_support import OBSERVER, Recorder, observed, script
 from tests.support.waiting import wait_until
 

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sebridge.forwarder.hook_journal import Journal
-from sebridge.forwarder.hook_worker import HookWorker
-from sebridge.forwarder.hooks import parse_hooks
-from sebridge.forwarder.preparation import Preparations
+from sebridge.forwarder.local.hooks_file import parse_hooks
+from sebridge.forwarder.local.journal import Journal
+from sebridge.forwarder.local.preparation import Preparations
+from sebridge.forwarder.local.worker import HookWorker
 from tests.forwarder.local_support import Recorder, observed, script
 from tests.support.waiting import wait_until
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sebridge.forwarder.hooks import (
+from sebridge.forwarder.local.hooks_file import (
     HooksFileError,
     check_ownership,
     load_hooks,

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from sebridge.contract.events import Transition, event_message, heartbeat_message
-from sebridge.forwarder.local_actions import (
+from sebridge.forwarder.local.actions import (
     LocalActions,
     LocalActionsError,
     LocalSettings,

@@ -27,17 +27,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from emulators.imds.testing import SimClient, in_process_simulator
 from sebridge.contract.commands import approve_command
 from sebridge.contract.events import Observer, Transition, event_message
-from sebridge.forwarder.approval_handler import CommandHandler
+from sebridge.forwarder.approvals.handler import CommandHandler
 from sebridge.forwarder.config import ForwarderConfig
-from sebridge.forwarder.health import Health
-from sebridge.forwarder.imds_client import ImdsClient
-from sebridge.forwarder.local_actions import LocalActions, LocalSettings, build_local_actions
-from sebridge.forwarder.metrics import Metrics, MetricsServer
-from sebridge.forwarder.observations import Observations
-from sebridge.forwarder.outbox import Outbox
+from sebridge.forwarder.delivery.outbox import Outbox
+from sebridge.forwarder.imds.client import ImdsClient
+from sebridge.forwarder.local.actions import LocalActions, LocalSettings, build_local_actions
+from sebridge.forwarder.observability.health import Health
+from sebridge.forwarder.observability.metrics import Metrics, MetricsServer
+from sebridge.forwarder.observability.observations import Observations
+from sebridge.forwarder.observability.telemetry import MetricsError, install_telemetry
 from sebridge.forwarder.ports import PublishError
 from sebridge.forwarder.service import Forwarder
-from sebridge.forwarder.telemetry import MetricsError, install_telemetry
 from tests.forwarder.local_support import (
     OBSERVER,
     Recorder,

@@ -18,11 +18,11 @@ import pytest
 from emulators.imds.testing import running_simulator
 from emulators.processes import forwarder
 from sebridge.contract.events import Observer, Transition, event_message
-from sebridge.forwarder.health import Health
-from sebridge.forwarder.observations import Observations
-from sebridge.forwarder.outbox import Outbox
-from sebridge.forwarder.status_cli import collect
-from sebridge.forwarder.status_file import StatusWriter
+from sebridge.forwarder.delivery.outbox import Outbox
+from sebridge.forwarder.observability.health import Health
+from sebridge.forwarder.observability.observations import Observations
+from sebridge.forwarder.observability.status_cli import collect
+from sebridge.forwarder.observability.status_file import StatusWriter
 from sebridge.imds import ScheduledEvent
 from tests.support.waiting import wait_until
 

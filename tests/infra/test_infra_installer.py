@@ -530,7 +530,7 @@ def test_installer_ships_a_hooks_file_only_root_can_change(tmp_path: Path) -> No
     assert stat.S_IMODE(st.st_mode) == 0o644
     if os.geteuid() == 0:
         assert (st.st_uid, st.st_gid) == (0, 0)
-        from sebridge.forwarder.hooks import load_hooks
+        from sebridge.forwarder.local.hooks_file import load_hooks
 
         # The forwarder's own check accepts what the installer wrote.
         (hook,) = load_hooks(hooks).hooks
@@ -654,7 +654,7 @@ def test_unit_is_type_notify_with_a_watchdog_above_the_slowest_healthy_poll() ->
     """Issue 14: READY/WATCHDOG/STATUS come from the main process's poll loop; the watchdog
     and the start timeout both exceed the first IMDS call's 125 s deadline (a healthy first
     poll, or a poll tick before IMDS has answered once, is never taken for a stuck loop)."""
-    from sebridge.forwarder.imds_client import FIRST_CALL_READ_TIMEOUT
+    from sebridge.forwarder.imds.client import FIRST_CALL_READ_TIMEOUT
 
     values: dict[str, list[str]] = {}
     for key, value in unit_directives(UNIT.read_text()):

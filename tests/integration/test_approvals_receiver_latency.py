@@ -21,7 +21,7 @@ from azure.servicebus import ServiceBusMessage
 
 from emulators.servicebus.testing import running_emulator
 from sebridge import servicebus
-from sebridge.forwarder.approvals import RECEIVE_WAIT, open_receiver
+from sebridge.forwarder.approvals.receiver import RECEIVE_WAIT, open_receiver
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"

@@ -24,7 +24,7 @@ from emulators.processes import ChildProcess, forwarder
 from emulators.servicebus.testing import running_emulator
 from sebridge import lifecycle
 from sebridge.contract.events import Observer, Transition, event_message, parse_message
-from sebridge.forwarder.outbox import Outbox
+from sebridge.forwarder.delivery.outbox import Outbox
 from sebridge.imds import ScheduledEvent
 from tests.support.bus import receive_all
 from tests.support.imds_stub import ImdsStub

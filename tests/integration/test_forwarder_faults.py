@@ -36,11 +36,11 @@ import pytest
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract import commands
 from sebridge.contract.events import ContractError, Observer, parse_message
-from sebridge.forwarder.approval_handler import CommandHandler
-from sebridge.forwarder.imds_client import ImdsClient
+from sebridge.forwarder.approvals.handler import CommandHandler
+from sebridge.forwarder.delivery.outbox import OUTBOX_FILE, Outbox
+from sebridge.forwarder.imds.client import ImdsClient
+from sebridge.forwarder.imds.ratelimit import RequestLimit
 from sebridge.forwarder.main import EXIT_STATE_DIR
-from sebridge.forwarder.outbox import OUTBOX_FILE, Outbox
-from sebridge.forwarder.ratelimit import RequestLimit
 from sebridge.forwarder.state import STATE_FILE
 from tests.support.imds_stub import ImdsStub, max_in_any_window
 from tests.support.waiting import wait_until

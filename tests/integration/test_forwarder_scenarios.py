@@ -44,8 +44,8 @@ from sebridge.contract.events import (
     Transition,
     parse_message,
 )
-from sebridge.forwarder.approval_handler import COMMAND_IMDS_BUDGET, CommandHandler, Outcome
-from sebridge.forwarder.imds_client import CONNECT_TIMEOUT, ImdsClient
+from sebridge.forwarder.approvals.handler import COMMAND_IMDS_BUDGET, CommandHandler, Outcome
+from sebridge.forwarder.imds.client import CONNECT_TIMEOUT, ImdsClient
 from sebridge.imds import ScheduledEvent
 
 SPEED = 8.0
@@ -457,9 +457,9 @@ def test_handler_never_waits_for_the_slow_first_call(
 
 
 def test_the_command_budget_fits_inside_the_approvals_lock() -> None:
-    """The production bound against the deployed lock (see forwarder/approvals.py)."""
-    from sebridge.forwarder.approvals import ABANDON_PAUSE_MAX, SESSION_RENEW_EVERY
-    from sebridge.forwarder.imds_client import FIRST_CALL_READ_TIMEOUT, READ_TIMEOUT
+    """The production bound against the deployed lock (see forwarder/approvals/receiver.py)."""
+    from sebridge.forwarder.approvals.receiver import ABANDON_PAUSE_MAX, SESSION_RENEW_EVERY
+    from sebridge.forwarder.imds.client import FIRST_CALL_READ_TIMEOUT, READ_TIMEOUT
 
     config = Path(__file__).resolve().parents[2] / "infra" / "servicebus-emulator" / "Config.json"
     (namespace,) = json.loads(config.read_text())["UserConfig"]["Namespaces"]

@@ -95,7 +95,7 @@ def test_sebridge_approve_sends_over_websockets_and_says_clearly_when_it_cannot(
     """``sebridge approve`` with the forwarder's transport flags: over WebSockets (the plain
     AMQP port in its connection string refuses) the command reaches the VM's session; with
     nothing to reach it exits 1 with one line saying so, and no traceback."""
-    from sebridge.forwarder import approve_cli
+    from sebridge.forwarder.approvals import cli as approve_cli
 
     event_id = "0d8e1a5f-0000-4000-8000-00000000ab01"
     connection = _nowhere(emulator.connection_string, emulator.port)

@@ -22,8 +22,13 @@ import pytest
 
 from emulators.imds.testing import RunningSimulator, running_simulator
 from emulators.processes import forwarder
-from sebridge.forwarder.health import Health
-from sebridge.forwarder.systemd_notify import Notifier, NotifyError, socket_address, status_text
+from sebridge.forwarder.observability.health import Health
+from sebridge.forwarder.observability.systemd_notify import (
+    Notifier,
+    NotifyError,
+    socket_address,
+    status_text,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from sebridge.contract import commands
 from sebridge.contract.events import Observer, Transition, event_message, parse_message
-from sebridge.forwarder.approval_decision import Action, decide
-from sebridge.forwarder.diff import diff, index
+from sebridge.forwarder.approvals.decision import Action, decide
+from sebridge.forwarder.imds.diff import diff, index
 from sebridge.forwarder.state import ForwarderState, StateStore
 from sebridge.imds import Document, InvalidDocument, ScheduledEvent
 

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sebridge.contract.events import Envelope, Observer
-from sebridge.forwarder.outbox import MEMORY, Outbox, OutboxError
+from sebridge.forwarder.delivery.outbox import MEMORY, Outbox, OutboxError
 from sebridge.forwarder.ports import ImdsError, MessageRefused, PublishError
 from sebridge.forwarder.service import Forwarder
 from sebridge.forwarder.state import ForwarderState

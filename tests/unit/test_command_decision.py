@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from sebridge.contract import commands
-from sebridge.forwarder.approval_decision import Action, decide
+from sebridge.forwarder.approvals.decision import Action, decide
 from sebridge.imds import Document
 
 GUID = "8b95c271-2b77-4243-ad1a-585faa9cd908"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sebridge.contract.events import Transition
-from sebridge.forwarder.diff import STARTED_HIDDEN_BY_GAP, diff, index
+from sebridge.forwarder.imds.diff import STARTED_HIDDEN_BY_GAP, diff, index
 from sebridge.imds import Document, InvalidDocument
 
 A = "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f"
@@ -315,10 +315,10 @@ def test_vanished_while_scheduled_depends_on_the_observation_gap(
 
 
 def test_the_gap_threshold_is_shorter_than_started_lasts_and_longer_than_polling_makes() -> None:
-    """The documented bounds (forwarder/diff.py): longer than the longest gap one failed poll
+    """The documented bounds (forwarder/imds/diff.py): longer than the longest gap one failed poll
     makes (a 10 s request deadline, then at most 5 s of backoff), shorter than a typical
     Started (5 to 10 minutes)."""
-    from sebridge.forwarder.imds_client import READ_TIMEOUT
+    from sebridge.forwarder.imds.client import READ_TIMEOUT
     from sebridge.forwarder.service import MAX_POLL_BACKOFF
 
     assert timedelta(seconds=READ_TIMEOUT + MAX_POLL_BACKOFF) < STARTED_HIDDEN_BY_GAP

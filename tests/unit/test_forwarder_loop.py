@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from sebridge.contract.events import Envelope, parse_message
-from sebridge.forwarder.health import Health
+from sebridge.forwarder.observability.health import Health
 from sebridge.forwarder.ports import ImdsError
 from sebridge.forwarder.service import OBSERVER_RETRY_SECONDS
 from tests.support.forwarder_fakes import World, scheduled, started

@@ -22,8 +22,8 @@ from sebridge.contract.events import (
     event_message,
     heartbeat_message,
 )
+from sebridge.forwarder.delivery.publisher import STANDARD_MAX_MESSAGE_BYTES, ServiceBusPublisher
 from sebridge.forwarder.ports import MessageRefused, PublishError
-from sebridge.forwarder.publisher import STANDARD_MAX_MESSAGE_BYTES, ServiceBusPublisher
 from sebridge.imds import ScheduledEvent
 
 NOW = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)

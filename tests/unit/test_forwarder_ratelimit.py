@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sebridge.forwarder.ratelimit import RequestLimit
+from sebridge.forwarder.imds.ratelimit import RequestLimit
 from tests.support.imds_stub import max_in_any_window
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sebridge import lifecycle
-from sebridge.forwarder.diff import diff, index
+from sebridge.forwarder.imds.diff import diff, index
 from sebridge.forwarder.state import ForwarderState, StateStore, bounded_lives
 from sebridge.imds import Document, ScheduledEvent
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sebridge.contract.events import Observer, Transition, event_message, heartbeat_message
-from sebridge.forwarder.outbox import MEMORY, OUTBOX_FILE, Outbox, OutboxError
+from sebridge.forwarder.delivery.outbox import MEMORY, OUTBOX_FILE, Outbox, OutboxError
 from sebridge.forwarder.state import STATE_FILE, ForwarderState, StateStore
 from sebridge.imds import Document
 
@@ -327,7 +327,7 @@ def test_a_message_set_aside_is_kept_with_its_reason_and_no_longer_sent(tmp_path
 
 
 def test_the_aside_table_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sebridge.forwarder import outbox as outbox_module
+    from sebridge.forwarder.delivery import outbox as outbox_module
 
     monkeypatch.setattr(outbox_module, "MAX_ASIDE", 3)
     outbox = Outbox(tmp_path)

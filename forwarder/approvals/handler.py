@@ -1,7 +1,7 @@
 """Approve commands: validate, re-read IMDS, POST StartRequests, say how to settle.
 
-No Service Bus here (the receiver is :mod:`sebridge.forwarder.approvals`); the decision itself
-is :mod:`sebridge.forwarder.approval_decision` (pure).
+No Service Bus here (the receiver is :mod:`sebridge.forwarder.approvals.receiver`); the
+decision itself is :mod:`sebridge.forwarder.approvals.decision` (pure).
 
 Settlement (command contract v1):
 - invalid, expired, unknown event, VM not listed, IMDS 400 -> dead-letter with a reason;
@@ -24,8 +24,8 @@ from typing import Protocol
 from sebridge import lifecycle
 from sebridge.contract import commands as contract
 from sebridge.contract.events import Envelope, Observer, Transition, event_message
-from sebridge.forwarder.approval_decision import Action, decide
-from sebridge.forwarder.imds_client import READ_TIMEOUT, ImdsClient, ImdsError
+from sebridge.forwarder.approvals.decision import Action, decide
+from sebridge.forwarder.imds.client import READ_TIMEOUT, ImdsClient, ImdsError
 from sebridge.imds import Document
 from sebridge.retry import Backoff
 
@@ -33,7 +33,7 @@ log = logging.getLogger("forwarder.approvals")
 
 IMDS_ATTEMPTS = 4  # re-reads per delivery at most, before abandoning it
 # A command's time on IMDS is bounded so that it is settled well inside the session lock of
-# the approvals queue (see sebridge.forwarder.approvals for the arithmetic).
+# the approvals queue (see sebridge.forwarder.approvals.receiver for the arithmetic).
 COMMAND_IMDS_BUDGET = 25.0
 MIN_REQUEST_SECONDS = 0.5  # not worth starting an IMDS request with less time left
 

@@ -28,7 +28,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sebridge.forwarder.hooks import Hook
+from sebridge.forwarder.local.hooks_file import Hook
 from sebridge.imds import ScheduledEvent, isoformat_utc
 
 MAX_CAPTURE = 64 * 1024  # bytes kept of each of stdout and stderr

@@ -1,5 +1,6 @@
 """The poller's document source and the sender's publisher, each wrapped to tell watchers
-(:class:`~sebridge.forwarder.observations.Observations`, the metrics) how every call went.
+(:class:`~sebridge.forwarder.observability.observations.Observations`, the metrics) how every
+call went.
 
 The wrappers implement the same ports as what they wrap, so the loop does not know they are
 there; a watcher that raises is logged and ignored, never the loop's problem.
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from sebridge.contract.events import Envelope, Observer
-from sebridge.forwarder.observations import poll_result
+from sebridge.forwarder.observability.observations import poll_result
 from sebridge.forwarder.ports import DocumentSource, ImdsError, MessageRefused, Publisher
 from sebridge.imds import Document
 

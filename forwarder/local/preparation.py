@@ -35,8 +35,8 @@ from sebridge.contract.events import (
     parse_message,
     prepared_message,
 )
-from sebridge.forwarder.hook_journal import Journal, JournalError
-from sebridge.forwarder.hooks import affects
+from sebridge.forwarder.local.hooks_file import affects
+from sebridge.forwarder.local.journal import Journal, JournalError
 from sebridge.imds import InvalidDocument, ScheduledEvent
 
 log = logging.getLogger("forwarder.prepared")

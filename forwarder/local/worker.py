@@ -27,16 +27,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sebridge.contract.events import Transition
-from sebridge.forwarder.hook_journal import Journal, JournalError, Run
-from sebridge.forwarder.hook_runner import (
+from sebridge.forwarder.local.hooks_file import Hook, HooksFile
+from sebridge.forwarder.local.journal import Journal, JournalError, Run
+from sebridge.forwarder.local.preparation import Observed, Preparations
+from sebridge.forwarder.local.runner import (
     KILL_GRACE,
     HookResult,
     Invocation,
     Outcome,
     run_hook,
 )
-from sebridge.forwarder.hooks import Hook, HooksFile
-from sebridge.forwarder.preparation import Observed, Preparations
 
 log = logging.getLogger("forwarder.hooks")
 

@@ -2,10 +2,11 @@
 
 :class:`Observations` is told of each poll tick and each batch of transitions (it is a
 :class:`~sebridge.forwarder.ports.LoopListener`), of each IMDS read and each publish attempt
-(through :mod:`sebridge.forwarder.observed`) and of each settled approval command. It keeps
-a small, bounded record (no per-poll history) that :meth:`Observations.snapshot` turns into
-the document ``status.json`` holds, and :func:`assess` is the one rule that says whether a
-forwarder is healthy, for the live endpoint and the status command alike.
+(through :mod:`sebridge.forwarder.observability.observed`) and of each settled approval
+command. It keeps a small, bounded record (no per-poll history) that
+:meth:`Observations.snapshot` turns into the document ``status.json`` holds, and
+:func:`assess` is the one rule that says whether a forwarder is healthy, for the live endpoint
+and the status command alike.
 
 Healthy means all of (README "Health"):
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from sebridge import __version__
 from sebridge.contract.events import Envelope
-from sebridge.forwarder.health import Health
+from sebridge.forwarder.observability.health import Health
 from sebridge.forwarder.ports import ImdsError
 from sebridge.imds import isoformat_utc
 
@@ -158,7 +159,7 @@ class Observations:
         if health.ok != was_ok:
             self.changed.set()
 
-    # -- the wrappers of sebridge.forwarder.observed ----------------------------------------
+    # -- the wrappers of sebridge.forwarder.observability.observed -----------------------
     def imds_read(self, seconds: float, result: str) -> None:
         self.last_poll_at = self.now()
         self.last_poll_result = result

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from sebridge.contract.events import Envelope, Observer, Transition
-from sebridge.forwarder.drain_probe import DrainProbe, ProbeError, check_upstream
-from sebridge.forwarder.hook_journal import Journal, JournalError
-from sebridge.forwarder.hook_worker import HookWorker
-from sebridge.forwarder.hooks import HooksFile, HooksFileError, load_hooks
-from sebridge.forwarder.preparation import Observed, Preparations
+from sebridge.forwarder.local.drain_probe import DrainProbe, ProbeError, check_upstream
+from sebridge.forwarder.local.hooks_file import HooksFile, HooksFileError, load_hooks
+from sebridge.forwarder.local.journal import Journal, JournalError
+from sebridge.forwarder.local.preparation import Observed, Preparations
+from sebridge.forwarder.local.worker import HookWorker
 from sebridge.imds import ScheduledEvent
 from sebridge.impact import (
     DEFAULT_FREEZE_THRESHOLD,

@@ -3,7 +3,7 @@
 The forwarder receives as a session receiver whose session id is its VM name, so it only ever
 sees commands addressed to this VM. It runs in its own thread with its own IMDS session, so a
 blocked or reconnecting receiver never delays polling and a slow IMDS never stalls polling.
-What a command leads to is :class:`sebridge.forwarder.approval_handler.CommandHandler`'s.
+What a command leads to is :class:`sebridge.forwarder.approvals.handler.CommandHandler`'s.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sebridge import servicebus
-from sebridge.forwarder.approval_handler import CommandHandler, Outcome
-from sebridge.forwarder.imds_client import ImdsClient
-from sebridge.forwarder.ratelimit import RequestLimit
+from sebridge.forwarder.approvals.handler import CommandHandler, Outcome
+from sebridge.forwarder.imds.client import ImdsClient
+from sebridge.forwarder.imds.ratelimit import RequestLimit
 from sebridge.retry import Backoff
 
 if TYPE_CHECKING:

@@ -8,8 +8,9 @@ only: the database is opened with ``mode=ro`` (WAL readers never block the write
 created, moved or locked for writing, so it is safe while the forwarder runs. A damaged or
 missing part is reported, never a crash.
 
-Exit codes: 0 healthy; 1 degraded (the health rule of :func:`~sebridge.forwarder.observations.
-assess` fails, the forwarder is not running, or a part of the state cannot be read); 2 no state
+Exit codes: 0 healthy; 1 degraded (the health rule of
+:func:`~sebridge.forwarder.observability.observations.assess` fails, the forwarder is not
+running, or a part of the state cannot be read); 2 no state
 (the directory does not exist or holds none of the forwarder's files).
 """
 
@@ -27,10 +28,10 @@ from typing import Any
 from urllib.parse import quote
 
 from sebridge.forwarder.config import DEFAULT_STATE_DIR
-from sebridge.forwarder.observations import assess
-from sebridge.forwarder.outbox import OUTBOX_FILE
+from sebridge.forwarder.delivery.outbox import OUTBOX_FILE
+from sebridge.forwarder.observability.observations import assess
+from sebridge.forwarder.observability.status_file import STATUS_FILE, WRITE_EVERY
 from sebridge.forwarder.state import MAX_STATE_BYTES, STATE_FILE, ForwarderState
-from sebridge.forwarder.status_file import STATUS_FILE, WRITE_EVERY
 from sebridge.imds import isoformat_utc
 
 EXIT_HEALTHY, EXIT_DEGRADED, EXIT_NO_STATE = 0, 1, 2

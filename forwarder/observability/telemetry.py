@@ -15,16 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sebridge.forwarder.observations import Observations
-from sebridge.forwarder.observed import ObservedPublisher, ObservedSource, Watcher
+from sebridge.forwarder.observability.observations import Observations
+from sebridge.forwarder.observability.observed import ObservedPublisher, ObservedSource, Watcher
+from sebridge.forwarder.observability.status_file import StatusWriter
+from sebridge.forwarder.observability.systemd_notify import Notifier, SystemdListener
 from sebridge.forwarder.ports import LoopListener
-from sebridge.forwarder.status_file import StatusWriter
-from sebridge.forwarder.systemd_notify import Notifier, SystemdListener
 
 if TYPE_CHECKING:
     from sebridge.forwarder.config import ForwarderConfig
-    from sebridge.forwarder.local_actions import LocalActions
-    from sebridge.forwarder.metrics import MetricsServer
+    from sebridge.forwarder.local.actions import LocalActions
+    from sebridge.forwarder.observability.metrics import MetricsServer
     from sebridge.forwarder.service import Forwarder
 
 log = logging.getLogger("forwarder")
@@ -68,7 +68,7 @@ def install_telemetry(
     telemetry = Telemetry(observations, StatusWriter(observations, config.state_dir))
     listeners: list[LoopListener] = [observations]
     if config.metrics_port is not None:
-        from sebridge.forwarder.metrics import Metrics, MetricsServer
+        from sebridge.forwarder.observability.metrics import Metrics, MetricsServer
 
         metrics = Metrics(observations)
         if local is not None:

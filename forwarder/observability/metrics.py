@@ -4,10 +4,12 @@ The metrics are prometheus-client objects in a registry of their own. Every labe
 fixed enum (poll results, transition types, publish results, command outcomes): no EventId,
 no VM name. The idle path costs one counter increment and one histogram observation per poll;
 the gauges (outbox depth, set aside, last poll and send times, health) are read from
-:class:`~sebridge.forwarder.observations.Observations` when scraped, not kept up to date.
+:class:`~sebridge.forwarder.observability.observations.Observations` when scraped, not kept
+up to date.
 
-``/healthz`` answers 200 ``{"status": "ok"}`` while :func:`~sebridge.forwarder.observations.
-assess` finds nothing wrong, else 503 ``{"status": "unhealthy", "reasons": [...]}``.
+``/healthz`` answers 200 ``{"status": "ok"}`` while
+:func:`~sebridge.forwarder.observability.observations.assess` finds nothing wrong, else 503
+``{"status": "unhealthy", "reasons": [...]}``.
 
 The server binds ``--metrics-address`` (default 127.0.0.1); any other address is allowed and
 logged at WARNING (the endpoints have no authentication). It is bound before the loop starts,
@@ -40,20 +42,20 @@ from prometheus_client.registry import Collector
 
 from sebridge import __version__
 from sebridge.contract.events import Transition
-from sebridge.forwarder.bounded_http import BoundedHTTPServer
-from sebridge.forwarder.health import Health
-from sebridge.forwarder.observations import (
+from sebridge.forwarder.net.server import BoundedHTTPServer
+from sebridge.forwarder.observability.health import Health
+from sebridge.forwarder.observability.observations import (
     COMMAND_OUTCOMES,
     POLL_RESULTS,
     PUBLISH_RESULTS,
     Observations,
 )
-from sebridge.forwarder.telemetry import MetricsError
+from sebridge.forwarder.observability.telemetry import MetricsError
 from sebridge.values import is_loopback
 
 if TYPE_CHECKING:
-    from sebridge.forwarder.drain_probe import DrainProbe
-    from sebridge.forwarder.hook_worker import HookWorker
+    from sebridge.forwarder.local.drain_probe import DrainProbe
+    from sebridge.forwarder.local.worker import HookWorker
 
 log = logging.getLogger("forwarder.metrics")
 
@@ -84,7 +86,7 @@ def _seconds(moment: Any) -> float:
 
 class Metrics:
     """The forwarder's metrics; a LoopListener and a watcher of IMDS reads, publish attempts
-    and approval commands (see :mod:`sebridge.forwarder.observed`)."""
+    and approval commands (see :mod:`sebridge.forwarder.observability.observed`)."""
 
     def __init__(self, observations: Observations) -> None:
         self.observations = observations

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sebridge.contract.events import Envelope
-from sebridge.forwarder.health import Health
-from sebridge.forwarder.observations import Observations
+from sebridge.forwarder.observability.health import Health
+from sebridge.forwarder.observability.observations import Observations
 
 log = logging.getLogger("forwarder.status")
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 from sebridge.contract.events import Envelope
-from sebridge.forwarder.health import Health
+from sebridge.forwarder.observability.health import Health
 
 log = logging.getLogger("forwarder.systemd")
 

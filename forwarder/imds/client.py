@@ -1,7 +1,7 @@
 """The IMDS adapter: scheduled events (GET and the StartRequests POST) and instance metadata.
 
 Every request is bounded in time and size, whatever the peer does (see
-:mod:`sebridge.forwarder.deadline_http`): an overall deadline (the slow first call's 125 s until
+:mod:`sebridge.forwarder.net.client`): an overall deadline (the slow first call's 125 s until
 IMDS has answered once, then 10 s, or the caller's own, shorter budget), a body cap of
 :data:`MAX_BODY_BYTES` (real documents are a few KB), and an immediate end when the forwarder
 stops. Every request first takes a slot of the shared :class:`RequestLimit` (IMDS throttles above
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from sebridge.contract.events import Observer
-from sebridge.forwarder.deadline_http import (
+from sebridge.forwarder.imds.ratelimit import RequestLimit
+from sebridge.forwarder.net.client import (
     Answer,
     BodyTooLarge,
     DeadlineExceeded,
@@ -34,7 +35,6 @@ from sebridge.forwarder.deadline_http import (
     RequestCancelled,
 )
 from sebridge.forwarder.ports import ImdsError
-from sebridge.forwarder.ratelimit import RequestLimit
 from sebridge.imds import Document, InvalidDocument
 from sebridge.retry import parse_retry_after
 

@@ -12,7 +12,7 @@ standalone VM; Azure Load Balancer, Application Gateway, anything that probes ov
   makes the event harmless, or drops this VM from its Resources, ends the drain early.
 - ``--drain-seconds`` after the drain began (probe interval x unhealthy threshold + the
   connection drain time: the balancer has stopped sending new connections and the open ones
-  had their time), the drain counts as done, and :class:`~sebridge.forwarder.preparation.
+  had their time), the drain counts as done, and :class:`~sebridge.forwarder.local.preparation.
   Preparations` publishes ``Prepared`` once the other preparations are done too.
 
 The port answers the health status and nothing else: every GET or HEAD, whatever its path,
@@ -39,8 +39,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
-from sebridge.forwarder.bounded_http import BoundedHTTPServer
-from sebridge.forwarder.preparation import ENDS, Observed, Preparations
+from sebridge.forwarder.local.preparation import ENDS, Observed, Preparations
+from sebridge.forwarder.net.server import BoundedHTTPServer
 from sebridge.impact import ImpactRules
 
 log = logging.getLogger("forwarder.drain-probe")

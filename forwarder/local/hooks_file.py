@@ -1,6 +1,6 @@
 """The hooks file (``--hooks-file``, e.g. ``/etc/sebridge/hooks.json``): what runs on the VM
 when one of its events changes. Loading, validation and the ownership check; no process here
-(:mod:`sebridge.forwarder.hook_runner` runs them).
+(:mod:`sebridge.forwarder.local.runner` runs them).
 
     {
       "schemaVersion": 1,
@@ -272,13 +272,13 @@ def load_hooks(path: Path, trusted: Collection[int] = (0,)) -> HooksFile:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sebridge.forwarder.hooks [--content-only] FILE``: check a hooks file as the
-    forwarder would at start (the installer runs it before installing one)."""
+    """``python -m sebridge.forwarder.local.hooks_file [--content-only] FILE``: check a hooks
+    file as the forwarder would at start (the installer runs it before installing one)."""
     import argparse
     import sys
 
     parser = argparse.ArgumentParser(
-        prog="python -m sebridge.forwarder.hooks", description=main.__doc__
+        prog="python -m sebridge.forwarder.local.hooks_file", description=main.__doc__
     )
     parser.add_argument("file", type=Path)
     parser.add_argument(

@@ -1,0 +1,1 @@
+"""Delivery: the durable outbox and the publishers that drain it."""
