@@ -19,9 +19,9 @@ The port answers the health status and nothing else: every GET or HEAD, whatever
 gets ``ok`` or ``unavailable`` (the same word while draining and while the upstream is down),
 never an event detail. It binds ``--drain-probe-address`` (default ``0.0.0.0``: the load
 balancer probes the VM's own address from 168.63.129.16; let only that source in, e.g. an NSG
-rule for the ``AzureLoadBalancer`` service tag). At most :data:`MAX_CONNECTIONS` requests are
-served at once and each has :data:`REQUEST_TIMEOUT` seconds, so a slow or hostile client
-cannot hold it.
+rule for the ``AzureLoadBalancer`` service tag). Any local user can reach it all the same, so it
+is served by :class:`~sebridge.forwarder.net.server.HttpServer`: slow, idle and resetting
+clients cannot keep the load balancer's probe from its answer.
 
 The state flips on the poller's thread right after the poll that saw the change, so the
 answer changes within one poll interval of IMDS (``benchmarks/drain_probe_flip.py``).
@@ -35,18 +35,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 from urllib.parse import urlsplit
 
 from sebridge.forwarder.local.preparation import ENDS, Observed, Preparations
-from sebridge.forwarder.net.server import BoundedHTTPServer
+from sebridge.forwarder.net.server import HttpServer, Request, Response
 from sebridge.impact import ImpactRules
 
 log = logging.getLogger("forwarder.drain-probe")
 
-MAX_CONNECTIONS = 8  # a load balancer probes once per interval; the forwarder has a TasksMax
-REQUEST_TIMEOUT = 5.0  # seconds a client has to send its request
 UPSTREAM_TIMEOUT = 3.0  # seconds the application's health check has to answer
 HEALTHY = (200, b"ok\n")
 UNHEALTHY = (503, b"unavailable\n")
@@ -115,7 +111,7 @@ class DrainProbe:
         self.clock = clock
         self._drains: dict[str, _Drain] = {}
         self._cond = threading.Condition()
-        self._server: _Server | None = None
+        self._server: HttpServer | None = None
         self.answers = {200: 0, 503: 0}
 
     # -- state ------------------------------------------------------------------------------
@@ -233,7 +229,7 @@ class DrainProbe:
         """Open the listening socket now (so that a port in use fails the start, clearly);
         returns the address and port bound."""
         try:
-            self._server = _Server(address, port, self)
+            self._server = HttpServer("drain-probe", address, port, self._handle, logger=log)
         except OSError as exc:
             raise ProbeError(f"drain probe cannot listen on {address}:{port}: {exc}") from exc
         return self.address
@@ -243,57 +239,25 @@ class DrainProbe:
         """The address and port bound (call :meth:`bind` first)."""
         if self._server is None:
             raise ProbeError("the drain probe is not bound")
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
+        return self._server.address
+
+    def http_errors(self) -> dict[str, int]:
+        """The probe server's errors by reason (for the metrics); empty until bound."""
+        return self._server.error_counts() if self._server is not None else {}
+
+    def _handle(self, request: Request) -> Response:
+        status, text = self.answer()
+        return Response(status, text)
 
     def serve(self, stop: threading.Event) -> None:
         """Serve the probe and run the drain timer until ``stop`` (call :meth:`bind` first)."""
         server = self._server
         if server is None:
             raise ProbeError("bind() the drain probe before serving it")
-        thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="drain-probe-http"
-        )
-        thread.daemon = True
-        thread.start()
+        server.start()
         try:
             self.run_timer(stop)
         finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=2.0)
+            server.close()
             with self._cond:
                 self._cond.notify_all()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "sebridge-drain-probe"
-    sys_version = ""
-    timeout = REQUEST_TIMEOUT
-
-    def _reply(self, body: bool) -> None:
-        status, text = self.server.probe.answer()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(text)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if body:
-            self.wfile.write(text)
-
-    def do_GET(self) -> None:
-        self._reply(body=True)
-
-    def do_HEAD(self) -> None:
-        self._reply(body=False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("probe %s: " + format, self.client_address[0], *args)
-
-
-class _Server(BoundedHTTPServer):
-    def __init__(self, address: str, port: int, probe: DrainProbe) -> None:
-        self.probe = probe
-        super().__init__(address, port, _Handler, max_connections=MAX_CONNECTIONS)
