@@ -163,10 +163,10 @@ class ImdsClient:
                 f"IMDS throttled {what} (429)",
                 transient=True,
                 retry_after=parse_retry_after(answer.headers.get("retry-after"), time.time()),
+                status=status,
             )
-        if status >= 500:
-            raise ImdsError(f"IMDS answered {status} to {what}: {detail}", transient=True)
-        raise ImdsError(f"IMDS answered {status} to {what}: {detail}", transient=False)
+        text = f"IMDS answered {status} to {what}: {detail}"
+        raise ImdsError(text, transient=status >= 500, status=status)
 
     def get_document(self, *, read_timeout: float | None = None) -> Document:
         """The scheduled events document. ``read_timeout`` replaces the default deadline of
