@@ -150,6 +150,12 @@ class ErrorLog:
                 _DESCRIBE[reason],
             )
 
+    @property
+    def pending(self) -> bool:
+        """Whether some errors wait to be summed up by :meth:`flush`."""
+        with self._lock:
+            return bool(self._pending)
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.counts)
@@ -204,6 +210,7 @@ class HttpServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
+        self._flush_handle: asyncio.TimerHandle | None = None
         self._closed = False
 
     # -- lifecycle (any thread) -------------------------------------------------------------
@@ -263,25 +270,35 @@ class HttpServer:
             lambda: _Connection(self), sock=self._sock, backlog=2 * self.max_connections
         )
         started.set()
-        flusher = asyncio.create_task(self._flush_logs())
         try:
             await self._stopping.wait()
         finally:
-            flusher.cancel()
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
             server.close()  # and the listening socket with it
             self._closed = True
             for conn in list(self.connections):
                 conn.drop()
             self.pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _flush_logs(self) -> None:
-        while True:
-            await asyncio.sleep(min(self.errors.every, 5.0))
-            self.errors.flush()
+    def record(
+        self, reason: str, detail: str = "", *, exc_info: BaseException | None = None
+    ) -> None:
+        """Count and log an error (on the loop's thread); the rest of a flood is summed up by
+        a timer set only while something waits to be (an idle server never wakes up)."""
+        self.errors.record(reason, detail, exc_info=exc_info)
+        if self._flush_handle is None and self._loop is not None and self.errors.pending:
+            self._flush_handle = self._loop.call_later(self.errors.every, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        self.errors.flush()
+        if self.errors.pending and self._loop is not None:
+            self._flush_handle = self._loop.call_later(self.errors.every, self._flush)
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
-        self.errors.record(
+        self.record(
             "internal",
             str(context.get("message", "")),
             exc_info=exc if isinstance(exc, BaseException) else None,
@@ -301,7 +318,7 @@ class HttpServer:
                     (c for c in self.connections if c.request is None), next(iter(self.connections))
                 )
             victim.evicted = True
-            self.errors.record("evicted")
+            self.record("evicted")
             victim.drop()
         self.connections[conn] = None
         return True
@@ -358,7 +375,7 @@ class _Connection(asyncio.Protocol):
         # Nothing is buffered above the kernel's: once the answer is handed over, it is out.
         transport.set_write_buffer_limits(high=0)
         if not self.server.admit(self):
-            self.server.errors.record("reset", self.client)
+            self.server.record("reset", self.client)
             self.drop()
 
     def data_received(self, data: bytes) -> None:
@@ -386,7 +403,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done and not self.evicted and (self.head or exc is not None):
-            self.server.errors.record("reset", self.client)  # before its answer was out
+            self.server.record("reset", self.client)  # before its answer was out
         self.done = True
         self._finish()
         if self._flushed is not None and not self._flushed.done():
@@ -421,13 +438,13 @@ class _Connection(asyncio.Protocol):
             future = loop.run_in_executor(self.server.pool, self.server.handler, request)
             return await asyncio.wait_for(future, timeout=max(0.0, budget))
         except TimeoutError:
-            self.server.errors.record("handler", "no answer in time")
+            self.server.record("handler", "no answer in time")
         except Exception as exc:  # noqa: BLE001 - the handler's failure: logged, 503 sent
-            self.server.errors.record("handler", f"{type(exc).__name__}: {exc}", exc_info=exc)
+            self.server.record("handler", f"{type(exc).__name__}: {exc}", exc_info=exc)
         return Response(503, b"unavailable\n")
 
     def _refuse(self, detail: str) -> None:
-        self.server.errors.record("bad-request", detail)
+        self.server.record("bad-request", detail)
         self.done = True
         self.transport.write(_encode(Response(400, b"bad request\n"), head_only=False))
         self.transport.close()
@@ -436,7 +453,7 @@ class _Connection(asyncio.Protocol):
     def _expire(self) -> None:
         if self.done:
             return
-        self.server.errors.record("timeout", self.client)
+        self.server.record("timeout", self.client)
         self.drop()
 
     def drop(self) -> None:

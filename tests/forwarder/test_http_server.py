@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import pytest
 
 from sebridge.forwarder.net.server import SETTLE, ErrorLog, HttpServer, Request, Response
-from tests.support.attackers import ask
+from tests.support.attackers import ask, resets
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -150,6 +150,21 @@ def test_head_gets_the_headers_only_and_a_half_closed_client_its_answer() -> Non
         assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Length: 3" in head
         assert body == b""
         assert server.error_counts() == dict.fromkeys(server.error_counts(), 0)
+
+
+def test_a_flood_of_resets_is_one_line_then_one_sum(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, log.name)
+    with serving(log_every=0.5) as server:
+        assert resets(server.address[1], 20) == 20
+        wait_until(lambda: server.error_counts()["reset"] == 20, 10, "20 resets counted")
+        wait_until(
+            lambda: any("more in the last" in r.getMessage() for r in caplog.records),
+            10,
+            "the sum",
+        )
+    messages = [r.getMessage() for r in caplog.records if r.name == log.name]
+    assert len(messages) == 2, messages
+    assert messages[1].startswith("test: 19 more in the last 0.5 s")
 
 
 def test_the_error_log_says_the_first_at_once_then_sums_up_the_rest(
