@@ -40,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from sebridge.forwarder.local.preparation import ENDS, Observed, Preparations
@@ -50,8 +51,11 @@ from sebridge.forwarder.net.client import (
     RequestCancelled,
     TransportError,
 )
-from sebridge.forwarder.net.server import HttpServer, Request, Response
 from sebridge.impact import ImpactRules
+
+if TYPE_CHECKING:
+    # asyncio and a thread pool: imported when the probe is bound, not by every forwarder.
+    from sebridge.forwarder.net.server import HttpServer, Request, Response
 
 log = logging.getLogger("forwarder.drain-probe")
 
@@ -283,6 +287,8 @@ class DrainProbe:
     def bind(self, address: str, port: int) -> tuple[str, int]:
         """Open the listening socket now (so that a port in use fails the start, clearly);
         returns the address and port bound."""
+        from sebridge.forwarder.net.server import HttpServer
+
         try:
             self._server = HttpServer("drain-probe", address, port, self._handle, logger=log)
         except OSError as exc:
@@ -301,6 +307,8 @@ class DrainProbe:
         return self._server.error_counts() if self._server is not None else {}
 
     def _handle(self, request: Request) -> Response:
+        from sebridge.forwarder.net.server import Response
+
         status, text = self.answer()
         return Response(status, text)
 
