@@ -98,6 +98,11 @@ def test_the_vm_wheel_puts_only_sebridge_into_site_packages(dist: Path) -> None:
     ]
     assert not [r for r in requires if "azure-functions" in r]
     assert "[sebridge.commands]" in entry_points and "emulators" not in entry_points
+    # The MIT license travels with the package (setuptools puts it under the dist-info).
+    licence = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(licence) == (REPO / "LICENSE").read_bytes()
+    assert "License-Expression: MIT" in metadata
 
 
 def test_the_installed_vm_package_has_no_functions_runtime_nor_local_tools(
