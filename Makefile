@@ -11,19 +11,19 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test lint typecheck bench install clean dist peer-suite peer-suite-ci
 
+# Every virtual environment is made by scripts/install-venv: it checks $(PYTHON) (3.11+, with
+# venv) before creating anything, says how to pick another (make PYTHON=python3.11 ...), and
+# removes an environment whose installation failed.
+INSTALL_VENV := MAKE_GOAL='$(or $(MAKECMDGOALS),demo)' scripts/install-venv
+
 # The VM package (this directory) and the local tools (emulators/) as editable installs, the
 # Function App's requirements.txt, and the test tools.
 $(BIN)/.installed: pyproject.toml emulators/pyproject.toml requirements.txt requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e . -e ./emulators \
+	@$(INSTALL_VENV) --builds-c '$(PYTHON)' '$(VENV)' '$@' -e . -e ./emulators \
 		-r requirements.txt -r requirements-dev.txt
-	touch $@
 
 $(CHECKOV_VENV)/.installed: Makefile
-	$(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install --quiet --disable-pip-version-check 'checkov==$(CHECKOV_VERSION)'
-	touch $@
+	@$(INSTALL_VENV) '$(PYTHON)' '$(CHECKOV_VENV)' '$@' 'checkov==$(CHECKOV_VERSION)'
 
 install: $(BIN)/.installed
 
