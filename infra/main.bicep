@@ -80,6 +80,9 @@ param alertActionGroupIds array = []
 @maxValue(1000)
 param functionMaximumInstanceCount int = 40
 
+@description('Object ids of the users, groups or service principals who may send approve commands by hand (sebridge approve): each gets Azure Service Bus Data Sender on the approvals queue only (az ad signed-in-user show --query id -o tsv).')
+param approvalSenderPrincipalIds array = []
+
 @description('Object id of the user or group that sets the Key Vault secrets after deployment (gets Key Vault Secrets Officer on the vault). Empty: grant it yourself.')
 param secretsOfficerPrincipalId string = ''
 
@@ -296,6 +299,7 @@ module serviceBusRoles 'modules/servicebus-roles.bicep' = {
     functionAppPrincipalId: functionApp.outputs.principalId
     functionAppSubscriptionNames: functionAppSubscriptionNames
     forwarderPrincipalId: forwarderIdentity.outputs.principalId
+    approvalSenderPrincipalIds: approvalSenderPrincipalIds
   }
 }
 

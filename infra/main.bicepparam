@@ -37,6 +37,10 @@ param webhookSecretSettings = [
 param alertsEnabled = false
 param alertActionGroupIds = []
 
+// Who may send approve commands by hand (sebridge approve): object ids of users, groups or
+// service principals; each gets Azure Service Bus Data Sender on the approvals queue only.
+param approvalSenderPrincipalIds = []
+
 // Object id of whoever sets the Key Vault secrets (az ad signed-in-user show --query id -o tsv).
 param secretsOfficerPrincipalId = ''
 

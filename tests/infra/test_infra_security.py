@@ -69,6 +69,8 @@ EXPECTED_ROLES = {
     # Forwarders: publish to the topic, receive approve commands.
     ("forwarderPrincipalId", f"{SB}/topics"): SERVICE_BUS_DATA_SENDER,
     ("forwarderPrincipalId", f"{SB}/queues"): SERVICE_BUS_DATA_RECEIVER,
+    # Operators named in approvalSenderPrincipalIds (a loop): send commands by hand, nothing else.
+    ("principalId", f"{SB}/queues"): SERVICE_BUS_DATA_SENDER,
     # Agentless mode: the Event Grid system topic dead-letters into one container.
     (
         "systemTopicPrincipalId",
@@ -145,6 +147,31 @@ def test_service_bus_roles_are_scoped_to_entities_not_the_namespace() -> None:
         assert a["scope_type"] != SB
 
 
+def test_approval_senders_get_data_sender_on_the_approvals_queue_only() -> None:
+    # `sebridge approve` by hand: the forwarders' identity may only receive on approvals, so an
+    # operator needs a grant of their own, and it must not reach the topic or any subscription.
+    path = INFRA / "modules" / "servicebus-roles.bicep"
+    tree = parse(path)
+    (grant,) = [a for a in role_assignments(path) if a["symbol"] == "operatorsSendApprovals"]
+    assert grant["is_loop"] and grant["principal"] == "principalId"
+    loop = tree["resources"]["operatorsSendApprovals"]["config"]["loop_type"]["detail"]
+    assert loop == {**loop, "item_name": "principalId", "array_name": "approvalSenderPrincipalIds"}
+    assert grant["scope_symbol"] == "approvalsQueue"
+    assert grant["scope_type"] == f"{SB}/queues"
+    assert grant["role_guid"] == SERVICE_BUS_DATA_SENDER
+    assert tree["parameters"]["approvalSenderPrincipalIds"]["default"] == []
+    main = parse(INFRA / "main.bicep")
+    assert main["parameters"]["approvalSenderPrincipalIds"]["default"] == []
+    # Nobody else is granted anything through that parameter.
+    users = [
+        a
+        for p in bicep_files()
+        for a in role_assignments(p)
+        if "approvalSender" in str(a) or a["principal"] == "principalId"
+    ]
+    assert users == [grant]
+
+
 def test_principals_are_wired_to_the_right_identities() -> None:
     main = parse(INFRA / "main.bicep")
     modules = main["modules"]
@@ -158,6 +185,8 @@ def test_principals_are_wired_to_the_right_identities() -> None:
     )
     params = unwrap(modules["keyVault"])["params"]
     assert params["secretsOfficerPrincipalId"] == "secretsOfficerPrincipalId"
+    sb_params = unwrap(modules["serviceBusRoles"])["params"]
+    assert sb_params["approvalSenderPrincipalIds"] == "approvalSenderPrincipalIds"
     assert main["parameters"]["secretsOfficerPrincipalId"]["default"] == ""
 
 
