@@ -9,6 +9,7 @@ param topicDuplicateDetectionWindow = 'P1D'
 
 // Resource groups whose VMs the bridge manages: lb-pools may change their load balancer pools,
 // the approval gate may acknowledge their events (README, Deploy: lbManagedResourceGroups).
+// Each must exist before the deployment (it holds your VMs; the Deploy steps check it).
 param lbManagedResourceGroups = [
   'rg-web-prod'
 ]
@@ -41,8 +42,13 @@ param alertActionGroupIds = []
 // service principals; each gets Azure Service Bus Data Sender on the approvals queue only.
 param approvalSenderPrincipalIds = []
 
-// Object id of whoever sets the Key Vault secrets (az ad signed-in-user show --query id -o tsv).
-param secretsOfficerPrincipalId = ''
+// Object id of whoever sets the Key Vault secrets after deployment (Key Vault Secrets Officer on
+// the vault): the next step (README, Deploy) fails without it. Read from the environment when the
+// file is compiled, so the example cannot be deployed with it left empty:
+//   export SEBRIDGE_SECRETS_OFFICER_ID="$(az ad signed-in-user show --query id -o tsv)"
+// Unset, the deployment stops before it starts, naming the variable. To grant the role yourself
+// instead, write an empty string here.
+param secretsOfficerPrincipalId = readEnvironmentVariable('SEBRIDGE_SECRETS_OFFICER_ID')
 
 param tags = {
   workload: 'scheduled-events-bridge'
