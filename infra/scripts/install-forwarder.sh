@@ -10,7 +10,7 @@
 #   SEBRIDGE_NAMESPACE   required  Service Bus namespace FQDN (sbns-x.servicebus.windows.net)
 #   AZURE_CLIENT_ID      required  client id of the forwarders' user-assigned identity
 #   SEBRIDGE_PACKAGE     required  what pip installs, as root: the https URL of a wheel you
-#                                  host, or a pinned requirement (scheduled-events-bridge==0.1.0)
+#                                  host, or a pinned requirement (scheduled-events-bridge==0.2.0)
 #                                  when this VM's pip index-url is your own. No default: the
 #                                  project is not published on PyPI, where anyone could take the
 #                                  name. Not needed with --no-pip.
