@@ -369,9 +369,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_settings_file(args: argparse.Namespace, location: loader.AppLocation) -> LocalSettings:
+# The settings file every local run can start from: it names the stand-ins' ports (README,
+# Local stand-ins: the pieces by hand).
+DEMO_SETTINGS = Path(__file__).resolve().parents[1] / "local.settings.demo.json"
+
+
+def _load_settings_file(
+    args: argparse.Namespace, location: loader.AppLocation, logger: logging.Logger
+) -> LocalSettings:
     path = args.settings or location.directory / "local.settings.json"
     if args.settings is None and not path.is_file():
+        # Core Tools runs without the file too (the environment may hold every setting), but a
+        # newcomer who was told about local.settings.json needs to hear how to make one.
+        event(
+            logger,
+            logging.WARNING,
+            "settings_file_missing",
+            f"no {path.name} next to the app: it gets the environment's settings only. To run "
+            f"it against the local stand-ins: cp {DEMO_SETTINGS} {path} (or --settings "
+            f"{DEMO_SETTINGS}), then add your own settings to it",
+            path=str(path),
+        )
         return LocalSettings(values={})
     return load_local_settings(path)
 
@@ -386,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     logger = host_logger()
     try:
         location = loader.locate(args.app, Path.cwd())
-        local = _load_settings_file(args, location)
+        local = _load_settings_file(args, location, logger)
     except (loader.AppLoadError, SettingsError) as exc:
         event(logger, logging.ERROR, "start_failed", str(exc))
         return 2

@@ -103,3 +103,16 @@ def test_the_functions_host_runs_the_app_against_the_demo_world_with_it(tmp_path
                 + "\n".join(line.text for line in fakes.lines[-20:])
                 + host.stderr_text()[-2000:],
             )
+
+
+def test_the_readme_says_how_to_make_the_local_settings_file_it_refers_to() -> None:
+    # local.settings.json is named in the README but not in a checkout (it may hold secrets):
+    # every paragraph that names it says how to make it, and git keeps the made one out.
+    readme = (REPO / "README.md").read_text()
+    making = "cp emulators/local.settings.demo.json local.settings.json"
+    paragraphs = [p for p in readme.split("\n\n") if "`local.settings.json`" in p]
+    assert paragraphs
+    for paragraph in paragraphs:
+        assert making in paragraph or "--settings" in paragraph, paragraph[:200]
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    assert "local.settings.json" in ignored

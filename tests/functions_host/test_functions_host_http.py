@@ -160,6 +160,32 @@ def test_cli_prints_the_listening_line_serves_and_stops_on_sigterm(tmp_path: Pat
 
 
 @pytest.mark.timeout(60)
+def test_cli_without_a_settings_file_says_how_to_make_one(tmp_path: Path) -> None:
+    # The README sends people to local.settings.json, which a checkout does not hold.
+    app = tmp_path / "function_app.py"
+    app.write_text((APPS / "http_app.py").read_text())
+    process = _start_cli("--port", "0", "--log-format", "json", cwd=tmp_path)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("listening on http://127.0.0.1:")
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=5)
+    (missing,) = [
+        e
+        for e in (json.loads(raw) for raw in err.splitlines() if raw.startswith("{"))
+        if e.get("event") == "settings_file_missing"
+    ]
+    demo = REPO / "emulators" / "local.settings.demo.json"
+    assert missing["path"] == str(tmp_path / "local.settings.json")
+    assert f"cp {demo} {tmp_path / 'local.settings.json'}" in missing["message"]
+    assert demo.is_file()
+
+
+@pytest.mark.timeout(60)
 def test_cli_refuses_an_app_it_cannot_run(tmp_path: Path) -> None:
     process = _start_cli("--app", str(APPS / "bad_app.py"), "--port", "0")
     out, err = process.communicate(timeout=30)
