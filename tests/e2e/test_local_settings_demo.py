@@ -10,6 +10,7 @@ the Teams fake and the ARM fake.
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -116,3 +117,35 @@ def test_the_readme_says_how_to_make_the_local_settings_file_it_refers_to() -> N
         assert making in paragraph or "--settings" in paragraph, paragraph[:200]
     ignored = (REPO / ".gitignore").read_text().splitlines()
     assert "local.settings.json" in ignored
+
+
+def _readme_fakes_output() -> dict[str, str]:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("`sebridge fakes` prints the app settings", 1)[1]
+    block = section.split("```json\n", 1)[1].split("```", 1)[0]
+    shown: dict[str, str] = json.loads(block)
+    return shown
+
+
+@pytest.mark.timeout(60)
+def test_the_readme_shows_what_sebridge_fakes_prints() -> None:
+    shown = _readme_fakes_output()
+    # The README's ports are --port-base 17071's; here the fakes take free ones.
+    fakes = ChildProcess(
+        "fakes", ["--demo-world", "--identity-header", "local-demo-identity-header"]
+    )
+    with fakes:
+        fakes.wait_for_line("}", timeout=30)
+        printed = json.loads("\n".join(line.text for line in fakes.lines))
+
+    def without_ports(values: dict[str, str]) -> dict[str, str]:
+        return {k: re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", v) for k, v in values.items()}
+
+    assert list(printed) == list(shown)
+    assert without_ports(printed) == without_ports(shown)
+    # ... and they are the ports the shipped settings file names, for every setting both have.
+    values = json.loads(SHIPPED.read_text())["Values"]
+    assert {k: values[k] for k in shown if k in values} == {
+        k: v for k, v in shown.items() if k in values
+    }
+    assert set(shown) - set(values) == {"EVENTGRID_STATE_URL"}  # agentless mode only
