@@ -148,12 +148,14 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         SdkTopicPublisher,
         ServiceBusSender,
     )
-    from functions.adapters.teams_webhook import TeamsWebhookPoster
+    from functions.adapters.teams_webhook import TeamsOff, TeamsWebhookPoster
 
     credential = overrides.pop("credential", None) or DefaultAzureCredential()
     session = requests.Session()
     parts: dict[str, Any] = {}
-    if "teams" not in overrides:
+    if "teams" not in overrides and not config.teams_enabled:
+        parts["teams"] = TeamsOff()
+    elif "teams" not in overrides:
         parts["teams"] = TeamsWebhookPoster(
             config.teams_webhook_url,
             session=session,

@@ -4,6 +4,9 @@ A bad setting raises :class:`SettingsError` naming the setting, so the app fails
 host indexes it (visible in the deployment log) rather than at the first message. Secrets
 (TEAMS_WEBHOOK_URL, APPROVAL_SIGNING_KEY, a ServiceBusConnection string) are kept out of
 ``repr`` and are never logged.
+
+Which workflows run follows from the settings alone (:func:`workflows`): function_app.py
+registers those that are on and logs, at start, why any is off.
 """
 
 from __future__ import annotations
@@ -111,12 +114,17 @@ class Settings:
     agentless_resource_groups: tuple[str, ...] = ()
     agentless_vm_patterns: tuple[str, ...] = ()
 
+    @property
+    def teams_enabled(self) -> bool:
+        """Teams cards are posted: a Teams Workflows webhook URL is set."""
+        return bool(self.teams_webhook_url)
+
     def describe(self) -> dict[str, object]:
         """The effective configuration without secrets, for the start-up log line."""
         return {
             "topic": self.topic_name,
             "subscriptions": [
-                self.teams_subscription,
+                *([self.teams_subscription] if self.teams_enabled else []),
                 self.lb_pools_subscription,
                 self.approval_gate_subscription,
             ],
@@ -195,7 +203,9 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             "ServiceBusConnection with a connection string)"
         )
 
-    webhook = required("TEAMS_WEBHOOK_URL")
+    # Teams is optional when another notifier (a WEBHOOKS endpoint) is configured; at least one
+    # is checked once the webhooks are read.
+    webhook = get("TEAMS_WEBHOOK_URL")
     if webhook:
         _url("TEAMS_WEBHOOK_URL", webhook, problems)
     key = required("APPROVAL_SIGNING_KEY")
@@ -298,7 +308,9 @@ def load_settings(env: Mapping[str, str]) -> Settings:
 
     settings = Settings(
         topic_name=required("TopicName"),
-        teams_subscription=required("TeamsSubscriptionName"),
+        teams_subscription=required("TeamsSubscriptionName")
+        if webhook
+        else get("TeamsSubscriptionName"),
         lb_pools_subscription=required("LbPoolsSubscriptionName"),
         approval_gate_subscription=required("ApprovalGateSubscriptionName"),
         approvals_queue=required("ApprovalsQueueName"),
@@ -327,6 +339,12 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         agentless_vm_patterns=agentless_patterns,
     )
     settings = _with_webhooks(settings, env, problems)
+    if not settings.teams_enabled and not settings.webhooks and not env.get("WEBHOOKS", "").strip():
+        problems.append(
+            "no notifier: set TEAMS_WEBHOOK_URL (a Teams Workflows webhook URL) or list an "
+            "endpoint in WEBHOOKS (Slack, PagerDuty or generic JSON, with "
+            "WebhooksSubscriptionName); people must hear about maintenance one way or the other"
+        )
     if settings.custom_subscriber_enabled and not settings.custom_subscription:
         problems.append("CustomSubscriptionName: required when CUSTOM_SUBSCRIBER_ENABLED is true")
     if problems:
@@ -342,3 +360,56 @@ def _with_webhooks(settings: Settings, env: Mapping[str, str], problems: list[st
         env, problems, subscription=subscription, known_event_types=KNOWN_EVENT_TYPES
     )
     return replace(settings, webhooks_subscription=subscription, webhooks=endpoints)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """One workflow of the app: whether it runs and, if not, the setting that turns it on."""
+
+    name: str  # the blueprint's, as function_app.py registers it
+    on: bool
+    detail: str = ""  # on: what it does with the settings; off: why, and how to turn it on
+
+    def describe(self) -> str:
+        state = "on" if self.on else "off"
+        return f"{self.name} {state}" + (f" ({self.detail})" if self.detail else "")
+
+
+def workflows(settings: Settings) -> tuple[Workflow, ...]:
+    """Every workflow in the order function_app.py registers them, on or off by ``settings``."""
+    endpoints = ", ".join(f"{e.name} ({e.preset})" for e in settings.webhooks)
+    return (
+        Workflow(
+            "teams",
+            settings.teams_enabled,
+            "cards to the Teams Workflows webhook"
+            if settings.teams_enabled
+            else "TEAMS_WEBHOOK_URL is not set: a Teams Workflows webhook URL turns it on",
+        ),
+        Workflow("lb_pools", True, f"LB_MIN_HEALTHY {settings.min_healthy}"),
+        Workflow("approval_gate", True, "with the approve link"),
+        Workflow(
+            "webhooks",
+            bool(settings.webhooks_subscription),
+            (f"endpoints: {endpoints}" if endpoints else "WEBHOOKS lists no endpoint")
+            if settings.webhooks_subscription
+            else "WebhooksSubscriptionName is not set: the subscription's name turns it on",
+        ),
+        Workflow(
+            "custom_example",
+            settings.custom_subscriber_enabled,
+            f"subscription {settings.custom_subscription}"
+            if settings.custom_subscriber_enabled
+            else "CUSTOM_SUBSCRIBER_ENABLED is not true",
+        ),
+        Workflow(
+            "eventgrid_ingest",
+            settings.eventgrid_ingest_enabled,
+            "" if settings.eventgrid_ingest_enabled else "EVENTGRID_INGEST_ENABLED is not true",
+        ),
+    )
+
+
+def workflows_line(settings: Settings) -> str:
+    """The start-up line: each workflow, on or off, and why any is off."""
+    return "workflows: " + "; ".join(w.describe() for w in workflows(settings))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -64,6 +65,39 @@ def test_registered_functions_and_bindings(app: App) -> None:
 def test_the_custom_subscriber_registers_only_when_enabled(make_app: Callable[..., App]) -> None:
     app = make_app(CUSTOM_SUBSCRIBER_ENABLED="true", CustomSubscriptionName="vm-loss")
     assert _bindings(app) == {**EXPECTED, "custom_example": _sb("%CustomSubscriptionName%")}
+
+
+def test_without_teams_the_app_runs_webhooks_and_says_why_teams_is_off(
+    make_app: Callable[..., App], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sebridge.functions")
+    app = make_app(
+        TEAMS_WEBHOOK_URL="",
+        TeamsSubscriptionName="",
+        WebhooksSubscriptionName="webhooks",
+        WEBHOOKS='[{"name": "oncall", "preset": "pagerduty", "routingKeySetting": "PD_KEY"}]',
+        PD_KEY="0123456789abcdef0123456789abcdef",
+    )
+    bindings = _bindings(app)
+    assert "teams" not in bindings
+    assert set(bindings) == {"lb_pools", "approval_gate", "approve", "webhooks"}
+    assert bindings["approve"] == EXPECTED["approve"]  # the Approve link keeps working
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("workflows:")]
+    assert (
+        "teams off (TEAMS_WEBHOOK_URL is not set: a Teams Workflows webhook URL turns it on)"
+        in line
+    )
+    assert "webhooks on (endpoints: oncall (pagerduty))" in line
+    assert "0123456789abcdef" not in line
+
+
+def test_with_no_notifier_the_app_stops_naming_both(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    composition.use(None)
+    monkeypatch.setenv("TEAMS_WEBHOOK_URL", "")
+    with pytest.raises(SettingsError, match=r"no notifier: set TEAMS_WEBHOOK_URL .* WEBHOOKS"):
+        importlib.reload(sys.modules["function_app"])
 
 
 def test_a_bad_setting_stops_the_app_at_import(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
