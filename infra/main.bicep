@@ -63,6 +63,9 @@ param customSubscriberEnabled bool = false
 @description('Subscription your own subscriber function reads (CustomSubscriptionName): its own, not one of teams, lb-pools, approval-gate, audit. Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
 param customSubscriptionName string = ''
 
+@description('Post a Teams card per transition (the teams workflow; its webhook URL is the Key Vault secret teams-webhook-url). false: a Slack- or PagerDuty-only setup: no Teams setting, secret or subscription, and webhookEndpoints must list at least one endpoint or the app refuses to start.')
+param teamsEnabled bool = true
+
 @description('Webhook endpoints of the webhooks workflow (WEBHOOKS): objects with name, preset (slack, pagerduty, generic), urlSetting, routingKeySetting, transitions, eventTypes, impactfulOnly, template. No secret here: urlSetting and routingKeySetting name app settings listed in webhookSecretSettings.')
 param webhookEndpoints array = []
 
@@ -134,15 +137,19 @@ var lbPoolsSubscriptionName = 'lb-pools'
 var approvalGateSubscriptionName = 'approval-gate'
 var webhooksSubscriptionName = 'webhooks'
 var builtInSubscriptionNames = [
-  teamsSubscriptionName
   lbPoolsSubscriptionName
   approvalGateSubscriptionName
   webhooksSubscriptionName
 ]
+// Without Teams the teams subscription is not deployed at all: nobody would read it, and its
+// messages would expire into the dead-letter queue (and fire the dead-letter alert) every week.
+var teamsSubscriptionNames = teamsEnabled ? [
+  teamsSubscriptionName
+] : []
 var customSubscriptionNames = (customSubscriberEnabled && !empty(customSubscriptionName)) ? [
   customSubscriptionName
 ] : []
-var functionAppSubscriptionNames = concat(builtInSubscriptionNames, customSubscriptionNames)
+var functionAppSubscriptionNames = concat(teamsSubscriptionNames, builtInSubscriptionNames, customSubscriptionNames)
 
 var teamsWebhookSecretName = 'teams-webhook-url'
 // Agentless mode's containers in the host storage account.
@@ -158,6 +165,9 @@ module serviceBus 'modules/servicebus.bicep' = {
     skuName: serviceBusSku
     premiumCapacity: serviceBusPremiumCapacity
     topicDuplicateDetectionWindow: topicDuplicateDetectionWindow
+    omittedSubscriptionNames: teamsEnabled ? [] : [
+      teamsSubscriptionName
+    ]
     tags: allTags
   }
 }
@@ -217,6 +227,7 @@ module functionApp 'modules/functionapp.bicep' = {
     appInsightsConnectionString: monitoring.outputs.connectionString
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     topicName: serviceBus.outputs.topicName
+    teamsEnabled: teamsEnabled
     teamsSubscriptionName: teamsSubscriptionName
     lbPoolsSubscriptionName: lbPoolsSubscriptionName
     approvalGateSubscriptionName: approvalGateSubscriptionName
@@ -348,7 +359,7 @@ output keyVaultName string = keyVault.outputs.name
 
 @description('Secret names to set after deployment (az keyvault secret set).')
 output keyVaultSecretNames object = {
-  teamsWebhookUrl: teamsWebhookSecretName
+  teamsWebhookUrl: teamsEnabled ? teamsWebhookSecretName : ''
   approvalSigningKey: approvalSigningKeySecretName
   webhooks: [for setting in webhookSecretSettings: toLower(replace(setting, '_', '-'))]
 }

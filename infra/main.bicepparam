@@ -22,6 +22,10 @@ param heartbeatStaleSeconds = 900
 // then set customSubscriberEnabled = true and customSubscriptionName = '<its name>'.
 param customSubscriberEnabled = false
 
+// Teams cards (README, "Set up Teams"). false for a Slack- or PagerDuty-only setup: then list at
+// least one endpoint below, or the app refuses to start (it needs one notifier).
+param teamsEnabled = true
+
 // Notifications beyond Teams (README, "Webhooks"). No secret here: urlSetting and
 // routingKeySetting name app settings, and each one listed in webhookSecretSettings becomes a
 // Key Vault reference to the secret of that name in lower case with dashes, set after deployment.

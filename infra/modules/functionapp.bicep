@@ -34,6 +34,9 @@ param serviceBusFullyQualifiedNamespace string
 @description('Name of the scheduled-events topic.')
 param topicName string
 
+@description('Post Teams cards: set TEAMS_WEBHOOK_URL (a Key Vault reference) and TeamsSubscriptionName. false: neither is set, and the app runs without the teams workflow (webhookEndpoints must then list an endpoint).')
+param teamsEnabled bool = true
+
 @description('Subscription the teams workflow reads.')
 param teamsSubscriptionName string
 
@@ -136,14 +139,12 @@ var requiredSettings = {
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'Authorization=AAD'
   ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
   TopicName: topicName
-  TeamsSubscriptionName: teamsSubscriptionName
   LbPoolsSubscriptionName: lbPoolsSubscriptionName
   ApprovalGateSubscriptionName: approvalGateSubscriptionName
   WebhooksSubscriptionName: webhooksSubscriptionName
   ApprovalsQueueName: approvalsQueueName
   CustomSubscriptionName: customSubscriptionName
   // Versionless references: a rotated secret is picked up without a redeployment.
-  TEAMS_WEBHOOK_URL: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${teamsWebhookSecretName})'
   APPROVAL_SIGNING_KEY: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${approvalSigningKeySecretName})'
   APPROVAL_BASE_URL: 'https://${functionApp.properties.defaultHostName}'
   LB_IMPACTFUL_EVENT_TYPES: lbImpactfulEventTypes
@@ -179,6 +180,13 @@ var webhookSecretAppSettings = json('{${join(webhookSecretEntries, ',')}}')
 var optionalSettings = empty(approvalPolicy) ? {} : {
   APPROVAL_POLICY: approvalPolicy
 }
+
+// Teams only when it is used: without TEAMS_WEBHOOK_URL the app runs no teams workflow (and
+// expects a webhook endpoint instead), and no Teams secret is then looked for in the vault.
+var teamsSettings = teamsEnabled ? {
+  TeamsSubscriptionName: teamsSubscriptionName
+  TEAMS_WEBHOOK_URL: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${teamsWebhookSecretName})'
+} : {}
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225:Flex Consumption zone redundancy exists only in some regions; the handlers are idempotent and Service Bus keeps messages while an instance is replaced.
@@ -253,7 +261,7 @@ resource appSettings 'Microsoft.Web/sites/config@2024-04-01' = {
   parent: functionApp
   name: 'appsettings'
   // Webhook secrets first, so that none can replace a setting of the bridge's own.
-  properties: union(webhookSecretAppSettings, requiredSettings, optionalSettings)
+  properties: union(webhookSecretAppSettings, requiredSettings, teamsSettings, optionalSettings)
 }
 
 // No FTP or basic-auth SCM publishing: deployments go through Entra ID.

@@ -234,7 +234,10 @@ def test_each_subscription_is_deployed_from_config_with_its_rules() -> None:
     rules = resources_of_type(tree, f"{SB}/topics/subscriptions/rules")
     rule = _only(rules)
     rule_loop = rule["config"]["loop_type"]["detail"]
-    assert property_path(rule_loop["array_name"]) == ["subscription", "Rules"]
+    # `deploy ? subscription.Rules : []`: nothing for a subscription the deployment leaves out.
+    rules_over = rule_loop["array_name"]["operator"]["operands"]
+    assert rules_over["condition"] == "deploy" and rules_over["false_value"] == []
+    assert property_path(rules_over["true_value"]) == ["subscription", "Rules"]
     body = unwrap(rule)
     item = rule_loop["item_name"]
     assert property_path(body["name"]) == [item, "Name"]
