@@ -1,20 +1,40 @@
 """The App Service / Functions managed-identity endpoint, on loopback.
 
 azure-identity (through MSAL) uses it when IDENTITY_ENDPOINT and IDENTITY_HEADER are set:
-``GET {IDENTITY_ENDPOINT}?api-version=2019-08-01&resource=<resource>`` with header
-``X-IDENTITY-HEADER: {IDENTITY_HEADER}``; the answer is JSON with ``access_token``,
+``GET {IDENTITY_ENDPOINT}?api-version=2019-08-01&resource=<resource>[&client_id=<id>]`` with
+header ``X-IDENTITY-HEADER: {IDENTITY_HEADER}``; the answer is JSON with ``access_token``,
 ``expires_on`` (Unix seconds), ``resource`` and ``token_type``. Set ``environ()`` in the
 process and ManagedIdentityCredential / DefaultAzureCredential work unchanged.
+
+The access token is shaped like Entra ID's, an (unsigned) JWT whose claims say who it is for:
+``aud`` the resource, ``appid`` the client id asked for, ``oid`` that identity's object id
+(:meth:`FakeIdentity.object_id`). The Service Bus emulator's role assignments (``--rights``)
+read ``oid``, so a test can give one identity a role and not another.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import secrets
 import time
+import uuid
 
 from emulators.fakes._server import LoopbackServer, Reply, Request
 
 TOKEN_PATH = "/msi/token"  # noqa: S105 - a URL path, not a password
+SYSTEM_ASSIGNED_CLIENT_ID = "00000000-0000-0000-0000-00000000f00d"
+_TENANT = "00000000-0000-0000-0000-0000000000aa"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def unsigned_jwt(claims: dict[str, object]) -> str:
+    """``header.payload.`` with ``alg: none``: what the fakes hand out instead of a signed one."""
+    header = {"alg": "none", "typ": "JWT"}
+    return f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}."
 
 
 class FakeIdentity(LoopbackServer):
@@ -23,6 +43,13 @@ class FakeIdentity(LoopbackServer):
         self.header = header or secrets.token_hex(16)
         self.lifetime = lifetime
         self.issued: dict[str, str] = {}  # token -> resource
+
+    @staticmethod
+    def object_id(client_id: str | None = None) -> str:
+        """The object id (``oid``) of the identity with this client id (None or "": the
+        system-assigned one), the same in every run."""
+        name = f"sebridge-fake-identity:{(client_id or SYSTEM_ASSIGNED_CLIENT_ID).lower()}"
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, name))
 
     def environ(self) -> dict[str, str]:
         return {"IDENTITY_ENDPOINT": self.url + TOKEN_PATH, "IDENTITY_HEADER": self.header}
@@ -35,15 +62,28 @@ class FakeIdentity(LoopbackServer):
         resource = request.query.get("resource", "")
         if request.query.get("api-version") != "2019-08-01" or not resource:
             return Reply(400, {"statusCode": 400, "message": "api-version or resource missing"})
-        token = "fake-" + secrets.token_urlsafe(24)
+        client_id = request.query.get("client_id") or SYSTEM_ASSIGNED_CLIENT_ID
+        now = int(time.time())
+        token = unsigned_jwt(
+            {
+                "aud": resource,
+                "iss": f"https://sts.windows.net/{_TENANT}/",
+                "iat": now,
+                "exp": now + self.lifetime,
+                "appid": client_id,
+                "oid": self.object_id(client_id),
+                "tid": _TENANT,
+                "jti": secrets.token_urlsafe(12),
+            }
+        )
         self.issued[token] = resource
         return Reply(
             200,
             {
                 "access_token": token,
-                "expires_on": str(int(time.time()) + self.lifetime),
+                "expires_on": str(now + self.lifetime),
                 "resource": resource,
                 "token_type": "Bearer",
-                "client_id": "00000000-0000-0000-0000-00000000f00d",
+                "client_id": client_id,
             },
         )

@@ -11,6 +11,7 @@ from emulators.fakes.arm import FakeArm
 from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams, card_lines
+from emulators.servicebus.auth import jwt_claims
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -24,6 +25,19 @@ def test_azure_identity_gets_a_token_unchanged(
     assert identity_fake.issued[token.token] == "https://management.azure.com"
     (request,) = identity_fake.requests
     assert request.headers["x-identity-header"] == identity_fake.header
+
+
+def test_a_token_names_the_identity_it_was_issued_to(identity_fake: FakeIdentity) -> None:
+    client_id = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    token = ManagedIdentityCredential(client_id=client_id).get_token(
+        "https://servicebus.azure.net/.default"
+    )
+    claims = jwt_claims(token.token)
+    assert claims is not None
+    assert claims["aud"] == "https://servicebus.azure.net"
+    assert claims["appid"] == client_id
+    assert claims["oid"] == FakeIdentity.object_id(client_id) != FakeIdentity.object_id()
+    assert FakeIdentity.object_id(client_id) == FakeIdentity.object_id(client_id.upper())
 
 
 def test_the_identity_endpoint_checks_its_header(identity_fake: FakeIdentity) -> None:
