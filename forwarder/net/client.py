@@ -21,7 +21,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,12 +65,19 @@ class _Budget:
 
 
 class _DeadlineReader(io.RawIOBase):
-    def __init__(self, sock: socket.socket, budget: _Budget) -> None:
+    def __init__(self, sock: socket.socket, budget: _Budget, on_close: Callable[[], None]) -> None:
         self._sock = sock
         self._budget = budget
+        self._on_close: Callable[[], None] | None = on_close
 
     def readable(self) -> bool:
         return True
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close()
+        super().close()
 
     def readinto(self, buffer: Any) -> int:
         while True:
@@ -82,11 +89,18 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class _DeadlineSocket:
-    """What ``http.client`` needs of a socket, with every read and write under the budget."""
+    """What ``http.client`` needs of a socket, with every read and write under the budget.
+
+    Closed, it keeps the real socket open while a reader made from it is (as ``socket.socket``
+    does): http.client closes the connection's socket as soon as it has the headers of an answer
+    that closes the connection, and reads the body through that reader afterwards.
+    """
 
     def __init__(self, sock: socket.socket, budget: _Budget) -> None:
         self._sock = sock
         self._budget = budget
+        self._readers = 0
+        self._closed = False
 
     def sendall(self, data: bytes) -> None:
         self._sock.settimeout(self._budget.left())
@@ -95,10 +109,18 @@ class _DeadlineSocket:
     def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
         if "r" not in mode or "w" in mode:
             raise ValueError("only reading through a file is supported")
-        return io.BufferedReader(_DeadlineReader(self._sock, self._budget))
+        self._readers += 1
+        return io.BufferedReader(_DeadlineReader(self._sock, self._budget, self._reader_closed))
+
+    def _reader_closed(self) -> None:
+        self._readers -= 1
+        if self._closed and self._readers <= 0:
+            self._sock.close()
 
     def close(self) -> None:
-        self._sock.close()
+        self._closed = True
+        if self._readers <= 0:
+            self._sock.close()
 
     def settimeout(self, value: float | None) -> None:
         self._sock.settimeout(value)
