@@ -131,8 +131,11 @@ def client(
     ...)."""
     from azure.servicebus import ServiceBusClient, TransportType
 
-    if check_transport(transport) == "websocket":
-        options.setdefault("transport_type", TransportType.AmqpOverWebsocket)
+    # Always said: given a custom endpoint and no transport, the SDK picks WebSockets.
+    websocket = check_transport(transport) == "websocket"
+    options.setdefault(
+        "transport_type", TransportType.AmqpOverWebsocket if websocket else TransportType.Amqp
+    )
     if endpoint:
         options.setdefault("custom_endpoint_address", check_endpoint(endpoint))
 
