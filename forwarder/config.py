@@ -206,7 +206,12 @@ def parse_config(
 ) -> ForwarderConfig:
     """Flags over environment over defaults; :class:`ConfigError` names what is wrong."""
     env = os.environ if env is None else env
-    args = build_parser(env).parse_args(argv)
+    return config_from_args(build_parser(env).parse_args(argv))
+
+
+def config_from_args(args: argparse.Namespace) -> ForwarderConfig:
+    """The configuration from what :func:`build_parser`'s parser read (``sebridge doctor``
+    adds its own flags to that parser); :class:`ConfigError` names what is wrong."""
     # Sub-second intervals are for simulator-driven tests: real IMDS throttles above 5/s.
     poll = _number("--poll-interval", args.poll_interval, minimum=0.05, maximum=60)
     heartbeat = _number("--heartbeat-interval", args.heartbeat_interval, minimum=0, maximum=86_400)

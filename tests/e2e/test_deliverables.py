@@ -135,7 +135,7 @@ def test_the_installed_vm_package_has_no_functions_runtime_nor_local_tools(
     listing = _in_vm_env(vm_python.parent / "sebridge", "--help")
     assert listing.returncode == 0, listing.stderr
     commands = {line.split()[0] for line in listing.stdout.splitlines() if line.startswith("  ")}
-    assert commands == {"forwarder", "approve", "status"}
+    assert commands == {"forwarder", "approve", "status", "doctor"}
     # --servicebus-transport websocket works with the VM package alone (websocket-client).
     websocket = _in_vm_env(
         vm_python,

@@ -52,7 +52,7 @@ def test_the_vm_package_is_sebridge_alone_with_forwarder_mapped_into_it() -> Non
 def test_subcommands_are_registered_by_the_distribution_that_ships_them() -> None:
     vm = PYPROJECT["project"]["entry-points"]["sebridge.commands"]
     local = LOCAL["project"]["entry-points"]["sebridge.commands"]
-    assert set(vm) == {"forwarder", "approve", "status"}
+    assert set(vm) == {"forwarder", "approve", "status", "doctor"}
     assert set(local) == {"demo", "imds-sim", "servicebus-emulator", "functions-host", "fakes"}
     assert all(target.startswith("sebridge.forwarder:") for target in vm.values())
     assert all(target.startswith("emulators:") for target in local.values())
