@@ -230,7 +230,7 @@ class ArmRestClient:
     ) -> VmRecord | None:
         scale_set_path = (
             f"{self._group_path(subscription, group)}/providers/Microsoft.Compute/"
-            f"virtualMachineScaleSets/{names.segment(names.compute_name(scale_set, 'scaleSet'))}"
+            f"virtualMachineScaleSets/{names.segment(names.SCALE_SET.check(scale_set, 'scaleSet'))}"
         )
         path = f"{scale_set_path}/virtualMachines/{names.segment(names.instance_id(instance_id))}"
         vm = self._get_json(path, COMPUTE_API, "get scale-set VM", READ_SCALE_SET_VM)
