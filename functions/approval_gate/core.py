@@ -39,6 +39,7 @@ from functions.shared.ports import (
     HeartbeatStore,
     PermissionDenied,
 )
+from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
@@ -79,13 +80,18 @@ class Gate:
     agentless: AgentlessRules | None = None  # AGENTLESS_* settings (agentless.py)
 
     def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
+        """Verify ``message`` (the trigger layer does this before :meth:`decide`), then
+        decide."""
+        checked = verify_and_log("approval_gate", self.arm, message, self.rules)
+        if isinstance(checked, UnverifiedMessage):
+            return GateOutcome.REFUSED
+        return self.decide(checked, now)
+
+    def decide(self, verified: VerifiedMessage, now: datetime) -> GateOutcome:
+        message = verified.message
         if message.transition is Transition.HEARTBEAT:
             if self.fallback is None:
                 return GateOutcome.IGNORED
-            verified = trust.verify_observer(self.arm, message.observer, self.rules)
-            if isinstance(verified, trust.Refusal):
-                trust.log_refusal("approval_gate", message, verified)
-                return GateOutcome.REFUSED
             self.fallback.store.record(message.observer.vm_name, message.time or now)
             return GateOutcome.HEARTBEAT
         event = message.event
@@ -109,28 +115,21 @@ class Gate:
             return GateOutcome.NEVER
         if decision.action is Action.MANUAL:
             return GateOutcome.MANUAL
-        checked = trust.check(self.arm, message, self.rules)
-        if isinstance(checked, trust.Refusal):
-            trust.log_refusal("approval_gate", message, checked)
-            return GateOutcome.REFUSED
         drained = self.impact.is_impactful(event)
         if (decision.action is Action.APPROVE_WHEN_PREPARED or drained) and not self._prepared(
-            message, checked, vm_side_prepared(message)
+            verified, vm_side_prepared(message)
         ):
             log.info("waiting until the VMs are out of their pools", extra=fields)
             return GateOutcome.WAITING
-        return self.approve(
-            message, checked, now, reason=f"policy rule {decision.rule}: {decision.action}"
-        )
+        return self.approve(verified, now, reason=f"policy rule {decision.rule}: {decision.action}")
 
-    def _prepared(
-        self, message: TransitionMessage, checked: trust.Scope, self_prepared: str | None
-    ) -> bool:
+    def _prepared(self, verified: VerifiedMessage, self_prepared: str | None) -> bool:
         """Is every affected VM prepared? ``self_prepared`` is the VM that prepared itself
         (its forwarder's hooks or drain probe, :func:`vm_side_prepared`); every other VM must
         be out of every backend pool in ARM (read-only). A VM the app may not read (403) is
         not: what cannot be checked is not approved early."""
-        event = message.event
+        checked = verified.scope
+        event = verified.message.event
         assert event is not None
         if self_prepared is not None and [vm.name.lower() for vm in checked.vms] == [self_prepared]:
             # The only affected VM prepared itself: nothing to ask ARM (its pools may be ones
@@ -161,12 +160,11 @@ class Gate:
         )
         return False
 
-    def acknowledge_target(
-        self, message: TransitionMessage, checked: trust.Scope, now: datetime
-    ) -> str | None:
+    def acknowledge_target(self, verified: VerifiedMessage, now: datetime) -> str | None:
         """Where an approval of this event goes: None for the approve command to the
         observer's forwarder, else the ARM id to acknowledge it on (agentless.choose_route):
         always the id ARM returned for the verified observer, never an id from the message."""
+        message = verified.message
         choice = choose_route(
             message,
             now,
@@ -182,11 +180,10 @@ class Gate:
             choice.reason,
             extra={"eventId": message.event_id, "vm": message.observer.vm_name},
         )
-        return checked.observer.id
+        return verified.scope.observer.id
 
-    def approve(
-        self, message: TransitionMessage, checked: trust.Scope, now: datetime, *, reason: str
-    ) -> GateOutcome:
+    def approve(self, verified: VerifiedMessage, now: datetime, *, reason: str) -> GateOutcome:
+        message = verified.message
         event = message.event
         assert event is not None
         # Azure starts the event at NotBefore anyway; a command must expire by then.
@@ -195,7 +192,7 @@ class Gate:
             log.info("NotBefore has passed, nothing to approve", extra={"eventId": event.key})
             return GateOutcome.TOO_LATE
         observer = message.observer
-        target = self.acknowledge_target(message, checked, now)
+        target = self.acknowledge_target(verified, now)
         if target is not None:
             try:
                 self.arm.acknowledge_event(target, event.key)

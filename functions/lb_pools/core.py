@@ -52,8 +52,8 @@ from functions.shared.ports import (
     PoolStore,
     PreconditionFailed,
     TopicPublisher,
-    VmRecord,
 )
+from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
 from sebridge.contract.events import (
     ContractError,
@@ -145,7 +145,7 @@ def _event_grid(message: TransitionMessage) -> dict[str, Any] | None:
 class DrainRequest:
     """One event's drain, waiting for (or in) a batch of decisions on its pools."""
 
-    message: TransitionMessage
+    verified: VerifiedMessage
     vms: list[ResolvedVm]
     outcome: LbOutcome
     now: datetime
@@ -153,6 +153,10 @@ class DrainRequest:
     check: bool  # the capacity guard applies
     probes: capacity.Probes  # verdicts asked for before the locks
     probed_at: float
+
+    @property
+    def message(self) -> TransitionMessage:
+        return self.verified.message
 
     @property
     def key(self) -> str:
@@ -242,53 +246,74 @@ class LbPools:
         return self.pools is not None and self.min_healthy > 0
 
     # ---- entry ---------------------------------------------------------------------------
+    @staticmethod
+    def _action(message: TransitionMessage, impact: ImpactRules) -> tuple[str, str]:
+        """("drain", "restore" or "ignore", why it is ignored)."""
+        event = message.event
+        if event is None:
+            return "ignore", "no event"
+        if message.transition in DRAIN_ON:
+            if not impact.is_impactful(event):
+                return "ignore", f"{event.event_type} is not impactful"
+            return "drain", ""
+        if message.transition in RESTORE_ON:
+            return "restore", ""
+        return "ignore", f"{message.transition.value} needs nothing"
+
     def handle(
         self, message: TransitionMessage, now: datetime, *, resume_pool: str | None = None
     ) -> LbOutcome:
-        """``resume_pool``: this is a held event tried again because that pool got members
+        """Verify ``message`` (the trigger layer does this before :meth:`handle_verified`;
+        a held event tried again is verified anew), then handle it.
+
+        ``resume_pool``: this is a held event tried again because that pool got members
         back; it is drained only if that pool still lists it as held (under the pool's lock)."""
-        event = message.event
-        if event is None:
-            return LbOutcome("ignore", reason="no event")
-        if message.transition in DRAIN_ON:
-            if not self.impact.is_impactful(event):
-                return LbOutcome("ignore", reason=f"{event.event_type} is not impactful")
-            action = "drain"
-        elif message.transition in RESTORE_ON:
-            action = "restore"
-        else:
-            return LbOutcome("ignore", reason=f"{message.transition.value} needs nothing")
-        checked = trust.check(self.arm, message, self.rules)
-        if isinstance(checked, trust.Refusal):
-            trust.log_refusal("lb_pools", message, checked)
+        action, reason = self._action(message, self.impact)
+        if action == "ignore":
+            return LbOutcome(action, reason=reason)
+        checked = verify_and_log("lb_pools", self.arm, message, self.rules)
+        if isinstance(checked, UnverifiedMessage):
             return LbOutcome(action, refused=checked.reason)
+        return self.handle_verified(checked, now, resume_pool=resume_pool)
+
+    def handle_verified(
+        self, verified: VerifiedMessage, now: datetime, *, resume_pool: str | None = None
+    ) -> LbOutcome:
+        message = verified.message
+        action, reason = self._action(message, self.impact)
+        if action == "ignore":
+            return LbOutcome(action, reason=reason)
+        event = message.event
+        assert event is not None
         outcome = LbOutcome(action)
-        vms = self._allowed(message, list(checked.vms), outcome)
+        vms = self._allowed(message, list(verified.scope.vms), outcome)
         if outcome.refused:
             return outcome
         if action == "drain":
-            self._drain(message, vms, outcome, now, resume_pool)
+            self._drain(verified, vms, outcome, now, resume_pool)
             if outcome.reason:
                 return outcome
             if message.transition in PREPARED_AFTER and not outcome.not_ready and not outcome.held:
                 self._publish_prepared(message, vms, now)
                 outcome.published_prepared = True
             if message.transition is Transition.UPDATED:
-                self._restore_dropped(message, checked.observer, outcome, now)
+                self._restore_dropped(verified, outcome, now)
             return outcome
         # A cancelled Terminate or Preempt never happened: the VM is still there, put it back.
         restore = message.transition is Transition.CANCELLED or restores_afterwards(event)
-        self._end(message, vms, outcome, now, restore=restore)
+        self._end(verified, vms, outcome, now, restore=restore)
         return outcome
 
     def _restore_dropped(
-        self, message: TransitionMessage, observer: VmRecord, outcome: LbOutcome, now: datetime
+        self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime
     ) -> None:
         """A VM dropped from Resources by an Updated is no longer affected: put it back now,
         since the Completed of this event will not name it (checked against the scope too)."""
+        message = verified.message
         dropped = dropped_resources(message)
         if not dropped:
             return
+        observer = verified.scope.observer
         resolved = trust.resolve_names(self.arm, observer, message.observer, dropped)
         if isinstance(resolved, trust.Refusal):
             trust.log_refusal("lb_pools", message, resolved)
@@ -338,12 +363,13 @@ class LbPools:
     # ---- draining ------------------------------------------------------------------------
     def _drain(
         self,
-        message: TransitionMessage,
+        verified: VerifiedMessage,
         vms: list[ResolvedVm],
         outcome: LbOutcome,
         now: datetime,
         resume_pool: str | None = None,
     ) -> None:
+        message = verified.message
         changeable = [vm for vm in vms if self._drainable(vm, outcome)]
         if self.pools is None:
             for vm in changeable:
@@ -365,7 +391,7 @@ class LbPools:
             if check:
                 capacity.measure(self.arm, wanted, probes)
             request = DrainRequest(
-                message, changeable, outcome, now, resume_pool, check, probes, probed_at
+                verified, changeable, outcome, now, resume_pool, check, probes, probed_at
             )
             verdict = self.decisions.submit(tuple(sorted(wanted)), request, self._decide)
             if verdict.relock is not None:
@@ -622,14 +648,14 @@ class LbPools:
     # ---- the end of an event: restore, forget, resume ---------------------------------------
     def _end(
         self,
-        message: TransitionMessage,
+        verified: VerifiedMessage,
         vms: list[ResolvedVm],
         outcome: LbOutcome,
         now: datetime,
         *,
         restore: bool,
     ) -> None:
-        event = message.event
+        event = verified.message.event
         assert event is not None
         if self.pools is not None:
             # Forget before restoring: a resume of this event that races us either drained

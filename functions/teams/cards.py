@@ -154,7 +154,8 @@ def build_card(
     approve_url: str | None = None,
     unverified: str | None = None,
 ) -> dict[str, Any]:
-    """``unverified``: why the observer did not pass the scope check (no Approve button)."""
+    """``unverified``: why the message did not pass the scope check (marked, no Approve
+    button)."""
     event = message.event
     if event is None:
         raise ValueError("a card needs an event (Heartbeat messages have none)")
@@ -210,8 +211,8 @@ def build_card(
         body.append(
             rich(
                 run(
-                    "The observer could not be verified in ARM, so this card has no Approve "
-                    f"button: {unverified}",
+                    "Unverified: this message did not pass the scope check, so no workflow "
+                    f"acted on it and this card has no Approve button: {unverified}",
                     color="Attention",
                 ),
                 separator=True,
