@@ -66,6 +66,11 @@ def blob_name(pool_id: str) -> str:
     return "pool-" + hashlib.sha256(pool_id.lower().encode("utf-8")).hexdigest()[:40] + ".json"
 
 
+def event_blob_name(event_id: str) -> str:
+    """The index entry of a held event: which pools hold it (a digest: no id reaches the URL)."""
+    return "event-" + hashlib.sha256(event_id.lower().encode("utf-8")).hexdigest()[:40] + ".json"
+
+
 class _Lease:
     """The leases on some pools, renewed in the background while held."""
 
@@ -173,6 +178,47 @@ class BlobPoolStore:
             log.error("unreadable pool state of %s, treated as empty: %s", pool_id, exc)
             return {}
         return state if isinstance(state, dict) else {}
+
+    # ---- the index of held events ---------------------------------------------------------
+    # Written by lb-pools under the leases of the pools it changes, read by an Approve link that
+    # names only its event; a hint, checked against the pools' own state (never trusted alone).
+    def index_held(self, event_id: str, pool_ids: Sequence[str]) -> None:
+        body = json.dumps(
+            {"eventId": event_id, "pools": sorted({p.lower() for p in pool_ids})},
+            separators=(",", ":"),
+        ).encode()
+        url = f"{self._container}/{event_blob_name(event_id)}"
+        for _ in range(2):
+            response = self._send(
+                "PUT",
+                url,
+                "index write",
+                data=body,
+                headers=self._headers(
+                    **{"x-ms-blob-type": "BlockBlob", "Content-Type": "application/json"}
+                ),
+            )
+            code = response.headers.get("x-ms-error-code", "")
+            if response.status_code == 404 and code == "ContainerNotFound":
+                self._create_container()
+                continue
+            if response.status_code != 201:
+                raise PoolStoreError(f"write held index: HTTP {response.status_code} {code}")
+            return
+
+    def held_pools(self, event_id: str) -> list[str]:
+        url = f"{self._container}/{event_blob_name(event_id)}"
+        response = self._send("GET", url, "index read", headers=self._headers())
+        if response.status_code == 404:
+            return []
+        if response.status_code != 200:
+            raise PoolStoreError(f"read held index: HTTP {response.status_code}")
+        try:
+            entry = json.loads(response.content) if response.content else {}
+        except ValueError:
+            return []
+        pools = entry.get("pools") if isinstance(entry, dict) else None
+        return [p for p in pools if isinstance(p, str)] if isinstance(pools, list) else []
 
     def put_state(self, pool_id: str, state: Mapping[str, Any], lease_id: str) -> None:
         body = json.dumps({**state, "pool": pool_id}, separators=(",", ":")).encode()

@@ -53,5 +53,9 @@ def approve(req: func.HttpRequest) -> func.HttpResponse:
         params.update({k: v[0] for k, v in form.items() if v})
     token, event_id = params.get("token", ""), params.get("eventId")
     if req.method.upper() == "POST":
-        return _html(approval_link.approve(key, token, event_id, now, deps.commands, deps.arm))
+        return _html(
+            approval_link.approve(
+                key, token, event_id, now, deps.commands, deps.arm, deps.capacity_guard
+            )
+        )
     return _html(approval_link.confirm_page(key, token, event_id, now))

@@ -29,6 +29,7 @@ from enum import StrEnum
 from functions.approval_gate.agentless import AgentlessRules, Route, choose_route
 from functions.approval_gate.policy import Action, Policy
 from functions.lb_pools import nic_pools
+from functions.lb_pools.guard import CapacityGuard
 from functions.shared import scope as trust
 from functions.shared import seal
 from functions.shared.impact import ImpactRules
@@ -43,10 +44,12 @@ from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify
 from functions.shared.vms import VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
+from sebridge.imds import ScheduledEvent
 
 log = logging.getLogger("sebridge.functions.approval_gate")
 
 REQUESTED_BY = "approval-gate"
+MAINTENANCE_MARGIN = timedelta(minutes=30)
 DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
 
 
@@ -61,6 +64,7 @@ class GateOutcome(StrEnum):
     HEARTBEAT = "heartbeat-recorded"
     IGNORED = "ignored"
     REFUSED = "refused"  # the message failed the scope check
+    HELD = "held-by-capacity"  # approving now would take a pool below its minimum, or it is held
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,9 @@ class Gate:
     fallback: Fallback | None = None  # None: ACKNOWLEDGE_FALLBACK_ENABLED is false
     rules: trust.TrustRules = field(default_factory=trust.TrustRules)
     agentless: AgentlessRules | None = None  # AGENTLESS_* settings (agentless.py)
+    # The capacity decision every early approval asks (functions.lb_pools.guard); None: one
+    # without a pool store, which allows everything, as LB_MIN_HEALTHY=0 does.
+    guard: CapacityGuard | None = None
 
     def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
         """Verify ``message`` (the trigger layer does this before :meth:`decide`), then
@@ -183,6 +190,8 @@ class Gate:
         return verified.scope.observer.id
 
     def approve(self, verified: VerifiedMessage, now: datetime, *, reason: str) -> GateOutcome:
+        """Approve the event early: the command to the observer's forwarder, or the ARM
+        acknowledge (agentless, or the fallback), once the capacity decision allows it."""
         message = verified.message
         event = message.event
         assert event is not None
@@ -193,24 +202,53 @@ class Gate:
             return GateOutcome.TOO_LATE
         observer = message.observer
         target = self.acknowledge_target(verified, now)
-        if target is not None:
-            try:
-                self.arm.acknowledge_event(target, event.key)
-            except (AcknowledgeRefused, PermissionDenied) as exc:
-                # No retry changes it (a missing role, an event ARM no longer has, one already
-                # acknowledged): logged, and Azure starts the event at NotBefore as planned.
-                log.error(
-                    "ARM did not take the acknowledgement of %s: %s",
-                    event.key,
-                    exc,
-                    extra={"eventId": event.key, "vm": observer.vm_name, "reason": str(exc)},
-                )
-                return GateOutcome.NOT_ACKNOWLEDGED
-            return GateOutcome.ACKNOWLEDGED
-        command = approve_command(event.key, REQUESTED_BY, reason, expires_at)
-        self.commands.send(command, observer.vm_name)
-        log.info("approve command sent", extra={"eventId": event.key, "vm": observer.vm_name})
-        return GateOutcome.COMMAND_SENT
+        sent: list[GateOutcome] = []
+
+        def act() -> None:
+            if target is not None:
+                sent.append(self._acknowledge(target, event.key, observer.vm_name))
+                return
+            command = approve_command(event.key, REQUESTED_BY, reason, expires_at)
+            self.commands.send(command, observer.vm_name)
+            log.info("approve command sent", extra={"eventId": event.key, "vm": observer.vm_name})
+            sent.append(GateOutcome.COMMAND_SENT)
+
+        if not self.impact.is_impactful(event):
+            # By the operator's own rules (LB_IMPACTFUL_EVENT_TYPES, the freeze threshold) it
+            # takes no capacity: lb-pools leaves its VMs in their pools too.
+            act()
+            return sent[0]
+        guard = self.guard or CapacityGuard(self.arm)
+        clearance = guard.clear(
+            event.key, verified.scope.vms, now, maintenance_until(event, now), act
+        )
+        if not clearance.allowed:
+            return GateOutcome.HELD
+        return sent[0]
+
+    def _acknowledge(self, target: str, event_id: str, vm_name: str) -> GateOutcome:
+        try:
+            self.arm.acknowledge_event(target, event_id)
+        except (AcknowledgeRefused, PermissionDenied) as exc:
+            # No retry changes it (a missing role, an event ARM no longer has, one already
+            # acknowledged): logged, and Azure starts the event at NotBefore as planned.
+            log.error(
+                "ARM did not take the acknowledgement of %s: %s",
+                event_id,
+                exc,
+                extra={"eventId": event_id, "vm": vm_name, "reason": str(exc)},
+            )
+            return GateOutcome.NOT_ACKNOWLEDGED
+        return GateOutcome.ACKNOWLEDGED
+
+
+def maintenance_until(event: ScheduledEvent, now: datetime) -> datetime:
+    """Until when an event approved now keeps its VMs down, at the latest: from NotBefore (or
+    now) for its duration (or an hour, unknown) and a margin. Its Completed ends it sooner."""
+    start = max(event.not_before or now, now)
+    duration = event.duration_in_seconds
+    seconds = duration if duration is not None and duration > 0 else 3600
+    return start + timedelta(seconds=seconds) + MAINTENANCE_MARGIN
 
 
 def vm_side_prepared(message: TransitionMessage) -> str | None:

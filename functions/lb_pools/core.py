@@ -13,15 +13,20 @@ Trust: nothing is done before the message passed the scope check (functions.shar
 the observer is who it claims to be and every affected VM shares its availability set or scale
 set. A refused message is logged as a security event and changes nothing.
 
-Capacity (``LB_MIN_HEALTHY``, functions.lb_pools.capacity): a Scheduled or Updated drain takes
-the locks of every pool its VMs are in (functions.adapters.pool_state), reads the pools' health
-under them, and drains only if no pool is left with fewer healthy members than the minimum.
+Capacity (``LB_MIN_HEALTHY``, functions.lb_pools.capacity): a drain (Scheduled, Updated or
+Started alike: a forged Started gains nothing) takes the locks of every pool its VMs are in
+(functions.adapters.pool_state), reads the pools' health under them (members that events
+approved early take down count as gone), and drains only if no pool is left with fewer healthy
+members than the minimum.
 Otherwise the VMs stay in their pools, the event is remembered in the blocking pool's state
 (functions.lb_pools.held) and a ``Held`` transition is published (the card says why; the gate
 sees the VMs still in their pools and does not approve early). When an event completes and its
 VMs go back into their pools, the held events of those pools are tried again, oldest first; a
 restored member that the probe does not report Up yet is waited for (bounded), because the
-held event needs it healthy. Started drains without the guard (the VM is down already).
+held event needs it healthy. A held event's Started stays held while its VM is a healthy
+member: a VM that is really going down is probed Down soon, and a Down member leaves without
+counting. When an event that was approved early ends, the members it took down serve again and
+the pools' held events are tried again the same way.
 
 Bursts (functions.shared.batching): the drains that wait for the same pools in one process are
 decided together, by one of their invocations, under one lease: the events that queued up while
@@ -115,10 +120,6 @@ def _change_nic(
         log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
         return change, False
     raise PreconditionFailed(f"{nic_id}: still changing after {MAX_ETAG_RETRIES} attempts")
-
-
-def _ip_configuration_id(nic_id: str, name: str) -> str:
-    return f"{nic_id}/ipConfigurations/{name}".lower()
 
 
 def dropped_resources(message: TransitionMessage) -> list[str]:
@@ -369,14 +370,15 @@ class LbPools:
         now: datetime,
         resume_pool: str | None = None,
     ) -> None:
-        message = verified.message
         changeable = [vm for vm in vms if self._drainable(vm, outcome)]
         if self.pools is None:
             for vm in changeable:
                 self._drain_vm(vm, outcome)
             return
         changeable, outside = self._readable(changeable, outcome)
-        check = self.guarded and message.transition is not Transition.STARTED
+        # Started is decided like Scheduled: a forged Started gains nothing, and a VM that is
+        # really going down is probed Down soon, and then leaves without counting.
+        check = self.guarded
         for _ in range(MAX_LOCK_ROUNDS):
             wanted = set(outside) | ({resume_pool} if resume_pool else set())
             if not wanted:
@@ -413,7 +415,8 @@ class LbPools:
         assert self.pools is not None
         verdicts: list[Verdict | BaseException] = [Verdict() for _ in requests]
         with self.pools.hold(list(pools)) as lease:
-            lists = {pool: held.read(lease.state(pool)) for pool in pools}
+            states = {pool: held.PoolState.load(lease.state(pool)) for pool in pools}
+            lists = {pool: states[pool].held for pool in pools}
             ready: list[tuple[int, DrainRequest, dict[str, set[str]], dict[str, ArmDocument]]] = []
             for index, request in enumerate(requests):
                 fresh: dict[str, ArmDocument] = {}
@@ -430,15 +433,19 @@ class LbPools:
                 else:
                     ready.append((index, request, members, fresh))
             changed: set[str] = set()
-            health = self._batch_health(pools, [r for _, r, _, _ in ready if r.check])
+            touched: set[str] = set()  # events held or held no more: the index changes
+            health = self._batch_health(
+                pools, [r for _, r, _, _ in ready if r.check], states, requests[0].now
+            )
             drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
             for index, request, members, fresh in ready:
                 if request.check and health is not None:
-                    blocked = capacity.first_blocked(health, members, self.min_healthy)
+                    blocked = capacity.decide(health, members, self.min_healthy).blocked
                     if blocked is not None:
                         pool_key = blocked.pool_id.lower()
                         lists[pool_key][request.key] = held.entry_for(request.message, request.now)
                         changed.add(pool_key)
+                        touched.add(request.key)
                         names = _names_in(request.vms, members.get(pool_key, set()))
                         verdicts[index] = Verdict(held=blocked, held_vms=names)
                         continue
@@ -452,13 +459,15 @@ class LbPools:
                 for pool in pools:
                     if lists[pool].pop(request.key, None) is not None:
                         changed.add(pool)
+                        touched.add(request.key)
                         log.info(
                             "held event is held no more",
                             extra={"eventId": request.key, "pool": pool},
                         )
             for pool in sorted(changed):
                 lease.check()
-                lease.save(pool, held.write(lists[pool]))
+                lease.save(pool, states[pool].dump())
+            self._index(pools, states, touched)
             # Held goes out while the pools are still locked, so that a restore that drains a
             # held event (under the same lease) cannot publish its Prepared before the Held.
             for index, request in enumerate(requests):
@@ -471,17 +480,33 @@ class LbPools:
         return verdicts
 
     def _batch_health(
-        self, pools: tuple[str, ...], checked: list[DrainRequest]
+        self,
+        pools: tuple[str, ...],
+        checked: list[DrainRequest],
+        states: dict[str, held.PoolState],
+        now: datetime,
     ) -> dict[str, capacity.PoolHealth] | None:
         """The pools' health for a batch's guarded decisions (None: no decision is guarded):
         membership read now, probe verdicts the freshest a request brought, unless those are
-        older than PROBE_MAX_AGE_SECONDS (the batch waited long for the locks)."""
+        older than PROBE_MAX_AGE_SECONDS (the batch waited long for the locks), and the members
+        that events approved early take down (the pools' leaving members)."""
         if not checked:
             return None
         freshest = max(checked, key=lambda r: r.probed_at)
         fresh_enough = self.monotonic() - freshest.probed_at <= PROBE_MAX_AGE_SECONDS
         probes = dict(freshest.probes) if fresh_enough else {}
-        return capacity.measure(self.arm, pools, probes)
+        reserved = {pool: states[pool].reserved(now) for pool in pools}
+        return capacity.measure(self.arm, pools, probes, reserved)
+
+    def _index(
+        self, pools: Iterable[str], states: dict[str, held.PoolState], events: set[str]
+    ) -> None:
+        """Keep the pool store's index of held events true for ``events``, held or held no
+        more in ``pools`` (an Approve link that names only its event reads it)."""
+        assert self.pools is not None
+        for event_id in sorted(events):
+            holding = [p for p in sorted(pools) if event_id in states[p].held]
+            self.pools.index_held(event_id, holding)
 
     def _drain_all(
         self, lease: PoolLease, drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]]
@@ -556,27 +581,7 @@ class LbPools:
         skip_forbidden: bool = False,
         read: dict[str, ArmDocument] | None = None,
     ) -> dict[str, set[str]]:
-        """Lower-case pool id -> the ip configurations of ``vms`` in it now (reads the NICs;
-        what was read is kept in ``read``, by NIC id)."""
-        members: dict[str, set[str]] = {}
-        for vm in vms:
-            for nic_id in vm.nic_ids:
-                try:
-                    nic = self.arm.get_nic(nic_id)
-                except PermissionDenied:
-                    if not skip_forbidden:
-                        raise
-                    continue
-                if nic is not None and read is not None:
-                    read[nic_id] = nic
-                if nic is None:
-                    continue
-                for ipc, pools in nic_pools.pools_of(nic.body).items():
-                    for pool_id in pools:
-                        members.setdefault(pool_id.lower(), set()).add(
-                            _ip_configuration_id(nic_id, ipc)
-                        )
-        return members
+        return capacity.memberships(self.arm, vms, skip_forbidden=skip_forbidden, read=read)
 
     def _drain_vm(
         self, vm: ResolvedVm, outcome: LbOutcome, read: dict[str, ArmDocument] | None = None
@@ -637,13 +642,26 @@ class LbPools:
         request.outcome.held = blocked
         request.outcome.not_ready.extend(vm.name for vm in request.vms)
 
-    def _forget(self, lease: PoolLease, pools: Iterable[str], event_id: str) -> None:
-        """Drop ``event_id`` from the held lists of ``pools`` (held by ``lease``)."""
+    def _forget(
+        self, lease: PoolLease, pools: Iterable[str], event_id: str, now: datetime
+    ) -> Restored:
+        """Drop ``event_id`` from the held lists and the leaving members of ``pools`` (held by
+        ``lease``), and say so in the index of held events. Returns the members its early
+        approval had taken down: they serve again (their pools' held events may go now)."""
+        assert self.pools is not None
+        released: Restored = {}
         for pool_id in pools:
-            entries = held.read(lease.state(pool_id))
-            if entries.pop(event_id, None) is not None:
-                lease.save(pool_id, held.write(entries))
-                log.info("held event is held no more", extra={"eventId": event_id, "pool": pool_id})
+            state = held.PoolState.load(lease.state(pool_id))
+            was_held = event_id in state.held
+            leaving = state.leaving.get(event_id)
+            if leaving is not None:
+                released[pool_id.lower()] = set(leaving.ip_configurations)
+            if state.forget(event_id, now):
+                lease.save(pool_id, state.dump())
+                log.info("event forgotten", extra={"eventId": event_id, "pool": pool_id})
+            if was_held:
+                self.pools.index_held(event_id, [])
+        return released
 
     # ---- the end of an event: restore, forget, resume ---------------------------------------
     def _end(
@@ -657,12 +675,15 @@ class LbPools:
     ) -> None:
         event = verified.message.event
         assert event is not None
+        restored: Restored = {}
         if self.pools is not None:
             # Forget before restoring: a resume of this event that races us either drained
-            # before we forget (and we restore it below) or finds it forgotten.
+            # before we forget (and we restore it below) or finds it forgotten. Members its
+            # early approval took down serve again: like restored ones, for held events.
             changeable = [vm for vm in vms if vm.kind is VmKind.VM]
-            self._forget_unlocked(self._memberships(changeable, skip_forbidden=True), event.key)
-        restored: Restored = {}
+            restored = self._forget_unlocked(
+                self._memberships(changeable, skip_forbidden=True), event.key, now
+            )
         if restore:
             for vm in vms:
                 self._restore_vm(vm, outcome, restored)
@@ -671,12 +692,15 @@ class LbPools:
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=event.key)
 
-    def _forget_unlocked(self, pools: Iterable[str], event_id: str) -> None:
+    def _forget_unlocked(self, pools: Iterable[str], event_id: str, now: datetime) -> Restored:
         assert self.pools is not None
-        holding = [p for p in sorted(pools) if event_id in held.read(self.pools.peek(p))]
-        if holding:
-            with self.pools.hold(holding) as lease:
-                self._forget(lease, holding, event_id)
+        holding = [
+            p for p in sorted(pools) if held.PoolState.load(self.pools.peek(p)).mentions(event_id)
+        ]
+        if not holding:
+            return {}
+        with self.pools.hold(holding) as lease:
+            return self._forget(lease, holding, event_id, now)
 
     def _restore_vm(self, vm: ResolvedVm, outcome: LbOutcome, restored: Restored) -> None:
         restore_by_hand = f"its NICs keep what was removed in the tag {nic_pools.TAG}"
@@ -711,7 +735,7 @@ class LbPools:
                 for ipc, pools in change.pools.items():
                     for pool_id in pools:
                         restored.setdefault(pool_id.lower(), set()).add(
-                            _ip_configuration_id(nic_id, ipc)
+                            capacity.ip_configuration_id(nic_id, ipc)
                         )
 
     def _resume(self, restored: Restored, outcome: LbOutcome, now: datetime, *, skip: str) -> None:
@@ -747,13 +771,13 @@ class LbPools:
                         "held event dropped: its NotBefore passed",
                         extra={"eventId": entry.event_id},
                     )
-                    self._forget_unlocked([pool_id], entry.event_id)
+                    self._forget_unlocked([pool_id], entry.event_id, now)
                     continue
                 try:
                     message = parse_message(entry.body, entry.message_id)
                 except ContractError as exc:
                     log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
-                    self._forget_unlocked([pool_id], entry.event_id)
+                    self._forget_unlocked([pool_id], entry.event_id, now)
                     continue
                 log.info(
                     "trying held event %s again: %s got members back",
@@ -765,7 +789,7 @@ class LbPools:
                 if result.held is not None:
                     still.append(result.held.pool_id.lower())
                 elif result.refused:
-                    self._forget_unlocked([pool_id], entry.event_id)
+                    self._forget_unlocked([pool_id], entry.event_id, now)
                 elif not result.reason:
                     outcome.resumed.append(entry.event_id)
         return sorted(set(still) & set(pools))

@@ -1,4 +1,5 @@
-"""Held events, remembered per backend pool (pure: the pool store keeps the JSON).
+"""Held events and approved members, remembered per backend pool (pure: the pool store keeps the
+JSON).
 
 When the capacity guard refuses to drain an event's VMs, lb-pools writes the event into the
 state of the pool that blocked it, under that pool's lock: the contract message that asked for
@@ -15,6 +16,12 @@ for the approval that follows), which does not fit a 256-character tag.
 An entry whose NotBefore has passed is dropped when read: by then Azure has started the event
 and its Started message drains the VMs without the guard. Entries without a readable NotBefore
 are kept at most :data:`MAX_AGE`. A pool keeps at most :data:`MAX_ENTRIES` (oldest dropped).
+
+The same state remembers the members that leave without a drain: an event approved early while
+some of its VMs are still healthy members (a VM that prepared itself, say) takes them down for
+its maintenance although they stay in the pool. Until it ends (or :attr:`Leaving.until`), those
+members count as gone for every other decision on the pool (:class:`Leaving`), so a drain that
+races the approval cannot take the pool below its minimum either.
 """
 
 from __future__ import annotations
@@ -114,5 +121,82 @@ def read(state: Mapping[str, Any]) -> dict[str, HeldEvent]:
 
 
 def write(held: Mapping[str, HeldEvent]) -> dict[str, Any]:
-    newest = sorted(held.values(), key=lambda e: e.held_at)[-MAX_ENTRIES:]
-    return {"version": VERSION, "held": {e.event_id: e.to_json() for e in newest}}
+    """A pool's state with these held events (and no leaving members)."""
+    return PoolState(dict(held), {}).dump()
+
+
+@dataclass(frozen=True)
+class Leaving:
+    """Members of a pool that an approved event takes down while they stay in the pool."""
+
+    event_id: str
+    ip_configurations: frozenset[str]  # lower case
+    until: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ipConfigurations": sorted(self.ip_configurations),
+            "until": isoformat_utc(self.until),
+        }
+
+
+def _read_leaving(state: Mapping[str, Any]) -> dict[str, Leaving]:
+    raw = state.get("leaving")
+    if not isinstance(raw, Mapping):
+        return {}
+    result: dict[str, Leaving] = {}
+    for event_id, entry in raw.items():
+        until = _time(entry.get("until")) if isinstance(entry, Mapping) else None
+        ipcs = entry.get("ipConfigurations") if isinstance(entry, Mapping) else None
+        if until is None or not isinstance(ipcs, list):
+            log.warning("unreadable leaving entry dropped", extra={"eventId": str(event_id)[:64]})
+            continue
+        result[str(event_id)] = Leaving(
+            str(event_id), frozenset(str(i).lower() for i in ipcs if isinstance(i, str)), until
+        )
+    return result
+
+
+@dataclass
+class PoolState:
+    """Everything the pool's blob remembers: its held events and its leaving members."""
+
+    held: dict[str, HeldEvent]
+    leaving: dict[str, Leaving]
+
+    @classmethod
+    def load(cls, state: Mapping[str, Any]) -> PoolState:
+        return cls(read(state), _read_leaving(state))
+
+    def dump(self) -> dict[str, Any]:
+        newest = sorted(self.held.values(), key=lambda e: e.held_at)[-MAX_ENTRIES:]
+        state: dict[str, Any] = {
+            "version": VERSION,
+            "held": {e.event_id: e.to_json() for e in newest},
+        }
+        if self.leaving:
+            state["leaving"] = {e.event_id: e.to_json() for e in self.leaving.values()}
+        return state
+
+    def reserved(self, now: datetime, *, besides: str = "") -> frozenset[str]:
+        """The members other events (not ``besides``) take down, as of ``now``."""
+        return frozenset(
+            ipc
+            for entry in self.leaving.values()
+            if entry.event_id != besides and entry.until > now
+            for ipc in entry.ip_configurations
+        )
+
+    def forget(self, event_id: str, now: datetime) -> bool:
+        """Drop ``event_id`` (held or leaving) and what has expired; whether anything changed."""
+        before = (len(self.held), len(self.leaving))
+        self.held.pop(event_id, None)
+        self.leaving = {
+            key: entry
+            for key, entry in self.leaving.items()
+            if key != event_id and entry.until > now
+        }
+        return (len(self.held), len(self.leaving)) != before
+
+    def mentions(self, event_id: str) -> bool:
+        return event_id in self.held or event_id in self.leaving

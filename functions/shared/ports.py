@@ -135,3 +135,9 @@ class PoolStore(Protocol):
 
     def peek(self, pool_id: str) -> Mapping[str, Any]:
         """The pool's state without taking its lock (may be stale the moment it returns)."""
+
+    def index_held(self, event_id: str, pool_ids: Sequence[str]) -> None:
+        """Remember which pools hold ``event_id`` (empty: none), for :meth:`held_pools`."""
+
+    def held_pools(self, event_id: str) -> Sequence[str]:
+        """The pools that last held ``event_id`` (a hint: their own state says for sure)."""

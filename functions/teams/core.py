@@ -40,8 +40,17 @@ def approve_link(
     vm_name: str,
     expires: datetime,
     acknowledge_on: str = "",
+    *,
+    subscription: str = "",
+    resource_group: str = "",
+    scale_set: str = "",
+    vms: tuple[str, ...] = (),
 ) -> str:
-    claims = tokens.ApprovalClaims(event_id, vm_name, expires, acknowledge_on)
+    """The Approve link; with ``vms`` (and where they are) the link asks the capacity decision
+    again for them when it is used."""
+    claims = tokens.ApprovalClaims(
+        event_id, vm_name, expires, acknowledge_on, subscription, resource_group, scale_set, vms
+    )
     token = tokens.sign(key, claims)
     return f"{base_url}/api/{APPROVE_ROUTE}?{urlencode({'token': token})}"
 
@@ -85,14 +94,22 @@ def notify(
         # The link approves the way the gate would: the command, or ARM for a VM that has
         # no forwarder to take it (agentless mode).
         target = route(checked, now) if route is not None else None
-        url = approve_link(
-            base_url,
-            signing_key,
-            event.key,
-            message.observer.vm_name,
-            event.not_before,
-            acknowledge_on=target or "",
-        )
+        observer = message.observer
+        try:
+            url = approve_link(
+                base_url,
+                signing_key,
+                event.key,
+                observer.vm_name,
+                event.not_before,
+                acknowledge_on=target or "",
+                subscription=observer.subscription_id,
+                resource_group=observer.resource_group,
+                scale_set=observer.vm_scale_set_name,
+                vms=tuple(vm.name for vm in checked.scope.vms),
+            )
+        except ValueError as exc:  # too many VMs for one link
+            log.error("no Approve link for message %s: %s", message.message_id, exc)
     card = cards.build_card(message, now, approve_url=url, unverified=unverified)
     poster.post(card)
     log.info(

@@ -28,6 +28,7 @@ CHECKERS = (
     "functions/shared/settings.py",
     "functions/adapters/arm.py",
     "functions/eventgrid_ingest/notification.py",
+    "functions/approval_gate/tokens.py",
 )
 
 
