@@ -5,7 +5,7 @@ from __future__ import annotations
 import azure.functions as func
 
 from functions.shared import composition
-from functions.shared.triggers import service_bus_function
+from functions.shared.triggers import note, service_bus_function
 from functions.shared.verified import VerifiedMessage
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
@@ -14,4 +14,6 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
 @service_bus_function(bp, "lb_pools", "%LbPoolsSubscriptionName%")
 def lb_pools(message: VerifiedMessage) -> None:
     deps = composition.dependencies()
-    deps.lb_pools.handle_verified(message, deps.clock())
+    outcome = deps.lb_pools.handle_verified(message, deps.clock())
+    if outcome.not_restored:
+        note(notRestored=len(outcome.not_restored))

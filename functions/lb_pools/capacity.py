@@ -115,6 +115,19 @@ def pool_exists(lb: Mapping[str, Any], pool_id: str) -> bool:
     )
 
 
+def gone_pools(arm: ArmClient, pool_ids: Iterable[str]) -> set[str]:
+    """The pools (lower case) that no longer exist: their load balancer answers 404, or no
+    longer lists them. One GET per load balancer."""
+    by_lb: dict[str, list[str]] = {}
+    for pool_id in pool_ids:
+        by_lb.setdefault(load_balancer_of(pool_id), []).append(pool_id.lower())
+    gone: set[str] = set()
+    for lb_id, pools in sorted(by_lb.items()):
+        document = arm.get_load_balancer(lb_id) if lb_id else None
+        gone.update(p for p in pools if document is None or not pool_exists(document.body, p))
+    return gone
+
+
 Probes = dict[str, dict[str, str]]  # lower-case rule id -> ip configuration -> Up/Down
 
 

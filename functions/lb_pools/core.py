@@ -56,10 +56,13 @@ from functions.shared.ports import (
     PoolLease,
     PoolStore,
     PreconditionFailed,
+    ReferenceMissing,
+    TeamsPoster,
     TopicPublisher,
 )
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
+from functions.teams.cards import not_restored_card
 from sebridge.contract.events import (
     ContractError,
     Transition,
@@ -95,6 +98,8 @@ class LbOutcome:
     refused: str = ""
     resumed: list[str] = field(default_factory=list)  # held events drained after a restore
     reason: str = ""
+    # (VM, pool id) not put back: the pool (or its load balancer) no longer exists
+    not_restored: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _change_nic(
@@ -241,6 +246,7 @@ class LbPools:
     # the defaults do neither (one decision at a time, writes in turn).
     decisions: DecisionBatches = field(default_factory=OneAtATime)
     side_by_side: SideBySide = one_after_another
+    alerts: TeamsPoster | None = None  # a card for what could not be restored
 
     @property
     def guarded(self) -> bool:
@@ -320,11 +326,15 @@ class LbPools:
             trust.log_refusal("lb_pools", message, resolved)
             return
         restored: Restored = {}
-        for vm in self._allowed(message, list(resolved), outcome):
-            self._restore_vm(vm, outcome, restored)
+        failures = self._restore_all(
+            self._allowed(message, list(resolved), outcome), outcome, restored
+        )
         if restored and self.guarded:
             assert message.event is not None
             self._resume(restored, outcome, now, skip=message.event.key)
+        self._report_not_restored(verified, outcome)
+        if failures:
+            raise failures[0]
 
     def _allowed(
         self, message: TransitionMessage, vms: list[ResolvedVm], outcome: LbOutcome
@@ -684,13 +694,16 @@ class LbPools:
             restored = self._forget_unlocked(
                 self._memberships(changeable, skip_forbidden=True), event.key, now
             )
+        failures: list[BaseException] = []
         if restore:
-            for vm in vms:
-                self._restore_vm(vm, outcome, restored)
+            failures = self._restore_all(vms, outcome, restored)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=event.key)
+        self._report_not_restored(verified, outcome)
+        if failures:
+            raise failures[0]
 
     def _forget_unlocked(self, pools: Iterable[str], event_id: str, now: datetime) -> Restored:
         assert self.pools is not None
@@ -702,7 +715,29 @@ class LbPools:
         with self.pools.hold(holding) as lease:
             return self._forget(lease, holding, event_id, now)
 
+    def _restore_all(
+        self, vms: Iterable[ResolvedVm], outcome: LbOutcome, restored: Restored
+    ) -> list[BaseException]:
+        """Restore each VM on its own: one that fails (ARM 5xx, a timeout) does not keep the
+        others out. The failures, to raise once every VM was tried (the redelivery finds the
+        restored NICs without a record and changes nothing on them)."""
+        failures: list[BaseException] = []
+        for vm in vms:
+            try:
+                self._restore_vm(vm, outcome, restored)
+            except Exception as exc:  # noqa: BLE001 - this VM's own failure, raised afterwards
+                log.warning(
+                    "VM %s not restored yet (tried again on redelivery): %s",
+                    vm.name,
+                    type(exc).__name__,
+                    extra={"vm": vm.name, "reason": type(exc).__name__},
+                )
+                failures.append(exc)
+        return failures
+
     def _restore_vm(self, vm: ResolvedVm, outcome: LbOutcome, restored: Restored) -> None:
+        """Put each NIC of ``vm`` back into the pools its record names, each NIC on its own;
+        raises the first NIC's failure once every NIC was tried."""
         restore_by_hand = f"its NICs keep what was removed in the tag {nic_pools.TAG}"
         if vm.kind is VmKind.FORBIDDEN:
             log.error(
@@ -716,9 +751,10 @@ class LbPools:
         if vm.kind is not VmKind.VM:
             log.info("nothing to restore", extra={"vm": vm.name, "kind": vm.kind.value})
             return
+        failures: list[BaseException] = []
         for nic_id in vm.nic_ids:
             try:
-                change, gone = _change_nic(self.arm, nic_id, nic_pools.plan_restore)
+                change, gone = self._restore_nic(nic_id)
             except PermissionDenied as exc:
                 log.error(
                     "NIC %s cannot be restored to its pools: %s; %s",
@@ -728,15 +764,78 @@ class LbPools:
                     extra={"vm": vm.name, "nic": nic_id, "reason": "PermissionDenied"},
                 )
                 continue
+            except Exception as exc:  # noqa: BLE001 - raised once the other NICs were tried
+                failures.append(exc)
+                continue
             if gone:
                 log.warning("NIC not found in ARM, nothing to restore", extra={"nic": nic_id})
-            if change is not None:
-                outcome.changed.append(nic_id)
-                for ipc, pools in change.pools.items():
-                    for pool_id in pools:
-                        restored.setdefault(pool_id.lower(), set()).add(
-                            capacity.ip_configuration_id(nic_id, ipc)
-                        )
+            if change is None:
+                continue
+            outcome.changed.append(nic_id)
+            for ipc, pools in change.pools.items():
+                for pool_id in pools:
+                    restored.setdefault(pool_id.lower(), set()).add(
+                        capacity.ip_configuration_id(nic_id, ipc)
+                    )
+            for pools in change.skipped.values():
+                for pool_id in pools:
+                    outcome.not_restored.append((vm.name, pool_id))
+                    log.error(
+                        "VM %s not put back into %s: the pool no longer exists (deleted, or its "
+                        "load balancer); its other pools are restored",
+                        vm.name,
+                        capacity.short_pool(pool_id),
+                        extra={"vm": vm.name, "nic": nic_id, "pool": pool_id},
+                    )
+        if failures:
+            raise failures[0]
+
+    def _restore_nic(self, nic_id: str) -> tuple[nic_pools.NicChange | None, bool]:
+        """(the change made or None, the NIC is gone): the recorded pools back, leaving out
+        those ARM says no longer exist (a 400 InvalidResourceReference, confirmed by reading
+        their load balancers). Re-read on a 412."""
+        gone_pools: set[str] = set()
+        for _ in range(2 * MAX_ETAG_RETRIES):
+            nic = self.arm.get_nic(nic_id)
+            if nic is None:
+                return None, True
+            change = nic_pools.plan_restore(nic.body, nic_id, gone_pools)
+            if change is None:
+                return None, False
+            try:
+                self.arm.put_nic(nic_id, change.body, nic.etag)
+            except PreconditionFailed:
+                log.info("NIC changed while we wrote it, re-reading", extra={"nic": nic_id})
+                continue
+            except ReferenceMissing:
+                found = self._missing_pools(nic_pools.recorded_pools(nic.body, nic_id))
+                if not found - gone_pools:
+                    raise  # ARM misses something else: the message is redelivered
+                gone_pools |= found
+                continue
+            log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
+            return change, False
+        raise PreconditionFailed(f"{nic_id}: still changing after {2 * MAX_ETAG_RETRIES} attempts")
+
+    def _missing_pools(self, pool_ids: Iterable[str]) -> set[str]:
+        """The pools (lower case) that no longer exist: their load balancer is gone (404), or
+        it no longer lists them."""
+        return capacity.gone_pools(self.arm, pool_ids)
+
+    def _report_not_restored(self, verified: VerifiedMessage, outcome: LbOutcome) -> None:
+        """Operators see what could not go back: a card (when Teams is wired), beside the
+        ERROR lines and the invocation line's ``notRestored`` count."""
+        if not outcome.not_restored or self.alerts is None:
+            return
+        missing = sorted(set(outcome.not_restored))
+        vms_back = sorted(
+            {vm for vm, _ in missing}
+            & {vm.name for vm in verified.scope.vms if vm.kind is VmKind.VM}
+        )
+        try:
+            self.alerts.post(not_restored_card(verified.message, missing, vms_back))
+        except Exception as exc:  # noqa: BLE001 - the restore is done; the log line says it all
+            log.error("the not-restored card could not be posted: %s", type(exc).__name__)
 
     def _resume(self, restored: Restored, outcome: LbOutcome, now: datetime, *, skip: str) -> None:
         """Try the held events of the pools that got members back; wait (bounded) for those

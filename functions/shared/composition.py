@@ -88,6 +88,7 @@ class Dependencies:
             min_healthy=self.settings.min_healthy,
             decisions=self.pool_decisions,
             side_by_side=side_by_side(PARALLEL_WRITES),
+            alerts=self.teams,
         )
 
     @property

@@ -238,3 +238,45 @@ def build_card(
             {"type": "Action.OpenUrl", "title": "Approve", "url": approve_url, "style": "positive"}
         ]
     return card
+
+
+def not_restored_card(
+    message: TransitionMessage, missing: list[tuple[str, str]], restored: list[str]
+) -> dict[str, Any]:
+    """lb-pools could not put VMs back into pools that no longer exist (a load balancer or a
+    pool deleted during the maintenance): which, and what did go back. ``missing`` holds
+    (VM, pool id) pairs; ``restored`` the VMs that went back into their other pools."""
+    event = message.event
+    assert event is not None
+    lines = [f"{vm}: {pool.split('/')[-3]}/{pool.split('/')[-1]}" for vm, pool in missing]
+    body: list[dict[str, Any]] = [
+        {
+            "type": "Container",
+            "style": "warning",
+            "bleed": True,
+            "items": [
+                rich(
+                    {"type": "TextRun", "text": "⚠️ ", "weight": "Bolder", "size": "Medium"},
+                    run(
+                        f"Not restored after {event.event_type} {message.transition.value.lower()}"
+                        f": {', '.join(sorted({vm for vm, _ in missing}))}",
+                        weight="Bolder",
+                        size="Medium",
+                    ),
+                )
+            ],
+        },
+        fact("Pools that no longer exist", "; ".join(lines)),
+        fact("Put back into their other pools", ", ".join(restored) or "-"),
+        fact("Event id", event.key),
+        rich(
+            run(
+                "These pools (or their load balancers) were deleted while the VMs were out, so "
+                "nothing can put them back; check whether they should join a pool that replaced "
+                "them. The record of the removal is gone from their NICs.",
+                isSubtle=True,
+            ),
+            separator=True,
+        ),
+    ]
+    return {"type": "AdaptiveCard", "$schema": CARD_SCHEMA, "version": CARD_VERSION, "body": body}
