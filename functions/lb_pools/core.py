@@ -844,13 +844,21 @@ class LbPools:
         settle = SETTLE_SECONDS if self.settle_seconds is None else self.settle_seconds
         poll = SETTLE_POLL_SECONDS if self.settle_poll_seconds is None else self.settle_poll_seconds
         deadline = self.monotonic() + settle
+        decided_settled = False
         while True:
             still_held = self._resume_once(sorted(restored), outcome, now, skip=skip)
             if not still_held:
                 return
             health = capacity.measure(self.arm, still_held)
             settling = any(restored[p] - health[p].healthy for p in still_held if p in health)
-            if not settling or self.monotonic() + poll > deadline:
+            if not settling:
+                # Every restored member is Up now, but it may have come Up only after the held
+                # events were decided: decide once more, then they are held for good reasons.
+                if decided_settled:
+                    return
+                decided_settled = True
+                continue
+            if self.monotonic() + poll > deadline:
                 return
             log.info("waiting for restored members to be probed Up before resuming held events")
             self.sleep(poll)
