@@ -15,7 +15,13 @@ for the approval that follows), which does not fit a 256-character tag.
 
 An entry whose NotBefore has passed is dropped when read: by then Azure has started the event
 and its Started message drains the VMs without the guard. Entries without a readable NotBefore
-are kept at most :data:`MAX_AGE`. A pool keeps at most :data:`MAX_ENTRIES` (oldest dropped).
+are kept at most :data:`MAX_AGE`.
+
+The list is bounded per observer, so that one VM cannot push out another's events: every entry
+names the (verified) observer whose message asked for the drain, a pool keeps at most
+:data:`MAX_PER_OBSERVER` entries of one observer (its oldest go first), and at most
+:data:`MAX_ENTRIES` in all, dropping from the observer that holds the most. A compromised VM that
+invents events floods only its own share; an honest event is never dropped for a flooder's.
 
 The same state remembers the members that leave without a drain: an event approved early while
 some of its VMs are still healthy members (a VM that prepared itself, say) takes them down for
@@ -27,7 +33,7 @@ races the approval cannot take the pool below its minimum either.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,7 +46,8 @@ log = logging.getLogger("sebridge.functions.lb_pools")
 
 VERSION = 1
 MAX_AGE = timedelta(days=7)
-MAX_ENTRIES = 100
+MAX_ENTRIES = 200  # in one pool
+MAX_PER_OBSERVER = 16  # of one observer in one pool
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class HeldEvent:
     body: dict[str, Any]  # the CloudEvent that was held
     held_at: datetime
     not_before: datetime | None
+    observer: str = ""  # "<resource group>/<VM>" (lower case) whose message asked for the drain
 
     def expired(self, now: datetime) -> bool:
         if self.not_before is not None and self.not_before <= now:
@@ -61,6 +69,7 @@ class HeldEvent:
             "messageId": self.message_id,
             "heldAt": isoformat_utc(self.held_at),
             "notBefore": isoformat_utc(self.not_before) if self.not_before else None,
+            "observer": self.observer,
             "message": self.body,
         }
 
@@ -87,7 +96,13 @@ def entry_for(message: TransitionMessage, now: datetime) -> HeldEvent:
         body=body_of(message),
         held_at=now,
         not_before=event.not_before,
+        observer=observer_key(message),
     )
+
+
+def observer_key(message: TransitionMessage) -> str:
+    observer = message.observer
+    return f"{observer.resource_group}/{observer.vm_name}".lower()
 
 
 def _time(value: object) -> datetime | None:
@@ -114,8 +129,14 @@ def read(state: Mapping[str, Any]) -> dict[str, HeldEvent]:
         if held_at is None or not isinstance(body, dict) or not isinstance(message_id, str):
             log.warning("unreadable held entry dropped", extra={"eventId": str(event_id)[:64]})
             continue
+        observer = entry.get("observer")
         result[str(event_id)] = HeldEvent(
-            str(event_id), message_id, body, held_at, _time(entry.get("notBefore"))
+            str(event_id),
+            message_id,
+            body,
+            held_at,
+            _time(entry.get("notBefore")),
+            observer if isinstance(observer, str) else "",
         )
     return result
 
@@ -123,6 +144,31 @@ def read(state: Mapping[str, Any]) -> dict[str, HeldEvent]:
 def write(held: Mapping[str, HeldEvent]) -> dict[str, Any]:
     """A pool's state with these held events (and no leaving members)."""
     return PoolState(dict(held), {}).dump()
+
+
+def bounded(entries: Iterable[HeldEvent]) -> list[HeldEvent]:
+    """``entries`` within the bounds: at most MAX_PER_OBSERVER of each observer (its newest),
+    at most MAX_ENTRIES in all (dropping the oldest of the observer that holds the most)."""
+    by_observer: dict[str, list[HeldEvent]] = {}
+    for entry in sorted(entries, key=lambda e: e.held_at):
+        by_observer.setdefault(entry.observer, []).append(entry)
+    for observer, own in by_observer.items():
+        for dropped in own[:-MAX_PER_OBSERVER]:
+            _dropped(dropped, f"{observer or 'an observer'} holds more than {MAX_PER_OBSERVER}")
+        del own[:-MAX_PER_OBSERVER]
+    while sum(len(own) for own in by_observer.values()) > MAX_ENTRIES:
+        most = max(by_observer, key=lambda o: (len(by_observer[o]), o))
+        _dropped(by_observer[most].pop(0), f"the pool holds more than {MAX_ENTRIES}")
+    return [entry for own in by_observer.values() for entry in own]
+
+
+def _dropped(entry: HeldEvent, why: str) -> None:
+    log.warning(
+        "held event %s dropped from the pool's list: %s",
+        entry.event_id,
+        why,
+        extra={"eventId": entry.event_id, "observer": entry.observer, "reason": why},
+    )
 
 
 @dataclass(frozen=True)
@@ -169,10 +215,10 @@ class PoolState:
         return cls(read(state), _read_leaving(state))
 
     def dump(self) -> dict[str, Any]:
-        newest = sorted(self.held.values(), key=lambda e: e.held_at)[-MAX_ENTRIES:]
+        kept = bounded(self.held.values())
         state: dict[str, Any] = {
             "version": VERSION,
-            "held": {e.event_id: e.to_json() for e in newest},
+            "held": {e.event_id: e.to_json() for e in sorted(kept, key=lambda e: e.held_at)},
         }
         if self.leaving:
             state["leaving"] = {e.event_id: e.to_json() for e in self.leaving.values()}
