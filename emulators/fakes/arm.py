@@ -4,7 +4,8 @@ It answers the calls the lb-pools and approval-gate adapters make, the way ARM d
 - ``GET .../Microsoft.Compute/virtualMachines/{vm}`` and
   ``.../virtualMachineScaleSets/{ss}/virtualMachines/{id}``: the VM with its NIC ids;
 - ``GET/PUT .../Microsoft.Network/networkInterfaces/{nic}`` with ``etag`` and ``If-Match``
-  (412 on a stale etag), a 400 for a pool that does not exist; a scale-set instance's NIC
+  (412 on a stale etag), ARM's 400 ``InvalidResourceReference`` for a pool that does not exist
+  (its load balancer deleted, ``remove``, or the pool, ``remove_pool``); a scale-set instance's NIC
   (``.../virtualMachines/{id}/networkInterfaces/{nic}``) can be read but not PUT (405), as in ARM;
 - ``POST {vm, scale set or availability set}/providers/Microsoft.Maintenance/scheduledevents/
   {id}/acknowledge``;
@@ -324,6 +325,16 @@ class FakeArm(LoopbackServer):
         with self.lock:
             self.resources.pop(resource_id.lower(), None)
 
+    def remove_pool(self, pool_id: str) -> None:
+        """Delete one backend pool from its load balancer (the load balancer stays)."""
+        lb_id, _, name = pool_id.lower().partition("/backendaddresspools/")
+        with self.lock:
+            lb = self.resources[lb_id]
+            pools = lb["properties"]["backendAddressPools"]
+            lb["properties"]["backendAddressPools"] = [
+                p for p in pools if p["name"].lower() != name
+            ]
+
     def set_probe(self, resource_id: str, *, up: bool) -> None:
         """The load balancer's probe verdict for every ip configuration of a VM, a NIC, or one
         ip configuration (by id)."""
@@ -550,7 +561,13 @@ class FakeArm(LoopbackServer):
         for config in configs:
             for pool in config.get("properties", {}).get("loadBalancerBackendAddressPools") or []:
                 if not self._pool_exists(pool.get("id", "")):
-                    return _error(400, "InvalidResourceReference", f"{pool.get('id')} not found")
+                    return _error(
+                        400,
+                        "InvalidResourceReference",
+                        f"Resource {pool.get('id')} referenced by resource {config.get('id')} was "
+                        "not found. Please make sure that the referenced resource exists, and "
+                        "that both resources are in the same region.",
+                    )
         updated = copy.deepcopy(current)
         updated["tags"] = body.get("tags") or {}
         updated["properties"]["ipConfigurations"] = configs

@@ -21,10 +21,15 @@ Writing a leased blob needs the active lease's id in ``x-ms-lease-id``: missing,
 LeaseIdMissing; another id, 412 LeaseIdMismatchWithBlobOperation; an id on a blob without an
 active lease, 412 LeaseNotPresentWithBlobOperation. Reads need no lease. Every lease call is kept
 in ``lease_log`` (action, blob, status, error code) for tests.
+
+``hang(action)`` makes lease calls of that action (``renew``, say) wait, outside the lock, until
+:meth:`release` (or a bound passes): a Blob service that stalls while the lease runs out.
+``clock`` (monotonic seconds) decides when a lease expires; tests may replace it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -64,6 +69,35 @@ class FakeBlobStorage(LoopbackServer):
         self.leases: dict[tuple[str, str], Lease] = {}
         self.lease_log: list[LeaseCall] = []
         self.clock: Callable[[], float] = time.monotonic
+        self._hang_action: str | None = None
+        self._hang_bound = 0.0
+        self._released = threading.Event()
+        self.hanging = 0  # lease calls waiting in hang() now
+
+    def hang(self, action: str, *, at_most: float = 30.0) -> None:
+        """Lease calls of ``action`` wait until :meth:`release` (at most ``at_most`` s each)."""
+        self._released.clear()
+        self._hang_action, self._hang_bound = action, at_most
+
+    def release(self) -> None:
+        self._hang_action = None
+        self._released.set()
+
+    def delay(self, request: Request) -> float:
+        action = request.headers.get("x-ms-lease-action", "").lower()
+        if (
+            self._hang_action
+            and request.query.get("comp") == "lease"
+            and action == self._hang_action
+        ):
+            with self.lock:
+                self.hanging += 1
+            try:
+                self._released.wait(self._hang_bound)
+            finally:
+                with self.lock:
+                    self.hanging -= 1
+        return 0.0
 
     def container_url(self, name: str) -> str:
         return f"{self.url}/{name}"

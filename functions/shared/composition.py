@@ -19,6 +19,7 @@ from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
 from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, PoolKey, Verdict
+from functions.lb_pools.guard import CapacityGuard
 from functions.shared import seal
 from functions.shared.batching import Batcher, side_by_side
 from functions.shared.impact import ImpactRules
@@ -72,6 +73,11 @@ class Dependencies:
         )
 
     @property
+    def capacity_guard(self) -> CapacityGuard:
+        """The capacity decision every early approval asks (functions.lb_pools.guard)."""
+        return CapacityGuard(self.arm, self.pools, self.settings.min_healthy)
+
+    @property
     def lb_pools(self) -> LbPools:
         return LbPools(
             self.arm,
@@ -82,6 +88,7 @@ class Dependencies:
             min_healthy=self.settings.min_healthy,
             decisions=self.pool_decisions,
             side_by_side=side_by_side(PARALLEL_WRITES),
+            alerts=self.teams,
         )
 
     @property
@@ -108,6 +115,7 @@ class Dependencies:
             fallback,
             rules=self.trust,
             agentless=agentless,
+            guard=self.capacity_guard,
         )
 
     @property

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from functions.approval_gate.policy import Policy, PolicyError, default_policy, parse_policy
+from functions.shared import names
 from functions.shared.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
 from functions.webhooks.config import Endpoint, load_endpoints
 from sebridge.values import is_loopback, parse_bool
@@ -71,7 +72,6 @@ KNOWN_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 EVENTGRID_STATE_CONTAINER = "sebridge-eventgrid-state"
 # AGENTLESS_VM_PATTERNS: shell-style patterns (fnmatch) over VM and scale-set names.
 _PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]!-]{1,80}")
-_GROUP = re.compile(r"[-\w.()]{0,89}[-\w()]")
 
 
 class SettingsError(ValueError):
@@ -278,7 +278,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         state_url = _url("EVENTGRID_STATE_URL", state_url, problems)
     agentless_groups = _list(get("AGENTLESS_RESOURCE_GROUPS"))
     for group in agentless_groups:
-        if not _GROUP.fullmatch(group):
+        if not names.RESOURCE_GROUP.valid(group):
             problems.append(f"AGENTLESS_RESOURCE_GROUPS: {group[:100]!r} is not a resource group")
     agentless_patterns = _list(get("AGENTLESS_VM_PATTERNS"))
     for pattern in agentless_patterns:

@@ -15,6 +15,7 @@ import pytest
 from emulators.functions_host.hostconfig import MAX_CONCURRENT_RECEIVERS, parse_timespan
 from functions.shared import composition
 from functions.shared.settings import SettingsError
+from functions.shared.triggers import VERIFICATION_ATTRIBUTE
 from tests.functions.support import App
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +99,32 @@ def test_with_no_notifier_the_app_stops_naming_both(
     monkeypatch.setenv("TEAMS_WEBHOOK_URL", "")
     with pytest.raises(SettingsError, match=r"no notifier: set TEAMS_WEBHOOK_URL .* WEBHOOKS"):
         importlib.reload(sys.modules["function_app"])
+
+
+def test_every_service_bus_function_is_verified_at_the_trigger(
+    make_app: Callable[..., App],
+) -> None:
+    """Every Service Bus function, built-in or the custom example, was declared with
+    functions.shared.triggers.service_bus_function (decode, seal and scope check, then the
+    function); only the ones that show everything (cards, audit webhooks) take unverified
+    messages, and say so."""
+    app = make_app(
+        CUSTOM_SUBSCRIBER_ENABLED="true",
+        CustomSubscriptionName="vm-loss",
+        WebhooksSubscriptionName="webhooks",
+    )
+    marks = {
+        name: getattr(fn.get_user_function(), VERIFICATION_ATTRIBUTE, None)
+        for name, fn in app.functions.items()
+        if any(b["type"] == "serviceBusTrigger" for b in _bindings(app)[name])
+    }
+    assert marks == {
+        "teams": "unverified",
+        "webhooks": "unverified",
+        "lb_pools": "verified",
+        "approval_gate": "verified",
+        "custom_example": "verified",
+    }
 
 
 def test_a_bad_setting_stops_the_app_at_import(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
