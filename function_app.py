@@ -10,6 +10,7 @@ import azure.functions as func
 from functions import custom_example
 from functions.approval_gate.blueprint import bp as approval_gate
 from functions.eventgrid_ingest.blueprint import bp as eventgrid_ingest
+from functions.history.blueprint import bp as history
 from functions.lb_pools.blueprint import bp as lb_pools
 from functions.shared import composition
 from functions.teams.blueprint import bp as teams
@@ -27,3 +28,5 @@ if settings.webhooks_subscription:
     app.register_functions(webhooks)
 if settings.eventgrid_ingest_enabled:
     app.register_functions(eventgrid_ingest)
+if settings.history_subscription:
+    app.register_functions(history)

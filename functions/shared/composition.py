@@ -18,6 +18,7 @@ from typing import Any
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
+from functions.history.core import History, HistoryStore, PurgeSchedule
 from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, PoolKey, Verdict
 from functions.shared import seal
 from functions.shared.batching import Batcher, side_by_side
@@ -63,6 +64,9 @@ class Dependencies:
     # One per process: lb-pools decisions on the same pools, from concurrent invocations, are
     # taken together under one lease (functions.lb_pools.core, functions.shared.batching).
     pool_decisions: Batcher[PoolKey, DrainRequest, Verdict] = field(default_factory=Batcher)
+    history_store: HistoryStore | None = None  # only with HistorySubscriptionName
+    # One per process: the history's retention runs at most once per interval per process.
+    history_purges: PurgeSchedule = field(default_factory=PurgeSchedule)
 
     @property
     def trust(self) -> TrustRules:
@@ -82,6 +86,16 @@ class Dependencies:
             min_healthy=self.settings.min_healthy,
             decisions=self.pool_decisions,
             side_by_side=side_by_side(PARALLEL_WRITES),
+        )
+
+    @property
+    def history(self) -> History:
+        if self.history_store is None:
+            raise RuntimeError("the history is not enabled (HistorySubscriptionName)")
+        return History(
+            self.history_store,
+            timedelta(days=self.settings.history_retention_days),
+            self.history_purges,
         )
 
     @property
@@ -184,6 +198,10 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         parts["event_state"] = BlobEventStateStore(
             config.eventgrid_state_url, credential, session=session
         )
+    if config.history_subscription and "history_store" not in overrides:
+        from functions.adapters.history_table import TableHistoryStore
+
+        parts["history_store"] = TableHistoryStore(config.history_table_url, credential)
     if config.pool_state_url and "pools" not in overrides:
         parts["pools"] = BlobPoolStore(config.pool_state_url, credential, session=session)
     parts.update(overrides)

@@ -168,3 +168,41 @@ def test_the_capacity_guard_settings() -> None:
 def test_bad_capacity_guard_settings_are_named(change: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(named)):
         load_settings({**GOOD, **change})
+
+
+def test_the_history_settings() -> None:
+    off = load_settings(GOOD)
+    assert off.history_subscription == "" and off.history_table_url == ""
+    assert off.history_retention_days == 90 and off.calendar_window_days == 30
+    on = load_settings(
+        {
+            **GOOD,
+            "HistorySubscriptionName": "history",
+            "AzureWebJobsStorage__accountName": "stsebridge",
+            "HISTORY_RETENTION_DAYS": "30",
+            "CALENDAR_WINDOW_DAYS": "7",
+        }
+    )
+    assert on.history_table_url == "https://stsebridge.table.core.windows.net/sebridgehistory"
+    assert (on.history_retention_days, on.calendar_window_days) == (30, 7)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"HistorySubscriptionName": "history"}, "HISTORY_TABLE_URL: required"),
+        (
+            {"HistorySubscriptionName": "history", "HISTORY_TABLE_URL": "http://10.0.0.1/t"},
+            "HISTORY_TABLE_URL: must use https",
+        ),
+        (
+            {"HistorySubscriptionName": "history", "HISTORY_TABLE_URL": "https://a.example/"},
+            "HISTORY_TABLE_URL: names no table",
+        ),
+        ({"HISTORY_RETENTION_DAYS": "0"}, "HISTORY_RETENTION_DAYS: 0 is outside"),
+        ({"CALENDAR_WINDOW_DAYS": "many"}, "CALENDAR_WINDOW_DAYS: 'many' is not an integer"),
+    ],
+)
+def test_bad_history_settings_are_named(change: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        load_settings({**GOOD, **change})
