@@ -749,6 +749,25 @@ class History:
         return None if summary is None else (summary, ordered(entries))
 
 
+class StoreRecorder:
+    """An :class:`~functions.shared.ports.ActionRecorder` onto the history (the composition
+    root hands it to lb-pools)."""
+
+    def __init__(self, history: History, source: str) -> None:
+        self._history = history
+        self._source = source
+
+    def record(
+        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+    ) -> None:
+        try:
+            entry = action_entry(message, action, at, self._source, details)
+            if entry is not None:
+                self._history.record_entries([entry], at)
+        except Exception as exc:  # noqa: BLE001 - the history never fails the workflow
+            log.warning("history: %s of %s not recorded: %s", action, message.event_id, exc)
+
+
 # ---- queries ------------------------------------------------------------------------------
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500

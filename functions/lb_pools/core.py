@@ -45,8 +45,10 @@ from functions.lb_pools import capacity, held, nic_pools
 from functions.shared import scope as trust
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
+    ActionRecorder,
     ArmClient,
     ArmDocument,
+    NoActions,
     PermissionDenied,
     PoolLease,
     PoolStore,
@@ -236,6 +238,8 @@ class LbPools:
     # the defaults do neither (one decision at a time, writes in turn).
     decisions: DecisionBatches = field(default_factory=OneAtATime)
     side_by_side: SideBySide = one_after_another
+    # What reaches no topic, for the event's history (functions/history): the VMs put back.
+    actions: ActionRecorder = field(default_factory=NoActions)
 
     @property
     def guarded(self) -> bool:
@@ -642,6 +646,10 @@ class LbPools:
                 self._restore_vm(vm, outcome, restored)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
+        if outcome.changed:
+            self.actions.record(
+                message, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
+            )
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=event.key)
 

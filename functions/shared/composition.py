@@ -18,16 +18,18 @@ from typing import Any
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
-from functions.history.core import History, HistoryStore, PurgeSchedule
+from functions.history.core import History, HistoryStore, PurgeSchedule, StoreRecorder
 from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, PoolKey, Verdict
 from functions.shared import seal
 from functions.shared.batching import Batcher, side_by_side
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
+    ActionRecorder,
     ArmClient,
     Clock,
     CommandSender,
     HeartbeatStore,
+    NoActions,
     PoolStore,
     TeamsPoster,
     TopicPublisher,
@@ -86,6 +88,7 @@ class Dependencies:
             min_healthy=self.settings.min_healthy,
             decisions=self.pool_decisions,
             side_by_side=side_by_side(PARALLEL_WRITES),
+            actions=self.actions,
         )
 
     @property
@@ -97,6 +100,13 @@ class Dependencies:
             timedelta(days=self.settings.history_retention_days),
             self.history_purges,
         )
+
+    @property
+    def actions(self) -> ActionRecorder:
+        """Where lb-pools records what reaches no topic: the history, when it is on."""
+        if self.history_store is None:
+            return NoActions()
+        return StoreRecorder(self.history, "lb-pools")
 
     @property
     def impact(self) -> ImpactRules:

@@ -309,3 +309,28 @@ def test_filters_select_events() -> None:
     assert by_type["Reboot"]["events"] == 3 and by_type["Reboot"]["measured"] == 1
     assert by_type["Reboot"]["measuredSecondsAvg"] == 30.0
     assert by_type["Reboot"]["announcedSecondsAvg"] == 120.0
+
+
+def test_recording_an_action_never_fails_the_workflow(caplog: pytest.LogCaptureFixture) -> None:
+    from datetime import UTC, datetime
+
+    from functions.history.core import StoreRecorder
+
+    class Down(MemoryHistoryStore):
+        def add(self, entries):  # type: ignore[no-untyped-def]
+            raise OSError("table unreachable")
+
+    life = Lifecycle()
+    life.transition("Scheduled")
+    life.transition("Cancelled")
+    cancelled = _parsed(life.messages[-1])
+    StoreRecorder(_history(Down()), "lb-pools").record(
+        cancelled, "Restored", datetime.now(UTC), {"nics": 1}
+    )
+    assert "Restored of" in caplog.text and "not recorded" in caplog.text
+    store = MemoryHistoryStore()
+    recorder = StoreRecorder(_history(store), "lb-pools")
+    for _ in range(2):  # the same cause, the same row
+        recorder.record(cancelled, "Restored", NOW, {"nics": 1})
+    (row,) = [e for e in store.entries(event_key(golden.EVENT_ID)) if e.name == "Restored"]
+    assert row.source == "lb-pools" and row.details == {"nics": 1}

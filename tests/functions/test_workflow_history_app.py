@@ -13,10 +13,11 @@ import icalendar
 import pytest
 
 from emulators.azurite import Azurite
+from emulators.fakes.arm import FakeArm
 from emulators.fakes.identity import FakeIdentity
 from tests.fixtures import golden
 from tests.functions.history_support import Lifecycle
-from tests.functions.support import EVENT_ID, App
+from tests.functions.support import EVENT_ID, RG, SUB, App, web_vm
 from tests.functions.test_workflow_app_guard import EXPECTED, _bindings, _sb
 from tests.support.storage import azurite_storage, unique
 
@@ -116,3 +117,28 @@ def test_bad_requests_never_reach_the_table(
     response = _get(history_app, name, url, **route)
     assert response.status_code == status
     assert "error" in json.loads(response.get_body())
+
+
+def test_lb_pools_records_the_vms_it_put_back(history_app: App, arm_fake: FakeArm) -> None:
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"])
+    pool = f"{lb}/backendAddressPools/pool-a"
+    for vm in ("web-1", "web-2", "web-3"):
+        web_vm(arm_fake, vm, [pool])
+    messages = golden.build()
+    for name in ("scheduled", "completed"):
+        history_app.deliver("lb_pools", messages[name])
+        history_app.deliver("history", messages[name])
+    history_app.deliver("history", history_app.publisher.published[0])  # the Prepared
+    shown = _get(
+        history_app, "event_timeline", f"http://127.0.0.1/api/events/{EVENT_ID}", eventId=EVENT_ID
+    )
+    rows = json.loads(shown.get_body())["timeline"]
+    assert [(r["name"], r["source"]) for r in rows if r["kind"] == "action"] == [
+        ("Prepared", "lb-pools"),
+        ("Restored", "lb-pools"),
+    ]
+    history_app.deliver("lb_pools", messages["completed"])  # a redelivery restores nothing more
+    again = _get(
+        history_app, "event_timeline", f"http://127.0.0.1/api/events/{EVENT_ID}", eventId=EVENT_ID
+    )
+    assert len(json.loads(again.get_body())["timeline"]) == len(rows)
