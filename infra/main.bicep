@@ -116,6 +116,9 @@ param agentlessVmPatterns array = []
 @description('Existing VMs, scale sets and availability sets to opt in to scheduled events in Event Grid (scheduledEventsPolicy, Compute API 2025-04-01), one entry per resource group: {resourceGroup, vmNames, vmssNames, availabilitySetNames}. Register the preview features first (README, Deploy: Agentless mode).')
 param scheduledEventsPolicyTargets array = []
 
+@description('Deploy the fleet maintenance workbook (Azure Monitor) over the history\'s summary lines in Application Insights.')
+param workbookEnabled bool = true
+
 @description('Days an event stays in the history after its last entry (HISTORY_RETENTION_DAYS, 1-3650).')
 @minValue(1)
 @maxValue(3650)
@@ -336,6 +339,16 @@ module alerts 'modules/alerts.bicep' = if (alertsEnabled) {
     appInsightsName: monitoring.outputs.appInsightsName
     heartbeatStaleSeconds: heartbeatStaleSeconds
     actionGroupIds: alertActionGroupIds
+    tags: allTags
+  }
+}
+
+module workbook 'modules/workbook.bicep' = if (workbookEnabled) {
+  name: 'workbook'
+  params: {
+    location: location
+    appInsightsId: monitoring.outputs.appInsightsId
+    displayName: 'Scheduled Events Bridge: fleet maintenance (${environmentName})'
     tags: allTags
   }
 }
