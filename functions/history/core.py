@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import re
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -664,18 +663,18 @@ class HistoryStore(Protocol):
 
 
 class PurgeSchedule:
-    """When this process last purged (one per process, kept by the composition root)."""
+    """When this process last purged (one per process, kept by the composition root). Two
+    invocations that ask at the same moment may both purge: harmless, since deletes are
+    idempotent and each run is bounded."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._last: datetime | None = None
 
     def due(self, now: datetime, every: timedelta) -> bool:
-        with self._lock:
-            if self._last is not None and now - self._last < every:
-                return False
-            self._last = now
-            return True
+        if self._last is not None and now - self._last < every:
+            return False
+        self._last = now
+        return True
 
 
 @dataclass
