@@ -1,6 +1,6 @@
 # Two entry points do all the set-up on a fresh machine (see README "Quick start"):
-#   make demo   - install into .venv and run the whole loop on 127.0.0.1
-#   make test   - install into .venv (+ checkov's own venv, + systemd-analyze) and run every check
+#   make demo   - install into .venv (+ Azurite with npm) and run the whole loop on 127.0.0.1
+#   make test   - install into .venv (+ Azurite, checkov's own venv, systemd-analyze) and run every check
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,6 +8,10 @@ BIN := $(VENV)/bin
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION ?= 3.2.369
 PYTEST_ARGS ?=
+# Azurite (Microsoft's Azure Storage emulator, an npm package) for the local stand-ins' blobs and
+# tables, pinned by emulators/azurite/package-lock.json and installed with npm ci (no scripts).
+AZURITE_DIR := emulators/azurite
+AZURITE := $(AZURITE_DIR)/node_modules/.installed
 
 .PHONY: demo test lint typecheck bench install clean dist peer-suite peer-suite-ci
 
@@ -22,12 +26,17 @@ $(BIN)/.installed: pyproject.toml emulators/pyproject.toml requirements.txt requ
 	@$(INSTALL_VENV) --builds-c '$(PYTHON)' '$(VENV)' '$@' -e . -e ./emulators \
 		-r requirements.txt -r requirements-dev.txt
 
+$(AZURITE): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json
+	scripts/ensure-system-tools node
+	npm ci --prefix $(AZURITE_DIR) --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $@
+
 $(CHECKOV_VENV)/.installed: Makefile
 	@$(INSTALL_VENV) '$(PYTHON)' '$(CHECKOV_VENV)' '$@' 'checkov==$(CHECKOV_VERSION)'
 
-install: $(BIN)/.installed
+install: $(BIN)/.installed $(AZURITE)
 
-demo: $(BIN)/.installed
+demo: $(BIN)/.installed $(AZURITE)
 	$(BIN)/sebridge demo
 
 lint: $(BIN)/.installed
@@ -37,7 +46,7 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-test: $(BIN)/.installed $(CHECKOV_VENV)/.installed
+test: $(BIN)/.installed $(AZURITE) $(CHECKOV_VENV)/.installed
 	scripts/ensure-system-tools
 	$(MAKE) --no-print-directory lint typecheck
 	SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/pytest $(PYTEST_ARGS)
@@ -65,4 +74,4 @@ peer-suite-ci: $(BIN)/.installed
 	timeout --kill-after=15 300 $(BIN)/python tests/peer/run.py --subset ci --timeout 60 --deadline 285
 
 clean:
-	rm -rf dist $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf dist $(VENV) $(CHECKOV_VENV) $(AZURITE_DIR)/node_modules .pytest_cache .mypy_cache .ruff_cache

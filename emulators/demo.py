@@ -25,6 +25,11 @@ and pool-a keeps one spare member (web-spare) so that the capacity guard (LB_MIN
 never holds a packaged scenario's drain. The demo's own scenario ``capacity-hold`` has no
 spare: two overlapping events on the pool of two show a ``Held`` (the second drain would
 empty the pool), and the held event is drained and approved once the first completes.
+
+Storage is Azurite (Microsoft's storage emulator, emulators/azurite): the pools' leases and held
+events, agentless ingestion's records and the history's table, over HTTPS with the identity
+fake's tokens. The run also shows the history (emulators/demo_history.py): each event in the
+calendar feed before it starts, and its timeline from the history endpoint once it ended.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ DEFAULT_SCENARIO = "redeploy"
 SUBSCRIPTION = "00000000-0000-4000-8000-0000000000de"
 GROUP = "rg-web"
 MIN_HEALTHY = 1  # LB_MIN_HEALTHY in the demo (the app's default)
+HISTORY_TABLE = "sebridgehistory"
 
 
 @dataclass
@@ -264,6 +270,7 @@ def watch_topic(
                                 "transition": parsed.transition.value,
                                 "event": event,
                                 "message_id": message.message_id,
+                                "at": time.time(),
                             }
                         )
                         extra = ""
@@ -332,6 +339,7 @@ class DemoStack:
         self.report = report
         self.stop = threading.Event()
         self.teams, self.arm, self.identity = FakeTeams(), FakeArm(), FakeIdentity()
+        self.storage: Any = None  # Azurite, once start_storage() ran
         self.topic_seen: list[dict[str, Any]] = []  # every message on the topic, in order
         self.posts_seen: list[dict[str, Any]] = []  # the simulator's record of IMDS POSTs
         self.connection_string = ""
@@ -360,6 +368,16 @@ class DemoStack:
             fake.start()
             self.defer(fake.stop)
 
+    def start_storage(self) -> Any:
+        """Azurite (blobs and tables over HTTPS, Entra tokens): the functions host started
+        after it trusts its certificate and keeps the history in it."""
+        from emulators.azurite import Azurite
+
+        self.storage = Azurite().start()
+        self.defer(self.storage.stop)
+        self.timeline.add("setup", f"Azurite: blobs {self.storage.blob_endpoint}")
+        return self.storage
+
     def start_bus(self) -> None:
         """The Service Bus emulator, and a watcher of the topic's audit subscription."""
         from emulators.servicebus.testing import running_emulator
@@ -387,6 +405,10 @@ class DemoStack:
             approval_base_url=f"http://127.0.0.1:{http_port}",  # the Approve links
             identity=self.identity.environ(),
         )
+        if self.storage is not None:
+            common.update(self.storage.environ())
+            common["HistorySubscriptionName"] = "history"
+            common["HISTORY_TABLE_URL"] = self.storage.table_url(HISTORY_TABLE)
         host = FunctionsHost(
             ROOT / "function_app.py", {**common, **settings}, logger=host_logger, port=http_port
         )
@@ -461,9 +483,8 @@ class DemoStack:
 def run(
     scenario_name: str, speed: float, timeout: float, verbose: bool, source: str = "forwarder"
 ) -> int:
-    from emulators import demo_sources
+    from emulators import demo_history, demo_sources
     from emulators.demo_verdict import Verdict, judge, plan_for
-    from emulators.fakes.storage import FakeBlobStorage
     from emulators.processes import forwarder
 
     scenario = load_packaged(scenario_name)
@@ -479,8 +500,8 @@ def run(
     )
     with DemoStack(timeline, verbose) as stack:
         workdir = stack.workdir("sebridge-demo-")  # removed last: the forwarder's state is in it
-        storage, state_storage = FakeBlobStorage(), demo_sources.state_storage()
-        stack.start_fakes(storage, state_storage)
+        stack.start_fakes()
+        storage = stack.start_storage()
         arm = stack.arm
         lb = arm.add_load_balancer(
             SUBSCRIPTION, GROUP, "lb-web", ["pool-a"], rules={"http": "pool-a"}
@@ -497,7 +518,7 @@ def run(
         settings = {
             "LB_MIN_HEALTHY": str(MIN_HEALTHY),
             "LB_POOL_STATE_URL": storage.container_url("sebridge-pools"),
-            **demo_sources.app_settings(source, state_storage, GROUP),
+            **demo_sources.app_settings(source, storage.blob_endpoint, GROUP),
         }
         if plan.policy is not None:
             settings["APPROVAL_POLICY"] = plan.policy
@@ -507,6 +528,7 @@ def run(
                 "Cancelled can happen before NotBefore",
             )
         host = stack.start_host(settings)
+        demo_history.warm_up(host.url)
 
         scenario_file = workdir / "scenario.json"
         scenario_file.write_text(json.dumps(world))
@@ -538,6 +560,8 @@ def run(
                 stack.defer(stop_source.stop)
 
         topic_seen = stack.topic_seen
+        calendar = demo_history.CalendarWatch(host.url, topic_seen, timeline.add, stack.stop)
+        stack.watch(calendar.run)
         expected_events = {e["EventId"].lower(): e for e in world["events"]}
         deadline = time.monotonic() + timeout - (time.time() - timeline.start)
         if not verbose:
@@ -553,6 +577,8 @@ def run(
                 initial,
             )
             judged.missing += demo_sources.verdict(source, topic_seen)
+            if not judged.missing:  # the loop is done: the history must tell it too
+                judged.missing += demo_history.verdict(calendar, expected_events)
             if not judged.missing:
                 break
             if source != "eventgrid" and not fw.alive:
@@ -575,6 +601,9 @@ def run(
         for line in judged.story:
             print(line)
         for line in demo_sources.summary(source, topic_seen):
+            print(line)
+        print("\nThe history (GET /api/events/{eventId}):")
+        for line in demo_history.story(host.url, sorted(expected_events)):
             print(line)
         return 0
 

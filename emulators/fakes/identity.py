@@ -6,15 +6,20 @@ header ``X-IDENTITY-HEADER: {IDENTITY_HEADER}``; the answer is JSON with ``acces
 ``expires_on`` (Unix seconds), ``resource`` and ``token_type``. Set ``environ()`` in the
 process and ManagedIdentityCredential / DefaultAzureCredential work unchanged.
 
-The access token is shaped like Entra ID's, an (unsigned) JWT whose claims say who it is for:
-``aud`` the resource, ``appid`` the client id asked for, ``oid`` that identity's object id
-(:meth:`FakeIdentity.object_id`). The Service Bus emulator's role assignments (``--rights``)
-read ``oid``, so a test can give one identity a role and not another.
+The access token is shaped like Entra ID's, a JWT whose claims say who it is for: ``aud`` the
+resource, ``iss`` an Entra issuer, ``iat``/``nbf``/``exp``, ``appid`` the client id asked for,
+``oid`` that identity's object id (:meth:`FakeIdentity.object_id`), ``tid``. It is signed with a
+key of this process that nobody verifies. The Service Bus emulator's role assignments
+(``--rights``) read ``oid``, so a test can give one identity a role and not another; Azurite's
+``--oauth basic`` reads exactly these claims (and checks no signature), so the same token works
+against the fakes and against Azurite.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import secrets
 import time
@@ -32,9 +37,18 @@ def _b64(data: bytes) -> str:
 
 
 def unsigned_jwt(claims: dict[str, object]) -> str:
-    """``header.payload.`` with ``alg: none``: what the fakes hand out instead of a signed one."""
+    """``header.payload.`` with ``alg: none``: a token anyone can make (tests of refusals)."""
     header = {"alg": "none", "typ": "JWT"}
     return f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}."
+
+
+def jwt_claims(token: str) -> dict[str, object]:
+    """The claims of a token this fake issued (tests)."""
+    payload = token.split(".")[1]
+    claims: dict[str, object] = json.loads(
+        base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    )
+    return claims
 
 
 class FakeIdentity(LoopbackServer):
@@ -43,6 +57,15 @@ class FakeIdentity(LoopbackServer):
         self.header = header or secrets.token_hex(16)
         self.lifetime = lifetime
         self.issued: dict[str, str] = {}  # token -> resource
+        self._signing_key = secrets.token_bytes(32)
+
+    def _signed(self, claims: dict[str, object]) -> str:
+        header = {"alg": "HS256", "typ": "JWT"}
+        signing_input = ".".join(
+            _b64(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims)
+        )
+        signature = hmac.new(self._signing_key, signing_input.encode(), hashlib.sha256).digest()
+        return f"{signing_input}.{_b64(signature)}"
 
     @staticmethod
     def object_id(client_id: str | None = None) -> str:
@@ -64,14 +87,17 @@ class FakeIdentity(LoopbackServer):
             return Reply(400, {"statusCode": 400, "message": "api-version or resource missing"})
         client_id = request.query.get("client_id") or SYSTEM_ASSIGNED_CLIENT_ID
         now = int(time.time())
-        token = unsigned_jwt(
+        oid = self.object_id(client_id)
+        token = self._signed(
             {
                 "aud": resource,
                 "iss": f"https://sts.windows.net/{_TENANT}/",
                 "iat": now,
+                "nbf": now - 60,
                 "exp": now + self.lifetime,
                 "appid": client_id,
-                "oid": self.object_id(client_id),
+                "oid": oid,
+                "sub": oid,
                 "tid": _TENANT,
                 "jti": secrets.token_urlsafe(12),
             }
