@@ -38,7 +38,7 @@ from sebridge.contract.events import Envelope, Observer, event_message, heartbea
 from sebridge.forwarder.delivery.outbox import OutboxError
 from sebridge.forwarder.imds.client import hostname_observer
 from sebridge.forwarder.imds.diff import diff, index
-from sebridge.forwarder.observability.health import ConditionLog, Health
+from sebridge.forwarder.observability.health import ConditionLog, Health, OddValueLog
 from sebridge.forwarder.ports import (
     Clock,
     DocumentSource,
@@ -121,6 +121,7 @@ class Forwarder:
         self._next_observer_try = 0.0
         self._observer_log = ConditionLog(log)
         self._outbox_log = ConditionLog(log, logging.ERROR)
+        self._odd_values = OddValueLog(log)
         self.save_failing_since: datetime | None = None
         self.save_failures = 0
         self.outbox_failing_since: datetime | None = None
@@ -178,6 +179,7 @@ class Forwarder:
             return delay
         self._poll_backoff.reset()
         observed_at = self.clock.now()
+        self._odd_values.document(document)
         before = self.state
         changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
         lives = dict(before.lives)
@@ -235,7 +237,7 @@ class Forwarder:
         self._release_saved()
         for change, envelope in zip(changes, envelopes, strict=True):
             log.info(
-                "%s %s (%s, %s) incarnation %d",
+                "%s %s (%s, %s) incarnation %s",
                 change.transition.value,
                 change.event.event_id,
                 change.event.event_type,
