@@ -52,6 +52,7 @@ from sebridge.forwarder.ports import (
     SystemClock,
 )
 from sebridge.forwarder.state import ForwarderState, bounded_lives
+from sebridge.imds import Document
 from sebridge.retry import Backoff
 
 log = logging.getLogger("forwarder")
@@ -180,6 +181,9 @@ class Forwarder:
         self._poll_backoff.reset()
         observed_at = self.clock.now()
         self._odd_values.document(document)
+        # Before, and independently of, the outbox and the state file: the local actions follow
+        # what IMDS shows whatever the disk, the outbox or the broker do.
+        self._tell_document(document, observed_at)
         before = self.state
         changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
         lives = dict(before.lives)
@@ -361,6 +365,29 @@ class Forwarder:
             log.error("cannot write %s to the outbox (%s): retried", envelope.message_id, exc)
             return
         self.outbox_ready.set()
+
+    def deliver(self, envelope: Envelope) -> bool:
+        """A message of the forwarder's own that must not be lost nor re-sent under a new id
+        (the VM's Prepared): True once it is durably in the outbox; False when the outbox
+        cannot take it now (the caller keeps it and tries again later)."""
+        try:
+            self.outbox.put([envelope])
+        except OutboxError as exc:
+            log.debug("cannot write %s to the outbox: %s", envelope.message_id, exc)
+            return False
+        self.outbox_ready.set()
+        return True
+
+    def _tell_document(self, document: Document, observed_at: datetime) -> None:
+        """Hand the document to the listeners that follow documents (``document_observed``)."""
+        for listener in self.listeners:
+            follow = getattr(listener, "document_observed", None)
+            if follow is None:
+                continue
+            try:
+                follow(document, self.observer, observed_at)
+            except Exception:
+                log.exception("listener %r failed on a document; ignored", listener)
 
     def _flush_unsent(self) -> None:
         with self._lock:

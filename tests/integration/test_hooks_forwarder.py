@@ -381,6 +381,8 @@ def test_a_failed_prepare_hook_publishes_no_prepared_and_heartbeats_say_so(
                 for m in fw.json_lines()
                 if m.get("subject") == "Heartbeat"
                 and m["body"]["data"]["heartbeat"].get("health", {}).get("hooksFailed")
+                # counted a moment later (the hook's end, then the Prepared decision)
+                and m["body"]["data"]["heartbeat"].get("health", {}).get("notPrepared")
             ]
 
         assert fw.wait_for(lambda _: reported(), 30), fw.stderr_text()[-3000:]
