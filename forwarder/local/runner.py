@@ -9,7 +9,10 @@ without end can neither block nor exhaust the forwarder: the first
 :data:`MAX_CAPTURE` bytes of each stream are kept, the rest is counted and dropped.
 
 The environment is built from scratch (PATH, LANG, HOME, TZ of the forwarder and the event):
-the forwarder's own settings, a connection string among them, never reach a hook.
+the forwarder's own settings, a connection string among them, never reach a hook. It is bounded
+in bytes, each value cut at a UTF-8 character boundary (:data:`MAX_ENV_VALUE`,
+:data:`MAX_ENV_BYTES`; ``SEBRIDGE_ENV_TRUNCATED`` names the variables cut), so no value IMDS
+sends can keep a hook from starting; the whole event is on stdin.
 """
 
 from __future__ import annotations
@@ -32,7 +35,16 @@ from sebridge.forwarder.local.hooks_file import Hook
 from sebridge.imds import ScheduledEvent, isoformat_utc
 
 MAX_CAPTURE = 64 * 1024  # bytes kept of each of stdout and stderr
-MAX_ENV_VALUE = 32 * 1024  # characters of one SEBRIDGE_EVENT_* value
+# The environment is bounded in bytes (what execve counts: Linux refuses one "NAME=value" string
+# over 128 KiB, and all of argv and the environment over a quarter of the stack limit with E2BIG,
+# "Argument list too long"), each value cut at a UTF-8 character boundary. The whole event is on
+# stdin either way.
+MAX_ENV_VALUE = 16 * 1024  # bytes of one variable's value
+MAX_ENV_BYTES = 64 * 1024  # bytes of the whole environment ("NAME=value\0" each)
+MAX_PASSED_VALUE = 4 * 1024  # bytes of PATH, LANG... passed through from the forwarder
+_NOTE_RESERVE = 1024  # bytes kept for SEBRIDGE_ENV_TRUNCATED
+# Cut last when the whole is over its bound: the two values IMDS does not bound.
+_CUT_FIRST = ("SEBRIDGE_EVENT_RESOURCES", "SEBRIDGE_EVENT_DESCRIPTION")
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL on timeout
 STOP_GRACE = 1.0  # the same when the forwarder stops (it has 5 s in all)
 PIPE_GRACE = 1.0  # how long output is still read after the hook exited (a background child)
@@ -76,10 +88,21 @@ class HookResult:
         return self.outcome is Outcome.SUCCEEDED
 
 
-def _clean(value: str, limit: int = MAX_ENV_VALUE) -> str:
-    """A value the OS takes in an environment: no NUL, no lone surrogate, bounded."""
-    text = value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-    return text[:limit]
+def _clean(value: str) -> str:
+    """A value the OS takes in an environment: no NUL, no lone surrogate."""
+    return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+
+
+def cut_utf8(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` bytes of UTF-8, cut at a character boundary."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[: max(0, limit)].decode("utf-8", "ignore")
+
+
+def _size(key: str, value: str) -> int:
+    return len(key.encode("utf-8")) + len(value.encode("utf-8")) + 2  # "=" and the NUL
 
 
 def seconds_until(event: ScheduledEvent, now: datetime) -> int | None:
@@ -115,7 +138,21 @@ def hook_environment(
         "SEBRIDGE_EVENT_SOURCE": event.event_source or "",
         "SEBRIDGE_EVENT_DESCRIPTION": event.description or "",
     }
-    env.update({key: _clean(value) for key, value in values.items()})
+    env = {key: cut_utf8(_clean(value), MAX_PASSED_VALUE) for key, value in env.items()}
+    budget = MAX_ENV_BYTES - _NOTE_RESERVE - sum(_size(key, value) for key, value in env.items())
+    cut: list[str] = []
+    # The small values first; Resources and Description get what is left, within their bound.
+    for key in sorted(
+        values, key=lambda name: _CUT_FIRST.index(name) + 1 if name in _CUT_FIRST else 0
+    ):
+        clean = _clean(values[key])
+        value = cut_utf8(clean, max(0, min(MAX_ENV_VALUE, budget - _size(key, ""))))
+        if value != clean:
+            cut.append(key)
+        env[key] = value
+        budget -= _size(key, value)
+    if cut:
+        env["SEBRIDGE_ENV_TRUNCATED"] = ",".join(cut)  # the full values are on stdin
     return env
 
 

@@ -253,3 +253,28 @@ def test_a_full_disk_never_switches_off_the_probe_or_the_hooks(
             imds.set_events([])
             wait_status(port, 200)
         assert ran(etc, "checkpoint") == [message_id]
+
+
+# -- item 9: an environment capped in bytes ------------------------------------------------
+
+
+def test_a_description_of_emoji_still_starts_the_hook(imds: ImdsStub, tmp_path: Path) -> None:
+    """40,000 emoji (160,000 bytes): before issue 22 the environment was capped at 32,768
+    characters, 131,072 bytes in one variable, beyond what execve takes (Argument list too
+    long), and the hook never started. Now each variable is capped in bytes at a character
+    boundary, and the full event is on stdin."""
+    etc = root_dir(tmp_path)
+    out = etc / "out"
+    body = f'printf %s "$SEBRIDGE_EVENT_DESCRIPTION" > {out}.env\ncat > {out}.stdin'
+    hooks = write_hooks(
+        etc, [{"name": "log", "on": ["Scheduled"], "command": [script(etc, "log.sh", body)]}]
+    )
+    description = "\N{GRINNING FACE}" * 40_000
+    with start(imds, tmp_path / "state", hooks) as fw:
+        imds.set_events([event(Description=description)])
+        wait_until(lambda: Path(f"{out}.stdin").exists(), 20, "the hook")
+        wait_until(lambda: Path(f"{out}.stdin").stat().st_size > 160_000, 10, "its stdin")
+        assert "not-started" not in fw.stderr_text()
+    value = Path(f"{out}.env").read_bytes().decode("utf-8")  # cut at a character boundary
+    assert 0 < len(value) < 40_000 and set(value) == {"\N{GRINNING FACE}"}
+    assert json.loads(Path(f"{out}.stdin").read_text())["event"]["Description"] == description
