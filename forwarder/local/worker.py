@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sebridge.contract.events import Transition
+from sebridge.forwarder.local.containment import reap_orphans
 from sebridge.forwarder.local.hooks_file import Hook, HooksFile
 from sebridge.forwarder.local.journal import FAILED, SUCCEEDED, UNFINISHED, Run
 from sebridge.forwarder.local.preparation import Observed, Preparations
@@ -266,6 +267,7 @@ class HookWorker:
                     self._own_threads[key] = thread
                     thread.start()
                 self._cond.wait(5.0)  # woken by new work, by an own thread ending and by stop
+                reap_orphans()  # zombies of what hooks orphaned, between runs too
 
     def _own_loop(self, key: str, stop: threading.Event) -> None:
         """Run one own event's queue to its end, then hand the event back."""

@@ -205,7 +205,7 @@ def test_a_hook_that_times_out_is_killed_with_its_whole_process_group(tmp_path: 
     result = run_hook(inv, now=NOW, kill_grace=0.5)
     took = time.monotonic() - started
     assert result.outcome is Outcome.TIMED_OUT
-    assert "process group was killed" in result.detail
+    assert "everything it started were killed" in result.detail
     assert 1.0 <= took < 8, took
     leader, child = wait_pid_file(pids), wait_pid_file(Path(f"{pids}.child"))
     deadline = time.monotonic() + 5
@@ -213,6 +213,21 @@ def test_a_hook_that_times_out_is_killed_with_its_whole_process_group(tmp_path: 
         time.sleep(0.05)
     assert not alive(leader), "the hook survived its timeout"
     assert not alive(child), "the hook's background child survived its timeout"
+
+
+def test_nothing_a_hook_started_outlives_it(tmp_path: Path) -> None:
+    """Issue 22, item 8: a background child and a setsid child used to keep running after the
+    hook succeeded (tests/forwarder/test_hook_containment.py tries each net on its own)."""
+    out = tmp_path / "pids"
+    body = (
+        f"sleep 300 & echo $! >> {out}\n"
+        f"setsid sh -c 'echo $$ >> {out}; exec sleep 300' &\n"
+        f"while [ $(wc -l < {out}) -lt 2 ]; do sleep 0.02; done"
+    )
+    assert run_hook(invocation([SH, "-c", body]), now=NOW).outcome is Outcome.SUCCEEDED
+    background, detached = (int(p) for p in out.read_text().split())
+    assert not alive(background), "the background child outlived the hook"
+    assert not alive(detached), "the setsid child outlived the hook"
 
 
 def test_a_stop_of_the_forwarder_interrupts_and_kills_the_hook(tmp_path: Path) -> None:

@@ -278,3 +278,54 @@ def test_a_description_of_emoji_still_starts_the_hook(imds: ImdsStub, tmp_path: 
     value = Path(f"{out}.env").read_bytes().decode("utf-8")  # cut at a character boundary
     assert 0 < len(value) < 40_000 and set(value) == {"\N{GRINNING FACE}"}
     assert json.loads(Path(f"{out}.stdin").read_text())["event"]["Description"] == description
+
+
+# -- item 8: what a hook started ---------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_nothing_a_hook_started_outlives_it(imds: ImdsStub, tmp_path: Path) -> None:
+    """A hook that leaves a background child and a setsid child behind and succeeds, and one
+    that does the same and times out. Before issue 22 both children kept running after the
+    hook "succeeded" or "timed out" (counting against the unit's task limit)."""
+    etc = root_dir(tmp_path)
+
+    def leave(name: str) -> str:
+        out = etc / f"{name}.pids"
+        return (
+            f"sleep 300 & echo $! >> {out}\n"
+            f"setsid sh -c 'echo $$ >> {out}; exec sleep 300' &\n"
+            f"while [ $(wc -l < {out}) -lt 2 ]; do sleep 0.02; done\n"
+        )
+
+    ok = script(etc, "ok.sh", leave("ok") + "exit 0")
+    stuck = script(etc, "stuck.sh", leave("stuck") + "sleep 300")
+    hooks = write_hooks(
+        etc,
+        [
+            {"name": "ok", "on": ["Scheduled"], "command": [ok]},
+            {"name": "stuck", "on": ["Scheduled"], "command": [stuck], "timeoutSeconds": 1},
+        ],
+    )
+    with start(imds, tmp_path / "state", hooks) as fw:
+        imds.set_events([event()])
+        for name, outcome in (("ok", "succeeded"), ("stuck", "timed out")):
+            assert fw.wait_for(
+                lambda _, n=name, o=outcome: (
+                    f"hook {n} for Scheduled" in fw.stderr_text() and o in fw.stderr_text()
+                ),
+                30,
+            ), fw.stderr_text()[-3000:]
+        wait_until(lambda: "stuck for Scheduled" in fw.stderr_text(), 30, "the timeout")
+        for name in ("ok", "stuck"):
+            children = [int(p) for p in (etc / f"{name}.pids").read_text().split()]
+            assert len(children) == 2
+            assert not any(alive(pid) for pid in children), f"{name}: {children} outlived it"
+        assert fw.alive
