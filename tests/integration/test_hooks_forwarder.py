@@ -325,6 +325,7 @@ def test_hooks_never_delay_detection(sim: RunningSimulator, tmp_path: Path) -> N
         ("dir-writable", "is writable by group and others"),
         ("invalid", "absolute path"),
         ("missing", "cannot check"),
+        ("symlink", "is a symbolic link"),  # issue 22, item 6: it could be pointed elsewhere
     ],
 )
 def test_a_hooks_file_anyone_but_root_could_change_is_refused_at_start(
@@ -344,6 +345,11 @@ def test_a_hooks_file_anyone_but_root_could_change_is_refused_at_start(
         )
     elif damage == "missing":
         hooks = etc / "nothing.json"
+    elif damage == "symlink":
+        link = etc / "link.json"
+        link.symlink_to(hooks)
+        os.lchown(link, 65534, 65534)
+        hooks = link
     fw = make(sim, tmp_path / "state", hooks).start()
     try:
         assert fw.process is not None
