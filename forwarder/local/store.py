@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -258,7 +258,3 @@ class LocalStore:
                 self.behind_since = None
                 self.flush_failures = 0
             return True
-
-
-def updated(run: Run, **changes: Any) -> Run:
-    return replace(run, **changes)
