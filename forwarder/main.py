@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.warning("--once runs no hooks and serves no drain probe")
             return 0 if forwarder.run_once() else 1
         try:
-            local = build_local_actions(config.local, config.state_dir, forwarder.enqueue)
+            local = build_local_actions(config.local, config.state_dir, forwarder.deliver)
         except LocalActionsError as exc:
             log.error("cannot start: %s", exc)
             print(f"sebridge forwarder: {exc}", file=sys.stderr)
@@ -171,10 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         workers += telemetry.workers
         if local is not None:
-            # Told of every transition by the poller; works on threads of its own.
-            local.current = lambda: (forwarder.state.events, forwarder.observer)
+            # Told of every document by the poller; works on threads of its own.
             forwarder.listeners.append(local)
-            local.resume()
+            local.start(fallback=forwarder.state)
             workers += local.workers(stop)
         if not config.dry_run:
             from sebridge.forwarder.approvals.receiver import approvals_worker

@@ -49,9 +49,11 @@ def test_the_vm_side_demo_prepares_the_vm_itself() -> None:
         )
         positions.append(index)
     # The Scheduled on the topic, the hook and the probe race each other (the timeline stamps
-    # log lines when it reads them); then Prepared, Started, Completed and the probe in order.
+    # log lines when it reads them); then Prepared, Started, Completed in order. The probe
+    # follows IMDS itself, so its healthy answer races the Completed on the topic.
     assert max(positions[1:6]) < min(positions[6:8])
-    assert max(positions[6:8]) < positions[8] < positions[9] < positions[10]
+    assert max(positions[6:8]) < positions[8] < positions[9]
+    assert positions[8] < positions[10]
     approval = next((i for i, line in enumerate(lines) if re.search(GATE_MILESTONE, line)), None)
     assert approval is not None, result.stdout[-3000:]
     assert result.returncode == 0, result.stdout[-3000:]

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from emulators.imds.testing import SimClient, in_process_simulator
 from sebridge.contract.commands import approve_command
-from sebridge.contract.events import Observer, Transition, event_message
+from sebridge.contract.events import Observer
 from sebridge.forwarder.approvals.handler import CommandHandler
 from sebridge.forwarder.config import ForwarderConfig
 from sebridge.forwarder.delivery.outbox import Outbox
@@ -41,6 +41,7 @@ from sebridge.forwarder.service import Forwarder
 from tests.forwarder.local_support import (
     OBSERVER,
     Recorder,
+    document,
     imds_event,
     root_dir,
     script,
@@ -341,9 +342,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
             assert value(before, "sebridge_forwarder_drain_probe_draining") == 0
             event = imds_event("aaaaaaaa-0000-4000-8000-00000000000a", event_type="Redeploy")
             now = datetime.now(UTC)
-            local.transitions_recorded(
-                [event_message(Transition.SCHEDULED, event, OBSERVER, 3, now)]
-            )
+            local.document_observed(document(event), OBSERVER, now)
             probe_port = local.probe.address[1]
             assert get(probe_port, "/")[0] == 503
             wait_until(lambda: local.hooks is not None and local.hooks.pending() == 0, 20, "hooks")
@@ -366,9 +365,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
             assert value(after, "sebridge_forwarder_hooks_pending") == 0
             assert value(after, "sebridge_forwarder_drain_probe_draining") == 1
             assert value(after, "sebridge_forwarder_drain_probe_answers_total", status="503") == 1
-            local.transitions_recorded(
-                [event_message(Transition.COMPLETED, event, OBSERVER, 3, now)]
-            )
+            local.document_observed(document(), OBSERVER, now)
             assert get(probe_port, "/")[0] == 200
             done = scrape(port)
             assert value(done, "sebridge_forwarder_drain_probe_draining") == 0

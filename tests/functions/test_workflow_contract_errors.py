@@ -56,17 +56,17 @@ CONTRACT_ERRORS = [
     pytest.param(with_data(), "", id="control-valid"),
     pytest.param({**body_of(), "type": 7}, "attribute 'type'", id="type-not-a-string"),
     pytest.param({**body_of(), "type": ["x"]}, "attribute 'type'", id="type-a-list"),
-    pytest.param(
-        {**body_of(), "time": "9999-12-31T23:59:59-01:00"}, "out of range", id="time-out-of-range"
-    ),
+    # Normalised by the one tolerant reader (issue 22, item 3): read, named in the message's
+    # warnings, and handed to the workflows.
+    pytest.param({**body_of(), "time": "9999-12-31T23:59:59-01:00"}, "", id="time-out-of-range"),
     pytest.param({**body_of(), "specversion": 1.0}, "specversion", id="specversion-number"),
     pytest.param(with_data(schemaVersion=True), "schemaVersion", id="schema-version-bool"),
     pytest.param(with_data(observer=["web-1"]), "observer", id="observer-a-list"),
-    pytest.param(with_data(Resources="web-1"), "Resources", id="resources-a-string"),
-    pytest.param(with_data(Resources=[1, 2]), "Resources", id="resources-of-numbers"),
+    pytest.param(with_data(Resources="web-1"), "", id="resources-a-string"),
+    pytest.param(with_data(Resources=["web-1", 2]), "", id="resources-with-a-number"),
     pytest.param(with_data(EventId=None), "EventId", id="event-id-null"),
-    pytest.param(with_data(EventStatus=5), "EventStatus", id="status-a-number"),
-    pytest.param(with_data(documentIncarnation="11"), "documentIncarnation", id="incarnation"),
+    pytest.param(with_data(EventStatus=5), "", id="status-a-number"),
+    pytest.param(with_data(documentIncarnation="11"), "", id="incarnation"),
     pytest.param(b"\xff\xfe not json", "not JSON", id="not-utf8"),
     pytest.param(b"[" * 100_000, "not JSON", id="deep-nesting"),
 ]
@@ -78,7 +78,7 @@ def test_a_body_that_breaks_the_contract_is_completed_not_raised(
 ) -> None:
     deliver_raw(app, body)  # none of the three raises
     if not reason:
-        assert app.teams.cards  # the control: a valid body does reach the workflows
+        assert app.teams.cards  # a valid (or normalised) body does reach the workflows
         return
     broken = [r for r in caplog.records if "breaks contract v1" in r.getMessage()]
     assert len(broken) == len(FUNCTIONS)

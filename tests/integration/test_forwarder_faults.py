@@ -35,7 +35,7 @@ import pytest
 
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract import commands
-from sebridge.contract.events import ContractError, Observer, parse_message
+from sebridge.contract.events import Observer, parse_message
 from sebridge.forwarder.approvals.handler import CommandHandler
 from sebridge.forwarder.delivery.outbox import OUTBOX_FILE, Outbox
 from sebridge.forwarder.imds.client import ImdsClient
@@ -241,16 +241,42 @@ def test_out_of_range_and_odd_values_never_blind_the_forwarder(
     assert got[genuine["EventId"].lower()]["body"]["data"]["notBefore"] is not None
     props = got[odd[5]["EventId"].lower()]["application_properties"]
     assert "durationInSeconds" not in props  # outside int32: left out, not sent broken
-    # Published with the IMDS values verbatim; a consumer reads each, and refuses (with a
-    # reason, ContractError) only the events whose type, status or Resources it cannot read.
-    unreadable = {odd[i]["EventId"].lower() for i in (4, 5)}
+    # Published with the IMDS values verbatim; a consumer reads every one (issue 22, item 3:
+    # the one tolerant reader), and names each value it normalised in the message's warnings.
+    odd_fields = {
+        odd[4]["EventId"].lower(): ["data.EventType: 42", 'data.Resources: "stub-vm"'],
+        odd[5]["EventId"].lower(): ["data.EventStatus: missing"],
+        odd[6]["EventId"].lower(): ['data.EventSource: ["x"] is not a string: dropped'],
+    }
+    odd_fields |= {e["EventId"].lower(): ["data.NotBefore: "] for e in odd[:4]}
     for key, message in got.items():
-        body = json.dumps(message["body"]).encode()
-        if key in unreadable:
-            with pytest.raises(ContractError):
-                parse_message(body)
-        else:
-            parse_message(body)
+        parsed = parse_message(json.dumps(message["body"]).encode())
+        assert parsed.event is not None and parsed.event.key == key
+        for expected in odd_fields.get(key, []):
+            assert any(w.startswith(expected) for w in parsed.warnings), (expected, parsed.warnings)
+    assert parse_message(json.dumps(got[genuine["EventId"].lower()]["body"])).warnings == ()
+    # The forwarder says each odd value once (not at every poll), naming the event and field.
+    for expected in ("EventType: 42 is not a string", 'Resources: "stub-vm" is not a list'):
+        assert log.count(expected) == 1, log[-3000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_document_incarnation_that_is_not_an_integer_hides_no_event(
+    imds: ImdsStub, tmp_path: Path
+) -> None:
+    """Issue 22, item 14: one odd DocumentIncarnation used to refuse the whole document (every
+    poll failed, no event was reported); now it reads as null, said once, and nothing is lost."""
+    event = reboot()
+    imds.incarnation_as = "seven"
+    imds.set_events([event])
+    with forwarder(imds.url, tmp_path) as fw:
+        wait_for_message(fw, event["EventId"], 20, "Scheduled")
+        wait_until(lambda: len(imds.gets()) >= 4, 20, "more polls")
+        log = fw.stderr_text()
+        (message,) = messages(fw)
+    assert message["body"]["data"]["documentIncarnation"] is None
+    assert "poll failed" not in log and "Traceback" not in log
+    assert log.count('DocumentIncarnation: "seven" is not an integer: read as null') == 1, log
 
 
 # -- item 6: bounded IMDS requests and a bounded stop -------------------------------------------

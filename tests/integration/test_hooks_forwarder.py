@@ -325,6 +325,7 @@ def test_hooks_never_delay_detection(sim: RunningSimulator, tmp_path: Path) -> N
         ("dir-writable", "is writable by group and others"),
         ("invalid", "absolute path"),
         ("missing", "cannot check"),
+        ("symlink", "is a symbolic link"),  # issue 22, item 6: it could be pointed elsewhere
     ],
 )
 def test_a_hooks_file_anyone_but_root_could_change_is_refused_at_start(
@@ -344,6 +345,11 @@ def test_a_hooks_file_anyone_but_root_could_change_is_refused_at_start(
         )
     elif damage == "missing":
         hooks = etc / "nothing.json"
+    elif damage == "symlink":
+        link = etc / "link.json"
+        link.symlink_to(hooks)
+        os.lchown(link, 65534, 65534)
+        hooks = link
     fw = make(sim, tmp_path / "state", hooks).start()
     try:
         assert fw.process is not None
@@ -381,6 +387,8 @@ def test_a_failed_prepare_hook_publishes_no_prepared_and_heartbeats_say_so(
                 for m in fw.json_lines()
                 if m.get("subject") == "Heartbeat"
                 and m["body"]["data"]["heartbeat"].get("health", {}).get("hooksFailed")
+                # counted a moment later (the hook's end, then the Prepared decision)
+                and m["body"]["data"]["heartbeat"].get("health", {}).get("notPrepared")
             ]
 
         assert fw.wait_for(lambda _: reported(), 30), fw.stderr_text()[-3000:]
