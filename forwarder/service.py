@@ -37,7 +37,7 @@ from sebridge import __version__, lifecycle
 from sebridge.contract.events import Envelope, Observer, event_message, heartbeat_message
 from sebridge.forwarder.delivery.outbox import OutboxError
 from sebridge.forwarder.imds.client import hostname_observer
-from sebridge.forwarder.imds.diff import diff, index
+from sebridge.forwarder.imds.diff import diff, remember
 from sebridge.forwarder.observability.health import ConditionLog, Health, OddValueLog
 from sebridge.forwarder.ports import (
     Clock,
@@ -227,7 +227,7 @@ class Forwarder:
             self._outbox_log.clear("outbox writable again")
         self.state = ForwarderState(
             document.incarnation,
-            index(document.events),
+            remember(before.events, document.events),
             max(before.outbox_seq, held_up_to),
             bounded_lives(lives, {e.key for e in document.events}),
             observed_at,

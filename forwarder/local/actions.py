@@ -30,7 +30,7 @@ from typing import Any
 
 from sebridge import lifecycle
 from sebridge.contract.events import Envelope, Observer
-from sebridge.forwarder.imds.diff import diff, index
+from sebridge.forwarder.imds.diff import diff, remember
 from sebridge.forwarder.local.drain_probe import DrainProbe, ProbeError, check_upstream
 from sebridge.forwarder.local.hooks_file import HooksFile, HooksFileError, load_hooks
 from sebridge.forwarder.local.journal import Journal, JournalError
@@ -228,7 +228,7 @@ class LocalActions:
             present = {event.key for event in document.events}
             self.store.set_view(
                 View(
-                    index(document.events),
+                    remember(view.events, document.events),
                     bounded_lives(lives, present),
                     observed_at,
                     document.incarnation,

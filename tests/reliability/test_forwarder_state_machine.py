@@ -184,7 +184,16 @@ class ContinuousObserver:
         for key, transition, raw in out:
             self.derived.append((key, transition, self._id(key, transition, raw)))
             self.raws.append(raw)
-        self.known = current
+        # Started never goes back: an event known Started that reads Scheduled stays Started.
+        self.known = {
+            key: (
+                self.known[key]
+                if self.known.get(key, {}).get("EventStatus") == "Started"
+                and raw["EventStatus"] != "Started"
+                else raw
+            )
+            for key, raw in current.items()
+        }
         self.last_seen = at
 
 
