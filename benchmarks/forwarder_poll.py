@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import percentile  # noqa: E402
-from emulators.demo import free_port  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
+from emulators.ports import reserve_port  # noqa: E402
 from emulators.processes import ChildProcess, forwarder, server  # noqa: E402
 from emulators.servicebus.testing import running_emulator  # noqa: E402
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         poll_interval=args.interval,
         heartbeat_interval=300,  # the production default
     )
-    metrics_port = free_port()
+    metrics_port = reserve_port()
     fwm = forwarder(
         url,
         cleanup.enter_context(tempfile.TemporaryDirectory(prefix="bench-fw-metrics-")),

@@ -34,7 +34,6 @@ import json
 import logging
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -192,13 +191,6 @@ def rehome(scenario: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         for e in scenario["events"]
     ]
     return world, sorted(set(names.values()))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def app_settings_for_stand_ins(
@@ -376,19 +368,23 @@ class DemoStack:
         ``settings`` over the common ones; watchers of the Teams cards and the ARM changes."""
         from emulators.fakes.teams import card_lines
         from emulators.functions_host.host import FunctionsHost
+        from emulators.functions_host.http_server import listen
 
         host_logger = logging.getLogger("sebridge.demo.functions-host")
         host_logger.setLevel(logging.INFO if self.verbose else logging.ERROR)
-        http_port = free_port()
+        listener = listen()  # bound now: the Approve links name its port
         common = app_settings_for_stand_ins(
             self.connection_string,
             teams_url=self.teams.webhook_url,
             arm_url=self.arm.url,
-            approval_base_url=f"http://127.0.0.1:{http_port}",  # the Approve links
+            approval_base_url=f"http://127.0.0.1:{listener.getsockname()[1]}",
             identity=self.identity.environ(),
         )
         host = FunctionsHost(
-            ROOT / "function_app.py", {**common, **settings}, logger=host_logger, port=http_port
+            ROOT / "function_app.py",
+            {**common, **settings},
+            logger=host_logger,
+            listener=listener,
         )
         host.start()
         self.defer(host.stop)

@@ -53,13 +53,6 @@ IDLE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "idle-scenario.j
 pytestmark = pytest.mark.timeout(120)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def get(port: int, path: str) -> tuple[int, str]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
@@ -135,7 +128,7 @@ class Rig:
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     with in_process_simulator(IDLE) as sim:
-        rig = Rig(sim, tmp_path, free_port())
+        rig = Rig(sim, tmp_path, 0)  # the server binds port 0 and reports the one it got
         try:
             yield rig
         finally:
@@ -326,7 +319,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
     local = build_local_actions(settings, state_dir, Recorder())
     assert local is not None and local.probe is not None and local.hooks is not None
     with in_process_simulator(IDLE) as sim:
-        rig = Rig(sim, state_dir, free_port(), local)
+        rig = Rig(sim, state_dir, 0, local)
         try:
             port = rig.telemetry.server.address[1] if rig.telemetry.server else 0
             before = scrape(port)

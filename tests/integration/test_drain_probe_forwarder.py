@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from emulators.imds.testing import RunningSimulator, running_simulator
+from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract.events import parse_message
 
@@ -33,13 +34,6 @@ pytestmark = pytest.mark.timeout(180)
 def sim() -> Iterator[RunningSimulator]:
     with running_simulator(IDLE) as running:
         yield running
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def status(port: int) -> int | None:
@@ -125,7 +119,7 @@ def subjects(fw: ChildProcess, event_id: str) -> list[str]:
 def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
-    port = free_port()
+    port = reserve_port()  # the forwarder takes a port number, not 0
     with running(sim, tmp_path / "state", port, "--drain-seconds", "300") as fw:
         other = add_event(sim, resources=["vmss_vm2"])  # another VM's: stays healthy
         short = add_event(sim, event_type="Freeze", duration=5)  # too short to drain
@@ -149,7 +143,7 @@ def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
 
 
 def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_path: Path) -> None:
-    port = free_port()
+    port = reserve_port()  # the forwarder takes a port number, not 0
     with running(sim, tmp_path / "state", port, "--drain-seconds", "3") as fw:
         event_id = add_event(sim)
         wait_status(port, 503)
@@ -172,7 +166,7 @@ def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_p
 def test_a_restart_while_draining_drains_again_at_once_and_publishes_prepared_once(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
-    port = free_port()
+    port = reserve_port()  # the forwarder takes a port number, not 0
     state = tmp_path / "state"
     with running(sim, state, port, "--drain-seconds", "1") as fw:
         event_id = add_event(sim)
@@ -242,7 +236,7 @@ def test_with_an_upstream_the_applications_health_counts_and_down_is_503(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
     upstream = Upstream()
-    port = free_port()
+    port = reserve_port()  # the forwarder takes a port number, not 0
     try:
         with running(sim, tmp_path / "state", port, "--drain-probe-upstream", upstream.url) as fw:
             upstream.status = 500

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from emulators.ports import refused_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract import commands
 from sebridge.contract.events import ContractError, Observer, parse_message
@@ -331,11 +332,11 @@ def test_sigterm_ends_the_process_while_service_bus_is_unreachable(
 ) -> None:
     """Not dry-run: the sender and the approvals receiver keep trying a broker that is not
     there (a closed loopback port), with an event pending."""
-    import socket
+    with refused_port() as port:
+        _sigterm_while_unreachable(imds, tmp_path, port)
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+
+def _sigterm_while_unreachable(imds: ImdsStub, tmp_path: Path, port: int) -> None:
     connection = (
         f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey=x;"
         "UseDevelopmentEmulator=true"

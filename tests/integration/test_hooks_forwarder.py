@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 from emulators.imds.testing import RunningSimulator, running_simulator
+from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from tests.forwarder.local_support import root_dir, script, write_hooks
 
@@ -408,9 +408,7 @@ def test_hooks_and_probe_together_publish_one_prepared_when_both_are_done(
             },
         ],
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = reserve_port()  # the forwarder takes a port number, not 0
     with make(
         sim,
         tmp_path / "state",
