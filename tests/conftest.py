@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 
 import pytest
+
+from tests.support.root import NEEDS_ROOT
+
+# tests/unit/test_suite_rules.py runs small pytest sessions with this file's hooks.
+pytest_plugins = ("pytester",)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,11 +38,38 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def in_ci() -> bool:
+    """CI=true, as CI services set it (and .ci/run does)."""
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    if isinstance(report.longrepr, tuple):  # (path, line, "Skipped: <reason>")
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    return str(report.longrepr or "")
+
+
+def _fail_a_root_skip_in_ci(report: pytest.TestReport) -> None:
+    """Under CI=true, a test that skips because it needs root fails instead: the full-disk and
+    read-only rows of the README's Reliability table and the hooks tests need root, and a CI
+    run that skipped them would pass without them."""
+    if not (report.skipped and in_ci()):
+        return
+    reason = _skip_reason(report)
+    if reason.startswith(NEEDS_ROOT):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped under CI=true, where every test must run: {reason} "
+            "(run the suite as root, as .ci/run does)"
+        )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item,
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
+    _fail_a_root_skip_in_ci(report)
     report.sections = [(title, _encodable(text)) for title, text in report.sections]
     if report.longrepr is not None:
         text = str(report.longrepr)

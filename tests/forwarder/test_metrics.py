@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import threading
 import uuid
@@ -47,6 +46,7 @@ from tests.forwarder.local_support import (
     write_hooks,
 )
 from tests.support.forwarder_fakes import FakeBroker, FakeStore
+from tests.support.root import skip_unless_root
 from tests.support.waiting import wait_until
 
 IDLE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "idle-scenario.json")
@@ -295,8 +295,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
     the drain probe, wired by install_telemetry as main() wires them; /metrics counts each
     hook's runs by outcome (every outcome has a series from the start) and says when the probe
     drains."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned hooks file")
+    skip_unless_root("a hooks file must be root-owned")
     etc = root_dir(tmp_path)
     hooks = write_hooks(
         etc,

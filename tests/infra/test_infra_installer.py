@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from infra_helpers import INFRA, REPO, parse
 
+from tests.support.root import NEEDS_ROOT
+
 SCRIPT = INFRA / "scripts" / "install-forwarder.sh"
 UNIT = INFRA / "scripts" / "sebridge-forwarder.service"
 UNIT_PATH = "etc/systemd/system/sebridge-forwarder.service"
@@ -443,7 +445,7 @@ def test_package_source_has_no_default() -> None:
 SYSTEM_PATH = f"{os.environ.get('PATH', '/usr/bin:/bin')}:/usr/sbin:/sbin"
 needs_useradd = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd", path=SYSTEM_PATH) is None,
-    reason="useradd --root needs root and useradd",
+    reason=f"{NEEDS_ROOT}: useradd --root needs root and useradd",
 )
 HOST_ACCOUNT_FILES = [Path("/etc") / name for name in ("passwd", "group", "shadow", "gshadow")]
 

@@ -44,6 +44,7 @@ from sebridge.forwarder.imds.ratelimit import RequestLimit
 from sebridge.forwarder.main import EXIT_STATE_DIR
 from sebridge.forwarder.state import STATE_FILE
 from tests.support.imds_stub import ImdsStub, max_in_any_window
+from tests.support.root import skip_needing_root
 from tests.support.waiting import wait_until
 
 STOP_WITHIN = 5.0  # seconds from SIGTERM to exit, in every state
@@ -117,7 +118,7 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
     """A tmpfs mounted at ``path`` for the block (a real small or read-only file system)."""
     path.mkdir(parents=True, exist_ok=True)
     if shutil.which("mount") is None:
-        pytest.skip("no mount command: cannot make a real full or read-only file system")
+        skip_needing_root("no mount command: cannot make a real full or read-only file system")
     result = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
         capture_output=True,
@@ -125,7 +126,7 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
         check=False,
     )
     if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {result.stderr.strip()}")
+        skip_needing_root(f"cannot mount a tmpfs (CAP_SYS_ADMIN): {result.stderr.strip()}")
     try:
         yield path
     finally:

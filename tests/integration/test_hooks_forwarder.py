@@ -22,13 +22,14 @@ from emulators.imds.testing import RunningSimulator, running_simulator
 from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from tests.forwarder.local_support import root_dir, script, write_hooks
+from tests.support.root import requires_root
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
 VM = "vmss_vm1"  # the simulator's VM
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.skipif(os.geteuid() != 0, reason="a hooks file must be root-owned: run as root"),
+    requires_root("a hooks file must be root-owned"),
 ]
 
 
