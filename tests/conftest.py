@@ -22,6 +22,43 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Parallel runs (make test: pytest-xdist, --dist loadgroup) take the tests in this order, so
+# that the long ones start first and the short ones fill the gaps at the end: tests marked
+# slow, then by directory, the real-process layers before the in-process ones.
+LAYERS = (
+    "reliability",
+    "e2e",
+    "integration",
+    "eventgrid",
+    "functions_host",
+    "contract",
+    "forwarder",
+    "infra",
+    "functions",
+    "unit",
+)
+# Tests that share one expensive session fixture run in one worker (xdist_group), so the
+# fixture runs once, not once per worker: checkov scans infra/ for 10-70 s of CPU.
+SHARED_SESSION_FIXTURES = {"checkov_report": "checkov", "checkov_reports": "checkov"}
+
+
+def _order(item: pytest.Item) -> tuple[int, int]:
+    parts = item.nodeid.split("/")
+    layer = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    rank = LAYERS.index(layer) if layer in LAYERS else len(LAYERS)
+    return (0 if item.get_closest_marker("slow") else 1, rank)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, group in SHARED_SESSION_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+    items.sort(key=_order)  # stable: within a rank, the collection order
+
+
 @pytest.fixture
 def reliability_runs(request: pytest.FixtureRequest) -> int:
     runs: int = request.config.getoption("--reliability-runs")

@@ -22,6 +22,8 @@ from emulators.servicebus.testing import running_emulator
 from tests.support.bus import as_dict, receive_all
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 EVENT_ID = "614cb437-89a4-491a-a160-bf8dc81fe15a"  # user-reboot's event

@@ -31,6 +31,7 @@ MILESTONES = [
 GATE_MILESTONE = r"imds\s+POST StartRequests \w+ -> 200"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @requires_root("the hooks file must be root-owned")
 def test_the_vm_side_demo_prepares_the_vm_itself() -> None:

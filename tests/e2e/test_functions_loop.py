@@ -36,6 +36,8 @@ from tests.fixtures import golden
 from tests.support.bus import receive_all
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 # One session per trigger and host (an app setting overriding host.json, as in Azure): the
 # two-hosts test's two events then go to two hosts; with host.json's 64, one host could take

@@ -50,6 +50,7 @@ def test_the_shipped_file_is_a_complete_valid_configuration() -> None:
     assert "sb://127.0.0.1:5672;" in values["ServiceBusConnection"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_functions_host_runs_the_app_against_the_demo_world_with_it(tmp_path: Path) -> None:
     # Every process binds port 0 and says which port it got; the file is rewritten to match.

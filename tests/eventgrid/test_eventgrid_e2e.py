@@ -33,6 +33,8 @@ from tests.support.bus import receive_all
 from tests.support.waiting import wait_until
 from tests.unit.test_contract import DATA_SCHEMA, FORMATS
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 SUBSCRIPTIONS = ("audit", "teams", "lb-pools", "approval-gate")
 # Which transitions each subscription's SQL filter admits (infra/servicebus-emulator/Config.json).

@@ -253,6 +253,7 @@ ODD_VALUES: list[Any] = [
 @pytest.mark.parametrize(
     "name", ["scheduled", "updated", "started", "completed", "held", "prepared", "approved"]
 )
+@pytest.mark.slow
 def test_every_field_with_every_odd_value(
     make_app: Callable[..., App], world: None, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:

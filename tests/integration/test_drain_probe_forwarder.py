@@ -142,6 +142,7 @@ def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
         sim.event("remove", eventId=short)
 
 
+@pytest.mark.slow
 def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_path: Path) -> None:
     port = reserve_port()  # the forwarder takes a port number, not 0
     with running(sim, tmp_path / "state", port, "--drain-seconds", "3") as fw:
@@ -163,6 +164,7 @@ def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_p
         assert len(prepared(fw, event_id)) == 1
 
 
+@pytest.mark.slow
 def test_a_restart_while_draining_drains_again_at_once_and_publishes_prepared_once(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:

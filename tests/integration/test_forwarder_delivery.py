@@ -30,6 +30,8 @@ from tests.support.bus import receive_all
 from tests.support.imds_stub import ImdsStub
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 

@@ -258,6 +258,7 @@ def test_out_of_range_and_odd_values_never_blind_the_forwarder(
 # -- item 6: bounded IMDS requests and a bounded stop -------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_trickling_body_ends_by_the_deadline_and_polling_goes_on(
     imds: ImdsStub, tmp_path: Path
@@ -278,6 +279,7 @@ def test_a_trickling_body_ends_by_the_deadline_and_polling_goes_on(
     assert took <= 10 + 5, took  # one 10 s deadline (and the poll interval before it)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", ["endless", "huge"])
 def test_an_endless_or_huge_body_is_refused_at_the_cap(
@@ -305,6 +307,7 @@ STOP_STATES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("mode", "after_first_poll"), STOP_STATES)
 def test_sigterm_ends_the_process_within_5_seconds(
@@ -327,6 +330,7 @@ def test_sigterm_ends_the_process_within_5_seconds(
     assert "stopping" in log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_sigterm_ends_the_process_while_service_bus_is_unreachable(
     imds: ImdsStub, tmp_path: Path
@@ -384,6 +388,7 @@ def test_a_command_spends_at_most_its_budget_on_a_trickling_imds(imds: ImdsStub)
     assert took <= 3.0 + 0.5, took  # the whole budget, however slowly IMDS answers
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_flood_of_commands_never_drives_imds_above_5_per_second(imds: ImdsStub) -> None:
     """The poller and the approvals handler share one limit (as main.py wires them): 60

@@ -186,6 +186,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_a_hook_that_times_out_is_killed_with_its_process_group(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:

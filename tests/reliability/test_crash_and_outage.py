@@ -103,6 +103,7 @@ def restart_with_the_clock_held(sim: SimClient, state: Path, bus: Any) -> ChildP
     return fw
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_kill_9_at_random_points_loses_and_doubles_nothing(
     bus: Any, tmp_path: Path, reliability_runs: int
@@ -144,6 +145,7 @@ def test_kill_9_at_random_points_loses_and_doubles_nothing(
         assert got[event_id] == transitions, f"{event_id}: {got[event_id]} != {transitions}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_30_second_broker_outage_delays_but_loses_nothing(bus: Any, tmp_path: Path) -> None:
     rng = random.Random(7)
@@ -182,6 +184,7 @@ def test_a_30_second_broker_outage_delays_but_loses_nothing(bus: Any, tmp_path: 
     assert "Service Bus reachable again" in log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_storm_of_imds_faults_is_ridden_out(bus: Any, tmp_path: Path) -> None:
     """Random 5xx and 429 bursts, a malformed body and a hang, all while events progress.
@@ -227,6 +230,7 @@ def test_a_storm_of_imds_faults_is_ridden_out(bus: Any, tmp_path: Path) -> None:
         assert got.get(event_id) == transitions, log[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_slow_first_call_longer_than_the_normal_timeout(tmp_path: Path) -> None:
     """IMDS may take up to 2 minutes to answer the first call; here 15 s, which is more than
@@ -261,6 +265,7 @@ def test_a_clean_reboot_mid_event_still_reports_completed(tmp_path: Path) -> Non
     assert subjects == ["Completed"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_down_from_scheduled_until_gone_reports_completed_once_not_before_passed(
     tmp_path: Path,
@@ -286,6 +291,7 @@ def test_down_from_scheduled_until_gone_reports_completed_once_not_before_passed
     assert subjects == ["Completed"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_watched_without_a_gap_a_vanished_scheduled_event_is_cancelled_even_past_not_before(
     tmp_path: Path,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -372,3 +373,4 @@ ForwarderUnderFaults.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_forwarder_under_faults = ForwarderUnderFaults.TestCase
+test_forwarder_under_faults.pytestmark = [pytest.mark.slow]
