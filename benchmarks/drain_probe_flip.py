@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import percentile  # noqa: E402
-from emulators.demo_hooks import probe_status  # noqa: E402
+from emulators.demo.vm_side import probe_status  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.ports import reserve_port  # noqa: E402
 from emulators.processes import ChildProcess, forwarder, server  # noqa: E402

@@ -83,7 +83,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import percentile, summary  # noqa: E402
-from emulators.demo import GROUP, SUBSCRIPTION, app_settings_for_stand_ins  # noqa: E402
+from emulators.demo.world import GROUP, SUBSCRIPTION, app_settings_for_stand_ins  # noqa: E402
 from emulators.fakes.arm import FakeArm  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
 from emulators.fakes.storage import FakeBlobStorage  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from emulators.demo import CAPACITY_HOLD, load_packaged
+from emulators.demo.world import CAPACITY_HOLD, load_packaged
 from emulators.imds.scenario import parse_scenario
 
 MILESTONES = [

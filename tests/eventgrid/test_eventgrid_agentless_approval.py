@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from emulators.demo_sources import webhook_url
+from emulators.demo.sources import webhook_url
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.eventgrid import EventGridPublisher

@@ -1,4 +1,4 @@
-"""`sebridge demo --source eventgrid|both` as a user runs it (see emulators/demo_sources.py)."""
+"""`sebridge demo --source eventgrid|both` as a user runs it (see emulators/demo/sources.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from emulators.demo_sources import one_message_per_transition
+from emulators.demo.sources import one_message_per_transition
 from sebridge.imds import ScheduledEvent
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from emulators.demo_sources import PlatformEventGrid, one_message_per_transition, webhook_url
+from emulators.demo.sources import PlatformEventGrid, one_message_per_transition, webhook_url
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.eventgrid import EventGridPublisher
 from emulators.fakes.identity import FakeIdentity

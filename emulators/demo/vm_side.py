@@ -34,13 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulators.demo import (
-    GROUP,
-    SUBSCRIPTION,
-    DemoStack,
-    Timeline,
-    watch_list,
-)
+from emulators.demo.stack import DemoStack, watch_list
+from emulators.demo.timeline import Timeline
+from emulators.demo.world import GROUP, SUBSCRIPTION
 from emulators.ports import reserve_port
 
 NAME = "vm-side"
