@@ -52,11 +52,28 @@ def _order(item: pytest.Item) -> tuple[int, int]:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        for fixture, group in SHARED_SESSION_FIXTURES.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+        group = _shared_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=_order)  # stable: within a rank, the collection order
+
+
+def _shared_group(item: pytest.Item) -> str | None:
+    """The worker group of a test that shares an expensive fixture with others: checkov's
+    session report, or a stand-in its module starts once (a module-scoped fixture: the
+    deliverables' wheel and virtual environments, a module's emulator or simulator), which
+    every worker taking some of the module's tests would otherwise start again."""
+    names = getattr(item, "fixturenames", ())
+    for fixture, group in SHARED_SESSION_FIXTURES.items():
+        if fixture in names:
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = getattr(info, "name2fixturedefs", {})
+    for name in names:
+        defs = definitions.get(name)
+        if defs and defs[-1].scope == "module":
+            return item.nodeid.split("::")[0]
+    return None
 
 
 @pytest.fixture

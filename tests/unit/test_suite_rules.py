@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 SESSION = """
 import pytest
@@ -52,3 +55,39 @@ def test_a_skip_for_want_of_root_fails_under_ci_and_only_there(
         assert failed == 0
         assert outcomes.get("skipped", 0) == 3 + not_root
         assert result.ret == 0
+
+
+SHARED = """
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    return object()
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_uses_the_module_stand_in(stand_in, n):
+    with open(os.environ["WORKERS_FILE"], "a") as out:
+        out.write(os.environ.get("PYTEST_XDIST_WORKER", "none") + "\\n")
+"""
+
+
+def test_tests_sharing_a_module_stand_in_run_in_one_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make test's --dist loadgroup with tests/conftest.py's groups: a module-scoped fixture
+    is set up once, in one worker, not once in every worker that takes some of its tests
+    (pytest 9.2 silently broke this: pytest-dev/pytest-xdist#1386)."""
+    workers = pytester.path / "workers.txt"
+    monkeypatch.setenv("WORKERS_FILE", str(workers))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the subprocess imports tests.conftest
+    pytester.makepyfile(test_shared=SHARED)
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup"
+    )
+    assert result.parseoutcomes().get("passed") == 6
+    seen = workers.read_text().split()
+    assert len(seen) == 6 and len(set(seen)) == 1, seen
