@@ -99,6 +99,9 @@ def test_valid_approval_is_posted_once_and_the_lifecycle_goes_on(
             wait_until(lambda: sim.state()["document"]["Events"], 10, "the scenario to start")
             send(emulator, command(eventId=EVENT_ID.upper()), message_id=f"approve:{EVENT_ID}")
             wait_until(lambda: sim.posts(), 20, "the IMDS POST")
+            # The forwarder's next poll sees it Started; only then may it go away (moved on
+            # before that poll, as on a loaded machine, it would vanish unseen while Scheduled).
+            wait_until(lambda: f"Started {EVENT_ID}" in fw.stderr_text(), 30, "Started seen")
             sim.advance(11)  # the approved event has been Started for 10 s: it goes away
             audit = receive_all(emulator.connection_string, "audit", want=4, timeout=30)
             log = fw.stderr_text()
