@@ -3,6 +3,9 @@ ARM refuses requests without a token or api-version, Teams rejects what is not a
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 import requests
 from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
@@ -24,6 +27,28 @@ def test_azure_identity_gets_a_token_unchanged(
     assert identity_fake.issued[token.token] == "https://management.azure.com"
     (request,) = identity_fake.requests
     assert request.headers["x-identity-header"] == identity_fake.header
+
+
+@pytest.mark.parametrize("credential_type", [ManagedIdentityCredential, DefaultAzureCredential])
+def test_a_vm_gets_its_token_from_imds_unchanged(
+    identity_fake: FakeIdentity, monkeypatch: pytest.MonkeyPatch, credential_type: type
+) -> None:
+    """As on a VM (no App Service settings): azure-identity asks IMDS's token endpoint, here
+    the fake's, and gets a token shaped like Entra ID's: three base64url parts, JSON claims."""
+    for name in identity_fake.environ():
+        monkeypatch.delenv(name)
+    for name, value in identity_fake.vm_environ().items():
+        monkeypatch.setenv(name, value)
+    token = credential_type().get_token("https://servicebus.azure.net/.default")
+    assert identity_fake.issued[token.token] == "https://servicebus.azure.net"
+    (request,) = identity_fake.requests
+    assert request.path == "/metadata/identity/oauth2/token"
+    assert request.headers["metadata"] == "true"
+    header, claims, signature = token.token.split(".")
+    padded = claims + "=" * (-len(claims) % 4)
+    decoded = json.loads(base64.urlsafe_b64decode(padded))
+    assert decoded["aud"] == "https://servicebus.azure.net"
+    assert decoded["exp"] == token.expires_on and header and signature
 
 
 def test_the_identity_endpoint_checks_its_header(identity_fake: FakeIdentity) -> None:

@@ -72,7 +72,7 @@ def test_scheduled_drains_every_affected_vm_and_publishes_prepared(
         "web-2",
     ]
     # ARM saw a bearer token that azure-identity fetched from the managed-identity endpoint
-    assert all(r.headers["authorization"].startswith("Bearer fake-") for r in app.arm.requests)
+    assert all(identity_fake.issued_token(r.headers["authorization"]) for r in app.arm.requests)
     assert app.arm.url in identity_fake.issued.values()  # the token's audience is ARM_ENDPOINT
     assert {r.query["api-version"] for r in app.arm.requests} == {"2024-07-01", "2024-05-01"}
     assert before["web-2"] == [world["pool-a"]]
