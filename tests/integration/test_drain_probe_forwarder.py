@@ -175,9 +175,10 @@ def test_a_restart_while_draining_drains_again_at_once_and_publishes_prepared_on
         wait_status(port, 503)
         assert fw.wait_for(lambda _: prepared(fw, event_id), 30)
         first_id = prepared(fw, event_id)[0]["message_id"]
-        # Killed once the journal has marked it published (the log line comes after the mark):
-        # a kill between the outbox write and that mark publishes the same message id again
-        # after the restart, which the topic's duplicate detection drops (not tested here).
+        # Killed once the journal has marked it published (the log line comes after the mark).
+        # The outbox removes its row only after the print, so a kill in between prints the
+        # same message (same id) again after the restart: at least once, and the topic's
+        # duplicate detection drops the copy. What may never happen is a second Prepared.
         assert fw.wait_for(lambda _: f"Prepared {event_id} by" in fw.stderr_text(), 30)
         fw.kill()
     again = forwarder(
@@ -200,10 +201,14 @@ def test_a_restart_while_draining_drains_again_at_once_and_publishes_prepared_on
                 answers.append(answer)
             time.sleep(0.05)
         assert answers and set(answers) == {503}, answers
-        # Prepared went into the durable outbox before the crash: not published again.
+        # Prepared went into the durable outbox before the crash: not derived again. At most
+        # the outbox's copy of the same message goes out once more (a kill between its print
+        # and the row's removal: seen on a loaded machine).
         assert again.wait_for(lambda _: "drain time of 1 s over" in again.stderr_text(), 30)
         time.sleep(1.0)
-        assert prepared(again, event_id) == [], first_id
+        again_ids = [m["message_id"] for m in prepared(again, event_id)]
+        assert again_ids in ([], [first_id]), (first_id, again_ids)
+        assert f"Prepared {event_id} by" not in again.stderr_text()  # not decided again
         sim.event("remove", eventId=event_id)
         wait_status(port, 200)
     finally:
