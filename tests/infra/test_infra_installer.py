@@ -127,7 +127,7 @@ def test_installer_knows_every_setting_the_forwarder_reads() -> None:
     config_module = REPO / "forwarder" / "config.py"
     # The flags of the local actions (hooks, drain probe) are declared beside them, and the
     # Service Bus connection flags (shared with sebridge approve) in the Service Bus module.
-    local_flags = REPO / "forwarder" / "local" / "actions.py"
+    local_flags = REPO / "forwarder" / "local" / "settings.py"
     connection_flags = REPO / "sebridge" / "servicebus.py"
     sources = config_module.read_text() + local_flags.read_text() + connection_flags.read_text()
     read = set(re.findall(r'"(SEBRIDGE_[A-Z_]+|AZURE_CLIENT_ID)"', sources))
