@@ -10,11 +10,12 @@ BIN := $(VENV)/bin
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION ?= 3.2.369
 PYTEST_ARGS ?=
-# make test runs pytest on this many processes (pytest-xdist; 0: one process). The suite mostly
-# waits on real processes over loopback, so more workers than cores pays: measured on 2 cores,
-# see README "Development". --dist loadgroup keeps tests that share an expensive session
-# fixture (checkov) on one worker; tests/conftest.py starts the slow tests first.
-PYTEST_WORKERS ?= 6
+# make test runs pytest on this many processes (pytest-xdist; 0: one process): twice the cores.
+# The suite mostly waits on real processes over loopback, so more workers than cores pays, but
+# it also needs ~11 minutes of CPU: see README "Development" for what was measured on 2 cores.
+# --dist loadgroup keeps tests that share an expensive fixture on one worker; tests/conftest.py
+# starts the slow tests first.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')
 # make check: the directories of the fast tests, without those marked slow.
 CHECK_TESTS ?= tests/unit tests/functions tests/contract
 CHECK_WORKERS ?= 4
