@@ -695,13 +695,19 @@ class LbPools:
         settle = SETTLE_SECONDS if self.settle_seconds is None else self.settle_seconds
         poll = SETTLE_POLL_SECONDS if self.settle_poll_seconds is None else self.settle_poll_seconds
         deadline = self.monotonic() + settle
+        last_pass = False
         while True:
             still_held = self._resume_once(sorted(restored), outcome, now, skip=skip)
-            if not still_held:
+            if not still_held or last_pass:
                 return
             health = capacity.measure(self.arm, still_held)
             settling = any(restored[p] - health[p].healthy for p in still_held if p in health)
-            if not settling or self.monotonic() + poll > deadline:
+            if not settling:
+                # Every restored member is Up now, but perhaps only since the pass above
+                # looked: one more pass decides with what is true now, then no more.
+                last_pass = True
+                continue
+            if self.monotonic() + poll > deadline:
                 return
             log.info("waiting for restored members to be probed Up before resuming held events")
             self.sleep(poll)
