@@ -51,6 +51,38 @@ def test_a_vm_gets_its_token_from_imds_unchanged(
     assert decoded["exp"] == token.expires_on and header and signature
 
 
+@pytest.mark.parametrize(
+    ("path", "params", "headers", "status"),
+    [
+        ("/metadata/identity/oauth2/token", {"api-version": "2018-02-01"}, {}, 400),
+        (
+            "/metadata/identity/oauth2/token",
+            {"api-version": "2019-08-01", "resource": "https://servicebus.azure.net"},
+            {"Metadata": "true"},
+            400,
+        ),
+        (
+            "/metadata/identity/oauth2/token",
+            {"api-version": "2018-02-01"},
+            {"Metadata": "true"},
+            400,
+        ),
+        ("/metadata/instance", {"api-version": "2018-02-01"}, {"Metadata": "true"}, 404),
+    ],
+    ids=["no-metadata-header", "wrong-api-version", "no-resource", "another-path"],
+)
+def test_the_vm_token_endpoint_refuses_what_imds_refuses(
+    identity_fake: FakeIdentity,
+    path: str,
+    params: dict[str, str],
+    headers: dict[str, str],
+    status: int,
+) -> None:
+    response = requests.get(identity_fake.url + path, params=params, headers=headers, timeout=5)
+    assert response.status_code == status
+    assert not identity_fake.issued
+
+
 def test_the_identity_endpoint_checks_its_header(identity_fake: FakeIdentity) -> None:
     response = requests.get(
         identity_fake.environ()["IDENTITY_ENDPOINT"],

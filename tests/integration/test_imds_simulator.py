@@ -176,8 +176,10 @@ def test_a_held_clock_keeps_the_scenario_still_until_it_runs_again(
     fresh: RunningSimulator,
 ) -> None:
     fresh.advance(10)
+    assert fresh.run_clock()["clockHeld"] is False  # running already: nothing changes
     held = fresh.hold_clock()
     assert held["clockHeld"] is True
+    assert fresh.hold_clock()["elapsed"] == held["elapsed"]  # held already: nothing changes
     fresh.advance(4.5)  # a jump still moves a held clock (Started is due at 15)
     before = fresh.state()["elapsed"]
     deadline = time.monotonic() + 1.0
