@@ -12,6 +12,9 @@ from emulators.demo.timeline import Timeline
 from emulators.demo.verdict import Verdict, approved_event_ids, judge, plan_for
 from emulators.demo.world import GROUP, MIN_HEALTHY, SUBSCRIPTION, demo_world, load_packaged, rehome
 
+READY = "receiving commands"  # the forwarder's log line once its Service Bus link is up
+FORWARDER_START_TIMEOUT = 60.0  # then the scenario runs anyway (the verdict says what failed)
+
 
 def run(
     scenario_name: str, speed: float, timeout: float, verbose: bool, source: str = "forwarder"
@@ -74,8 +77,14 @@ def run(
             poll_interval=1.0,
         )
         if source != "eventgrid":
+            # The scenario's clock waits for the forwarder's Service Bus link: on a loaded
+            # machine the first connection takes seconds, and events timed seconds apart
+            # (capacity-hold's two Reboots) would otherwise reach the topic together.
+            sim.hold_clock()
             fw.start()
             stack.defer(fw.close)
+            fw.wait_for(lambda _: READY in fw.stderr_text(), FORWARDER_START_TIMEOUT)
+            sim.run_clock()
             timeline.add("setup", "forwarder polling IMDS once a second")
         if source != "forwarder":
             for stop_source in demo_sources.start_event_grid(
