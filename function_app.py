@@ -2,28 +2,39 @@
 
 Each workflow is one folder holding its trigger (``blueprint.py``) and its core (``core.py``,
 plain Python with ports and no I/O of its own). Settings are validated here, at start: a bad
-one stops the app with an error naming it.
+one stops the app with an error naming it. Which workflows run follows from the settings
+(``functions.shared.settings.workflows``); one line at start says which are on and why any is
+off.
 """
+
+import logging
 
 import azure.functions as func
 
 from functions import custom_example
 from functions.approval_gate.blueprint import bp as approval_gate
 from functions.eventgrid_ingest.blueprint import bp as eventgrid_ingest
+from functions.history.blueprint import bp as history
 from functions.lb_pools.blueprint import bp as lb_pools
 from functions.shared import composition
+from functions.shared.settings import workflows, workflows_line
 from functions.teams.blueprint import bp as teams
 from functions.webhooks.blueprint import bp as webhooks
 
 settings = composition.settings()
 
+BLUEPRINTS = {
+    "teams": teams,
+    "lb_pools": lb_pools,
+    "approval_gate": approval_gate,  # and the approve link (HTTP)
+    "webhooks": webhooks,
+    "custom_example": custom_example.bp,
+    "eventgrid_ingest": eventgrid_ingest,
+    "history": history,
+}
+
 app = func.FunctionApp()
-app.register_functions(teams)
-app.register_functions(lb_pools)
-app.register_functions(approval_gate)
-if settings.custom_subscriber_enabled:
-    app.register_functions(custom_example.bp)
-if settings.webhooks_subscription:
-    app.register_functions(webhooks)
-if settings.eventgrid_ingest_enabled:
-    app.register_functions(eventgrid_ingest)
+for workflow in workflows(settings):
+    if workflow.on:
+        app.register_functions(BLUEPRINTS[workflow.name])
+logging.getLogger("sebridge.functions").info(workflows_line(settings))

@@ -17,3 +17,7 @@ STATUS = Subcommand(
     "sebridge.forwarder.observability.status_cli",
     "show this VM's forwarder state: events, outbox, set-aside messages, last poll and send",
 )
+DOCTOR = Subcommand(
+    "sebridge.forwarder.observability.doctor",
+    "check that this VM's forwarder can work: IMDS, token, send, receive, unit, hooks, probe",
+)

@@ -12,7 +12,7 @@ from typing import Any
 from sebridge.forwarder.delivery.outbox import DEFAULT_MAX_ROWS
 from sebridge.forwarder.delivery.publisher import STANDARD_MAX_MESSAGE_BYTES
 from sebridge.forwarder.imds.client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
-from sebridge.forwarder.local import actions as local_actions
+from sebridge.forwarder.local import settings as local_actions
 from sebridge.servicebus import add_connection_arguments, check_endpoint, check_transport
 from sebridge.values import parse_bool
 
@@ -206,7 +206,12 @@ def parse_config(
 ) -> ForwarderConfig:
     """Flags over environment over defaults; :class:`ConfigError` names what is wrong."""
     env = os.environ if env is None else env
-    args = build_parser(env).parse_args(argv)
+    return config_from_args(build_parser(env).parse_args(argv))
+
+
+def config_from_args(args: argparse.Namespace) -> ForwarderConfig:
+    """The configuration from what :func:`build_parser`'s parser read (``sebridge doctor``
+    adds its own flags to that parser); :class:`ConfigError` names what is wrong."""
     # Sub-second intervals are for simulator-driven tests: real IMDS throttles above 5/s.
     poll = _number("--poll-interval", args.poll_interval, minimum=0.05, maximum=60)
     heartbeat = _number("--heartbeat-interval", args.heartbeat_interval, minimum=0, maximum=86_400)

@@ -12,7 +12,8 @@ import logging
 
 import azure.functions as func
 
-from functions.shared.triggers import decode, log_invocation
+from functions.shared.triggers import service_bus_function
+from functions.shared.verified import VerifiedMessage
 from sebridge.contract.events import TransitionMessage
 
 log = logging.getLogger("sebridge.functions.custom")
@@ -29,16 +30,8 @@ def summary(message: TransitionMessage) -> str:
     return f"{event.event_type} {message.transition.value.lower()} for {vms} at {when}"
 
 
-@bp.function_name("custom_example")
-@bp.service_bus_topic_trigger(
-    arg_name="msg",
-    topic_name="%TopicName%",
-    subscription_name="%CustomSubscriptionName%",
-    connection="ServiceBusConnection",
-    is_sessions_enabled=True,
-)
-@log_invocation
-def custom_example(msg: func.ServiceBusMessage) -> None:
-    message = decode(msg, "custom_example")
-    if message is not None:
-        log.warning("VM loss ahead: %s", summary(message))
+# Declared with service_bus_function: the message is decoded, and the seal and scope checks
+# have run, before this is called (a refused message never gets here).
+@service_bus_function(bp, "custom_example", "%CustomSubscriptionName%")
+def custom_example(message: VerifiedMessage) -> None:
+    log.warning("VM loss ahead: %s", summary(message.message))

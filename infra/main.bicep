@@ -63,6 +63,9 @@ param customSubscriberEnabled bool = false
 @description('Subscription your own subscriber function reads (CustomSubscriptionName): its own, not one of teams, lb-pools, approval-gate, audit. Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
 param customSubscriptionName string = ''
 
+@description('Post a Teams card per transition (the teams workflow; its webhook URL is the Key Vault secret teams-webhook-url). false: a Slack- or PagerDuty-only setup: no Teams setting, secret or subscription, and webhookEndpoints must list at least one endpoint or the app refuses to start.')
+param teamsEnabled bool = true
+
 @description('Webhook endpoints of the webhooks workflow (WEBHOOKS): objects with name, preset (slack, pagerduty, generic), urlSetting, routingKeySetting, transitions, eventTypes, impactfulOnly, template. No secret here: urlSetting and routingKeySetting name app settings listed in webhookSecretSettings.')
 param webhookEndpoints array = []
 
@@ -79,6 +82,9 @@ param alertActionGroupIds array = []
 @minValue(1)
 @maxValue(1000)
 param functionMaximumInstanceCount int = 40
+
+@description('Object ids of the users, groups or service principals who may send approve commands by hand (sebridge approve): each gets Azure Service Bus Data Sender on the approvals queue only (az ad signed-in-user show --query id -o tsv).')
+param approvalSenderPrincipalIds array = []
 
 @description('Object id of the user or group that sets the Key Vault secrets after deployment (gets Key Vault Secrets Officer on the vault). Empty: grant it yourself.')
 param secretsOfficerPrincipalId string = ''
@@ -116,6 +122,19 @@ param agentlessVmPatterns array = []
 @description('Existing VMs, scale sets and availability sets to opt in to scheduled events in Event Grid (scheduledEventsPolicy, Compute API 2025-04-01), one entry per resource group: {resourceGroup, vmNames, vmssNames, availabilitySetNames}. Register the preview features first (README, Deploy: Agentless mode).')
 param scheduledEventsPolicyTargets array = []
 
+@description('Deploy the fleet maintenance workbook (Azure Monitor) over the history\'s summary lines in Application Insights.')
+param workbookEnabled bool = true
+
+@description('Days an event stays in the history after its last entry (HISTORY_RETENTION_DAYS, 1-3650).')
+@minValue(1)
+@maxValue(3650)
+param historyRetentionDays int = 90
+
+@description('Days before and after now that the maintenance calendar feed covers (CALENDAR_WINDOW_DAYS, 1-366).')
+@minValue(1)
+@maxValue(366)
+param calendarWindowDays int = 30
+
 var abbrs = loadJsonContent('abbreviations.json')
 // Stable per resource group and environment, so redeployments update rather than duplicate.
 var resourceToken = toLower(uniqueString(subscription().id, resourceGroup().id, environmentName))
@@ -130,16 +149,22 @@ var teamsSubscriptionName = 'teams'
 var lbPoolsSubscriptionName = 'lb-pools'
 var approvalGateSubscriptionName = 'approval-gate'
 var webhooksSubscriptionName = 'webhooks'
+var historySubscriptionName = 'history'
 var builtInSubscriptionNames = [
-  teamsSubscriptionName
   lbPoolsSubscriptionName
   approvalGateSubscriptionName
   webhooksSubscriptionName
+  historySubscriptionName
 ]
+// Without Teams the teams subscription is not deployed at all: nobody would read it, and its
+// messages would expire into the dead-letter queue (and fire the dead-letter alert) every week.
+var teamsSubscriptionNames = teamsEnabled ? [
+  teamsSubscriptionName
+] : []
 var customSubscriptionNames = (customSubscriberEnabled && !empty(customSubscriptionName)) ? [
   customSubscriptionName
 ] : []
-var functionAppSubscriptionNames = concat(builtInSubscriptionNames, customSubscriptionNames)
+var functionAppSubscriptionNames = concat(teamsSubscriptionNames, builtInSubscriptionNames, customSubscriptionNames)
 
 var teamsWebhookSecretName = 'teams-webhook-url'
 // Agentless mode's containers in the host storage account.
@@ -155,6 +180,9 @@ module serviceBus 'modules/servicebus.bicep' = {
     skuName: serviceBusSku
     premiumCapacity: serviceBusPremiumCapacity
     topicDuplicateDetectionWindow: topicDuplicateDetectionWindow
+    omittedSubscriptionNames: teamsEnabled ? [] : [
+      teamsSubscriptionName
+    ]
     tags: allTags
   }
 }
@@ -214,10 +242,14 @@ module functionApp 'modules/functionapp.bicep' = {
     appInsightsConnectionString: monitoring.outputs.connectionString
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     topicName: serviceBus.outputs.topicName
+    teamsEnabled: teamsEnabled
     teamsSubscriptionName: teamsSubscriptionName
     lbPoolsSubscriptionName: lbPoolsSubscriptionName
     approvalGateSubscriptionName: approvalGateSubscriptionName
     webhooksSubscriptionName: webhooksSubscriptionName
+    historySubscriptionName: historySubscriptionName
+    historyRetentionDays: historyRetentionDays
+    calendarWindowDays: calendarWindowDays
     approvalsQueueName: serviceBus.outputs.approvalsQueueName
     keyVaultUri: keyVault.outputs.vaultUri
     teamsWebhookSecretName: teamsWebhookSecretName
@@ -282,6 +314,7 @@ module functionAppRoles 'modules/functionapp-roles.bicep' = {
   params: {
     functionAppPrincipalId: functionApp.outputs.principalId
     storageAccountName: storage.outputs.name
+    historyTableName: storage.outputs.historyTableName
     keyVaultName: keyVault.outputs.name
     appInsightsName: monitoring.outputs.appInsightsName
   }
@@ -296,6 +329,7 @@ module serviceBusRoles 'modules/servicebus-roles.bicep' = {
     functionAppPrincipalId: functionApp.outputs.principalId
     functionAppSubscriptionNames: functionAppSubscriptionNames
     forwarderPrincipalId: forwarderIdentity.outputs.principalId
+    approvalSenderPrincipalIds: approvalSenderPrincipalIds
   }
 }
 
@@ -324,6 +358,16 @@ module alerts 'modules/alerts.bicep' = if (alertsEnabled) {
   }
 }
 
+module workbook 'modules/workbook.bicep' = if (workbookEnabled) {
+  name: 'workbook'
+  params: {
+    location: location
+    appInsightsId: monitoring.outputs.appInsightsId
+    displayName: 'Scheduled Events Bridge: fleet maintenance (${environmentName})'
+    tags: allTags
+  }
+}
+
 @description('Fully qualified Service Bus namespace (SEBRIDGE_NAMESPACE on the VMs).')
 output serviceBusNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 
@@ -339,12 +383,21 @@ output functionAppName string = functionApp.outputs.name
 @description('Public base URL of the Function App (Approve links).')
 output functionAppUrl string = 'https://${functionApp.outputs.defaultHostName}'
 
+@description('The history\'s endpoints without their key: GET events (filters: state, vm, resourceGroup, from, to, limit), events/{eventId}, and the iCalendar feed. Append ?code=<function key> (calendarKeyCommand).')
+output historyEndpoints object = {
+  events: 'https://${functionApp.outputs.defaultHostName}/api/events'
+  calendar: 'https://${functionApp.outputs.defaultHostName}/api/calendar.ics'
+}
+
+@description('The Azure CLI command that prints the calendar function\'s default key (never the key itself: whoever may read it there may use it).')
+output calendarKeyCommand string = 'az functionapp function keys list --resource-group ${resourceGroup().name} --name ${functionApp.outputs.name} --function-name calendar --query default --output tsv'
+
 @description('Name of the Key Vault that holds the app\'s secrets.')
 output keyVaultName string = keyVault.outputs.name
 
 @description('Secret names to set after deployment (az keyvault secret set).')
 output keyVaultSecretNames object = {
-  teamsWebhookUrl: teamsWebhookSecretName
+  teamsWebhookUrl: teamsEnabled ? teamsWebhookSecretName : ''
   approvalSigningKey: approvalSigningKeySecretName
   webhooks: [for setting in webhookSecretSettings: toLower(replace(setting, '_', '-'))]
 }

@@ -9,6 +9,7 @@ param topicDuplicateDetectionWindow = 'P1D'
 
 // Resource groups whose VMs the bridge manages: lb-pools may change their load balancer pools,
 // the approval gate may acknowledge their events (README, Deploy: lbManagedResourceGroups).
+// Each must exist before the deployment (it holds your VMs; the Deploy steps check it).
 param lbManagedResourceGroups = [
   'rg-web-prod'
 ]
@@ -20,6 +21,10 @@ param heartbeatStaleSeconds = 900
 // Your own subscriber: add its subscription to infra/servicebus-emulator/Config.json first,
 // then set customSubscriberEnabled = true and customSubscriptionName = '<its name>'.
 param customSubscriberEnabled = false
+
+// Teams cards (README, "Set up Teams"). false for a Slack- or PagerDuty-only setup: then list at
+// least one endpoint below, or the app refuses to start (it needs one notifier).
+param teamsEnabled = true
 
 // Notifications beyond Teams (README, "Webhooks"). No secret here: urlSetting and
 // routingKeySetting name app settings, and each one listed in webhookSecretSettings becomes a
@@ -37,8 +42,17 @@ param webhookSecretSettings = [
 param alertsEnabled = false
 param alertActionGroupIds = []
 
-// Object id of whoever sets the Key Vault secrets (az ad signed-in-user show --query id -o tsv).
-param secretsOfficerPrincipalId = ''
+// Who may send approve commands by hand (sebridge approve): object ids of users, groups or
+// service principals; each gets Azure Service Bus Data Sender on the approvals queue only.
+param approvalSenderPrincipalIds = []
+
+// Object id of whoever sets the Key Vault secrets after deployment (Key Vault Secrets Officer on
+// the vault): the next step (README, Deploy) fails without it. Read from the environment when the
+// file is compiled, so the example cannot be deployed with it left empty:
+//   export SEBRIDGE_SECRETS_OFFICER_ID="$(az ad signed-in-user show --query id -o tsv)"
+// Unset, the deployment stops before it starts, naming the variable. To grant the role yourself
+// instead, write an empty string here.
+param secretsOfficerPrincipalId = readEnvironmentVariable('SEBRIDGE_SECRETS_OFFICER_ID')
 
 param tags = {
   workload: 'scheduled-events-bridge'

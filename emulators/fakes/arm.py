@@ -4,7 +4,8 @@ It answers the calls the lb-pools and approval-gate adapters make, the way ARM d
 - ``GET .../Microsoft.Compute/virtualMachines/{vm}`` and
   ``.../virtualMachineScaleSets/{ss}/virtualMachines/{id}``: the VM with its NIC ids;
 - ``GET/PUT .../Microsoft.Network/networkInterfaces/{nic}`` with ``etag`` and ``If-Match``
-  (412 on a stale etag), a 400 for a pool that does not exist; a scale-set instance's NIC
+  (412 on a stale etag), ARM's 400 ``InvalidResourceReference`` for a pool that does not exist
+  (its load balancer deleted, ``remove``, or the pool, ``remove_pool``); a scale-set instance's NIC
   (``.../virtualMachines/{id}/networkInterfaces/{nic}``) can be read but not PUT (405), as in ARM;
 - ``POST {vm, scale set or availability set}/providers/Microsoft.Maintenance/scheduledevents/
   {id}/acknowledge``;
@@ -18,6 +19,8 @@ It answers the calls the lb-pools and approval-gate adapters make, the way ARM d
   sets (``set_probe``), a member that joined less than ``probe_lag`` seconds ago reporting Down
   (a probe needs time to see it), 202 + Location first when ``health_async`` is set;
 - ``slow(seconds, ...)``: matching requests wait before they are handled (outside the lock);
+  with ``until=<threading.Event>`` they wait until the test sets it (``seconds`` at most): a
+  request held at a chosen point, however fast or slow the machine;
 - 404 for anything unknown, 401 without ``Authorization: Bearer``, 400 without api-version;
 - on demand (``fail``): any status for matching requests, e.g. 409/429/5xx with Retry-After,
   or 403 with ARM's AuthorizationFailed body naming the action and scope the caller lacks
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -114,6 +118,7 @@ class Slow:
     method: str | None
     path_contains: str | None
     times: int
+    until: threading.Event | None = None  # held until set (``seconds`` at most)
 
 
 @dataclass
@@ -324,6 +329,16 @@ class FakeArm(LoopbackServer):
         with self.lock:
             self.resources.pop(resource_id.lower(), None)
 
+    def remove_pool(self, pool_id: str) -> None:
+        """Delete one backend pool from its load balancer (the load balancer stays)."""
+        lb_id, _, name = pool_id.lower().partition("/backendaddresspools/")
+        with self.lock:
+            lb = self.resources[lb_id]
+            pools = lb["properties"]["backendAddressPools"]
+            lb["properties"]["backendAddressPools"] = [
+                p for p in pools if p["name"].lower() != name
+            ]
+
     def set_probe(self, resource_id: str, *, up: bool) -> None:
         """The load balancer's probe verdict for every ip configuration of a VM, a NIC, or one
         ip configuration (by id)."""
@@ -338,11 +353,13 @@ class FakeArm(LoopbackServer):
         method: str | None = None,
         path_contains: str | None = None,
         times: int = 1_000_000,
+        until: threading.Event | None = None,
     ) -> None:
         with self.lock:
-            self._slow.append(Slow(seconds, method, path_contains, times))
+            self._slow.append(Slow(seconds, method, path_contains, times, until))
 
     def delay(self, request: Request) -> float:
+        gate: Slow | None = None
         with self.lock:
             for slow in self._slow:
                 if slow.times <= 0 or (slow.method and slow.method != request.method):
@@ -350,7 +367,12 @@ class FakeArm(LoopbackServer):
                 if slow.path_contains and slow.path_contains.lower() not in request.path.lower():
                     continue
                 slow.times -= 1
-                return slow.seconds
+                if slow.until is None:
+                    return slow.seconds
+                gate = slow
+                break
+        if gate is not None and gate.until is not None:
+            gate.until.wait(gate.seconds)  # outside the lock: other requests go on
         return 0.0
 
     def _ip_configurations_of(self, resource_id: str) -> list[str]:
@@ -550,7 +572,13 @@ class FakeArm(LoopbackServer):
         for config in configs:
             for pool in config.get("properties", {}).get("loadBalancerBackendAddressPools") or []:
                 if not self._pool_exists(pool.get("id", "")):
-                    return _error(400, "InvalidResourceReference", f"{pool.get('id')} not found")
+                    return _error(
+                        400,
+                        "InvalidResourceReference",
+                        f"Resource {pool.get('id')} referenced by resource {config.get('id')} was "
+                        "not found. Please make sure that the referenced resource exists, and "
+                        "that both resources are in the same region.",
+                    )
         updated = copy.deepcopy(current)
         updated["tags"] = body.get("tags") or {}
         updated["properties"]["ipConfigurations"] = configs

@@ -1,6 +1,12 @@
 """Blob storage, just enough for the heartbeat store and the pool locks: block blobs in
 containers, in memory, with leases.
 
+Why it stays beside Azurite (emulators/azurite, which the demo, ``sebridge fakes --azurite`` and
+the storage integration tests use): the workflow unit tests and the functions loop need what
+Azurite cannot give, every request and every lease call recorded (``requests``, ``lease_log``:
+the capacity tests prove that two instances contended for a pool), a clock the tests move
+(``clock``: a lease that expires without waiting 15 s), and no node process per test.
+
 PUT/GET a blob, PUT ``?restype=container``; requires ``Authorization: Bearer`` and
 ``x-ms-version``; answers 404 with ``x-ms-error-code`` BlobNotFound / ContainerNotFound.
 ``If-None-Match: *`` on a PUT of an existing blob: 409 BlobAlreadyExists.
@@ -21,10 +27,15 @@ Writing a leased blob needs the active lease's id in ``x-ms-lease-id``: missing,
 LeaseIdMissing; another id, 412 LeaseIdMismatchWithBlobOperation; an id on a blob without an
 active lease, 412 LeaseNotPresentWithBlobOperation. Reads need no lease. Every lease call is kept
 in ``lease_log`` (action, blob, status, error code) for tests.
+
+``hang(action)`` makes lease calls of that action (``renew``, say) wait, outside the lock, until
+:meth:`release` (or a bound passes): a Blob service that stalls while the lease runs out.
+``clock`` (monotonic seconds) decides when a lease expires; tests may replace it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -64,6 +75,35 @@ class FakeBlobStorage(LoopbackServer):
         self.leases: dict[tuple[str, str], Lease] = {}
         self.lease_log: list[LeaseCall] = []
         self.clock: Callable[[], float] = time.monotonic
+        self._hang_action: str | None = None
+        self._hang_bound = 0.0
+        self._released = threading.Event()
+        self.hanging = 0  # lease calls waiting in hang() now
+
+    def hang(self, action: str, *, at_most: float = 30.0) -> None:
+        """Lease calls of ``action`` wait until :meth:`release` (at most ``at_most`` s each)."""
+        self._released.clear()
+        self._hang_action, self._hang_bound = action, at_most
+
+    def release(self) -> None:
+        self._hang_action = None
+        self._released.set()
+
+    def delay(self, request: Request) -> float:
+        action = request.headers.get("x-ms-lease-action", "").lower()
+        if (
+            self._hang_action
+            and request.query.get("comp") == "lease"
+            and action == self._hang_action
+        ):
+            with self.lock:
+                self.hanging += 1
+            try:
+                self._released.wait(self._hang_bound)
+            finally:
+                with self.lock:
+                    self.hanging -= 1
+        return 0.0
 
     def container_url(self, name: str) -> str:
         return f"{self.url}/{name}"

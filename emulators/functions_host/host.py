@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -101,7 +102,9 @@ class FunctionsHost:
     """Index an app, serve its HTTP triggers and run its Service Bus triggers, in threads.
 
     `app` is a path or module name (imported after the settings are applied), an imported
-    module, or a FunctionApp. `settings` win over os.environ while the host runs.
+    module, or a FunctionApp. `settings` win over os.environ while the host runs. `listener`
+    (from :func:`http_server.listen`) serves HTTP on a socket bound beforehand, for settings
+    that must name the host's own URL (the Approve links): bind port 0, read the port, start.
     """
 
     def __init__(
@@ -118,12 +121,14 @@ class FunctionsHost:
         logger: logging.Logger | None = None,
         settings_win: bool = True,
         shutdown_grace: float = SHUTDOWN_GRACE_S,
+        listener: socket.socket | None = None,
     ) -> None:
         self._app = app
         self._settings = dict(settings or {})
         self._host_config = host_config
         self._functions = list(functions) if functions is not None else None
         self._bind = (host, port)
+        self._listener = listener  # bound by the caller (http_server.listen): its port is known
         self._app_directory = app_directory
         self._factory = client_factory
         self.logger = logger or host_logger()
@@ -230,7 +235,9 @@ class FunctionsHost:
             port=self._bind[1],
             status=status,
             webhooks={WEBHOOK_PATH: self._eventgrid.handle},
+            listener=self._listener,
         )
+        self._listener = None  # the HTTP host closes it from now on
         self._log_functions()
         self._http.start()
         self._dispatcher = Dispatcher(
@@ -323,6 +330,9 @@ class FunctionsHost:
         if self._eventgrid is not None:
             self._eventgrid.close()
             self._eventgrid = None
+        if self._listener is not None:  # never started
+            self._listener.close()
+            self._listener = None
         if self._outputs is not None:
             self._outputs.close()
             self._outputs = None
@@ -369,9 +379,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_settings_file(args: argparse.Namespace, location: loader.AppLocation) -> LocalSettings:
+# The settings file every local run can start from: it names the stand-ins' ports (README,
+# Local stand-ins: the pieces by hand).
+DEMO_SETTINGS = Path(__file__).resolve().parents[1] / "local.settings.demo.json"
+
+
+def _load_settings_file(
+    args: argparse.Namespace, location: loader.AppLocation, logger: logging.Logger
+) -> LocalSettings:
     path = args.settings or location.directory / "local.settings.json"
     if args.settings is None and not path.is_file():
+        # Core Tools runs without the file too (the environment may hold every setting), but a
+        # newcomer who was told about local.settings.json needs to hear how to make one.
+        event(
+            logger,
+            logging.WARNING,
+            "settings_file_missing",
+            f"no {path.name} next to the app: it gets the environment's settings only. To run "
+            f"it against the local stand-ins: cp {DEMO_SETTINGS} {path} (or --settings "
+            f"{DEMO_SETTINGS}), then add your own settings to it",
+            path=str(path),
+        )
         return LocalSettings(values={})
     return load_local_settings(path)
 
@@ -386,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     logger = host_logger()
     try:
         location = loader.locate(args.app, Path.cwd())
-        local = _load_settings_file(args, location)
+        local = _load_settings_file(args, location, logger)
     except (loader.AppLoadError, SettingsError) as exc:
         event(logger, logging.ERROR, "start_failed", str(exc))
         return 2

@@ -42,7 +42,13 @@ from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, EventInjector
 
 from emulators.servicebus import bridge
-from emulators.servicebus.auth import SasPolicy, check_token
+from emulators.servicebus.auth import (
+    Rights,
+    SasPolicy,
+    check_token,
+    jwt_claims,
+    unauthorized_description,
+)
 from emulators.servicebus.bridge import Listener
 from emulators.servicebus.broker import (
     BrokerError,
@@ -64,6 +70,7 @@ from emulators.servicebus.codec import (
     read_value,
     split_batch,
 )
+from emulators.servicebus.management import Response
 from emulators.servicebus.management import handle as handle_management
 from emulators.servicebus.sasl import SaslResult
 from emulators.servicebus.wire import encode_delivery, to_ticks
@@ -85,6 +92,9 @@ OPERATION_TIMEOUT = "com.microsoft:timeout"
 @dataclass(eq=False)
 class ConnState:
     authorized: bool = False
+    # Whose JWT was put on $cbs, when role assignments decide what it may do (None: a SAS key or
+    # SASL PLAIN with it, or no role assignments: everything).
+    principal: str | None = None
     links: list[LinkState] = field(default_factory=list)
     replies: dict[str, Link] = field(default_factory=dict)
 
@@ -117,6 +127,7 @@ class EmulatorHandler(MessagingHandler):
         ca_cert: Path | None = None,
         tls_info: Path | None = None,
         listen_info: Path | None = None,
+        rights: Rights | None = None,
     ) -> None:
         super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
         self.handlers = []  # raw events only: this class does its own flow and settlement
@@ -124,6 +135,7 @@ class EmulatorHandler(MessagingHandler):
         self.listeners = listeners
         self.host = str(listeners[0].sock.getsockname()[0])
         self.policy = policy
+        self.rights = rights  # role assignments for JWT principals; None: any JWT may do anything
         self.tls = tls
         self.ca_cert = ca_cert
         self.tls_info = tls_info
@@ -363,9 +375,23 @@ class EmulatorHandler(MessagingHandler):
         link.condition = error_condition(condition, description)
         link.close()
 
-    def _authorize(self, conn: ConnState, address: str) -> None:
+    def _authorize(self, conn: ConnState, address: str, claim: str | None = None) -> None:
         if not conn.authorized:
             raise _Unauthorized(f"put a valid token on $cbs before attaching to {address!r}")
+        missing = self._missing_claim(conn, address, claim)
+        if missing is not None:
+            raise _Unauthorized(missing)
+
+    def _missing_claim(self, conn: ConnState, address: str, claim: str | None) -> str | None:
+        """Service Bus's description when the connection's principal lacks ``claim`` on the
+        entity at ``address``, else None."""
+        if claim is None or self.rights is None or conn.principal is None:
+            return None
+        entity = entity_path(address)
+        if claim in self.rights.claims(conn.principal, entity):
+            return None
+        LOG.info("principal %s lacks %s on %s", conn.principal, claim, entity)
+        return unauthorized_description(claim, self.namespace.name, entity)
 
     def _attach_incoming(self, link: Link, conn: ConnState) -> None:
         address = link.remote_target.address or ""
@@ -373,7 +399,8 @@ class EmulatorHandler(MessagingHandler):
             state = LinkState("cbs", link, conn)
         else:
             resolved = self.namespace.resolve(address)
-            self._authorize(conn, address)
+            # Sending needs Send; a management link is checked per operation (_request).
+            self._authorize(conn, address, None if resolved.management else "Send")
             if resolved.management:
                 state = LinkState("management", link, conn, resolved=resolved)
             elif resolved.target is None:
@@ -404,7 +431,7 @@ class EmulatorHandler(MessagingHandler):
             self._open(link)
             return
         resolved = self.namespace.resolve(address)
-        self._authorize(conn, address)
+        self._authorize(conn, address, "Listen")
         store = resolved.store
         if store is None or resolved.management:
             raise _NotAllowed(f"cannot receive from {address!r}: it is a topic")
@@ -653,14 +680,19 @@ class EmulatorHandler(MessagingHandler):
                     status, description = 404, missing
                     LOG.info("put-token for a missing entity refused: %s", description)
                 elif verdict.ok:
-                    state.conn.authorized = True
+                    status, description = self._admit(state.conn, str(value or ""), description)
                 else:
                     LOG.info("put-token (%s) refused: %s", app.get("type"), description)
             props: dict[Any, Any] = {"status-code": status, "status-description": description}
             payload = encode_value_message(None, props, message_id)
         else:
             assert state.resolved is not None
-            response = handle_management(state.resolved, operation, value, now, lambda: None)
+            address = str(state.link.remote_target.address or "")
+            missing = self._missing_claim(state.conn, address, _operation_claim(operation))
+            if missing is not None:
+                response = Response(401, missing, condition="amqp:unauthorized-access")
+            else:
+                response = handle_management(state.resolved, operation, value, now, lambda: None)
             if response.status >= 300:
                 LOG.info(
                     "%s on %s: %s %s",
@@ -684,6 +716,18 @@ class EmulatorHandler(MessagingHandler):
             LOG.warning("no reply link for %s request (reply_to=%r)", operation, reply_to)
             return
         self._send(link, payload, settle=True)
+
+    def _admit(self, conn: ConnState, token: str, accepted: str) -> tuple[int, str]:
+        """An accepted put-token: whose it is, when role assignments decide what it may do."""
+        if self.rights is not None and not token.startswith("SharedAccessSignature "):
+            claims = jwt_claims(token) or {}
+            principal = claims.get("oid")
+            if not isinstance(principal, str) or not principal:
+                LOG.info("put-token refused: a JWT without an oid claim")
+                return 401, "the token names no principal (no oid claim)"
+            conn.principal = principal
+        conn.authorized = True
+        return 202, accepted
 
     def _missing_audience(self, audience: str) -> str | None:
         """Service Bus's put-token description when ``audience`` names no entity, else None."""
@@ -813,6 +857,16 @@ _OUTCOMES: dict[Any, str] = {
     Delivery.MODIFIED: "modified",
     Delivery.RECEIVED: "received",
 }
+
+
+# Management operations that change what is sent need Send; every other one reads (Listen).
+_SEND_OPERATIONS = frozenset(
+    {"com.microsoft:schedule-message", "com.microsoft:cancel-scheduled-message"}
+)
+
+
+def _operation_claim(operation: str) -> str:
+    return "Send" if operation in _SEND_OPERATIONS else "Listen"
 
 
 class _Unauthorized(BrokerError):

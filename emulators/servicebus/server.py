@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import shutil
 import signal
@@ -22,7 +23,7 @@ from proton.reactor import Container
 
 from emulators.servicebus import polling
 from emulators.servicebus.adapter import EmulatorHandler
-from emulators.servicebus.auth import SasPolicy
+from emulators.servicebus.auth import Rights, SasPolicy
 from emulators.servicebus.bridge import Listener
 from emulators.servicebus.broker import Namespace
 from emulators.servicebus.config import ConfigError, load_config, with_max_message_size
@@ -86,6 +87,17 @@ def _parser() -> argparse.ArgumentParser:
         default="SAS_KEY_VALUE",
         help="SAS key checked on put-token; '' accepts any (default %(default)s, Microsoft's "
         "emulator default)",
+    )
+    parser.add_argument(
+        "--rights",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="role assignments for JWT principals, as Azure RBAC with local auth off: "
+        '{"roleAssignments": [{"principalId": OID, "role": "Azure Service Bus Data Sender", '
+        '"scope": "scheduled-events"}]}; a token\'s oid claim gets the Send/Listen/Manage of the '
+        'roles assigned to it at a scope covering the entity ("" is the namespace). '
+        "(default: none, and any JWT may do anything; SAS keys always may)",
     )
     parser.add_argument(
         "--tls-port",
@@ -170,6 +182,7 @@ def run(
     websocket_tls_port: int | None = None,
     listen_info: Path | None = None,
     tls_hostnames: tuple[str, ...] = (),
+    rights: Rights | None = None,
 ) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     wanted = [("amqp", port), ("amqps", tls_port)]
@@ -197,6 +210,7 @@ def run(
             ca_cert=None if tls_files is None else tls_files[0],
             tls_info=tls_info,
             listen_info=listen_info,
+            rights=rights,
         )
 
         def request_stop(signum: int, frame: Any) -> None:
@@ -238,6 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"servicebus-emulator: invalid config {args.config}: {exc}", file=sys.stderr)
         return 2
+    rights = None
+    if args.rights is not None:
+        try:
+            rights = Rights.from_json(json.loads(args.rights.read_text()))
+        except (OSError, ValueError) as exc:
+            print(f"servicebus-emulator: --rights {args.rights}: {exc}", file=sys.stderr)
+            return 2
+        LOG.info("role assignments for JWT principals: %d", len(rights.assignments))
     namespace = Namespace(config)
     policy = SasPolicy(args.sas_key_name, args.sas_key) if args.sas_key else None
     LOG.info(
@@ -266,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             websocket_tls_port=args.websocket_tls_port,
             listen_info=args.listen_info,
             tls_hostnames=tuple(args.tls_hostname),
+            rights=rights,
         )
     except OSError as exc:
         print(

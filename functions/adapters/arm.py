@@ -34,6 +34,7 @@ from functions.shared.ports import (
     ArmDocument,
     PermissionDenied,
     PreconditionFailed,
+    ReferenceMissing,
     VmRecord,
 )
 from sebridge.contract.commands import CommandError, canonical_event_id
@@ -101,6 +102,22 @@ def _reference(body: dict[str, Any], key: str) -> str:
     ref = body.get("properties", {}).get(key)
     value = ref.get("id") if isinstance(ref, dict) else None
     return value.lower() if isinstance(value, str) else ""
+
+
+def _error(response: requests.Response) -> dict[str, Any]:
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return {}
+    return error if isinstance(error, dict) else {}
+
+
+def _error_code(response: requests.Response) -> str:
+    return str(_error(response).get("code", ""))
+
+
+def _error_message(response: requests.Response) -> str:
+    return str(_error(response).get("message", ""))
 
 
 def _refused(response: requests.Response, what: str, action: str, scope: str) -> Exception:
@@ -230,7 +247,7 @@ class ArmRestClient:
     ) -> VmRecord | None:
         scale_set_path = (
             f"{self._group_path(subscription, group)}/providers/Microsoft.Compute/"
-            f"virtualMachineScaleSets/{names.segment(names.compute_name(scale_set, 'scaleSet'))}"
+            f"virtualMachineScaleSets/{names.segment(names.SCALE_SET.check(scale_set, 'scaleSet'))}"
         )
         path = f"{scale_set_path}/virtualMachines/{names.segment(names.instance_id(instance_id))}"
         vm = self._get_json(path, COMPUTE_API, "get scale-set VM", READ_SCALE_SET_VM)
@@ -262,6 +279,10 @@ class ArmRestClient:
         )
         if response.status_code == 412:
             raise PreconditionFailed(nic_id)
+        if response.status_code == 400 and _error_code(response) == "InvalidResourceReference":
+            # "Resource .../backendAddressPools/x referenced by resource .../networkInterfaces/
+            # y was not found." (a pool, or its load balancer, deleted meanwhile)
+            raise ReferenceMissing(f"put NIC {nic_id}: {_error_message(response)[:300]}")
         if response.status_code not in (200, 201, 202):
             raise _refused(response, "put NIC", WRITE_NIC, nic_id)
         self._wait(response, "put NIC")

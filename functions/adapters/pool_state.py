@@ -14,6 +14,11 @@ container ``sebridge-pools`` of the host storage account), taken with the Blob R
   slow ARM write must not let the lease lapse under us); a renewal that fails means another
   instance may have the pool now, and the next :meth:`check` raises before anything else is
   changed;
+- a lease is *provably held* only until the moment the Blob service may let it expire: the
+  duration counted from when the last successful acquire or renew was sent (the service took it
+  no earlier). :meth:`check` raises once less than :attr:`BlobPoolStore.margin` of that is left,
+  so a renewal that hangs (the service stalls, the connection does) stops the writes before the
+  lease can lapse, not after it failed;
 - ``release`` at the end (or the lease expires by itself if the instance dies).
 
 Why a lease and not an ARM etag on the load balancer: a NIC PUT does not take an If-Match of the
@@ -66,12 +71,21 @@ def blob_name(pool_id: str) -> str:
     return "pool-" + hashlib.sha256(pool_id.lower().encode("utf-8")).hexdigest()[:40] + ".json"
 
 
+def event_blob_name(event_id: str) -> str:
+    """The index entry of a held event: which pools hold it (a digest: no id reaches the URL)."""
+    return "event-" + hashlib.sha256(event_id.lower().encode("utf-8")).hexdigest()[:40] + ".json"
+
+
 class _Lease:
     """The leases on some pools, renewed in the background while held."""
 
-    def __init__(self, store: BlobPoolStore, leases: dict[str, str]) -> None:
+    def __init__(self, store: BlobPoolStore, leases: dict[str, tuple[str, float]]) -> None:
         self._store = store
-        self._leases = leases  # lower-case pool id -> lease id
+        self._leases = {pool: lease_id for pool, (lease_id, _) in leases.items()}
+        # Until when (monotonic) each lease is provably held: when its last acquire or renewal
+        # was sent, plus the duration.
+        self._until = {pool: sent + store.lease_seconds for pool, (_, sent) in leases.items()}
+        self._until_lock = threading.Lock()
         self._lost: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, daemon=True, name="pool-lease-renew")
@@ -82,11 +96,17 @@ class _Lease:
     def _renew(self) -> None:
         while not self._stop.wait(self._store.renew_every):
             for pool_id, lease_id in self._leases.items():
+                sent = self._store.monotonic()
                 try:
                     self._store.lease_action(pool_id, "renew", lease_id)
                 except Exception as exc:  # noqa: BLE001 - the renewer thread must not die
                     log.error("lease on pool %s lost: %s", pool_id, exc)
                     self._lost.append(pool_id)
+                    continue
+                with self._until_lock:
+                    self._until[pool_id] = max(
+                        self._until[pool_id], sent + self._store.lease_seconds
+                    )
 
     def stop(self) -> None:
         self._stop.set()
@@ -96,6 +116,16 @@ class _Lease:
     def check(self) -> None:
         if self._lost:
             raise LeaseLost(f"lost the lease on {sorted(set(self._lost))}")
+        now = self._store.monotonic()
+        with self._until_lock:
+            lapsing = sorted(
+                p for p, until in self._until.items() if now > until - self._store.margin
+            )
+        if lapsing:
+            raise LeaseLost(
+                f"the lease on {lapsing} can no longer be proven held (no renewal went through "
+                f"for {self._store.lease_seconds - self._store.margin:g} s)"
+            )
 
     def state(self, pool_id: str) -> Mapping[str, Any]:
         return self._store.peek(pool_id)
@@ -133,6 +163,8 @@ class BlobPoolStore:
         self._acquire_timeout = acquire_timeout
         self._sleep = sleep
         self._monotonic = monotonic
+        # How much of a lease must be left for writes to go on (a sixth: 5 s of 30).
+        self.margin = lease_seconds / 6
         self._existing: set[str] = set()  # blobs known to exist (created or seen)
         self._known_lock = threading.Lock()
 
@@ -173,6 +205,47 @@ class BlobPoolStore:
             log.error("unreadable pool state of %s, treated as empty: %s", pool_id, exc)
             return {}
         return state if isinstance(state, dict) else {}
+
+    # ---- the index of held events ---------------------------------------------------------
+    # Written by lb-pools under the leases of the pools it changes, read by an Approve link that
+    # names only its event; a hint, checked against the pools' own state (never trusted alone).
+    def index_held(self, event_id: str, pool_ids: Sequence[str]) -> None:
+        body = json.dumps(
+            {"eventId": event_id, "pools": sorted({p.lower() for p in pool_ids})},
+            separators=(",", ":"),
+        ).encode()
+        url = f"{self._container}/{event_blob_name(event_id)}"
+        for _ in range(2):
+            response = self._send(
+                "PUT",
+                url,
+                "index write",
+                data=body,
+                headers=self._headers(
+                    **{"x-ms-blob-type": "BlockBlob", "Content-Type": "application/json"}
+                ),
+            )
+            code = response.headers.get("x-ms-error-code", "")
+            if response.status_code == 404 and code == "ContainerNotFound":
+                self._create_container()
+                continue
+            if response.status_code != 201:
+                raise PoolStoreError(f"write held index: HTTP {response.status_code} {code}")
+            return
+
+    def held_pools(self, event_id: str) -> list[str]:
+        url = f"{self._container}/{event_blob_name(event_id)}"
+        response = self._send("GET", url, "index read", headers=self._headers())
+        if response.status_code == 404:
+            return []
+        if response.status_code != 200:
+            raise PoolStoreError(f"read held index: HTTP {response.status_code}")
+        try:
+            entry = json.loads(response.content) if response.content else {}
+        except ValueError:
+            return []
+        pools = entry.get("pools") if isinstance(entry, dict) else None
+        return [p for p in pools if isinstance(p, str)] if isinstance(pools, list) else []
 
     def put_state(self, pool_id: str, state: Mapping[str, Any], lease_id: str) -> None:
         body = json.dumps({**state, "pool": pool_id}, separators=(",", ":")).encode()
@@ -245,13 +318,18 @@ class BlobPoolStore:
         if response.status_code not in (201, 409):
             raise PoolStoreError(f"create container: HTTP {response.status_code}")
 
-    def _acquire(self, pool_id: str) -> str:
+    def monotonic(self) -> float:
+        return self._monotonic()
+
+    def _acquire(self, pool_id: str) -> tuple[str, float]:
+        """(the lease id, when the acquire that got it was sent)."""
         self._ensure_blob(pool_id)
         proposed = str(uuid.uuid4())
         deadline = self._monotonic() + self._acquire_timeout
         backoff = Backoff(0.02, ACQUIRE_POLL_CAP, floor=0.0)
         waited = False
         while True:
+            sent = self._monotonic()
             response = self._send(
                 "PUT",
                 self._url(pool_id),
@@ -269,7 +347,7 @@ class BlobPoolStore:
             if response.status_code == 201:
                 if waited:
                     log.info("pool %s free again, lease taken", pool_id)
-                return response.headers.get("x-ms-lease-id") or proposed
+                return response.headers.get("x-ms-lease-id") or proposed, sent
             if response.status_code == 404 and code == "BlobNotFound":
                 with self._known_lock:
                     self._existing.discard(pool_id)
@@ -289,7 +367,7 @@ class BlobPoolStore:
 
     @contextmanager
     def hold(self, pool_ids: Sequence[str]) -> Iterator[_Lease]:
-        leases: dict[str, str] = {}
+        leases: dict[str, tuple[str, float]] = {}
         lease: _Lease | None = None
         try:
             for pool_id in sorted({p.lower() for p in pool_ids}):
@@ -300,7 +378,7 @@ class BlobPoolStore:
         finally:
             if lease is not None:
                 lease.stop()
-            for pool_id, lease_id in leases.items():
+            for pool_id, (lease_id, _) in leases.items():
                 try:
                     self.lease_action(pool_id, "release", lease_id)
                 except Exception as exc:  # noqa: BLE001 - never mask the body's own error

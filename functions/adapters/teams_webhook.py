@@ -41,3 +41,12 @@ class TeamsWebhookPoster:
         if response.status_code >= 400:
             # The body may echo the request; keep the log to the status.
             raise TeamsRejected(f"Teams webhook answered HTTP {response.status_code}")
+
+
+class TeamsOff:
+    """Teams is not configured (no TEAMS_WEBHOOK_URL, another notifier is): the teams function
+    is not registered, so nothing posts here; anything that tried would fail loudly rather than
+    drop a card."""
+
+    def post(self, card: dict[str, Any]) -> None:
+        raise RuntimeError("Teams is off: TEAMS_WEBHOOK_URL is not set")

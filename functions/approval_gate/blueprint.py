@@ -8,28 +8,18 @@ import azure.functions as func
 
 from functions.approval_gate import link as approval_link
 from functions.shared import composition
-from functions.shared.triggers import decode, log_invocation
+from functions.shared.triggers import service_bus_function
+from functions.shared.verified import VerifiedMessage
 from functions.teams.core import APPROVE_ROUTE
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 MAX_FORM_BYTES = 4096
 
 
-@bp.function_name("approval_gate")
-@bp.service_bus_topic_trigger(
-    arg_name="msg",
-    topic_name="%TopicName%",
-    subscription_name="%ApprovalGateSubscriptionName%",
-    connection="ServiceBusConnection",
-    is_sessions_enabled=True,
-)
-@log_invocation
-def approval_gate(msg: func.ServiceBusMessage) -> None:
-    message = decode(msg, "approval_gate")
-    if message is None:
-        return
+@service_bus_function(bp, "approval_gate", "%ApprovalGateSubscriptionName%")
+def approval_gate(message: VerifiedMessage) -> None:
     deps = composition.dependencies()
-    deps.gate.handle(message, deps.clock())
+    deps.gate.decide(message, deps.clock())
 
 
 def _html(page: approval_link.Page) -> func.HttpResponse:
@@ -63,5 +53,9 @@ def approve(req: func.HttpRequest) -> func.HttpResponse:
         params.update({k: v[0] for k, v in form.items() if v})
     token, event_id = params.get("token", ""), params.get("eventId")
     if req.method.upper() == "POST":
-        return _html(approval_link.approve(key, token, event_id, now, deps.commands, deps.arm))
+        return _html(
+            approval_link.approve(
+                key, token, event_id, now, deps.commands, deps.arm, deps.capacity_guard
+            )
+        )
     return _html(approval_link.confirm_page(key, token, event_id, now))

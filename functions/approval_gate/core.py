@@ -29,6 +29,7 @@ from enum import StrEnum
 from functions.approval_gate.agentless import AgentlessRules, Route, choose_route
 from functions.approval_gate.policy import Action, Policy
 from functions.lb_pools import nic_pools
+from functions.lb_pools.guard import CapacityGuard
 from functions.shared import scope as trust
 from functions.shared import seal
 from functions.shared.impact import ImpactRules
@@ -39,13 +40,16 @@ from functions.shared.ports import (
     HeartbeatStore,
     PermissionDenied,
 )
+from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
+from sebridge.imds import ScheduledEvent
 
 log = logging.getLogger("sebridge.functions.approval_gate")
 
 REQUESTED_BY = "approval-gate"
+MAINTENANCE_MARGIN = timedelta(minutes=30)
 DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
 
 
@@ -60,6 +64,7 @@ class GateOutcome(StrEnum):
     HEARTBEAT = "heartbeat-recorded"
     IGNORED = "ignored"
     REFUSED = "refused"  # the message failed the scope check
+    HELD = "held-by-capacity"  # approving now would take a pool below its minimum, or it is held
 
 
 @dataclass(frozen=True)
@@ -77,15 +82,23 @@ class Gate:
     fallback: Fallback | None = None  # None: ACKNOWLEDGE_FALLBACK_ENABLED is false
     rules: trust.TrustRules = field(default_factory=trust.TrustRules)
     agentless: AgentlessRules | None = None  # AGENTLESS_* settings (agentless.py)
+    # The capacity decision every early approval asks (functions.lb_pools.guard); None: one
+    # without a pool store, which allows everything, as LB_MIN_HEALTHY=0 does.
+    guard: CapacityGuard | None = None
 
     def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
+        """Verify ``message`` (the trigger layer does this before :meth:`decide`), then
+        decide."""
+        checked = verify_and_log("approval_gate", self.arm, message, self.rules)
+        if isinstance(checked, UnverifiedMessage):
+            return GateOutcome.REFUSED
+        return self.decide(checked, now)
+
+    def decide(self, verified: VerifiedMessage, now: datetime) -> GateOutcome:
+        message = verified.message
         if message.transition is Transition.HEARTBEAT:
             if self.fallback is None:
                 return GateOutcome.IGNORED
-            verified = trust.verify_observer(self.arm, message.observer, self.rules)
-            if isinstance(verified, trust.Refusal):
-                trust.log_refusal("approval_gate", message, verified)
-                return GateOutcome.REFUSED
             self.fallback.store.record(message.observer.vm_name, message.time or now)
             return GateOutcome.HEARTBEAT
         event = message.event
@@ -109,28 +122,21 @@ class Gate:
             return GateOutcome.NEVER
         if decision.action is Action.MANUAL:
             return GateOutcome.MANUAL
-        checked = trust.check(self.arm, message, self.rules)
-        if isinstance(checked, trust.Refusal):
-            trust.log_refusal("approval_gate", message, checked)
-            return GateOutcome.REFUSED
         drained = self.impact.is_impactful(event)
         if (decision.action is Action.APPROVE_WHEN_PREPARED or drained) and not self._prepared(
-            message, checked, vm_side_prepared(message)
+            verified, vm_side_prepared(message)
         ):
             log.info("waiting until the VMs are out of their pools", extra=fields)
             return GateOutcome.WAITING
-        return self.approve(
-            message, checked, now, reason=f"policy rule {decision.rule}: {decision.action}"
-        )
+        return self.approve(verified, now, reason=f"policy rule {decision.rule}: {decision.action}")
 
-    def _prepared(
-        self, message: TransitionMessage, checked: trust.Scope, self_prepared: str | None
-    ) -> bool:
+    def _prepared(self, verified: VerifiedMessage, self_prepared: str | None) -> bool:
         """Is every affected VM prepared? ``self_prepared`` is the VM that prepared itself
         (its forwarder's hooks or drain probe, :func:`vm_side_prepared`); every other VM must
         be out of every backend pool in ARM (read-only). A VM the app may not read (403) is
         not: what cannot be checked is not approved early."""
-        event = message.event
+        checked = verified.scope
+        event = verified.message.event
         assert event is not None
         if self_prepared is not None and [vm.name.lower() for vm in checked.vms] == [self_prepared]:
             # The only affected VM prepared itself: nothing to ask ARM (its pools may be ones
@@ -161,12 +167,11 @@ class Gate:
         )
         return False
 
-    def acknowledge_target(
-        self, message: TransitionMessage, checked: trust.Scope, now: datetime
-    ) -> str | None:
+    def acknowledge_target(self, verified: VerifiedMessage, now: datetime) -> str | None:
         """Where an approval of this event goes: None for the approve command to the
         observer's forwarder, else the ARM id to acknowledge it on (agentless.choose_route):
         always the id ARM returned for the verified observer, never an id from the message."""
+        message = verified.message
         choice = choose_route(
             message,
             now,
@@ -182,11 +187,12 @@ class Gate:
             choice.reason,
             extra={"eventId": message.event_id, "vm": message.observer.vm_name},
         )
-        return checked.observer.id
+        return verified.scope.observer.id
 
-    def approve(
-        self, message: TransitionMessage, checked: trust.Scope, now: datetime, *, reason: str
-    ) -> GateOutcome:
+    def approve(self, verified: VerifiedMessage, now: datetime, *, reason: str) -> GateOutcome:
+        """Approve the event early: the command to the observer's forwarder, or the ARM
+        acknowledge (agentless, or the fallback), once the capacity decision allows it."""
+        message = verified.message
         event = message.event
         assert event is not None
         # Azure starts the event at NotBefore anyway; a command must expire by then.
@@ -195,25 +201,54 @@ class Gate:
             log.info("NotBefore has passed, nothing to approve", extra={"eventId": event.key})
             return GateOutcome.TOO_LATE
         observer = message.observer
-        target = self.acknowledge_target(message, checked, now)
-        if target is not None:
-            try:
-                self.arm.acknowledge_event(target, event.key)
-            except (AcknowledgeRefused, PermissionDenied) as exc:
-                # No retry changes it (a missing role, an event ARM no longer has, one already
-                # acknowledged): logged, and Azure starts the event at NotBefore as planned.
-                log.error(
-                    "ARM did not take the acknowledgement of %s: %s",
-                    event.key,
-                    exc,
-                    extra={"eventId": event.key, "vm": observer.vm_name, "reason": str(exc)},
-                )
-                return GateOutcome.NOT_ACKNOWLEDGED
-            return GateOutcome.ACKNOWLEDGED
-        command = approve_command(event.key, REQUESTED_BY, reason, expires_at)
-        self.commands.send(command, observer.vm_name)
-        log.info("approve command sent", extra={"eventId": event.key, "vm": observer.vm_name})
-        return GateOutcome.COMMAND_SENT
+        target = self.acknowledge_target(verified, now)
+        sent: list[GateOutcome] = []
+
+        def act() -> None:
+            if target is not None:
+                sent.append(self._acknowledge(target, event.key, observer.vm_name))
+                return
+            command = approve_command(event.key, REQUESTED_BY, reason, expires_at)
+            self.commands.send(command, observer.vm_name)
+            log.info("approve command sent", extra={"eventId": event.key, "vm": observer.vm_name})
+            sent.append(GateOutcome.COMMAND_SENT)
+
+        if not self.impact.is_impactful(event):
+            # By the operator's own rules (LB_IMPACTFUL_EVENT_TYPES, the freeze threshold) it
+            # takes no capacity: lb-pools leaves its VMs in their pools too.
+            act()
+            return sent[0]
+        guard = self.guard or CapacityGuard(self.arm)
+        clearance = guard.clear(
+            event.key, verified.scope.vms, now, maintenance_until(event, now), act
+        )
+        if not clearance.allowed:
+            return GateOutcome.HELD
+        return sent[0]
+
+    def _acknowledge(self, target: str, event_id: str, vm_name: str) -> GateOutcome:
+        try:
+            self.arm.acknowledge_event(target, event_id)
+        except (AcknowledgeRefused, PermissionDenied) as exc:
+            # No retry changes it (a missing role, an event ARM no longer has, one already
+            # acknowledged): logged, and Azure starts the event at NotBefore as planned.
+            log.error(
+                "ARM did not take the acknowledgement of %s: %s",
+                event_id,
+                exc,
+                extra={"eventId": event_id, "vm": vm_name, "reason": str(exc)},
+            )
+            return GateOutcome.NOT_ACKNOWLEDGED
+        return GateOutcome.ACKNOWLEDGED
+
+
+def maintenance_until(event: ScheduledEvent, now: datetime) -> datetime:
+    """Until when an event approved now keeps its VMs down, at the latest: from NotBefore (or
+    now) for its duration (or an hour, unknown) and a margin. Its Completed ends it sooner."""
+    start = max(event.not_before or now, now)
+    duration = event.duration_in_seconds
+    seconds = duration if duration is not None and duration > 0 else 3600
+    return start + timedelta(seconds=seconds) + MAINTENANCE_MARGIN
 
 
 def vm_side_prepared(message: TransitionMessage) -> str | None:

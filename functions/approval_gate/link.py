@@ -1,7 +1,14 @@
-"""The Approve link's endpoint: check the signed token, then send the command (core).
+"""The Approve link's endpoint: check the signed token, ask the capacity decision, then approve
+(core).
 
 GET only shows a confirmation page with a form; POST approves. Link-preview bots and mail
 scanners fetch URLs with GET, so following a link never approves anything by itself.
+
+A valid token is not enough: the link approves only what the gate would let start early now.
+On POST the VMs the token names are read again in ARM and the capacity decision
+(functions.lb_pools.guard) is asked, under the pools' leases: an event held by lb-pools, or one
+whose VMs are still healthy members a pool cannot spare, is not approved, and the page says why
+(409). A link signed before links named their VMs can only be checked for a hold of its event.
 """
 
 from __future__ import annotations
@@ -9,15 +16,21 @@ from __future__ import annotations
 import html
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from functions.approval_gate import tokens
-from functions.shared.ports import ArmClient, CommandSender
+from functions.lb_pools.guard import CapacityGuard
+from functions.shared.ports import ArmClient, CommandSender, PermissionDenied
+from functions.shared.vms import ResolvedVm, VmKind, lookup
 from sebridge.contract.commands import approve_command
+from sebridge.contract.events import Observer
 
 log = logging.getLogger("sebridge.functions.approve")
 
 REQUESTED_BY = "teams-approval-link"
+# How long an event approved from a link keeps its VMs down at most (the token knows no
+# duration): an hour after NotBefore and a margin, unless its Completed comes first.
+LINK_MAINTENANCE = timedelta(hours=1, minutes=30)
 
 
 @dataclass(frozen=True)
@@ -64,26 +77,74 @@ def approve(
     now: datetime,
     commands: CommandSender,
     arm: ArmClient | None = None,
+    guard: CapacityGuard | None = None,
 ) -> Page:
     try:
         claims = _check(key, token, event_id, now)
     except tokens.TokenError as exc:
         log.warning("approval refused: %s", exc)
         return Page(403, _page("Not approved", f"<p>{html.escape(str(exc))}.</p>"))
-    if claims.acknowledge_on:
-        # No forwarder takes a command for this VM (agentless): ARM's acknowledge API, on the
-        # id the app signed into the token (never one from the request).
-        if arm is None:
-            raise RuntimeError("an ARM client is needed to approve through ARM")
-        arm.acknowledge_event(claims.acknowledge_on, claims.event_id)
-        log.info(
-            "approved from Teams through ARM",
-            extra={"eventId": claims.event_id, "vm": claims.vm_name},
+    if claims.acknowledge_on and arm is None:
+        raise RuntimeError("an ARM client is needed to approve through ARM")
+    done: list[Page] = []
+
+    def act() -> None:
+        if claims.acknowledge_on:
+            # No forwarder takes a command for this VM (agentless): ARM's acknowledge API, on
+            # the id the app signed into the token (never one from the request).
+            assert arm is not None
+            arm.acknowledge_event(claims.acknowledge_on, claims.event_id)
+            log.info(
+                "approved from Teams through ARM",
+                extra={"eventId": claims.event_id, "vm": claims.vm_name},
+            )
+            done.append(Page(200, _page("Approved", "<p>Azure has the approval.</p>")))
+            return
+        command = approve_command(
+            claims.event_id, REQUESTED_BY, "approved from the Teams card", claims.expires_at
         )
-        return Page(200, _page("Approved", "<p>Azure has the approval.</p>"))
-    command = approve_command(
-        claims.event_id, REQUESTED_BY, "approved from the Teams card", claims.expires_at
+        commands.send(command, claims.vm_name)  # message_id approve:<id>: a 2nd click is a no-op
+        log.info("approved from Teams", extra={"eventId": claims.event_id, "vm": claims.vm_name})
+        done.append(Page(200, _page("Approved", "<p>The approval is on its way to the VM.</p>")))
+
+    if guard is None:
+        guard = CapacityGuard(arm) if arm is not None else None
+    if guard is None:
+        act()
+        return done[0]
+    if claims.scoped:
+        until = claims.expires_at + LINK_MAINTENANCE
+        clearance = guard.clear(claims.event_id, _affected(guard.arm, claims), now, until, act)
+    else:
+        clearance = guard.clear_event(claims.event_id, act)
+    if not clearance.allowed:
+        return Page(
+            409,
+            _page(
+                "Not approved now",
+                f"<p>{html.escape(clearance.reason)}.</p><p>Nothing was sent: the event stays "
+                "scheduled, and Azure starts it at its NotBefore time if nothing approves it "
+                "earlier.</p>",
+            ),
+        )
+    return done[0]
+
+
+def _affected(arm: ArmClient, claims: tokens.ApprovalClaims) -> list[ResolvedVm]:
+    """The VMs the token names, as ARM knows them now (a VM the app may not read is
+    ``forbidden``, and then nothing is approved: what cannot be checked is not approved)."""
+    where = Observer(
+        vm_name=claims.vm_name,
+        subscription_id=claims.subscription,
+        resource_group=claims.resource_group,
+        vm_scale_set_name=claims.scale_set,
     )
-    commands.send(command, claims.vm_name)  # message_id approve:<id>: a second click is a no-op
-    log.info("approved from Teams", extra={"eventId": claims.event_id, "vm": claims.vm_name})
-    return Page(200, _page("Approved", "<p>The approval is on its way to the VM.</p>"))
+    resolved: list[ResolvedVm] = []
+    for name in claims.vms:
+        try:
+            record = lookup(arm, where, name)
+        except PermissionDenied as exc:
+            resolved.append(ResolvedVm(name, VmKind.FORBIDDEN, problem=str(exc)))
+            continue
+        resolved.append(ResolvedVm.of(name, record) if record else ResolvedVm(name, VmKind.GONE))
+    return resolved

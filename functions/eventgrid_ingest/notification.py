@@ -14,7 +14,8 @@ any case). The function gets the notification in the Event Grid schema (``eventT
 ``eventTime``, ``topic``) or the CloudEvents schema (``type``, ``time``, ``source``); both come
 here as a :class:`RawNotification`.
 
-Every name is checked against Azure's naming rules before it can reach a message or an ARM
+Every name is checked against Azure's naming rules (functions.shared.names, the rules the scope
+check applies too) before it can reach a message or an ARM
 URL. A notification that breaks them is refused with :class:`InvalidNotification` marked
 ``security``: the caller logs it as a security event and drops it (no retry can repair it).
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from functions.shared import names
 from sebridge.contract.events import Observer
 from sebridge.imds import InvalidDocument, ScheduledEvent, isoformat_utc
 
@@ -64,14 +66,11 @@ MAX_RESOURCES = 1000  # an availability set holds at most 200 VMs; a scale set's
 MAX_ID_LENGTH = 1024
 MAX_TEXT = 64 * 1024  # any one field (Description); Event Grid caps a whole event at 1 MB
 
-_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-# Resource group: 1-90 letters, digits, underscores, hyphens, periods, parentheses; not ending
-# in a period. (Azure allows Unicode letters and digits; \w with ASCII off does too.)
-_GROUP = re.compile(r"[-\w.()]{0,89}[-\w()]")
-# VM and scale set: 1-64 letters, digits, underscores, hyphens, periods; starting with a letter,
-# digit or underscore; not ending in a period or hyphen. Availability set: the same, up to 80.
-_VM = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,62}[A-Za-z0-9_])?")
-_AVSET = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,78}[A-Za-z0-9_])?")
+# An EventId (a GUID in any case). Azure's name rules for the parent resource, its resource
+# group and subscription are functions.shared.names': the scope check applies the same ones.
+_EVENT_GUID = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
 _EVENT_ID = re.compile(
     r"/subscriptions/(?P<subscription>[^/]+)/resourcegroups/(?P<group>[^/]+)"
     r"/providers/microsoft\.compute/(?P<kind>virtualmachines|virtualmachinescalesets|availabilitysets)"
@@ -184,7 +183,7 @@ def parse_time(value: object) -> datetime | None:
 
 
 def valid_vm_name(name: str) -> bool:
-    return _VM.fullmatch(name) is not None
+    return names.VIRTUAL_MACHINE.valid(name)
 
 
 def parse_resource_id(resource_id: str) -> tuple[ParentResource, str]:
@@ -203,14 +202,13 @@ def parse_resource_id(resource_id: str) -> tuple[ParentResource, str]:
     )
     kind = KINDS[kind.lower()]
     problems = []
-    if not _GUID.fullmatch(subscription):
+    if not names.is_subscription_id(subscription):
         problems.append("subscription id is not a GUID")
-    if not _GROUP.fullmatch(group):
+    if not names.RESOURCE_GROUP.valid(group):
         problems.append(f"resource group {group[:100]!r} breaks Azure's naming rules")
-    pattern = _AVSET if kind == "availabilitySets" else _VM
-    if not pattern.fullmatch(name):
+    if not names.BY_TYPE[kind.lower()].valid(name):
         problems.append(f"{kind} name {name[:100]!r} breaks Azure's naming rules")
-    if not _GUID.fullmatch(event):
+    if not _EVENT_GUID.fullmatch(event):
         problems.append("the scheduled event's name is not a GUID")
     if problems:
         raise InvalidNotification("data.resourceInfo.id: " + "; ".join(problems), security=True)
@@ -249,7 +247,7 @@ def parse_notification(raw: RawNotification) -> Notification:
         event = ScheduledEvent.from_imds(fields)
     except InvalidDocument as exc:
         raise InvalidNotification(f"data.resourceInfo.properties: {exc}") from exc
-    if not _GUID.fullmatch(event.event_id):
+    if not _EVENT_GUID.fullmatch(event.event_id):
         raise InvalidNotification("EventId is not a GUID", security=True)
     if event.key != event_segment.lower():
         raise InvalidNotification(

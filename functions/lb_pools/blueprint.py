@@ -5,23 +5,15 @@ from __future__ import annotations
 import azure.functions as func
 
 from functions.shared import composition
-from functions.shared.triggers import decode, log_invocation
+from functions.shared.triggers import note, service_bus_function
+from functions.shared.verified import VerifiedMessage
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
 
-@bp.function_name("lb_pools")
-@bp.service_bus_topic_trigger(
-    arg_name="msg",
-    topic_name="%TopicName%",
-    subscription_name="%LbPoolsSubscriptionName%",
-    connection="ServiceBusConnection",
-    is_sessions_enabled=True,
-)
-@log_invocation
-def lb_pools(msg: func.ServiceBusMessage) -> None:
-    message = decode(msg, "lb_pools")
-    if message is None:
-        return
+@service_bus_function(bp, "lb_pools", "%LbPoolsSubscriptionName%")
+def lb_pools(message: VerifiedMessage) -> None:
     deps = composition.dependencies()
-    deps.lb_pools.handle(message, deps.clock())
+    outcome = deps.lb_pools.handle_verified(message, deps.clock())
+    if outcome.not_restored:
+        note(notRestored=len(outcome.not_restored))

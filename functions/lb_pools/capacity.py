@@ -1,12 +1,19 @@
-"""The capacity guard: never drain a backend pool below ``LB_MIN_HEALTHY`` healthy members (core).
+"""The capacity decision: never take a backend pool below ``LB_MIN_HEALTHY`` healthy members (core).
+
+Every path that removes capacity or starts maintenance early asks :func:`decide`: lb-pools
+before it drains (Scheduled, Updated and Started alike), and the gate, the Approve link, the ARM
+acknowledge, the agentless route and a VM-side Prepared before they approve
+(functions.lb_pools.guard), each under the pools' leases (functions.adapters.pool_state).
 
 A member of a pool is one NIC ip configuration in the pool's ``backendIPConfigurations``. It is
-*healthy* when it is in the pool now (so not taken out by the bridge for another event) and the
+*healthy* when it is in the pool now (so not taken out by the bridge for another event), the
 load balancer's own probe says ``Up`` for it on every load-balancing rule that covers the pool
-(``POST .../loadBalancingRules/{rule}/health``, LoadBalancerLoadBalancingRules_Health); a pool
-that no rule covers (an outbound-only pool, say) counts its members. Taking a VM out is refused
-when it removes healthy members and leaves fewer than the minimum; taking out a member the probe
-already reports Down never counts against the minimum (it serves nothing).
+(``POST .../loadBalancingRules/{rule}/health``, LoadBalancerLoadBalancingRules_Health; a pool
+that no rule covers, an outbound-only pool say, counts its members), and no other event approved
+early takes it down (the pool's leaving members, functions.lb_pools.held). Letting members go is
+refused when it removes healthy ones and leaves fewer than the minimum; a member the probe
+already reports Down never counts against the minimum (it serves nothing). An approval is also
+refused while the event is held in one of its VMs' pools: it waits for lb-pools to drain it.
 
 Pools given by IP address (``loadBalancerBackendAddresses`` without a NIC) are not counted: the
 bridge never changes them, and ARM's pool document lists only NIC members in
@@ -19,7 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from functions.shared.ports import ArmClient
+from functions.lb_pools import nic_pools
+from functions.shared.ports import ArmClient, ArmDocument, PermissionDenied
+from functions.shared.vms import ResolvedVm
 
 POOL_SEGMENT = "/backendaddresspools/"
 
@@ -29,10 +38,12 @@ class PoolHealth:
     pool_id: str  # as ARM spells it
     members: frozenset[str]  # lower-case ip configuration ids in the pool now
     up: frozenset[str] | None  # members the probe reports Up on every covering rule; None: no rule
+    reserved: frozenset[str] = frozenset()  # members other events approved early take down
 
     @property
     def healthy(self) -> frozenset[str]:
-        return self.members if self.up is None else self.members & self.up
+        serving = self.members if self.up is None else self.members & self.up
+        return serving - self.reserved
 
 
 @dataclass(frozen=True)
@@ -95,11 +106,36 @@ def pool_view(lb: Mapping[str, Any], pool_id: str) -> tuple[str, frozenset[str],
     return spelled, members, [rules[key] for key in sorted(rules)]
 
 
+def pool_exists(lb: Mapping[str, Any], pool_id: str) -> bool:
+    """Does the load balancer document list the pool?"""
+    wanted = pool_id.lower()
+    return any(
+        isinstance(pool, Mapping) and str(pool.get("id", "")).lower() == wanted
+        for pool in _props(lb).get("backendAddressPools") or []
+    )
+
+
+def gone_pools(arm: ArmClient, pool_ids: Iterable[str]) -> set[str]:
+    """The pools (lower case) that no longer exist: their load balancer answers 404, or no
+    longer lists them. One GET per load balancer."""
+    by_lb: dict[str, list[str]] = {}
+    for pool_id in pool_ids:
+        by_lb.setdefault(load_balancer_of(pool_id), []).append(pool_id.lower())
+    gone: set[str] = set()
+    for lb_id, pools in sorted(by_lb.items()):
+        document = arm.get_load_balancer(lb_id) if lb_id else None
+        gone.update(p for p in pools if document is None or not pool_exists(document.body, p))
+    return gone
+
+
 Probes = dict[str, dict[str, str]]  # lower-case rule id -> ip configuration -> Up/Down
 
 
 def measure(
-    arm: ArmClient, pool_ids: Iterable[str], probes: Probes | None = None
+    arm: ArmClient,
+    pool_ids: Iterable[str],
+    probes: Probes | None = None,
+    reserved: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, PoolHealth]:
     """Health of each pool (keyed by lower-case id): one GET per load balancer (membership is
     always read now), one health query per covering rule unless ``probes`` already holds that
@@ -110,8 +146,12 @@ def measure(
     membership under them. A member drained meanwhile is gone from the fresh membership; one
     put back meanwhile is missing from the older verdicts and counts as not healthy (the safe
     side); a member whose probe turned Down meanwhile is the one thing seen late, by at most
-    the wait for the locks, well within the probe's own interval times its threshold."""
+    the wait for the locks, well within the probe's own interval times its threshold.
+
+    ``reserved``: lower-case pool id -> the members other events approved early take down
+    (read from the pools' state under their leases)."""
     probes = {} if probes is None else probes
+    reserved = reserved or {}
     by_lb: dict[str, list[str]] = {}
     for pool_id in pool_ids:
         by_lb.setdefault(load_balancer_of(pool_id), []).append(pool_id)
@@ -130,7 +170,9 @@ def measure(
                     probes[key] = arm.rule_health(rule_id)
                 rule_up = frozenset(i for i, s in probes[key].items() if s.lower() == "up")
                 up = rule_up if up is None else up & rule_up
-            result[pool_id.lower()] = PoolHealth(spelled, members, up)
+            result[pool_id.lower()] = PoolHealth(
+                spelled, members, up, reserved.get(pool_id.lower(), frozenset())
+            )
     return result
 
 
@@ -160,5 +202,74 @@ def after_leaving(
         pool = result.get(pool_id)
         if pool is not None:
             going = {i.lower() for i in ipcs}
-            result[pool_id] = PoolHealth(pool.pool_id, pool.members - going, pool.up)
+            result[pool_id] = PoolHealth(pool.pool_id, pool.members - going, pool.up, pool.reserved)
     return result
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :func:`decide` answered: allowed, or why not."""
+
+    blocked: Blocked | None = None
+    held_in: str = ""  # the pool whose held list holds the event (an approval waits for it)
+
+    @property
+    def allowed(self) -> bool:
+        return self.blocked is None and not self.held_in
+
+    def describe(self) -> str:
+        if self.blocked is not None:
+            return self.blocked.describe()
+        if self.held_in:
+            return (
+                f"the event is held in {short_pool(self.held_in)}: lb-pools drains it once the "
+                "pool has room, then it can be approved"
+            )
+        return "allowed"
+
+
+def decide(
+    health: Mapping[str, PoolHealth],
+    leaving: Mapping[str, Iterable[str]],
+    minimum: int,
+    *,
+    held_in: str = "",
+) -> Decision:
+    """The one capacity decision: may ``leaving`` (lower-case pool id -> ip configurations)
+    stop serving now? ``health`` as measured under the pools' leases; ``held_in``: a pool whose
+    held list names the event (for an approval: nothing held is approved early)."""
+    if held_in:
+        return Decision(held_in=held_in)
+    return Decision(blocked=first_blocked(health, leaving, minimum))
+
+
+def ip_configuration_id(nic_id: str, name: str) -> str:
+    return f"{nic_id}/ipConfigurations/{name}".lower()
+
+
+def memberships(
+    arm: ArmClient,
+    vms: Iterable[ResolvedVm],
+    *,
+    skip_forbidden: bool = False,
+    read: dict[str, ArmDocument] | None = None,
+) -> dict[str, set[str]]:
+    """Lower-case pool id -> the ip configurations of ``vms`` in it now (reads the NICs; what
+    was read is kept in ``read``, by NIC id). PermissionDenied unless ``skip_forbidden``."""
+    members: dict[str, set[str]] = {}
+    for vm in vms:
+        for nic_id in vm.nic_ids:
+            try:
+                nic = arm.get_nic(nic_id)
+            except PermissionDenied:
+                if not skip_forbidden:
+                    raise
+                continue
+            if nic is None:
+                continue
+            if read is not None:
+                read[nic_id] = nic
+            for ipc, pools in nic_pools.pools_of(nic.body).items():
+                for pool_id in pools:
+                    members.setdefault(pool_id.lower(), set()).add(ip_configuration_id(nic_id, ipc))
+    return members

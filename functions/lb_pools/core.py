@@ -13,15 +13,20 @@ Trust: nothing is done before the message passed the scope check (functions.shar
 the observer is who it claims to be and every affected VM shares its availability set or scale
 set. A refused message is logged as a security event and changes nothing.
 
-Capacity (``LB_MIN_HEALTHY``, functions.lb_pools.capacity): a Scheduled or Updated drain takes
-the locks of every pool its VMs are in (functions.adapters.pool_state), reads the pools' health
-under them, and drains only if no pool is left with fewer healthy members than the minimum.
+Capacity (``LB_MIN_HEALTHY``, functions.lb_pools.capacity): a drain (Scheduled, Updated or
+Started alike: a forged Started gains nothing) takes the locks of every pool its VMs are in
+(functions.adapters.pool_state), reads the pools' health under them (members that events
+approved early take down count as gone), and drains only if no pool is left with fewer healthy
+members than the minimum.
 Otherwise the VMs stay in their pools, the event is remembered in the blocking pool's state
 (functions.lb_pools.held) and a ``Held`` transition is published (the card says why; the gate
 sees the VMs still in their pools and does not approve early). When an event completes and its
 VMs go back into their pools, the held events of those pools are tried again, oldest first; a
 restored member that the probe does not report Up yet is waited for (bounded), because the
-held event needs it healthy. Started drains without the guard (the VM is down already).
+held event needs it healthy. A held event's Started stays held while its VM is a healthy
+member: a VM that is really going down is probed Down soon, and a Down member leaves without
+counting. When an event that was approved early ends, the members it took down serve again and
+the pools' held events are tried again the same way.
 
 Bursts (functions.shared.batching): the drains that wait for the same pools in one process are
 decided together, by one of their invocations, under one lease: the events that queued up while
@@ -45,16 +50,21 @@ from functions.lb_pools import capacity, held, nic_pools
 from functions.shared import scope as trust
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
+    ActionRecorder,
     ArmClient,
     ArmDocument,
+    NoActions,
     PermissionDenied,
     PoolLease,
     PoolStore,
     PreconditionFailed,
+    ReferenceMissing,
+    TeamsPoster,
     TopicPublisher,
-    VmRecord,
 )
+from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
+from functions.teams.cards import not_restored_card
 from sebridge.contract.events import (
     ContractError,
     Transition,
@@ -90,6 +100,8 @@ class LbOutcome:
     refused: str = ""
     resumed: list[str] = field(default_factory=list)  # held events drained after a restore
     reason: str = ""
+    # (VM, pool id) not put back: the pool (or its load balancer) no longer exists
+    not_restored: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _change_nic(
@@ -117,10 +129,6 @@ def _change_nic(
     raise PreconditionFailed(f"{nic_id}: still changing after {MAX_ETAG_RETRIES} attempts")
 
 
-def _ip_configuration_id(nic_id: str, name: str) -> str:
-    return f"{nic_id}/ipConfigurations/{name}".lower()
-
-
 def dropped_resources(message: TransitionMessage) -> list[str]:
     """VMs an Updated transition removed from Resources (from the ``changes`` field)."""
     changes = message.data.get("changes")
@@ -145,7 +153,7 @@ def _event_grid(message: TransitionMessage) -> dict[str, Any] | None:
 class DrainRequest:
     """One event's drain, waiting for (or in) a batch of decisions on its pools."""
 
-    message: TransitionMessage
+    verified: VerifiedMessage
     vms: list[ResolvedVm]
     outcome: LbOutcome
     now: datetime
@@ -153,6 +161,10 @@ class DrainRequest:
     check: bool  # the capacity guard applies
     probes: capacity.Probes  # verdicts asked for before the locks
     probed_at: float
+
+    @property
+    def message(self) -> TransitionMessage:
+        return self.verified.message
 
     @property
     def key(self) -> str:
@@ -236,69 +248,97 @@ class LbPools:
     # the defaults do neither (one decision at a time, writes in turn).
     decisions: DecisionBatches = field(default_factory=OneAtATime)
     side_by_side: SideBySide = one_after_another
+    alerts: TeamsPoster | None = None  # a card for what could not be restored
+    # What reaches no topic, for the event's history (functions/history): the VMs put back.
+    actions: ActionRecorder = field(default_factory=NoActions)
 
     @property
     def guarded(self) -> bool:
         return self.pools is not None and self.min_healthy > 0
 
     # ---- entry ---------------------------------------------------------------------------
+    @staticmethod
+    def _action(message: TransitionMessage, impact: ImpactRules) -> tuple[str, str]:
+        """("drain", "restore" or "ignore", why it is ignored)."""
+        event = message.event
+        if event is None:
+            return "ignore", "no event"
+        if message.transition in DRAIN_ON:
+            if not impact.is_impactful(event):
+                return "ignore", f"{event.event_type} is not impactful"
+            return "drain", ""
+        if message.transition in RESTORE_ON:
+            return "restore", ""
+        return "ignore", f"{message.transition.value} needs nothing"
+
     def handle(
         self, message: TransitionMessage, now: datetime, *, resume_pool: str | None = None
     ) -> LbOutcome:
-        """``resume_pool``: this is a held event tried again because that pool got members
+        """Verify ``message`` (the trigger layer does this before :meth:`handle_verified`;
+        a held event tried again is verified anew), then handle it.
+
+        ``resume_pool``: this is a held event tried again because that pool got members
         back; it is drained only if that pool still lists it as held (under the pool's lock)."""
-        event = message.event
-        if event is None:
-            return LbOutcome("ignore", reason="no event")
-        if message.transition in DRAIN_ON:
-            if not self.impact.is_impactful(event):
-                return LbOutcome("ignore", reason=f"{event.event_type} is not impactful")
-            action = "drain"
-        elif message.transition in RESTORE_ON:
-            action = "restore"
-        else:
-            return LbOutcome("ignore", reason=f"{message.transition.value} needs nothing")
-        checked = trust.check(self.arm, message, self.rules)
-        if isinstance(checked, trust.Refusal):
-            trust.log_refusal("lb_pools", message, checked)
+        action, reason = self._action(message, self.impact)
+        if action == "ignore":
+            return LbOutcome(action, reason=reason)
+        checked = verify_and_log("lb_pools", self.arm, message, self.rules)
+        if isinstance(checked, UnverifiedMessage):
             return LbOutcome(action, refused=checked.reason)
+        return self.handle_verified(checked, now, resume_pool=resume_pool)
+
+    def handle_verified(
+        self, verified: VerifiedMessage, now: datetime, *, resume_pool: str | None = None
+    ) -> LbOutcome:
+        message = verified.message
+        action, reason = self._action(message, self.impact)
+        if action == "ignore":
+            return LbOutcome(action, reason=reason)
+        event = message.event
+        assert event is not None
         outcome = LbOutcome(action)
-        vms = self._allowed(message, list(checked.vms), outcome)
+        vms = self._allowed(message, list(verified.scope.vms), outcome)
         if outcome.refused:
             return outcome
         if action == "drain":
-            self._drain(message, vms, outcome, now, resume_pool)
+            self._drain(verified, vms, outcome, now, resume_pool)
             if outcome.reason:
                 return outcome
             if message.transition in PREPARED_AFTER and not outcome.not_ready and not outcome.held:
                 self._publish_prepared(message, vms, now)
                 outcome.published_prepared = True
             if message.transition is Transition.UPDATED:
-                self._restore_dropped(message, checked.observer, outcome, now)
+                self._restore_dropped(verified, outcome, now)
             return outcome
         # A cancelled Terminate or Preempt never happened: the VM is still there, put it back.
         restore = message.transition is Transition.CANCELLED or restores_afterwards(event)
-        self._end(message, vms, outcome, now, restore=restore)
+        self._end(verified, vms, outcome, now, restore=restore)
         return outcome
 
     def _restore_dropped(
-        self, message: TransitionMessage, observer: VmRecord, outcome: LbOutcome, now: datetime
+        self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime
     ) -> None:
         """A VM dropped from Resources by an Updated is no longer affected: put it back now,
         since the Completed of this event will not name it (checked against the scope too)."""
+        message = verified.message
         dropped = dropped_resources(message)
         if not dropped:
             return
+        observer = verified.scope.observer
         resolved = trust.resolve_names(self.arm, observer, message.observer, dropped)
         if isinstance(resolved, trust.Refusal):
             trust.log_refusal("lb_pools", message, resolved)
             return
         restored: Restored = {}
-        for vm in self._allowed(message, list(resolved), outcome):
-            self._restore_vm(vm, outcome, restored)
+        failures = self._restore_all(
+            self._allowed(message, list(resolved), outcome), outcome, restored
+        )
         if restored and self.guarded:
             assert message.event is not None
             self._resume(restored, outcome, now, skip=message.event.key)
+        self._report_not_restored(verified, outcome)
+        if failures:
+            raise failures[0]
 
     def _allowed(
         self, message: TransitionMessage, vms: list[ResolvedVm], outcome: LbOutcome
@@ -338,7 +378,7 @@ class LbPools:
     # ---- draining ------------------------------------------------------------------------
     def _drain(
         self,
-        message: TransitionMessage,
+        verified: VerifiedMessage,
         vms: list[ResolvedVm],
         outcome: LbOutcome,
         now: datetime,
@@ -350,7 +390,9 @@ class LbPools:
                 self._drain_vm(vm, outcome)
             return
         changeable, outside = self._readable(changeable, outcome)
-        check = self.guarded and message.transition is not Transition.STARTED
+        # Started is decided like Scheduled: a forged Started gains nothing, and a VM that is
+        # really going down is probed Down soon, and then leaves without counting.
+        check = self.guarded
         for _ in range(MAX_LOCK_ROUNDS):
             wanted = set(outside) | ({resume_pool} if resume_pool else set())
             if not wanted:
@@ -365,7 +407,7 @@ class LbPools:
             if check:
                 capacity.measure(self.arm, wanted, probes)
             request = DrainRequest(
-                message, changeable, outcome, now, resume_pool, check, probes, probed_at
+                verified, changeable, outcome, now, resume_pool, check, probes, probed_at
             )
             verdict = self.decisions.submit(tuple(sorted(wanted)), request, self._decide)
             if verdict.relock is not None:
@@ -387,7 +429,8 @@ class LbPools:
         assert self.pools is not None
         verdicts: list[Verdict | BaseException] = [Verdict() for _ in requests]
         with self.pools.hold(list(pools)) as lease:
-            lists = {pool: held.read(lease.state(pool)) for pool in pools}
+            states = {pool: held.PoolState.load(lease.state(pool)) for pool in pools}
+            lists = {pool: states[pool].held for pool in pools}
             ready: list[tuple[int, DrainRequest, dict[str, set[str]], dict[str, ArmDocument]]] = []
             for index, request in enumerate(requests):
                 fresh: dict[str, ArmDocument] = {}
@@ -404,15 +447,19 @@ class LbPools:
                 else:
                     ready.append((index, request, members, fresh))
             changed: set[str] = set()
-            health = self._batch_health(pools, [r for _, r, _, _ in ready if r.check])
+            touched: set[str] = set()  # events held or held no more: the index changes
+            health = self._batch_health(
+                pools, [r for _, r, _, _ in ready if r.check], states, requests[0].now
+            )
             drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
             for index, request, members, fresh in ready:
                 if request.check and health is not None:
-                    blocked = capacity.first_blocked(health, members, self.min_healthy)
+                    blocked = capacity.decide(health, members, self.min_healthy).blocked
                     if blocked is not None:
                         pool_key = blocked.pool_id.lower()
                         lists[pool_key][request.key] = held.entry_for(request.message, request.now)
                         changed.add(pool_key)
+                        touched.add(request.key)
                         names = _names_in(request.vms, members.get(pool_key, set()))
                         verdicts[index] = Verdict(held=blocked, held_vms=names)
                         continue
@@ -426,13 +473,15 @@ class LbPools:
                 for pool in pools:
                     if lists[pool].pop(request.key, None) is not None:
                         changed.add(pool)
+                        touched.add(request.key)
                         log.info(
                             "held event is held no more",
                             extra={"eventId": request.key, "pool": pool},
                         )
             for pool in sorted(changed):
                 lease.check()
-                lease.save(pool, held.write(lists[pool]))
+                lease.save(pool, states[pool].dump())
+            self._index(pools, states, touched)
             # Held goes out while the pools are still locked, so that a restore that drains a
             # held event (under the same lease) cannot publish its Prepared before the Held.
             for index, request in enumerate(requests):
@@ -445,17 +494,33 @@ class LbPools:
         return verdicts
 
     def _batch_health(
-        self, pools: tuple[str, ...], checked: list[DrainRequest]
+        self,
+        pools: tuple[str, ...],
+        checked: list[DrainRequest],
+        states: dict[str, held.PoolState],
+        now: datetime,
     ) -> dict[str, capacity.PoolHealth] | None:
         """The pools' health for a batch's guarded decisions (None: no decision is guarded):
         membership read now, probe verdicts the freshest a request brought, unless those are
-        older than PROBE_MAX_AGE_SECONDS (the batch waited long for the locks)."""
+        older than PROBE_MAX_AGE_SECONDS (the batch waited long for the locks), and the members
+        that events approved early take down (the pools' leaving members)."""
         if not checked:
             return None
         freshest = max(checked, key=lambda r: r.probed_at)
         fresh_enough = self.monotonic() - freshest.probed_at <= PROBE_MAX_AGE_SECONDS
         probes = dict(freshest.probes) if fresh_enough else {}
-        return capacity.measure(self.arm, pools, probes)
+        reserved = {pool: states[pool].reserved(now) for pool in pools}
+        return capacity.measure(self.arm, pools, probes, reserved)
+
+    def _index(
+        self, pools: Iterable[str], states: dict[str, held.PoolState], events: set[str]
+    ) -> None:
+        """Keep the pool store's index of held events true for ``events``, held or held no
+        more in ``pools`` (an Approve link that names only its event reads it)."""
+        assert self.pools is not None
+        for event_id in sorted(events):
+            holding = [p for p in sorted(pools) if event_id in states[p].held]
+            self.pools.index_held(event_id, holding)
 
     def _drain_all(
         self, lease: PoolLease, drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]]
@@ -530,27 +595,7 @@ class LbPools:
         skip_forbidden: bool = False,
         read: dict[str, ArmDocument] | None = None,
     ) -> dict[str, set[str]]:
-        """Lower-case pool id -> the ip configurations of ``vms`` in it now (reads the NICs;
-        what was read is kept in ``read``, by NIC id)."""
-        members: dict[str, set[str]] = {}
-        for vm in vms:
-            for nic_id in vm.nic_ids:
-                try:
-                    nic = self.arm.get_nic(nic_id)
-                except PermissionDenied:
-                    if not skip_forbidden:
-                        raise
-                    continue
-                if nic is not None and read is not None:
-                    read[nic_id] = nic
-                if nic is None:
-                    continue
-                for ipc, pools in nic_pools.pools_of(nic.body).items():
-                    for pool_id in pools:
-                        members.setdefault(pool_id.lower(), set()).add(
-                            _ip_configuration_id(nic_id, ipc)
-                        )
-        return members
+        return capacity.memberships(self.arm, vms, skip_forbidden=skip_forbidden, read=read)
 
     def _drain_vm(
         self, vm: ResolvedVm, outcome: LbOutcome, read: dict[str, ArmDocument] | None = None
@@ -611,48 +656,96 @@ class LbPools:
         request.outcome.held = blocked
         request.outcome.not_ready.extend(vm.name for vm in request.vms)
 
-    def _forget(self, lease: PoolLease, pools: Iterable[str], event_id: str) -> None:
-        """Drop ``event_id`` from the held lists of ``pools`` (held by ``lease``)."""
+    def _forget(
+        self, lease: PoolLease, pools: Iterable[str], event_id: str, now: datetime
+    ) -> Restored:
+        """Drop ``event_id`` from the held lists and the leaving members of ``pools`` (held by
+        ``lease``), and say so in the index of held events. Returns the members its early
+        approval had taken down: they serve again (their pools' held events may go now)."""
+        assert self.pools is not None
+        released: Restored = {}
         for pool_id in pools:
-            entries = held.read(lease.state(pool_id))
-            if entries.pop(event_id, None) is not None:
-                lease.save(pool_id, held.write(entries))
-                log.info("held event is held no more", extra={"eventId": event_id, "pool": pool_id})
+            state = held.PoolState.load(lease.state(pool_id))
+            was_held = event_id in state.held
+            leaving = state.leaving.get(event_id)
+            if leaving is not None:
+                released[pool_id.lower()] = set(leaving.ip_configurations)
+            if state.forget(event_id, now):
+                lease.save(pool_id, state.dump())
+                log.info("event forgotten", extra={"eventId": event_id, "pool": pool_id})
+            if was_held:
+                self.pools.index_held(event_id, [])
+        return released
 
     # ---- the end of an event: restore, forget, resume ---------------------------------------
     def _end(
         self,
-        message: TransitionMessage,
+        verified: VerifiedMessage,
         vms: list[ResolvedVm],
         outcome: LbOutcome,
         now: datetime,
         *,
         restore: bool,
     ) -> None:
-        event = message.event
+        event = verified.message.event
         assert event is not None
+        restored: Restored = {}
         if self.pools is not None:
             # Forget before restoring: a resume of this event that races us either drained
-            # before we forget (and we restore it below) or finds it forgotten.
+            # before we forget (and we restore it below) or finds it forgotten. Members its
+            # early approval took down serve again: like restored ones, for held events.
             changeable = [vm for vm in vms if vm.kind is VmKind.VM]
-            self._forget_unlocked(self._memberships(changeable, skip_forbidden=True), event.key)
-        restored: Restored = {}
+            restored = self._forget_unlocked(
+                self._memberships(changeable, skip_forbidden=True), event.key, now
+            )
+        failures: list[BaseException] = []
         if restore:
-            for vm in vms:
-                self._restore_vm(vm, outcome, restored)
+            failures = self._restore_all(vms, outcome, restored)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
+        if outcome.changed:
+            self.actions.record(
+                verified.message, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
+            )
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=event.key)
+        self._report_not_restored(verified, outcome)
+        if failures:
+            raise failures[0]
 
-    def _forget_unlocked(self, pools: Iterable[str], event_id: str) -> None:
+    def _forget_unlocked(self, pools: Iterable[str], event_id: str, now: datetime) -> Restored:
         assert self.pools is not None
-        holding = [p for p in sorted(pools) if event_id in held.read(self.pools.peek(p))]
-        if holding:
-            with self.pools.hold(holding) as lease:
-                self._forget(lease, holding, event_id)
+        holding = [
+            p for p in sorted(pools) if held.PoolState.load(self.pools.peek(p)).mentions(event_id)
+        ]
+        if not holding:
+            return {}
+        with self.pools.hold(holding) as lease:
+            return self._forget(lease, holding, event_id, now)
+
+    def _restore_all(
+        self, vms: Iterable[ResolvedVm], outcome: LbOutcome, restored: Restored
+    ) -> list[BaseException]:
+        """Restore each VM on its own: one that fails (ARM 5xx, a timeout) does not keep the
+        others out. The failures, to raise once every VM was tried (the redelivery finds the
+        restored NICs without a record and changes nothing on them)."""
+        failures: list[BaseException] = []
+        for vm in vms:
+            try:
+                self._restore_vm(vm, outcome, restored)
+            except Exception as exc:  # noqa: BLE001 - this VM's own failure, raised afterwards
+                log.warning(
+                    "VM %s not restored yet (tried again on redelivery): %s",
+                    vm.name,
+                    type(exc).__name__,
+                    extra={"vm": vm.name, "reason": type(exc).__name__},
+                )
+                failures.append(exc)
+        return failures
 
     def _restore_vm(self, vm: ResolvedVm, outcome: LbOutcome, restored: Restored) -> None:
+        """Put each NIC of ``vm`` back into the pools its record names, each NIC on its own;
+        raises the first NIC's failure once every NIC was tried."""
         restore_by_hand = f"its NICs keep what was removed in the tag {nic_pools.TAG}"
         if vm.kind is VmKind.FORBIDDEN:
             log.error(
@@ -666,9 +759,10 @@ class LbPools:
         if vm.kind is not VmKind.VM:
             log.info("nothing to restore", extra={"vm": vm.name, "kind": vm.kind.value})
             return
+        failures: list[BaseException] = []
         for nic_id in vm.nic_ids:
             try:
-                change, gone = _change_nic(self.arm, nic_id, nic_pools.plan_restore)
+                change, gone = self._restore_nic(nic_id)
             except PermissionDenied as exc:
                 log.error(
                     "NIC %s cannot be restored to its pools: %s; %s",
@@ -678,15 +772,78 @@ class LbPools:
                     extra={"vm": vm.name, "nic": nic_id, "reason": "PermissionDenied"},
                 )
                 continue
+            except Exception as exc:  # noqa: BLE001 - raised once the other NICs were tried
+                failures.append(exc)
+                continue
             if gone:
                 log.warning("NIC not found in ARM, nothing to restore", extra={"nic": nic_id})
-            if change is not None:
-                outcome.changed.append(nic_id)
-                for ipc, pools in change.pools.items():
-                    for pool_id in pools:
-                        restored.setdefault(pool_id.lower(), set()).add(
-                            _ip_configuration_id(nic_id, ipc)
-                        )
+            if change is None:
+                continue
+            outcome.changed.append(nic_id)
+            for ipc, pools in change.pools.items():
+                for pool_id in pools:
+                    restored.setdefault(pool_id.lower(), set()).add(
+                        capacity.ip_configuration_id(nic_id, ipc)
+                    )
+            for pools in change.skipped.values():
+                for pool_id in pools:
+                    outcome.not_restored.append((vm.name, pool_id))
+                    log.error(
+                        "VM %s not put back into %s: the pool no longer exists (deleted, or its "
+                        "load balancer); its other pools are restored",
+                        vm.name,
+                        capacity.short_pool(pool_id),
+                        extra={"vm": vm.name, "nic": nic_id, "pool": pool_id},
+                    )
+        if failures:
+            raise failures[0]
+
+    def _restore_nic(self, nic_id: str) -> tuple[nic_pools.NicChange | None, bool]:
+        """(the change made or None, the NIC is gone): the recorded pools back, leaving out
+        those ARM says no longer exist (a 400 InvalidResourceReference, confirmed by reading
+        their load balancers). Re-read on a 412."""
+        gone_pools: set[str] = set()
+        for _ in range(2 * MAX_ETAG_RETRIES):
+            nic = self.arm.get_nic(nic_id)
+            if nic is None:
+                return None, True
+            change = nic_pools.plan_restore(nic.body, nic_id, gone_pools)
+            if change is None:
+                return None, False
+            try:
+                self.arm.put_nic(nic_id, change.body, nic.etag)
+            except PreconditionFailed:
+                log.info("NIC changed while we wrote it, re-reading", extra={"nic": nic_id})
+                continue
+            except ReferenceMissing:
+                found = self._missing_pools(nic_pools.recorded_pools(nic.body, nic_id))
+                if not found - gone_pools:
+                    raise  # ARM misses something else: the message is redelivered
+                gone_pools |= found
+                continue
+            log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
+            return change, False
+        raise PreconditionFailed(f"{nic_id}: still changing after {2 * MAX_ETAG_RETRIES} attempts")
+
+    def _missing_pools(self, pool_ids: Iterable[str]) -> set[str]:
+        """The pools (lower case) that no longer exist: their load balancer is gone (404), or
+        it no longer lists them."""
+        return capacity.gone_pools(self.arm, pool_ids)
+
+    def _report_not_restored(self, verified: VerifiedMessage, outcome: LbOutcome) -> None:
+        """Operators see what could not go back: a card (when Teams is wired), beside the
+        ERROR lines and the invocation line's ``notRestored`` count."""
+        if not outcome.not_restored or self.alerts is None:
+            return
+        missing = sorted(set(outcome.not_restored))
+        vms_back = sorted(
+            {vm for vm, _ in missing}
+            & {vm.name for vm in verified.scope.vms if vm.kind is VmKind.VM}
+        )
+        try:
+            self.alerts.post(not_restored_card(verified.message, missing, vms_back))
+        except Exception as exc:  # noqa: BLE001 - the restore is done; the log line says it all
+            log.error("the not-restored card could not be posted: %s", type(exc).__name__)
 
     def _resume(self, restored: Restored, outcome: LbOutcome, now: datetime, *, skip: str) -> None:
         """Try the held events of the pools that got members back; wait (bounded) for those
@@ -695,13 +852,21 @@ class LbPools:
         settle = SETTLE_SECONDS if self.settle_seconds is None else self.settle_seconds
         poll = SETTLE_POLL_SECONDS if self.settle_poll_seconds is None else self.settle_poll_seconds
         deadline = self.monotonic() + settle
+        decided_settled = False
         while True:
             still_held = self._resume_once(sorted(restored), outcome, now, skip=skip)
             if not still_held:
                 return
             health = capacity.measure(self.arm, still_held)
             settling = any(restored[p] - health[p].healthy for p in still_held if p in health)
-            if not settling or self.monotonic() + poll > deadline:
+            if not settling:
+                # Every restored member is Up now, but it may have come Up only after the held
+                # events were decided: decide once more, then they are held for good reasons.
+                if decided_settled:
+                    return
+                decided_settled = True
+                continue
+            if self.monotonic() + poll > deadline:
                 return
             log.info("waiting for restored members to be probed Up before resuming held events")
             self.sleep(poll)
@@ -721,13 +886,13 @@ class LbPools:
                         "held event dropped: its NotBefore passed",
                         extra={"eventId": entry.event_id},
                     )
-                    self._forget_unlocked([pool_id], entry.event_id)
+                    self._forget_unlocked([pool_id], entry.event_id, now)
                     continue
                 try:
                     message = parse_message(entry.body, entry.message_id)
                 except ContractError as exc:
                     log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
-                    self._forget_unlocked([pool_id], entry.event_id)
+                    self._forget_unlocked([pool_id], entry.event_id, now)
                     continue
                 log.info(
                     "trying held event %s again: %s got members back",
@@ -739,7 +904,7 @@ class LbPools:
                 if result.held is not None:
                     still.append(result.held.pool_id.lower())
                 elif result.refused:
-                    self._forget_unlocked([pool_id], entry.event_id)
+                    self._forget_unlocked([pool_id], entry.event_id, now)
                 elif not result.reason:
                     outcome.resumed.append(entry.event_id)
         return sorted(set(still) & set(pools))

@@ -1,4 +1,5 @@
-"""Held events, remembered per backend pool (pure: the pool store keeps the JSON).
+"""Held events and approved members, remembered per backend pool (pure: the pool store keeps the
+JSON).
 
 When the capacity guard refuses to drain an event's VMs, lb-pools writes the event into the
 state of the pool that blocked it, under that pool's lock: the contract message that asked for
@@ -14,13 +15,25 @@ for the approval that follows), which does not fit a 256-character tag.
 
 An entry whose NotBefore has passed is dropped when read: by then Azure has started the event
 and its Started message drains the VMs without the guard. Entries without a readable NotBefore
-are kept at most :data:`MAX_AGE`. A pool keeps at most :data:`MAX_ENTRIES` (oldest dropped).
+are kept at most :data:`MAX_AGE`.
+
+The list is bounded per observer, so that one VM cannot push out another's events: every entry
+names the (verified) observer whose message asked for the drain, a pool keeps at most
+:data:`MAX_PER_OBSERVER` entries of one observer (its oldest go first), and at most
+:data:`MAX_ENTRIES` in all, dropping from the observer that holds the most. A compromised VM that
+invents events floods only its own share; an honest event is never dropped for a flooder's.
+
+The same state remembers the members that leave without a drain: an event approved early while
+some of its VMs are still healthy members (a VM that prepared itself, say) takes them down for
+its maintenance although they stay in the pool. Until it ends (or :attr:`Leaving.until`), those
+members count as gone for every other decision on the pool (:class:`Leaving`), so a drain that
+races the approval cannot take the pool below its minimum either.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,7 +46,8 @@ log = logging.getLogger("sebridge.functions.lb_pools")
 
 VERSION = 1
 MAX_AGE = timedelta(days=7)
-MAX_ENTRIES = 100
+MAX_ENTRIES = 200  # in one pool
+MAX_PER_OBSERVER = 16  # of one observer in one pool
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class HeldEvent:
     body: dict[str, Any]  # the CloudEvent that was held
     held_at: datetime
     not_before: datetime | None
+    observer: str = ""  # "<resource group>/<VM>" (lower case) whose message asked for the drain
 
     def expired(self, now: datetime) -> bool:
         if self.not_before is not None and self.not_before <= now:
@@ -54,6 +69,7 @@ class HeldEvent:
             "messageId": self.message_id,
             "heldAt": isoformat_utc(self.held_at),
             "notBefore": isoformat_utc(self.not_before) if self.not_before else None,
+            "observer": self.observer,
             "message": self.body,
         }
 
@@ -80,7 +96,13 @@ def entry_for(message: TransitionMessage, now: datetime) -> HeldEvent:
         body=body_of(message),
         held_at=now,
         not_before=event.not_before,
+        observer=observer_key(message),
     )
+
+
+def observer_key(message: TransitionMessage) -> str:
+    observer = message.observer
+    return f"{observer.resource_group}/{observer.vm_name}".lower()
 
 
 def _time(value: object) -> datetime | None:
@@ -107,12 +129,120 @@ def read(state: Mapping[str, Any]) -> dict[str, HeldEvent]:
         if held_at is None or not isinstance(body, dict) or not isinstance(message_id, str):
             log.warning("unreadable held entry dropped", extra={"eventId": str(event_id)[:64]})
             continue
+        observer = entry.get("observer")
         result[str(event_id)] = HeldEvent(
-            str(event_id), message_id, body, held_at, _time(entry.get("notBefore"))
+            str(event_id),
+            message_id,
+            body,
+            held_at,
+            _time(entry.get("notBefore")),
+            observer if isinstance(observer, str) else "",
         )
     return result
 
 
 def write(held: Mapping[str, HeldEvent]) -> dict[str, Any]:
-    newest = sorted(held.values(), key=lambda e: e.held_at)[-MAX_ENTRIES:]
-    return {"version": VERSION, "held": {e.event_id: e.to_json() for e in newest}}
+    """A pool's state with these held events (and no leaving members)."""
+    return PoolState(dict(held), {}).dump()
+
+
+def bounded(entries: Iterable[HeldEvent]) -> list[HeldEvent]:
+    """``entries`` within the bounds: at most MAX_PER_OBSERVER of each observer (its newest),
+    at most MAX_ENTRIES in all (dropping the oldest of the observer that holds the most)."""
+    by_observer: dict[str, list[HeldEvent]] = {}
+    for entry in sorted(entries, key=lambda e: e.held_at):
+        by_observer.setdefault(entry.observer, []).append(entry)
+    for observer, own in by_observer.items():
+        for dropped in own[:-MAX_PER_OBSERVER]:
+            _dropped(dropped, f"{observer or 'an observer'} holds more than {MAX_PER_OBSERVER}")
+        del own[:-MAX_PER_OBSERVER]
+    while sum(len(own) for own in by_observer.values()) > MAX_ENTRIES:
+        most = max(by_observer, key=lambda o: (len(by_observer[o]), o))
+        _dropped(by_observer[most].pop(0), f"the pool holds more than {MAX_ENTRIES}")
+    return [entry for own in by_observer.values() for entry in own]
+
+
+def _dropped(entry: HeldEvent, why: str) -> None:
+    log.warning(
+        "held event %s dropped from the pool's list: %s",
+        entry.event_id,
+        why,
+        extra={"eventId": entry.event_id, "observer": entry.observer, "reason": why},
+    )
+
+
+@dataclass(frozen=True)
+class Leaving:
+    """Members of a pool that an approved event takes down while they stay in the pool."""
+
+    event_id: str
+    ip_configurations: frozenset[str]  # lower case
+    until: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ipConfigurations": sorted(self.ip_configurations),
+            "until": isoformat_utc(self.until),
+        }
+
+
+def _read_leaving(state: Mapping[str, Any]) -> dict[str, Leaving]:
+    raw = state.get("leaving")
+    if not isinstance(raw, Mapping):
+        return {}
+    result: dict[str, Leaving] = {}
+    for event_id, entry in raw.items():
+        until = _time(entry.get("until")) if isinstance(entry, Mapping) else None
+        ipcs = entry.get("ipConfigurations") if isinstance(entry, Mapping) else None
+        if until is None or not isinstance(ipcs, list):
+            log.warning("unreadable leaving entry dropped", extra={"eventId": str(event_id)[:64]})
+            continue
+        result[str(event_id)] = Leaving(
+            str(event_id), frozenset(str(i).lower() for i in ipcs if isinstance(i, str)), until
+        )
+    return result
+
+
+@dataclass
+class PoolState:
+    """Everything the pool's blob remembers: its held events and its leaving members."""
+
+    held: dict[str, HeldEvent]
+    leaving: dict[str, Leaving]
+
+    @classmethod
+    def load(cls, state: Mapping[str, Any]) -> PoolState:
+        return cls(read(state), _read_leaving(state))
+
+    def dump(self) -> dict[str, Any]:
+        kept = bounded(self.held.values())
+        state: dict[str, Any] = {
+            "version": VERSION,
+            "held": {e.event_id: e.to_json() for e in sorted(kept, key=lambda e: e.held_at)},
+        }
+        if self.leaving:
+            state["leaving"] = {e.event_id: e.to_json() for e in self.leaving.values()}
+        return state
+
+    def reserved(self, now: datetime, *, besides: str = "") -> frozenset[str]:
+        """The members other events (not ``besides``) take down, as of ``now``."""
+        return frozenset(
+            ipc
+            for entry in self.leaving.values()
+            if entry.event_id != besides and entry.until > now
+            for ipc in entry.ip_configurations
+        )
+
+    def forget(self, event_id: str, now: datetime) -> bool:
+        """Drop ``event_id`` (held or leaving) and what has expired; whether anything changed."""
+        before = (len(self.held), len(self.leaving))
+        self.held.pop(event_id, None)
+        self.leaving = {
+            key: entry
+            for key, entry in self.leaving.items()
+            if key != event_id and entry.until > now
+        }
+        return (len(self.held), len(self.leaving)) != before
+
+    def mentions(self, event_id: str) -> bool:
+        return event_id in self.held or event_id in self.leaving

@@ -18,8 +18,8 @@ the VM counts as not prepared and the gate does not approve early for it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 TAG = "sebridge-removed-pools"
@@ -39,6 +39,7 @@ class RecordTooLarge(ValueError):
 class NicChange:
     body: dict[str, Any]  # the NIC to PUT
     pools: Record  # what is removed (drain) or added back (restore)
+    skipped: Record = field(default_factory=dict)  # restore: recorded pools that are gone
 
 
 def _segments(resource_id: str) -> list[str]:
@@ -176,16 +177,29 @@ def plan_drain(nic: Mapping[str, Any], nic_id: str) -> NicChange | None:
     return NicChange(body=body, pools=current)
 
 
-def plan_restore(nic: Mapping[str, Any], nic_id: str) -> NicChange | None:
-    """The NIC with the recorded pools back and the record gone; ``None`` without a record."""
+def recorded_pools(nic: Mapping[str, Any], nic_id: str) -> set[str]:
+    """Every pool the NIC's record would put it back into (lower case)."""
+    return {p.lower() for pools in decode_record(nic.get("tags"), nic_id).values() for p in pools}
+
+
+def plan_restore(
+    nic: Mapping[str, Any], nic_id: str, gone: Collection[str] = ()
+) -> NicChange | None:
+    """The NIC with the recorded pools back and the record gone; ``None`` without a record.
+    Pools in ``gone`` (lower-case ids: deleted, with their load balancer or alone) are left out
+    and named in ``skipped``: nothing could put the NIC back into them."""
     if not any(name in (nic.get("tags") or {}) for name in TAG_NAMES):
         return None
     record = decode_record(nic.get("tags"), nic_id)
     body = copy.deepcopy(dict(nic))
     added: Record = {}
+    skipped: Record = {}
     for config in _ip_configurations(body):
         name = str(config.get("name", ""))
-        wanted = record.get(name, [])
+        wanted = [p for p in record.get(name, []) if p.lower() not in gone]
+        left_out = [p for p in record.get(name, []) if p.lower() in gone]
+        if left_out:
+            skipped[name] = left_out
         if not wanted:
             continue
         props = config.setdefault("properties", {})
@@ -196,4 +210,4 @@ def plan_restore(nic: Mapping[str, Any], nic_id: str) -> NicChange | None:
             props["loadBalancerBackendAddressPools"] = [*pools, *({"id": p} for p in missing)]
             added[name] = missing
     _set_tags(body, {})
-    return NicChange(body=body, pools=added)
+    return NicChange(body=body, pools=added, skipped=skipped)

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from sebridge.contract.commands import ApproveCommand
-from sebridge.contract.events import Envelope
+from sebridge.contract.events import Envelope, TransitionMessage
 
 
 class Clock(Protocol):
@@ -65,6 +65,12 @@ class VmRecord:
     uniform: bool = False  # a Uniform scale-set instance (NICs belong to the scale-set model)
 
 
+class ReferenceMissing(Exception):
+    """ARM refused a write because it refers to a resource that does not exist (400
+    ``InvalidResourceReference``: a NIC PUT naming a backend pool whose load balancer, or the
+    pool itself, was deleted). No retry of the same write repairs it."""
+
+
 class AcknowledgeRefused(Exception):
     """ARM refused an acknowledgement for good (a 4xx other than 401, 403, 408 and 429)."""
 
@@ -83,7 +89,8 @@ class ArmClient(Protocol):
     def get_nic(self, nic_id: str) -> ArmDocument | None: ...
 
     def put_nic(self, nic_id: str, body: dict[str, Any], etag: str | None) -> None:
-        """PUT the NIC (If-Match ``etag``) and wait for the operation to finish."""
+        """PUT the NIC (If-Match ``etag``) and wait for the operation to finish.
+        PreconditionFailed on 412; ReferenceMissing when it names a pool that is gone."""
 
     def get_load_balancer(self, lb_id: str) -> ArmDocument | None: ...
 
@@ -135,3 +142,28 @@ class PoolStore(Protocol):
 
     def peek(self, pool_id: str) -> Mapping[str, Any]:
         """The pool's state without taking its lock (may be stale the moment it returns)."""
+
+    def index_held(self, event_id: str, pool_ids: Sequence[str]) -> None:
+        """Remember which pools hold ``event_id`` (empty: none), for :meth:`held_pools`."""
+
+    def held_pools(self, event_id: str) -> Sequence[str]:
+        """The pools that last held ``event_id`` (a hint: their own state says for sure)."""
+
+
+class ActionRecorder(Protocol):
+    """What a workflow did that reaches no topic (lb-pools putting VMs back), for the event's
+    history (functions/history). Recording never fails the caller: an adapter logs what it
+    could not record."""
+
+    def record(
+        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+    ) -> None: ...
+
+
+class NoActions:
+    """The default :class:`ActionRecorder`: the history is off, nothing is recorded."""
+
+    def record(
+        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+    ) -> None:
+        return None

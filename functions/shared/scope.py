@@ -70,11 +70,11 @@ class Scope:
 
 def _check_observer_names(observer: Observer, rules: TrustRules) -> None:
     """Raises InvalidName or returns; the allow-list is checked by the caller."""
-    names.compute_name(observer.vm_name, "observer.vmName")
+    names.VIRTUAL_MACHINE.check(observer.vm_name, "observer.vmName")
     names.subscription_id(observer.subscription_id, "observer.subscriptionId")
     names.resource_group(observer.resource_group, "observer.resourceGroup")
     if observer.vm_scale_set_name:
-        names.compute_name(observer.vm_scale_set_name, "observer.vmScaleSetName")
+        names.SCALE_SET.check(observer.vm_scale_set_name, "observer.vmScaleSetName")
     try:
         uuid.UUID(observer.vm_id)
     except (ValueError, TypeError):
@@ -130,24 +130,10 @@ def from_event_grid(message: TransitionMessage) -> bool:
     return "eventGrid" in message.data
 
 
-def verify_sealed_observer(
-    arm: ArmClient, observer: Observer, rules: TrustRules
-) -> VmRecord | Refusal:
-    """The observer of a message the app sealed: a VM as ARM knows it (its vmId is checked when
-    the message carries one), or the scale set or availability set Azure named."""
-    try:
-        names.compute_name(observer.vm_name, "observer.vmName")
-        names.subscription_id(observer.subscription_id, "observer.subscriptionId")
-        names.resource_group(observer.resource_group, "observer.resourceGroup")
-        if observer.vm_scale_set_name:
-            names.compute_name(observer.vm_scale_set_name, "observer.vmScaleSetName")
-    except names.InvalidName as exc:
-        return Refusal(f"invalid name: {exc}")
-    if not rules.group_allowed(observer.resource_group):
-        return Refusal(
-            f"resource group {names.excerpt(observer.resource_group)} is not in "
-            "LB_MANAGED_RESOURCE_GROUPS"
-        )
+def sealed_set_kind(observer: Observer) -> str | None:
+    """``virtualmachinescalesets`` or ``availabilitysets`` when a sealed message's observer is
+    the scale set or availability set Azure named (its claimed resource id says so), else None
+    (a VM)."""
     claimed_id = observer.resource_id.lower()
     for kind in _SETS:
         expected = (
@@ -155,15 +141,43 @@ def verify_sealed_observer(
             f"{observer.resource_group}{_COMPUTE}{kind}/{observer.vm_name}"
         ).lower()
         if claimed_id == expected:
-            is_scale_set = kind == "virtualmachinescalesets"
-            return VmRecord(
-                id=observer.resource_id,
-                name=observer.vm_name,
-                vm_id="",
-                nic_ids=(),
-                availability_set="" if is_scale_set else claimed_id,
-                scale_set=claimed_id if is_scale_set else "",
-            )
+            return kind
+    return None
+
+
+def verify_sealed_observer(
+    arm: ArmClient, observer: Observer, rules: TrustRules
+) -> VmRecord | Refusal:
+    """The observer of a message the app sealed: a VM as ARM knows it (its vmId is checked when
+    the message carries one), or the scale set or availability set Azure named (its name checked
+    by the rule of its own type: an availability set's may be 80 characters long)."""
+    kind = sealed_set_kind(observer)
+    try:
+        (names.BY_TYPE[kind] if kind else names.VIRTUAL_MACHINE).check(
+            observer.vm_name, "observer.vmName"
+        )
+        names.subscription_id(observer.subscription_id, "observer.subscriptionId")
+        names.resource_group(observer.resource_group, "observer.resourceGroup")
+        if observer.vm_scale_set_name:
+            names.SCALE_SET.check(observer.vm_scale_set_name, "observer.vmScaleSetName")
+    except names.InvalidName as exc:
+        return Refusal(f"invalid name: {exc}")
+    if not rules.group_allowed(observer.resource_group):
+        return Refusal(
+            f"resource group {names.excerpt(observer.resource_group)} is not in "
+            "LB_MANAGED_RESOURCE_GROUPS"
+        )
+    if kind is not None:
+        claimed_id = observer.resource_id.lower()
+        is_scale_set = kind == "virtualmachinescalesets"
+        return VmRecord(
+            id=observer.resource_id,
+            name=observer.vm_name,
+            vm_id="",
+            nic_ids=(),
+            availability_set="" if is_scale_set else claimed_id,
+            scale_set=claimed_id if is_scale_set else "",
+        )
     try:
         record = lookup(arm, observer, observer.vm_name)
     except PermissionDenied as exc:

@@ -4,6 +4,9 @@ A bad setting raises :class:`SettingsError` naming the setting, so the app fails
 host indexes it (visible in the deployment log) rather than at the first message. Secrets
 (TEAMS_WEBHOOK_URL, APPROVAL_SIGNING_KEY, a ServiceBusConnection string) are kept out of
 ``repr`` and are never logged.
+
+Which workflows run follows from the settings alone (:func:`workflows`): function_app.py
+registers those that are on and logs, at start, why any is off.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from functions.approval_gate.policy import Policy, PolicyError, default_policy, parse_policy
+from functions.shared import names
 from functions.shared.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
 from functions.webhooks.config import Endpoint, load_endpoints
 from sebridge.values import is_loopback, parse_bool
@@ -46,16 +50,20 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "AGENTLESS_RESOURCE_GROUPS",
     "AGENTLESS_VM_PATTERNS",
     "LB_MIN_HEALTHY",
+    "HistorySubscriptionName",
+    "HISTORY_RETENTION_DAYS",
+    "CALENDAR_WINDOW_DAYS",
 )
 # Read but never set by the Bicep: a local emulator connection string, and what the platform
 # sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
-# heartbeat store and pool state defaults); LB_POOL_STATE_URL only where there is no host
-# storage account to default to (local runs).
+# heartbeat store and pool state defaults); LB_POOL_STATE_URL and HISTORY_TABLE_URL only where
+# there is no host storage account to default to (local runs).
 LOCAL_OR_PLATFORM_SETTING_NAMES: tuple[str, ...] = (
     "ServiceBusConnection",
     "WEBSITE_HOSTNAME",
     "AzureWebJobsStorage__accountName",
     "LB_POOL_STATE_URL",
+    "HISTORY_TABLE_URL",
 )
 
 DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
@@ -66,9 +74,11 @@ DEFAULT_MIN_HEALTHY = 1
 MIN_SIGNING_KEY_LENGTH = 32
 KNOWN_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 EVENTGRID_STATE_CONTAINER = "sebridge-eventgrid-state"
+HISTORY_TABLE = "sebridgehistory"
+DEFAULT_HISTORY_RETENTION_DAYS = 90
+DEFAULT_CALENDAR_WINDOW_DAYS = 30
 # AGENTLESS_VM_PATTERNS: shell-style patterns (fnmatch) over VM and scale-set names.
 _PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]!-]{1,80}")
-_GROUP = re.compile(r"[-\w.()]{0,89}[-\w()]")
 
 
 class SettingsError(ValueError):
@@ -110,13 +120,24 @@ class Settings:
     eventgrid_state_url: str = ""  # "" unless the ingestion is enabled
     agentless_resource_groups: tuple[str, ...] = ()
     agentless_vm_patterns: tuple[str, ...] = ()
+    # history (functions/history): registered when its subscription is set; the table of
+    # every event's entries and summary, how long they are kept, and the calendar's window.
+    history_subscription: str = ""
+    history_table_url: str = ""
+    history_retention_days: int = DEFAULT_HISTORY_RETENTION_DAYS
+    calendar_window_days: int = DEFAULT_CALENDAR_WINDOW_DAYS
+
+    @property
+    def teams_enabled(self) -> bool:
+        """Teams cards are posted: a Teams Workflows webhook URL is set."""
+        return bool(self.teams_webhook_url)
 
     def describe(self) -> dict[str, object]:
         """The effective configuration without secrets, for the start-up log line."""
         return {
             "topic": self.topic_name,
             "subscriptions": [
-                self.teams_subscription,
+                *([self.teams_subscription] if self.teams_enabled else []),
                 self.lb_pools_subscription,
                 self.approval_gate_subscription,
             ],
@@ -137,6 +158,9 @@ class Settings:
             "managedResourceGroups": list(self.managed_resource_groups),
             "minHealthy": self.min_healthy,
             "poolState": self.pool_state_url,
+            "history": self.history_table_url if self.history_subscription else "off",
+            "historyRetentionDays": self.history_retention_days,
+            "calendarWindowDays": self.calendar_window_days,
         }
 
 
@@ -195,7 +219,9 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             "ServiceBusConnection with a connection string)"
         )
 
-    webhook = required("TEAMS_WEBHOOK_URL")
+    # Teams is optional when another notifier (a WEBHOOKS endpoint) is configured; at least one
+    # is checked once the webhooks are read.
+    webhook = get("TEAMS_WEBHOOK_URL")
     if webhook:
         _url("TEAMS_WEBHOOK_URL", webhook, problems)
     key = required("APPROVAL_SIGNING_KEY")
@@ -268,7 +294,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         state_url = _url("EVENTGRID_STATE_URL", state_url, problems)
     agentless_groups = _list(get("AGENTLESS_RESOURCE_GROUPS"))
     for group in agentless_groups:
-        if not _GROUP.fullmatch(group):
+        if not names.RESOURCE_GROUP.valid(group):
             problems.append(f"AGENTLESS_RESOURCE_GROUPS: {group[:100]!r} is not a resource group")
     agentless_patterns = _list(get("AGENTLESS_VM_PATTERNS"))
     for pattern in agentless_patterns:
@@ -296,9 +322,40 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     elif pool_state_url:
         pool_state_url = _url("LB_POOL_STATE_URL", pool_state_url, problems)
 
+    history_subscription = get("HistorySubscriptionName")
+    history_url = get("HISTORY_TABLE_URL")
+    if not history_url and get("AzureWebJobsStorage__accountName"):
+        account = get("AzureWebJobsStorage__accountName")
+        history_url = f"https://{account}.table.core.windows.net/{HISTORY_TABLE}"
+    if history_subscription and not history_url:
+        problems.append(
+            "HISTORY_TABLE_URL: required when HistorySubscriptionName is set "
+            "(or set AzureWebJobsStorage__accountName)"
+        )
+    elif history_url:
+        history_url = _url("HISTORY_TABLE_URL", history_url, problems)
+        if not urlsplit(history_url).path.strip("/"):
+            problems.append("HISTORY_TABLE_URL: names no table (.../<table name>)")
+    retention = _int(
+        "HISTORY_RETENTION_DAYS",
+        get("HISTORY_RETENTION_DAYS", str(DEFAULT_HISTORY_RETENTION_DAYS)),
+        problems,
+        minimum=1,
+        maximum=3650,
+    )
+    window = _int(
+        "CALENDAR_WINDOW_DAYS",
+        get("CALENDAR_WINDOW_DAYS", str(DEFAULT_CALENDAR_WINDOW_DAYS)),
+        problems,
+        minimum=1,
+        maximum=366,
+    )
+
     settings = Settings(
         topic_name=required("TopicName"),
-        teams_subscription=required("TeamsSubscriptionName"),
+        teams_subscription=required("TeamsSubscriptionName")
+        if webhook
+        else get("TeamsSubscriptionName"),
         lb_pools_subscription=required("LbPoolsSubscriptionName"),
         approval_gate_subscription=required("ApprovalGateSubscriptionName"),
         approvals_queue=required("ApprovalsQueueName"),
@@ -325,8 +382,18 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         eventgrid_state_url=state_url if eventgrid else "",
         agentless_resource_groups=agentless_groups,
         agentless_vm_patterns=agentless_patterns,
+        history_subscription=history_subscription,
+        history_table_url=history_url if history_subscription else "",
+        history_retention_days=retention,
+        calendar_window_days=window,
     )
     settings = _with_webhooks(settings, env, problems)
+    if not settings.teams_enabled and not settings.webhooks and not env.get("WEBHOOKS", "").strip():
+        problems.append(
+            "no notifier: set TEAMS_WEBHOOK_URL (a Teams Workflows webhook URL) or list an "
+            "endpoint in WEBHOOKS (Slack, PagerDuty or generic JSON, with "
+            "WebhooksSubscriptionName); people must hear about maintenance one way or the other"
+        )
     if settings.custom_subscriber_enabled and not settings.custom_subscription:
         problems.append("CustomSubscriptionName: required when CUSTOM_SUBSCRIBER_ENABLED is true")
     if problems:
@@ -342,3 +409,63 @@ def _with_webhooks(settings: Settings, env: Mapping[str, str], problems: list[st
         env, problems, subscription=subscription, known_event_types=KNOWN_EVENT_TYPES
     )
     return replace(settings, webhooks_subscription=subscription, webhooks=endpoints)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """One workflow of the app: whether it runs and, if not, the setting that turns it on."""
+
+    name: str  # the blueprint's, as function_app.py registers it
+    on: bool
+    detail: str = ""  # on: what it does with the settings; off: why, and how to turn it on
+
+    def describe(self) -> str:
+        state = "on" if self.on else "off"
+        return f"{self.name} {state}" + (f" ({self.detail})" if self.detail else "")
+
+
+def workflows(settings: Settings) -> tuple[Workflow, ...]:
+    """Every workflow in the order function_app.py registers them, on or off by ``settings``."""
+    endpoints = ", ".join(f"{e.name} ({e.preset})" for e in settings.webhooks)
+    return (
+        Workflow(
+            "teams",
+            settings.teams_enabled,
+            "cards to the Teams Workflows webhook"
+            if settings.teams_enabled
+            else "TEAMS_WEBHOOK_URL is not set: a Teams Workflows webhook URL turns it on",
+        ),
+        Workflow("lb_pools", True, f"LB_MIN_HEALTHY {settings.min_healthy}"),
+        Workflow("approval_gate", True, "with the approve link"),
+        Workflow(
+            "webhooks",
+            bool(settings.webhooks_subscription),
+            (f"endpoints: {endpoints}" if endpoints else "WEBHOOKS lists no endpoint")
+            if settings.webhooks_subscription
+            else "WebhooksSubscriptionName is not set: the subscription's name turns it on",
+        ),
+        Workflow(
+            "custom_example",
+            settings.custom_subscriber_enabled,
+            f"subscription {settings.custom_subscription}"
+            if settings.custom_subscriber_enabled
+            else "CUSTOM_SUBSCRIBER_ENABLED is not true",
+        ),
+        Workflow(
+            "eventgrid_ingest",
+            settings.eventgrid_ingest_enabled,
+            "" if settings.eventgrid_ingest_enabled else "EVENTGRID_INGEST_ENABLED is not true",
+        ),
+        Workflow(
+            "history",
+            bool(settings.history_subscription),
+            f"retention {settings.history_retention_days} days"
+            if settings.history_subscription
+            else "HistorySubscriptionName is not set: the subscription's name turns it on",
+        ),
+    )
+
+
+def workflows_line(settings: Settings) -> str:
+    """The start-up line: each workflow, on or off, and why any is off."""
+    return "workflows: " + "; ".join(w.describe() for w in workflows(settings))

@@ -1,22 +1,49 @@
-"""What every Service Bus trigger does before its core: decode, or log why not.
+"""What every Service Bus trigger does before its core: decode, verify, or log why not.
 
-Every Service Bus trigger is also decorated with :func:`log_invocation` (one structured line per
-invocation, functions/shared/invocations.py); ``decode`` tells it what the message was.
+Every Service Bus-triggered function of the app (built-in or your own) is declared with
+:func:`service_bus_function`, which registers the trigger on the blueprint and, for each message:
+
+1. decodes it (:func:`decode`): a message that breaks the contract is logged and completed;
+2. logs each of the parser's warnings (odd fields it normalised) at WARNING, once;
+3. verifies it (functions.shared.verified: the seal check and the scope check, with the
+   process's cached ARM VM reads): a refusal is logged as a security event (or a missing
+   permission) and the message completed;
+4. only then calls the function, with a :class:`VerifiedMessage`. A function declared with
+   ``unverified=True`` (the Teams cards, the webhooks' audit endpoints) is also called for a
+   refused message, with an :class:`UnverifiedMessage`, and marks its output as unverified.
+
+Every such trigger is also decorated with :func:`log_invocation` (one structured line per
+invocation, functions/shared/invocations.py). A guard test checks that every Service Bus function
+of ``function_app.py`` was declared this way.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any, Literal, overload
 
 import azure.functions as func
 
-from functions.shared.invocations import log_invocation, note
+from functions.shared import composition
+from functions.shared.invocations import Trigger, log_invocation, note
 from functions.shared.invocations import remember as _remember
+from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from sebridge.contract.events import ContractError, TransitionMessage, parse_message
 
-__all__ = ["decode", "log_invocation", "note"]
+__all__ = [
+    "VERIFICATION_ATTRIBUTE",
+    "decode",
+    "log_invocation",
+    "note",
+    "service_bus_function",
+]
 
 log = logging.getLogger("sebridge.functions")
+
+VERIFICATION_ATTRIBUTE = "sebridge_verification"  # "verified" or "unverified", on the trigger
+VerifiedHandler = Callable[[VerifiedMessage], None]
+AnyHandler = Callable[[VerifiedMessage | UnverifiedMessage], None]
 
 
 def decode(message: func.ServiceBusMessage, function: str) -> TransitionMessage | None:
@@ -25,7 +52,8 @@ def decode(message: func.ServiceBusMessage, function: str) -> TransitionMessage 
     A message that breaks the contract is completed with an error log, not raised: no retry
     can repair it, and raising would only cycle it ten times into the dead-letter queue of a
     workflow subscription. The ``audit`` subscription keeps a copy of every message for
-    inspection, so nothing is lost by completing it here.
+    inspection, so nothing is lost by completing it here. What the parser read but had to
+    normalise (its ``warnings``) is logged at WARNING, once per invocation.
     """
     try:
         parsed = parse_message(message.get_body(), message.message_id)
@@ -40,4 +68,59 @@ def decode(message: func.ServiceBusMessage, function: str) -> TransitionMessage 
         )
         return None
     _remember(parsed)
+    for warning in getattr(parsed, "warnings", ()):
+        log.warning(
+            "%s: message %s: %s",
+            function,
+            message.message_id,
+            warning,
+            extra={"messageId": message.message_id, "reason": str(warning)},
+        )
     return parsed
+
+
+@overload
+def service_bus_function(
+    bp: func.Blueprint, name: str, subscription: str
+) -> Callable[[VerifiedHandler], object]: ...
+
+
+@overload
+def service_bus_function(
+    bp: func.Blueprint, name: str, subscription: str, *, unverified: Literal[True]
+) -> Callable[[AnyHandler], object]: ...
+
+
+def service_bus_function(
+    bp: func.Blueprint, name: str, subscription: str, *, unverified: bool = False
+) -> Callable[[VerifiedHandler], object] | Callable[[AnyHandler], object]:
+    """Register ``name`` on ``bp``: a session-enabled trigger on the topic's ``subscription``
+    (a ``%Setting%`` binding expression) that calls the decorated function with verified
+    messages only (see the module's docstring), or with every message that keeps the contract
+    when ``unverified`` is true."""
+
+    def register(handler: Callable[[Any], None]) -> object:
+        def trigger(msg: func.ServiceBusMessage) -> None:
+            message = decode(msg, name)
+            if message is None:
+                return
+            deps = composition.dependencies()
+            checked = verify_and_log(name, deps.arm, message, deps.trust)
+            if isinstance(checked, UnverifiedMessage) and not unverified:
+                return
+            handler(checked)
+
+        trigger.__name__ = trigger.__qualname__ = name
+        trigger.__doc__ = handler.__doc__
+        logged: Trigger = log_invocation(trigger)
+        setattr(logged, VERIFICATION_ATTRIBUTE, "unverified" if unverified else "verified")
+        bound = bp.service_bus_topic_trigger(
+            arg_name="msg",
+            topic_name="%TopicName%",
+            subscription_name=subscription,
+            connection="ServiceBusConnection",
+            is_sessions_enabled=True,
+        )(logged)
+        return bp.function_name(name)(bound)
+
+    return register

@@ -154,7 +154,8 @@ def build_card(
     approve_url: str | None = None,
     unverified: str | None = None,
 ) -> dict[str, Any]:
-    """``unverified``: why the observer did not pass the scope check (no Approve button)."""
+    """``unverified``: why the message did not pass the scope check (marked, no Approve
+    button)."""
     event = message.event
     if event is None:
         raise ValueError("a card needs an event (Heartbeat messages have none)")
@@ -210,8 +211,8 @@ def build_card(
         body.append(
             rich(
                 run(
-                    "The observer could not be verified in ARM, so this card has no Approve "
-                    f"button: {unverified}",
+                    "Unverified: this message did not pass the scope check, so no workflow "
+                    f"acted on it and this card has no Approve button: {unverified}",
                     color="Attention",
                 ),
                 separator=True,
@@ -237,3 +238,45 @@ def build_card(
             {"type": "Action.OpenUrl", "title": "Approve", "url": approve_url, "style": "positive"}
         ]
     return card
+
+
+def not_restored_card(
+    message: TransitionMessage, missing: list[tuple[str, str]], restored: list[str]
+) -> dict[str, Any]:
+    """lb-pools could not put VMs back into pools that no longer exist (a load balancer or a
+    pool deleted during the maintenance): which, and what did go back. ``missing`` holds
+    (VM, pool id) pairs; ``restored`` the VMs that went back into their other pools."""
+    event = message.event
+    assert event is not None
+    lines = [f"{vm}: {pool.split('/')[-3]}/{pool.split('/')[-1]}" for vm, pool in missing]
+    body: list[dict[str, Any]] = [
+        {
+            "type": "Container",
+            "style": "warning",
+            "bleed": True,
+            "items": [
+                rich(
+                    {"type": "TextRun", "text": "⚠️ ", "weight": "Bolder", "size": "Medium"},
+                    run(
+                        f"Not restored after {event.event_type} {message.transition.value.lower()}"
+                        f": {', '.join(sorted({vm for vm, _ in missing}))}",
+                        weight="Bolder",
+                        size="Medium",
+                    ),
+                )
+            ],
+        },
+        fact("Pools that no longer exist", "; ".join(lines)),
+        fact("Put back into their other pools", ", ".join(restored) or "-"),
+        fact("Event id", event.key),
+        rich(
+            run(
+                "These pools (or their load balancers) were deleted while the VMs were out, so "
+                "nothing can put them back; check whether they should join a pool that replaced "
+                "them. The record of the removal is gone from their NICs.",
+                isSubtle=True,
+            ),
+            separator=True,
+        ),
+    ]
+    return {"type": "AdaptiveCard", "$schema": CARD_SCHEMA, "version": CARD_VERSION, "body": body}

@@ -1,7 +1,10 @@
 """webhooks: every transition to the configured endpoints, on the webhooks subscription.
 
 Registered by function_app.py when ``WebhooksSubscriptionName`` is set (always in Azure: the
-Bicep sets it, so the subscription is always drained, with no endpoint configured too).
+Bicep sets it, so the subscription is always drained, with no endpoint configured too). Verified
+messages go to every endpoint whose filter takes them; a message that failed the scope check only
+to the endpoints that ask for unverified messages (``"unverified": true``, never PagerDuty),
+marked as such (functions.webhooks.core).
 """
 
 from __future__ import annotations
@@ -9,24 +12,16 @@ from __future__ import annotations
 import azure.functions as func
 
 from functions.shared import composition
-from functions.shared.triggers import decode, log_invocation, note
+from functions.shared.triggers import note, service_bus_function
+from functions.shared.verified import UnverifiedMessage, VerifiedMessage
 from functions.webhooks import core as webhooks_core
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
 
-@bp.function_name("webhooks")
-@bp.service_bus_topic_trigger(
-    arg_name="msg",
-    topic_name="%TopicName%",
-    subscription_name="%WebhooksSubscriptionName%",
-    connection="ServiceBusConnection",
-    is_sessions_enabled=True,
-)
-@log_invocation
-def webhooks(msg: func.ServiceBusMessage) -> None:
-    message = decode(msg, "webhooks")
-    if message is None or message.event is None:
+@service_bus_function(bp, "webhooks", "%WebhooksSubscriptionName%", unverified=True)
+def webhooks(message: VerifiedMessage | UnverifiedMessage) -> None:
+    if message.message.event is None:
         return
     deps = composition.dependencies()
     try:

@@ -7,6 +7,12 @@ they name (pure; ``functions.shared.settings`` calls :func:`load_endpoints`).
      "transitions": ["Scheduled", "Started"], "eventTypes": ["Reboot"], "impactfulOnly": false,
      "template": {...}}
     {"name": "oncall", "preset": "pagerduty", "routingKeySetting": "WEBHOOK_ONCALL_ROUTING_KEY"}
+    {"name": "security", "preset": "slack", "urlSetting": "WEBHOOK_SECURITY_URL",
+     "unverified": true}
+
+An endpoint gets verified messages only, unless it sets ``unverified: true`` (an audit or
+security channel): then it also gets messages that failed the scope check, marked so. PagerDuty
+endpoints may not: an unverified message must never trigger or resolve an alert.
 
 Secrets (webhook URLs, PagerDuty routing keys) never appear in ``WEBHOOKS``: ``urlSetting`` and
 ``routingKeySetting`` name other app settings that hold them (Key Vault references in Azure).
@@ -45,6 +51,7 @@ KEYS = (
     "eventTypes",
     "impactfulOnly",
     "template",
+    "unverified",
 )
 
 
@@ -62,6 +69,7 @@ class Endpoint:
     routing_key_setting: str = ""
     url: str = field(repr=False, default="")
     routing_key: str = field(repr=False, default="")
+    unverified: bool = False  # also gets messages that failed the scope check (marked)
 
     def accepts(self, transition: Transition, event_type: str, impactful: bool) -> bool:
         """The endpoint's filter (a preset may still skip, e.g. PagerDuty on a minor event)."""
@@ -156,6 +164,16 @@ def _endpoint(
         problems.append(f"{where}: impactfulOnly must be true or false")
         impactful_only = False
 
+    unverified = item.get("unverified", False)
+    if not isinstance(unverified, bool):
+        problems.append(f"{where}: unverified must be true or false")
+        unverified = False
+    elif unverified and preset.name == PAGERDUTY:
+        problems.append(
+            f"{where}: unverified is not for the {PAGERDUTY} preset (a message that failed the "
+            "scope check must never trigger or resolve an alert)"
+        )
+
     template = preset.default_template
     if "template" in item:
         raw = item["template"]
@@ -213,6 +231,7 @@ def _endpoint(
             routing_key_setting=key_setting,
             url=url,
             routing_key=routing_key,
+            unverified=unverified,
         ),
         [],
     )

@@ -1,6 +1,8 @@
 """webhooks: post each transition to every configured endpoint that wants it (core).
 
-For one message, each endpoint's filter and preset decide whether it gets a body; the bodies
+For one message, each endpoint's filter and preset decide whether it gets a body (a message
+that failed the scope check goes only to endpoints with ``unverified: true``, marked so, never
+to PagerDuty: an unverified message triggers, resolves or closes nothing); the bodies
 are posted side by side (the adapter retries each within its bound), so a slow endpoint does
 not hold the others back and the invocation stays within one retry budget however many
 endpoints there are. Then:
@@ -24,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from functions.shared.impact import ImpactRules
+from functions.shared.verified import UnverifiedMessage, VerifiedMessage
 from functions.webhooks.config import Endpoint
 from functions.webhooks.ports import WebhookPoster, WebhookRejected
 from functions.webhooks.presets import Skip, build_body
 from functions.webhooks.templates import message_fields
-from sebridge.contract.events import TransitionMessage
 
 log = logging.getLogger("sebridge.functions.webhooks")
 
@@ -64,19 +66,26 @@ def counts(results: Sequence[Result]) -> dict[str, int]:
 
 
 def plan(
-    message: TransitionMessage, endpoints: Sequence[Endpoint], impact: ImpactRules
+    checked: VerifiedMessage | UnverifiedMessage,
+    endpoints: Sequence[Endpoint],
+    impact: ImpactRules,
 ) -> list[tuple[Endpoint, Any] | Result]:
     """Per endpoint, in order: the body to post, or why it is skipped (pure)."""
+    message = checked.message
     event = message.event
     if event is None:
         raise ValueError("webhooks get no Heartbeat (the subscription filter drops them)")
-    fields = message_fields(message, impact)
+    unverified = checked.reason if isinstance(checked, UnverifiedMessage) else None
+    fields = message_fields(message, impact, unverified=unverified)
     planned: list[tuple[Endpoint, Any] | Result] = []
     for endpoint in endpoints:
+        if unverified is not None and not endpoint.unverified:
+            planned.append(Result(endpoint.name, SKIPPED, "unverified"))
+            continue
         if not endpoint.accepts(message.transition, event.event_type, bool(fields["impactful"])):
             planned.append(Result(endpoint.name, SKIPPED, "filter"))
             continue
-        body = build_body(endpoint.preset, message, fields, endpoint.template, endpoint.routing_key)
+        body = build_body(endpoint.preset, checked, fields, endpoint.template, endpoint.routing_key)
         if isinstance(body, Skip):
             planned.append(Result(endpoint.name, SKIPPED, body.reason))
         else:
@@ -105,14 +114,15 @@ def _post(poster: WebhookPoster, endpoint: Endpoint, body: Any, what: str) -> Re
 
 
 def deliver(
-    message: TransitionMessage,
+    checked: VerifiedMessage | UnverifiedMessage,
     *,
     endpoints: Sequence[Endpoint],
     poster: WebhookPoster | None,
     impact: ImpactRules,
 ) -> list[Result]:
-    """Post ``message`` to every endpoint that takes it; raise DeliveryFailed if one failed."""
-    planned = plan(message, endpoints, impact)
+    """Post the message to every endpoint that takes it; raise DeliveryFailed if one failed."""
+    message = checked.message
+    planned = plan(checked, endpoints, impact)
     jobs = [(i, item) for i, item in enumerate(planned) if not isinstance(item, Result)]
     results: list[Result | None] = [item if isinstance(item, Result) else None for item in planned]
     if jobs and poster is None:

@@ -7,15 +7,20 @@ a :class:`Skip` saying why this message is not for the endpoint.
 * **slack**: the template is the message payload (an object with ``text`` and optionally
   ``blocks``); every value is escaped for Slack (``&`` ``<`` ``>`` become entities), so text
   from IMDS can neither mention (``<!channel>``, ``<@U123>``) nor make links (``<url|text>``),
-  and is cut to :data:`SLACK_MAX_VALUE` characters.
+  and is cut to :data:`SLACK_MAX_VALUE` characters. An unverified message's ``text`` starts
+  with :data:`UNVERIFIED_PREFIX` and the reason.
 * **pagerduty**: Events API v2 (``POST https://events.pagerduty.com/v2/enqueue``). Scheduled,
   Updated and Started of an *impactful* event (the rules lb-pools drains by) send ``trigger``;
   Completed and Cancelled send ``resolve``; all with the same ``dedup_key``, made from the
-  EventId, so PagerDuty keeps one alert per event and a redelivery changes nothing. Resolve is
-  sent for every event the filter passes, impactful or not: an Updated can change an event's
-  impact, and resolving an alert that was never opened is a no-op for PagerDuty. The template,
-  if given, is the alert's summary text (cut to 1,024 characters, PagerDuty's limit).
-* **generic**: the template is the JSON body; by default every contract field, typed.
+  EventId and the verified scope (the observer's availability set, scale set or VM), so
+  PagerDuty keeps one alert per event, a redelivery changes nothing, and no message of one
+  scope can resolve another's alert. Resolve is sent for every event the filter passes,
+  impactful or not: an Updated can change an event's impact, and resolving an alert that was
+  never opened is a no-op for PagerDuty. Only verified messages get here: an unverified one
+  never triggers or resolves an alert. The template, if given, is the alert's summary text
+  (cut to 1,024 characters, PagerDuty's limit).
+* **generic**: the template is the JSON body; by default every contract field, typed
+  (``verified`` among them).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from functions.shared.verified import UnverifiedMessage, VerifiedMessage
 from functions.webhooks.templates import (
     FIELDS,
     CompiledTemplate,
@@ -32,7 +38,7 @@ from functions.webhooks.templates import (
     render,
 )
 from sebridge import lifecycle
-from sebridge.contract.events import Transition, TransitionMessage
+from sebridge.contract.events import Transition
 
 SLACK, PAGERDUTY, GENERIC = "slack", "pagerduty", "generic"
 PAGERDUTY_ENQUEUE_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -41,6 +47,9 @@ PAGERDUTY_MAX_SOURCE = 255
 PAGERDUTY_MAX_DETAIL = 1000
 SLACK_MAX_VALUE = 1000
 CLIENT = "Scheduled Events Bridge"
+UNVERIFIED_PREFIX = (
+    ":warning: *Unverified*: this message failed the scope check and nothing acted on it:"
+)
 
 EVENT_TRANSITIONS = frozenset(t for t in Transition if t is not Transition.HEARTBEAT)
 TRIGGERS = frozenset({Transition.SCHEDULED, Transition.UPDATED, Transition.STARTED})
@@ -116,24 +125,28 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def dedup_key(message: TransitionMessage) -> str:
-    """One PagerDuty alert per event: the EventId as in message ids (lower case; a digest for
-    an odd one), at most 37 characters (PagerDuty takes 255)."""
-    assert message.event is not None
-    return f"sebridge:{lifecycle.event_ref(message.event.event_id)}"
+def dedup_key(verified: VerifiedMessage) -> str:
+    """One PagerDuty alert per event and scope: the EventId as in message ids (lower case; a
+    digest for an odd one) and a digest of the verified placement (availability set, scale set
+    or VM), at most 54 characters (PagerDuty takes 255). Every observer of one event shares its
+    placement, so they all name one alert; a message from another scope names another."""
+    event = verified.message.event
+    assert event is not None
+    return f"sebridge:{lifecycle.event_ref(event.event_id)}:{verified.placement_digest}"
 
 
 def pagerduty_body(
-    message: TransitionMessage,
+    verified: VerifiedMessage,
     fields: dict[str, FieldValue],
     template: CompiledTemplate,
     routing_key: str,
 ) -> dict[str, Any] | Skip:
+    message = verified.message
     if message.transition in RESOLVES:
         return {
             "routing_key": routing_key,
             "event_action": "resolve",
-            "dedup_key": dedup_key(message),
+            "dedup_key": dedup_key(verified),
         }
     if message.transition not in TRIGGERS:
         return Skip(f"PagerDuty does nothing on {message.transition.value}")
@@ -175,24 +188,38 @@ def pagerduty_body(
     return {
         "routing_key": routing_key,
         "event_action": "trigger",
-        "dedup_key": dedup_key(message),
+        "dedup_key": dedup_key(verified),
         "client": CLIENT,
         "payload": payload,
     }
 
 
+def _mark_unverified(body: Any, reason: str) -> Any:
+    """A Slack payload that says, first, that nothing acted on it and why."""
+    note = f"{UNVERIFIED_PREFIX} {slack_escape(clean(reason))}"
+    if isinstance(body, dict):
+        text = body.get("text")
+        return {**body, "text": f"{note}\n{text}" if isinstance(text, str) and text else note}
+    return body
+
+
 def build_body(
     preset: str,
-    message: TransitionMessage,
+    checked: VerifiedMessage | UnverifiedMessage,
     fields: dict[str, FieldValue],
     template: CompiledTemplate,
     routing_key: str = "",
 ) -> Any | Skip:
-    """The body to POST for ``message`` (already past the endpoint's filter), or a Skip."""
+    """The body to POST for the message (already past the endpoint's filter), or a Skip."""
     if preset == SLACK:
-        return render(template, fields, escape=slack_escape, typed=False)
+        body = render(template, fields, escape=slack_escape, typed=False)
+        if isinstance(checked, UnverifiedMessage):
+            body = _mark_unverified(body, checked.reason)
+        return body
     if preset == PAGERDUTY:
-        return pagerduty_body(message, fields, template, routing_key)
+        if isinstance(checked, UnverifiedMessage):
+            return Skip("PagerDuty never gets unverified messages")
+        return pagerduty_body(checked, fields, template, routing_key)
     if preset == GENERIC:
         return render(template, fields, escape=_verbatim, typed=True)
     raise ValueError(f"unknown preset {preset!r}")

@@ -64,6 +64,9 @@ FIELDS: dict[str, str] = {
     "approvedBy": "who approved (Approved only), or empty/null",
     "approvalReason": "why (Approved only), or empty/null",
     "summary": "one line: '<eventType> <transition>: <affected>, not before <notBefore>'",
+    "verified": "false for a message that failed the scope check (sent only to endpoints with "
+    "unverified: true; nothing acted on it), else true",
+    "unverifiedReason": "why the message failed the scope check, or empty/null",
 }
 
 MAX_TEMPLATE_DEPTH = 16
@@ -79,8 +82,11 @@ def _duration_text(seconds: int | None) -> str:
     return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min"
 
 
-def message_fields(message: TransitionMessage, impact: ImpactRules) -> dict[str, FieldValue]:
-    """The values a template sees for one message (an event's transition, not a Heartbeat)."""
+def message_fields(
+    message: TransitionMessage, impact: ImpactRules, *, unverified: str | None = None
+) -> dict[str, FieldValue]:
+    """The values a template sees for one message (an event's transition, not a Heartbeat);
+    ``unverified``: why it failed the scope check (None: it passed)."""
     event = message.event
     if event is None:
         raise ValueError("webhook payloads are built for events (Heartbeat has none)")
@@ -123,6 +129,8 @@ def message_fields(message: TransitionMessage, impact: ImpactRules) -> dict[str,
         "approvedBy": _str_or_none(approval.get("requestedBy")),
         "approvalReason": _str_or_none(approval.get("reason")),
         "summary": summary,
+        "verified": unverified is None,
+        "unverifiedReason": unverified,
     }
 
 

@@ -34,6 +34,9 @@ param serviceBusFullyQualifiedNamespace string
 @description('Name of the scheduled-events topic.')
 param topicName string
 
+@description('Post Teams cards: set TEAMS_WEBHOOK_URL (a Key Vault reference) and TeamsSubscriptionName. false: neither is set, and the app runs without the teams workflow (webhookEndpoints must then list an endpoint).')
+param teamsEnabled bool = true
+
 @description('Subscription the teams workflow reads.')
 param teamsSubscriptionName string
 
@@ -45,6 +48,19 @@ param approvalGateSubscriptionName string
 
 @description('Subscription the webhooks workflow reads.')
 param webhooksSubscriptionName string
+
+@description('Subscription the history workflow reads.')
+param historySubscriptionName string
+
+@description('Days an event stays in the history after its last entry (HISTORY_RETENTION_DAYS).')
+@minValue(1)
+@maxValue(3650)
+param historyRetentionDays int = 90
+
+@description('Days before and after now that the calendar feed covers (CALENDAR_WINDOW_DAYS).')
+@minValue(1)
+@maxValue(366)
+param calendarWindowDays int = 30
 
 @description('Webhook endpoints (WEBHOOKS, JSON); secrets only by the name of the app setting holding them.')
 param webhookEndpoints array = []
@@ -136,14 +152,17 @@ var requiredSettings = {
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'Authorization=AAD'
   ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
   TopicName: topicName
-  TeamsSubscriptionName: teamsSubscriptionName
   LbPoolsSubscriptionName: lbPoolsSubscriptionName
   ApprovalGateSubscriptionName: approvalGateSubscriptionName
   WebhooksSubscriptionName: webhooksSubscriptionName
+  // HISTORY_TABLE_URL is left unset: the app uses the table sebridgehistory of its host storage
+  // account, created by storage.bicep.
+  HistorySubscriptionName: historySubscriptionName
+  HISTORY_RETENTION_DAYS: string(historyRetentionDays)
+  CALENDAR_WINDOW_DAYS: string(calendarWindowDays)
   ApprovalsQueueName: approvalsQueueName
   CustomSubscriptionName: customSubscriptionName
   // Versionless references: a rotated secret is picked up without a redeployment.
-  TEAMS_WEBHOOK_URL: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${teamsWebhookSecretName})'
   APPROVAL_SIGNING_KEY: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${approvalSigningKeySecretName})'
   APPROVAL_BASE_URL: 'https://${functionApp.properties.defaultHostName}'
   LB_IMPACTFUL_EVENT_TYPES: lbImpactfulEventTypes
@@ -179,6 +198,13 @@ var webhookSecretAppSettings = json('{${join(webhookSecretEntries, ',')}}')
 var optionalSettings = empty(approvalPolicy) ? {} : {
   APPROVAL_POLICY: approvalPolicy
 }
+
+// Teams only when it is used: without TEAMS_WEBHOOK_URL the app runs no teams workflow (and
+// expects a webhook endpoint instead), and no Teams secret is then looked for in the vault.
+var teamsSettings = teamsEnabled ? {
+  TeamsSubscriptionName: teamsSubscriptionName
+  TEAMS_WEBHOOK_URL: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${teamsWebhookSecretName})'
+} : {}
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225:Flex Consumption zone redundancy exists only in some regions; the handlers are idempotent and Service Bus keeps messages while an instance is replaced.
@@ -253,7 +279,7 @@ resource appSettings 'Microsoft.Web/sites/config@2024-04-01' = {
   parent: functionApp
   name: 'appsettings'
   // Webhook secrets first, so that none can replace a setting of the bridge's own.
-  properties: union(webhookSecretAppSettings, requiredSettings, optionalSettings)
+  properties: union(webhookSecretAppSettings, requiredSettings, teamsSettings, optionalSettings)
 }
 
 // No FTP or basic-auth SCM publishing: deployments go through Entra ID.

@@ -19,6 +19,9 @@ param functionAppSubscriptionNames array
 @description('Principal id of the forwarders\' user-assigned identity.')
 param forwarderPrincipalId string
 
+@description('Object ids of the users, groups or service principals who send approve commands by hand (sebridge approve): Data Sender on the approvals queue, nothing else.')
+param approvalSenderPrincipalIds array = []
+
 // Azure Service Bus Data Receiver
 var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
 // Azure Service Bus Data Sender
@@ -97,3 +100,14 @@ resource forwarderReceivesApprovals 'Microsoft.Authorization/roleAssignments@202
     principalType: 'ServicePrincipal'
   }
 }
+
+// Azure Service Bus Data Sender: operators who send approve commands by hand (sebridge approve),
+// on the approvals queue only (they may not publish transitions to the topic, nor read anything).
+resource operatorsSendApprovals 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principalId in approvalSenderPrincipalIds: {
+  scope: approvalsQueue
+  name: guid(approvalsQueue.id, principalId, serviceBusDataSender)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: principalId
+  }
+}]

@@ -10,6 +10,9 @@ param topicName string
 @description('The subscription as written in infra/servicebus-emulator/Config.json: { Name, Properties, Rules }.')
 param subscription object
 
+@description('Deploy it; false: nothing (a subscription the deployment does not use, such as teams without Teams).')
+param deploy bool = true
+
 resource namespace 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' existing = {
   name: namespaceName
 }
@@ -19,7 +22,7 @@ resource topic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' exist
   name: topicName
 }
 
-resource topicSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = {
+resource topicSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = if (deploy) {
   parent: topic
   name: subscription.Name
   properties: {
@@ -37,7 +40,7 @@ resource topicSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions
 // A subscription created through ARM starts with a $Default rule (1=1); Service Bus drops it
 // when the first rule is added through ARM, so only these rules filter the subscription.
 // Only SQL filters are mapped: tests/infra/test_infra_entities.py fails on any other FilterType.
-resource rules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [for rule in subscription.Rules: {
+resource rules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [for rule in (deploy ? subscription.Rules : []): {
   parent: topicSubscription
   name: rule.Name
   properties: {
@@ -48,5 +51,5 @@ resource rules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-
   }
 }]
 
-@description('Resource id of the subscription.')
-output id string = topicSubscription.id
+@description('Resource id of the subscription (empty when it is not deployed).')
+output id string = deploy ? topicSubscription.id : ''

@@ -32,6 +32,9 @@ param premiumCapacity int = 1
 @description('Duplicate detection window of the scheduled-events topic (ISO 8601). Deterministic message ids collapse the N forwarders that see one event within this window.')
 param topicDuplicateDetectionWindow string = 'P1D'
 
+@description('Subscriptions of Config.json not to deploy (teams, when Teams is off): a subscription nobody reads fills up and dead-letters.')
+param omittedSubscriptionNames array = []
+
 @description('Tags for every resource.')
 param tags object = {}
 
@@ -69,12 +72,15 @@ resource topic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
 // One module per subscription: it owns the subscription and its rules (Bicep loops cannot
 // nest, and the checkov parser does not take lambdas, so no flatten(map(...)) here). Names run
 // to 50 characters, deployment names to 64: cut and made unique again with a hash.
+// An omitted subscription's module deploys nothing (pycep-parser, which the infra tests read the
+// templates with, takes no `if` inside a loop).
 module subscriptions 'servicebus-subscription.bicep' = [for s in topicConfig.Subscriptions: {
   name: '${take('sb-subscription-${s.Name}', 50)}-${uniqueString(s.Name)}'
   params: {
     namespaceName: namespace.name
     topicName: topic.name
     subscription: s
+    deploy: !contains(omittedSubscriptionNames, s.Name)
   }
 }]
 

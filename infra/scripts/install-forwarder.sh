@@ -3,14 +3,14 @@
 # Custom Script Extension (infra/modules/forwarder-*.bicep) runs it, and so can you.
 #
 # Idempotent: rerunning upgrades the package, rewrites the configuration and restarts the
-# service. Configuration comes from the environment, never from arguments, so nothing ends up
+# service. The command is linked as /usr/local/sbin/sebridge (on root's PATH, sudo's too). Configuration comes from the environment, never from arguments, so nothing ends up
 # in `ps` output or shell history; and nothing secret is accepted at all: the forwarder signs
 # in with the VM's user-assigned managed identity.
 #
 #   SEBRIDGE_NAMESPACE   required  Service Bus namespace FQDN (sbns-x.servicebus.windows.net)
 #   AZURE_CLIENT_ID      required  client id of the forwarders' user-assigned identity
 #   SEBRIDGE_PACKAGE     required  what pip installs, as root: the https URL of a wheel you
-#                                  host, or a pinned requirement (scheduled-events-bridge==0.1.0)
+#                                  host, or a pinned requirement (scheduled-events-bridge==0.2.0)
 #                                  when this VM's pip index-url is your own. No default: the
 #                                  project is not published on PyPI, where anyone could take the
 #                                  name. Not needed with --no-pip.
@@ -51,6 +51,9 @@ readonly STATE_DIR=/var/lib/sebridge
 readonly UNIT_NAME=sebridge-forwarder.service
 readonly UNIT_DIR=/etc/systemd/system
 readonly SERVICE_USER=sebridge
+# On root's PATH (sudo's secure_path includes /usr/local/sbin), so `sudo sebridge status` and
+# `sudo sebridge doctor` work; a link to the venv's command, so an upgrade needs no new link.
+readonly COMMAND_LINK=/usr/local/sbin/sebridge
 # Settings copied verbatim from the installer's environment to the forwarder's when set.
 readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_LOG_LEVEL SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_API_VERSION SEBRIDGE_VM_NAME SEBRIDGE_REQUIRE_LISTED SEBRIDGE_OUTBOX_MAX SEBRIDGE_MAX_MESSAGE_SIZE SEBRIDGE_DRY_RUN SEBRIDGE_HOOKS_FILE SEBRIDGE_DRAIN_PROBE_PORT SEBRIDGE_DRAIN_PROBE_ADDRESS SEBRIDGE_DRAIN_PROBE_UPSTREAM SEBRIDGE_DRAIN_SECONDS SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS SEBRIDGE_METRICS_PORT SEBRIDGE_METRICS_ADDRESS SEBRIDGE_SERVICEBUS_TRANSPORT SEBRIDGE_SERVICEBUS_ENDPOINT"
 readonly MAX_HOOKS_BYTES=65536
@@ -207,6 +210,16 @@ if [ "$install_package" -eq 1 ]; then
     "$root$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --upgrade "$package"
     [ -x "$root$VENV/bin/sebridge" ] || die "$package did not install the sebridge command"
     log "installed $("$root$VENV/bin/sebridge" --version 2>/dev/null || echo "$package")"
+fi
+
+# --- the command on root's PATH ----------------------------------------------------------------
+
+install -d -m 0755 "$root$(dirname "$COMMAND_LINK")"
+if [ -L "$root$COMMAND_LINK" ] || [ ! -e "$root$COMMAND_LINK" ]; then
+    ln -sfn "$VENV/bin/sebridge" "$root$COMMAND_LINK"
+    log "linked $COMMAND_LINK -> $VENV/bin/sebridge"
+else
+    log "warning: $COMMAND_LINK exists and is not a link: left as it is (the command is $VENV/bin/sebridge)"
 fi
 
 # --- configuration ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,9 +32,19 @@ CLEAN_ENV = {
 }
 
 
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+APP_ZIP = f"function-app-{VERSION}.zip"
+WHEEL = f"scheduled_events_bridge-{VERSION}-py3-none-any.whl"
+# What an earlier `make dist` left in dist/: a rollback deploys it by name, so it must stay.
+EARLIER = {"function-app-0.0.1.zip": b"earlier app", "function-app.zip": b"unversioned app"}
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
+    for name, content in EARLIER.items():
+        (out / name).write_bytes(content)
+    (out / APP_ZIP).write_bytes(b"a stale build of this version")
     subprocess.run(
         [sys.executable, str(REPO / "scripts" / "build-dist"), "--out", str(out)],
         check=True,
@@ -41,6 +52,14 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=240,
     )
     return out
+
+
+def test_dist_names_the_app_zip_by_version_and_keeps_earlier_builds(dist: Path) -> None:
+    assert sorted(p.name for p in dist.iterdir()) == sorted([*EARLIER, APP_ZIP, WHEEL])
+    for name, content in EARLIER.items():
+        assert (dist / name).read_bytes() == content
+    with zipfile.ZipFile(dist / APP_ZIP) as archive:  # this version was rebuilt
+        assert "function_app.py" in archive.namelist()
 
 
 def _venv(path: Path) -> Path:
@@ -69,13 +88,14 @@ def _in_vm_env(program: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def vm_python(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     python = _venv(tmp_path_factory.mktemp("vm") / "venv")
-    (wheel,) = dist.glob("scheduled_events_bridge-*.whl")
+    wheel = dist / WHEEL
     subprocess.run([str(python), *PIP, str(wheel)], check=True, timeout=600, env=CLEAN_ENV, cwd="/")
     yield python
 
 
+@pytest.mark.slow
 def test_the_vm_wheel_puts_only_sebridge_into_site_packages(dist: Path) -> None:
-    (wheel,) = dist.glob("scheduled_events_bridge-*.whl")
+    wheel = dist / WHEEL
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
@@ -98,8 +118,14 @@ def test_the_vm_wheel_puts_only_sebridge_into_site_packages(dist: Path) -> None:
     ]
     assert not [r for r in requires if "azure-functions" in r]
     assert "[sebridge.commands]" in entry_points and "emulators" not in entry_points
+    # The MIT license travels with the package (setuptools puts it under the dist-info).
+    licence = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(licence) == (REPO / "LICENSE").read_bytes()
+    assert "License-Expression: MIT" in metadata
 
 
+@pytest.mark.slow
 def test_the_installed_vm_package_has_no_functions_runtime_nor_local_tools(
     vm_python: Path,
 ) -> None:
@@ -111,7 +137,7 @@ def test_the_installed_vm_package_has_no_functions_runtime_nor_local_tools(
     listing = _in_vm_env(vm_python.parent / "sebridge", "--help")
     assert listing.returncode == 0, listing.stderr
     commands = {line.split()[0] for line in listing.stdout.splitlines() if line.startswith("  ")}
-    assert commands == {"forwarder", "approve", "status"}
+    assert commands == {"forwarder", "approve", "status", "doctor"}
     # --servicebus-transport websocket works with the VM package alone (websocket-client).
     websocket = _in_vm_env(
         vm_python,
@@ -145,12 +171,13 @@ def test_the_installed_forwarder_reads_the_simulator_once_in_dry_run(
     assert message["message_id"].endswith(":Scheduled:1")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_function_app_zip_imports_with_requirements_txt_alone(
     dist: Path, tmp_path: Path
 ) -> None:
     app = tmp_path / "app"
-    with zipfile.ZipFile(dist / "function-app.zip") as archive:
+    with zipfile.ZipFile(dist / APP_ZIP) as archive:
         archive.extractall(app)
     python = _venv(tmp_path / "venv")
     subprocess.run(

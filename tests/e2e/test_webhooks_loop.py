@@ -32,7 +32,10 @@ from sebridge.contract.events import Transition, event_message
 from sebridge.imds import Document
 from sebridge.servicebus import envelope_message as to_service_bus_message
 from tests.fixtures import golden
+from tests.functions.support import pagerduty_dedup_key, web_vm
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTING_KEY = "E2eRoutingKey0000000000000000000"
@@ -46,6 +49,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     fakes = (hooks, teams, arm, identity)
     for fake in fakes:
         fake.start()
+    # The golden observer and web-2 exist: the messages pass the scope check at the trigger.
+    web_vm(arm, "web-1", [])
+    web_vm(arm, "web-2", [])
     endpoints = [
         # Not Prepared: lb-pools publishes it at a time this test does not control.
         {
@@ -145,7 +151,7 @@ def test_slack_and_pagerduty_through_the_functions_host(world: dict[str, Any]) -
     wait_until(lambda: len(hooks.bodies(PAGERDUTY)) >= 2, 60, "the PagerDuty resolve")
     wait_until(lambda: len(hooks.bodies(SLACK)) >= 2, 60, "two Slack messages")
 
-    key = f"sebridge:{event_id}"
+    key = pagerduty_dedup_key(event_id)
     assert [(b["event_action"], b["dedup_key"]) for b in hooks.bodies(PAGERDUTY)] == [
         ("trigger", key),
         ("resolve", key),

@@ -15,7 +15,7 @@ import pytest
 from azure.identity import ManagedIdentityCredential
 
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage
-from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.identity import FakeIdentity, jwt_claims
 from functions.adapters.event_state import BlobEventStateStore, EventStateError
 from functions.adapters.retry import RetryPolicy, TransientHttpError
 from functions.eventgrid_ingest.core import Ingestor, StateConflict
@@ -40,7 +40,9 @@ def store(
 
 
 def test_create_read_update_with_etags(
-    store: BlobEventStateStore, state_storage: FakeConditionalBlobStorage
+    store: BlobEventStateStore,
+    state_storage: FakeConditionalBlobStorage,
+    identity_fake: FakeIdentity,
 ) -> None:
     assert store.read("abc") == (None, None)  # no container yet: nothing stored
     first = store.write("abc", {"n": 1}, None)  # creates the container on the way
@@ -59,7 +61,13 @@ def test_create_read_update_with_etags(
         first,
         "*",
     ]
-    assert all(r.headers["authorization"].startswith("Bearer fake-") for r in puts)
+    tokens = {r.headers["authorization"].removeprefix("Bearer ") for r in puts}
+    assert tokens and tokens <= set(identity_fake.issued)
+    assert all(
+        jwt_claims(r.headers["authorization"].removeprefix("Bearer "))["aud"]
+        == "https://storage.azure.com"
+        for r in puts
+    )
 
 
 def test_transient_storage_faults_are_retried(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,8 +14,12 @@ from azure.functions.servicebus import ServiceBusMessage
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams
+from functions.shared.ports import VmRecord
+from functions.shared.scope import Scope
+from functions.shared.verified import VerifiedMessage
+from sebridge import lifecycle
 from sebridge.contract.commands import ApproveCommand
-from sebridge.contract.events import Envelope, Transition, event_message
+from sebridge.contract.events import Envelope, Transition, TransitionMessage, event_message
 from sebridge.imds import Document, ScheduledEvent
 from tests.fixtures import golden
 
@@ -25,6 +30,12 @@ SIGNING_KEY = "test-signing-key-0123456789-abcdefghijklmnop"
 EVENT_ID = golden.EVENT_ID.lower()
 AVAILABILITY_SET = "as-web"
 POOL_CONTAINER = "sebridge-pools"
+
+
+AVAILABILITY_SET_ID = (
+    f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/"
+    f"availabilitySets/{AVAILABILITY_SET}"
+)
 
 
 def web_vm(arm: FakeArm, name: str, pools: list[str], **options: Any) -> str:
@@ -153,3 +164,25 @@ def at_once(*calls: Callable[[], object]) -> list[BaseException]:
         thread.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
     return errors
+
+
+def as_verified(
+    message: TransitionMessage, *, availability_set: str = AVAILABILITY_SET_ID
+) -> VerifiedMessage:
+    """``message`` as the trigger layer hands it over once it passed the scope check, with the
+    observer in ``availability_set`` (for tests of pure cores that need no ARM)."""
+    observer = VmRecord(
+        id=message.observer.resource_id or f"/subscriptions/{SUB}/vm",
+        name=message.observer.vm_name,
+        vm_id=message.observer.vm_id,
+        nic_ids=(),
+        availability_set=availability_set.lower(),
+    )
+    return VerifiedMessage(message, Scope(observer, ()))
+
+
+def pagerduty_dedup_key(event_id: str = EVENT_ID, placement: str = AVAILABILITY_SET_ID) -> str:
+    """The PagerDuty dedup key of an event observed in ``placement`` (an availability set's,
+    scale set's or VM's ARM id): the webhooks preset's, worked out independently."""
+    digest = hashlib.sha256(placement.lower().encode("utf-8")).hexdigest()[:16]
+    return f"sebridge:{lifecycle.event_ref(event_id)}:{digest}"

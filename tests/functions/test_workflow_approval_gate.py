@@ -12,6 +12,7 @@ import azure.functions as func
 import pytest
 
 from emulators.fakes.arm import FakeArm
+from emulators.fakes.identity import FakeIdentity, jwt_claims
 from emulators.fakes.storage import FakeBlobStorage
 from functions.approval_gate import tokens
 from functions.shared.settings import HEARTBEAT_CONTAINER
@@ -192,7 +193,7 @@ def heartbeat(at_offset: timedelta) -> object:
 
 
 def test_heartbeats_are_kept_in_a_blob_per_vm(
-    fallback_app: App, storage_fake: FakeBlobStorage
+    fallback_app: App, storage_fake: FakeBlobStorage, identity_fake: FakeIdentity
 ) -> None:
     fallback_app.deliver("approval_gate", heartbeat(timedelta(0)))  # type: ignore[arg-type]
     fallback_app.deliver("approval_gate", heartbeat(timedelta(minutes=5)))  # type: ignore[arg-type]
@@ -200,7 +201,13 @@ def test_heartbeats_are_kept_in_a_blob_per_vm(
     assert blob == {"vmName": "web-1", "lastHeartbeat": "2026-11-22T01:25:00Z"}
     puts = [r for r in storage_fake.requests if r.method == "PUT"]
     assert puts[0].query.get("restype") is None and puts[1].query == {"restype": "container"}
-    assert all(r.headers["authorization"].startswith("Bearer fake-") for r in storage_fake.requests)
+    tokens = {r.headers["authorization"].removeprefix("Bearer ") for r in storage_fake.requests}
+    assert tokens and tokens <= set(identity_fake.issued)  # azure-identity's, from the fake
+    assert all(
+        jwt_claims(r.headers["authorization"].removeprefix("Bearer "))["aud"]
+        == "https://storage.azure.com"
+        for r in storage_fake.requests
+    )
 
 
 def test_a_silent_forwarder_is_approved_through_arm(

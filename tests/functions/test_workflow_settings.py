@@ -6,7 +6,13 @@ import re
 
 import pytest
 
-from functions.shared.settings import APP_SETTING_NAMES, SettingsError, load_settings
+from functions.shared.settings import (
+    APP_SETTING_NAMES,
+    SettingsError,
+    load_settings,
+    workflows,
+    workflows_line,
+)
 
 GOOD = {
     "ServiceBusConnection__fullyQualifiedNamespace": "ns.servicebus.windows.net",
@@ -166,5 +172,103 @@ def test_the_capacity_guard_settings() -> None:
     ],
 )
 def test_bad_capacity_guard_settings_are_named(change: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        load_settings({**GOOD, **change})
+
+
+# --- Teams is optional when another notifier is configured --------------------------------
+
+SLACK_ONLY = {
+    **{k: v for k, v in GOOD.items() if k not in {"TEAMS_WEBHOOK_URL", "TeamsSubscriptionName"}},
+    "WebhooksSubscriptionName": "webhooks",
+    "WEBHOOKS": '[{"name": "ops-slack", "preset": "slack", "urlSetting": "WEBHOOK_SLACK_URL"}]',
+    "WEBHOOK_SLACK_URL": "https://hooks.slack.com/services/T0/B0/secret-path",
+}
+
+
+def test_a_slack_only_setup_needs_no_teams_webhook() -> None:
+    settings = load_settings(SLACK_ONLY)
+    assert settings.teams_enabled is False
+    assert [e.name for e in settings.webhooks] == ["ops-slack"]
+    assert "teams" not in settings.describe()["subscriptions"]
+
+
+def test_with_no_notifier_at_all_the_app_names_both_ways_to_add_one() -> None:
+    no_notifier = {k: v for k, v in GOOD.items() if k != "TEAMS_WEBHOOK_URL"}
+    with pytest.raises(SettingsError) as info:
+        load_settings(no_notifier)
+    message = str(info.value)
+    assert "no notifier: set TEAMS_WEBHOOK_URL" in message
+    assert "or list an endpoint in WEBHOOKS" in message
+
+
+def test_teams_needs_its_subscription_name_only_when_it_is_on() -> None:
+    without = {k: v for k, v in GOOD.items() if k != "TeamsSubscriptionName"}
+    with pytest.raises(SettingsError, match="TeamsSubscriptionName: required"):
+        load_settings(without)
+    assert load_settings(SLACK_ONLY).teams_subscription == ""
+
+
+def test_the_start_up_line_says_which_workflows_are_on_and_why_any_is_off() -> None:
+    line = workflows_line(load_settings(SLACK_ONLY))
+    assert line.startswith("workflows: teams off (TEAMS_WEBHOOK_URL is not set: ")
+    assert "lb_pools on" in line and "approval_gate on (with the approve link)" in line
+    assert "webhooks on (endpoints: ops-slack (slack))" in line
+    assert "custom_example off (CUSTOM_SUBSCRIBER_ENABLED is not true)" in line
+    assert "eventgrid_ingest off (EVENTGRID_INGEST_ENABLED is not true)" in line
+    assert "history off (HistorySubscriptionName is not set: " in line
+    everything = load_settings(
+        {
+            **GOOD,
+            "WebhooksSubscriptionName": "webhooks",
+            "CUSTOM_SUBSCRIBER_ENABLED": "true",
+            "CustomSubscriptionName": "vm-loss",
+            "EVENTGRID_INGEST_ENABLED": "true",
+            "EVENTGRID_STATE_URL": "https://st.blob.core.windows.net/sebridge-eventgrid-state",
+            "HistorySubscriptionName": "history",
+            "HISTORY_TABLE_URL": "https://st.table.core.windows.net/sebridgehistory",
+        }
+    )
+    assert all(w.on for w in workflows(everything))
+    assert " off" not in workflows_line(everything)
+    # No secret in it: the webhook URLs and the Teams URL stay out.
+    for settings in (everything, load_settings(SLACK_ONLY)):
+        assert "secret" not in workflows_line(settings)
+
+
+def test_the_history_settings() -> None:
+    off = load_settings(GOOD)
+    assert off.history_subscription == "" and off.history_table_url == ""
+    assert off.history_retention_days == 90 and off.calendar_window_days == 30
+    on = load_settings(
+        {
+            **GOOD,
+            "HistorySubscriptionName": "history",
+            "AzureWebJobsStorage__accountName": "stsebridge",
+            "HISTORY_RETENTION_DAYS": "30",
+            "CALENDAR_WINDOW_DAYS": "7",
+        }
+    )
+    assert on.history_table_url == "https://stsebridge.table.core.windows.net/sebridgehistory"
+    assert (on.history_retention_days, on.calendar_window_days) == (30, 7)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"HistorySubscriptionName": "history"}, "HISTORY_TABLE_URL: required"),
+        (
+            {"HistorySubscriptionName": "history", "HISTORY_TABLE_URL": "http://10.0.0.1/t"},
+            "HISTORY_TABLE_URL: must use https",
+        ),
+        (
+            {"HistorySubscriptionName": "history", "HISTORY_TABLE_URL": "https://a.example/"},
+            "HISTORY_TABLE_URL: names no table",
+        ),
+        ({"HISTORY_RETENTION_DAYS": "0"}, "HISTORY_RETENTION_DAYS: 0 is outside"),
+        ({"CALENDAR_WINDOW_DAYS": "many"}, "CALENDAR_WINDOW_DAYS: 'many' is not an integer"),
+    ],
+)
+def test_bad_history_settings_are_named(change: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(named)):
         load_settings({**GOOD, **change})

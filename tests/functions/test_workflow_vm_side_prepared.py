@@ -66,7 +66,25 @@ def test_its_own_preparation_plus_arm_for_the_others(
 ) -> None:
     web_vm(arm_fake, "web-1", [pool])
     web_vm(arm_fake, "web-2", [])  # already out of every pool
+    web_vm(arm_fake, "web-3", [pool])  # a spare: web-1 may go down in its pool
     app.deliver("approval_gate", vm_side_prepared(["web-1", "web-2"]))
+    ((_, session),) = app.commands.sent
+    assert session == "web-1"
+
+
+def test_a_vm_that_prepared_itself_is_still_a_member_the_pool_may_need(
+    app: App, arm_fake: FakeArm
+) -> None:
+    """The capacity decision (issue 23): web-1 says it prepared itself, but the load balancer
+    still probes it Up and it is the pool's only healthy member: nothing is approved early. Once
+    its drain probe has taken it out of rotation (probed Down), it may go."""
+    lb = arm_fake.add_load_balancer(SUB, "rg-web", "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool = f"{lb}/backendAddressPools/pool-a"
+    web_1 = web_vm(arm_fake, "web-1", [pool])
+    app.deliver("approval_gate", vm_side_prepared(["web-1"]))
+    assert not app.commands.sent
+    arm_fake.set_probe(web_1, up=False)
+    app.deliver("approval_gate", vm_side_prepared(["web-1"]))
     ((_, session),) = app.commands.sent
     assert session == "web-1"
 

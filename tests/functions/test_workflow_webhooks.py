@@ -11,19 +11,20 @@ from typing import Any
 
 import pytest
 
+from emulators.fakes.arm import FakeArm
 from emulators.fakes.webhooks import GENERIC, PAGERDUTY, SLACK, FakeWebhooks, pagerduty_errors
 from functions.adapters.retry import TransientHttpError
 from functions.shared.invocations import INVOCATION_PREFIX, LOGGER_NAME
 from functions.webhooks.core import DeliveryFailed
 from functions.webhooks.templates import FIELDS
 from tests.fixtures import golden
-from tests.functions.support import EVENT_ID, App, envelope
+from tests.functions.support import EVENT_ID, App, envelope, pagerduty_dedup_key, web_vm
 from tests.functions.test_workflow_app_guard import EXPECTED, _bindings, _sb
 
 ROUTING_KEY = "R0uting0Key0For0The0Fake0Service"  # 32 letters and digits, like PagerDuty's
 SLACK_TOKEN = "slack-secret-token-0001"
 GENERIC_PATH = "hook-secret-path-42"
-DEDUP_KEY = f"sebridge:{EVENT_ID}"
+DEDUP_KEY = pagerduty_dedup_key(EVENT_ID)
 OTHER_EVENT_ID = "3c1d8e0a-5b2f-4e8a-9a7c-0d6f4b2e1a90"
 
 SLACK_ENDPOINT = {"name": "ops-slack", "preset": "slack", "urlSetting": "WEBHOOK_SLACK_URL"}
@@ -36,6 +37,14 @@ PD_ENDPOINT = {
 GENERIC_ENDPOINT = {"name": "cmdb", "preset": "generic", "urlSetting": "WEBHOOK_GENERIC_URL"}
 
 MakeHooks = Callable[..., App]
+
+
+@pytest.fixture(autouse=True)
+def world(arm_fake: FakeArm) -> None:
+    """The golden observer web-1 and web-2 exist in ARM: the golden messages pass the scope
+    check (tests/functions/test_workflow_webhooks_trust.py sends the ones that do not)."""
+    web_vm(arm_fake, "web-1", [])
+    web_vm(arm_fake, "web-2", [])
 
 
 @pytest.fixture
@@ -159,7 +168,7 @@ def test_pagerduty_pages_only_for_impactful_events(
     assert hooks.bodies(PAGERDUTY)[-1] == {
         "routing_key": ROUTING_KEY,
         "event_action": "resolve",
-        "dedup_key": f"sebridge:{OTHER_EVENT_ID}",
+        "dedup_key": pagerduty_dedup_key(OTHER_EVENT_ID),
     }
     assert hooks.alerts == {DEDUP_KEY: "triggered"}
 

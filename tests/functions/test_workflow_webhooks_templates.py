@@ -34,6 +34,7 @@ from functions.webhooks.templates import (
 from sebridge.contract.events import Transition, TransitionMessage, event_message, parse_message
 from sebridge.imds import Document
 from tests.fixtures import golden
+from tests.functions.support import as_verified
 
 ROUTING_KEY = "0123456789abcdef0123456789ABCDEF"
 
@@ -204,7 +205,7 @@ def test_pagerduty_would_accept_every_body(
         Resources=vms,
     )
     fields = message_fields(msg, DEFAULT_RULES)
-    body = build_body(PAGERDUTY, msg, fields, PAGERDUTY_TEMPLATE, ROUTING_KEY)
+    body = build_body(PAGERDUTY, as_verified(msg), fields, PAGERDUTY_TEMPLATE, ROUTING_KEY)
     if isinstance(body, Skip):
         assert transition in ("Scheduled", "Updated", "Started") and not fields["impactful"]
         return

@@ -18,6 +18,7 @@ from conftest import APPS
 
 from emulators.functions_host.host import FunctionsHost, HostStartError
 from emulators.functions_host.hostconfig import HostConfig
+from emulators.functions_host.http_server import listen
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,6 +94,28 @@ def test_route_prefix_from_host_config() -> None:
         assert _request(f"{host.url}/api/plain")[0] == 404
 
 
+@pytest.mark.timeout(30)
+def test_a_host_serves_on_the_socket_bound_before_its_settings_were_made() -> None:
+    """The demo's pattern: bind port 0, put the port into a setting, start the host on that
+    socket (no port picked, released and bound again later)."""
+    listener = listen()
+    port = listener.getsockname()[1]
+    settings = {"APPROVAL_BASE_URL": f"http://127.0.0.1:{port}"}
+    with FunctionsHost(
+        http_app, settings, host_config=HostConfig(route_prefix=""), listener=listener
+    ) as host:
+        assert host.port == port and host.url == settings["APPROVAL_BASE_URL"]
+        assert _request(f"{host.url}/plain")[0] == 200
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/plain", timeout=5)  # closed on stop
+
+
+def test_a_listener_of_a_host_that_never_started_is_closed() -> None:
+    listener = listen()
+    FunctionsHost(http_app, {}, listener=listener).stop()
+    assert listener.fileno() == -1
+
+
 def test_unsupported_app_fails_to_start_with_every_reason() -> None:
     from apps import bad_app
 
@@ -157,6 +180,32 @@ def test_cli_prints_the_listening_line_serves_and_stops_on_sigterm(tmp_path: Pat
     invocation = next(e for e in events if e.get("event") == "invocation")
     assert invocation["outcome"] == "succeeded" and invocation["status"] == 200
     assert "duration_ms" in invocation
+
+
+@pytest.mark.timeout(60)
+def test_cli_without_a_settings_file_says_how_to_make_one(tmp_path: Path) -> None:
+    # The README sends people to local.settings.json, which a checkout does not hold.
+    app = tmp_path / "function_app.py"
+    app.write_text((APPS / "http_app.py").read_text())
+    process = _start_cli("--port", "0", "--log-format", "json", cwd=tmp_path)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("listening on http://127.0.0.1:")
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=5)
+    (missing,) = [
+        e
+        for e in (json.loads(raw) for raw in err.splitlines() if raw.startswith("{"))
+        if e.get("event") == "settings_file_missing"
+    ]
+    demo = REPO / "emulators" / "local.settings.demo.json"
+    assert missing["path"] == str(tmp_path / "local.settings.json")
+    assert f"cp {demo} {tmp_path / 'local.settings.json'}" in missing["message"]
+    assert demo.is_file()
 
 
 @pytest.mark.timeout(60)

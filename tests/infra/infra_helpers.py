@@ -155,6 +155,17 @@ def app_settings() -> dict[str, Any]:
     optional = tree["variables"]["optionalSettings"]["value"]
     # `empty(x) ? {} : { ... }`: the names are in the false branch.
     settings.update(optional["operator"]["operands"]["false_value"])
+    # `teamsEnabled ? { ... } : {}`: the names are in the true branch.
+    settings.update(teams_settings())
+    return settings
+
+
+def teams_settings() -> dict[str, Any]:
+    """The settings functionapp.bicep sets only while teamsEnabled is true."""
+    teams = module("functionapp.bicep")["variables"]["teamsSettings"]["value"]["operator"]
+    assert teams["operands"]["condition"] == "teamsEnabled", teams
+    assert teams["operands"]["false_value"] == {}, teams
+    settings: dict[str, Any] = teams["operands"]["true_value"]
     return settings
 
 

@@ -194,6 +194,7 @@ def test_webhook_secrets_cannot_replace_the_bridges_own_settings() -> None:
     assert list(union["parameters"].values()) == [
         "webhookSecretAppSettings",
         "requiredSettings",
+        "teamsSettings",
         "optionalSettings",
     ]
 

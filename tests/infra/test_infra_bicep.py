@@ -82,6 +82,41 @@ def test_bicepparam_sets_only_parameters_of_main() -> None:
     assert required <= set(set_here), f"main.bicepparam misses required {required - set(set_here)}"
 
 
+def _bicepparam_values() -> dict[str, str]:
+    text = (INFRA / "main.bicepparam").read_text()
+    return dict(re.findall(r"^param (\w+) = (.+?)\s*$", text, re.M))
+
+
+def _deploy_steps_before_the_first_deployment() -> str:
+    guide = deploy_guide()
+    steps = guide.split("### Deploy the bridge", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    return steps.split("az deployment group", 1)[0]
+
+
+def test_the_example_cannot_be_deployed_without_a_secrets_officer() -> None:
+    # Left empty, nobody may set the Key Vault secrets and `az keyvault secret set` fails: the
+    # example reads it from the environment, with no default, so compiling it fails unset.
+    value = _bicepparam_values()["secretsOfficerPrincipalId"]
+    read = re.fullmatch(r"readEnvironmentVariable\('(\w+)'\)", value)
+    assert read, f"secretsOfficerPrincipalId = {value}: not read from the environment"
+    variable = read.group(1)
+    # The steps set it before the first deployment, from the signed-in user.
+    steps = _deploy_steps_before_the_first_deployment()
+    assert f'export {variable}="$(az ad signed-in-user show --query id -o tsv)"' in steps
+
+
+def test_the_deploy_steps_check_each_example_managed_group_exists() -> None:
+    value = _bicepparam_values().get("lbManagedResourceGroups", "")
+    text = (INFRA / "main.bicepparam").read_text()
+    block = text.split("param lbManagedResourceGroups = [", 1)[1].split("]", 1)[0]
+    groups = re.findall(r"^\s*'([^']+)'", block, re.M)
+    assert value == "[" and groups, "main.bicepparam names no managed resource group"
+    steps = _deploy_steps_before_the_first_deployment()
+    for group in groups:
+        assert f"az group show --name {group} " in steps, group
+        assert f"az group create -n {group} " in steps, group
+
+
 def test_pool_roles_are_deployed_per_managed_resource_group() -> None:
     mod = parse(INFRA / "main.bicep")["modules"]["poolRoles"]
     loop = mod["config"]["loop_type"]["detail"]
@@ -94,6 +129,7 @@ def test_pool_roles_are_deployed_per_managed_resource_group() -> None:
 # --- checkov -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkov_parsed_every_file(checkov_report: dict[str, Any]) -> None:
     assert checkov_report["results"].get("parsing_errors", []) == []
     assert checkov_report["summary"]["parsing_errors"] == 0

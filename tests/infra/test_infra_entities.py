@@ -62,13 +62,14 @@ SUBSCRIPTION_PROPERTIES = {
 # must be the emulator's value.
 TOPIC_WINDOW_PARAM = "topicDuplicateDetectionWindow"
 
-# The subscriptions the bridge itself relies on, each with its one filter: the four functions
-# bind to the first four, and audit takes everything. Others are allowed (your own subscriber).
+# The subscriptions the bridge itself relies on, each with its one filter: the functions bind to
+# all but the last, and audit takes everything. Others are allowed (your own subscriber).
 BUILT_IN_SUBSCRIPTIONS = {
     "teams": "transition <> 'Heartbeat'",
     "lb-pools": "transition IN ('Scheduled', 'Updated', 'Started', 'Completed', 'Cancelled')",
     "approval-gate": "transition IN ('Scheduled', 'Updated', 'Prepared', 'Heartbeat')",
     "webhooks": "transition <> 'Heartbeat'",
+    "history": "transition <> 'Heartbeat'",
     "audit": "1=1",
 }
 # Service Bus subscription names: 1-50 letters, digits, periods, hyphens and underscores,
@@ -234,7 +235,10 @@ def test_each_subscription_is_deployed_from_config_with_its_rules() -> None:
     rules = resources_of_type(tree, f"{SB}/topics/subscriptions/rules")
     rule = _only(rules)
     rule_loop = rule["config"]["loop_type"]["detail"]
-    assert property_path(rule_loop["array_name"]) == ["subscription", "Rules"]
+    # `deploy ? subscription.Rules : []`: nothing for a subscription the deployment leaves out.
+    rules_over = rule_loop["array_name"]["operator"]["operands"]
+    assert rules_over["condition"] == "deploy" and rules_over["false_value"] == []
+    assert property_path(rules_over["true_value"]) == ["subscription", "Rules"]
     body = unwrap(rule)
     item = rule_loop["item_name"]
     assert property_path(body["name"]) == [item, "Name"]

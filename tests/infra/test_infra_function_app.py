@@ -23,10 +23,12 @@ from infra_helpers import (
     parse,
     property_path,
     resources_of_type,
+    teams_settings,
     unwrap,
 )
 
 SETTING_REF = re.compile(r"^%(\w+)%$")
+SB = "Microsoft.ServiceBus/namespaces"
 # Flex Consumption manages these itself and rejects them as app settings.
 FLEX_RESERVED = {
     "FUNCTIONS_WORKER_RUNTIME",
@@ -132,9 +134,18 @@ def test_app_receives_from_exactly_the_subscriptions_it_has_roles_on() -> None:
     variables = main["variables"]
     assert variables["functionAppSubscriptionNames"]["value"]["function"] == {
         "type": "concat",
-        "parameters": {"arg_1": "builtInSubscriptionNames", "arg_2": "customSubscriptionNames"},
+        "parameters": {
+            "arg_1": "teamsSubscriptionNames",
+            "arg_2": "builtInSubscriptionNames",
+            "arg_3": "customSubscriptionNames",
+        },
     }
     granted = {variables[n]["value"] for n in variables["builtInSubscriptionNames"]["value"]}
+    # Teams: granted only while it is on, like the subscription itself (see the Teams test).
+    teams = variables["teamsSubscriptionNames"]["value"]["operator"]["operands"]
+    assert teams["condition"] == "teamsEnabled" and teams["false_value"] == []
+    (teams_name,) = teams["true_value"]
+    granted.add(variables[teams_name]["value"])
     built_in = {resolve_setting(s) for s in triggered - {"CustomSubscriptionName"}}
     assert built_in == granted, "Data Receiver scopes must equal the subscriptions the app binds"
     # Your own subscriber: granted only while enabled, on the subscription its setting names.
@@ -143,6 +154,38 @@ def test_app_receives_from_exactly_the_subscriptions_it_has_roles_on() -> None:
     assert "customSubscriberEnabled" in str(custom["condition"])
     assert _main_module_param("customSubscriptionName") == "customSubscriptionName"
     assert app_settings()["CustomSubscriptionName"] == "customSubscriptionName"
+
+
+def test_without_teams_no_teams_setting_secret_subscription_or_grant_is_deployed() -> None:
+    # teamsEnabled = false (a Slack- or PagerDuty-only setup): the app then runs no teams
+    # workflow, so nothing of Teams may be deployed: no setting naming a secret nobody sets, no
+    # subscription filling up unread (its expired messages would fire the dead-letter alert).
+    main = parse(INFRA / "main.bicep")
+    assert main["parameters"]["teamsEnabled"]["default"] is True
+    assert _main_module_param("teamsEnabled") == "teamsEnabled"
+    assert set(teams_settings()) == {"TEAMS_WEBHOOK_URL", "TeamsSubscriptionName"}
+    required = module("functionapp.bicep")["variables"]["requiredSettings"]["value"]
+    assert not {"TEAMS_WEBHOOK_URL", "TeamsSubscriptionName"} & set(required)
+    # The subscription: main.bicep tells servicebus.bicep to leave it out, and it does.
+    sb_params = unwrap(main["modules"]["serviceBus"])["params"]
+    omitted = sb_params["omittedSubscriptionNames"]["operator"]["operands"]
+    assert omitted["condition"] == "teamsEnabled" and omitted["true_value"] == []
+    assert omitted["false_value"] == ["teamsSubscriptionName"]
+    subs = module("servicebus.bicep")["modules"]["subscriptions"]
+    loop_item = subs["config"]["loop_type"]["detail"]["item_name"]
+    deploy = str(unwrap(subs)["params"]["deploy"])
+    assert "omittedSubscriptionNames" in deploy and loop_item in deploy and "not" in deploy
+    subscription = module("servicebus-subscription.bicep")
+    assert subscription["parameters"]["deploy"]["default"] is True
+    (sub,) = resources_of_type(subscription, f"{SB}/topics/subscriptions").values()
+    assert sub["config"]["condition"] == "deploy"
+    (rules,) = resources_of_type(subscription, f"{SB}/topics/subscriptions/rules").values()
+    rules_over = rules["config"]["loop_type"]["detail"]["array_name"]["operator"]["operands"]
+    assert rules_over["condition"] == "deploy" and rules_over["false_value"] == []
+    # The secret's name is given out only when someone must set it.
+    secret = main["outputs"]["keyVaultSecretNames"]["value"]["teamsWebhookUrl"]
+    assert secret["operator"]["operands"]["condition"] == "teamsEnabled"
+    assert secret["operator"]["operands"]["false_value"] == ""
 
 
 def test_entity_name_settings_match_the_deployed_entities() -> None:
@@ -319,3 +362,20 @@ def test_the_worker_threads_are_what_the_burst_benchmark_measured() -> None:
     host = json.loads((INFRA.parent / "host.json").read_text())
     sessions = host["extensions"]["serviceBus"]["maxConcurrentSessions"]
     assert settings["PYTHON_THREADPOOL_THREAD_COUNT"] == str(sessions)
+
+
+def test_the_history_table_is_the_one_the_app_defaults_to() -> None:
+    from functions.shared.settings import (
+        DEFAULT_CALENDAR_WINDOW_DAYS,
+        DEFAULT_HISTORY_RETENTION_DAYS,
+        HISTORY_TABLE,
+    )
+
+    storage = module("storage.bicep")
+    assert storage["parameters"]["historyTableName"]["default"] == HISTORY_TABLE
+    tables = resources_of_type(storage, "Microsoft.Storage/storageAccounts/tableServices/tables")
+    assert [unwrap(t)["name"] for t in tables.values()] == ["historyTableName"]
+    params = module("functionapp.bicep")["parameters"]
+    assert params["historyRetentionDays"]["default"] == DEFAULT_HISTORY_RETENTION_DAYS
+    assert params["calendarWindowDays"]["default"] == DEFAULT_CALENDAR_WINDOW_DAYS
+    assert "HISTORY_TABLE_URL" not in app_settings()  # defaults to the host storage account

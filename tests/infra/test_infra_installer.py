@@ -22,10 +22,13 @@ from pathlib import Path
 import pytest
 from infra_helpers import INFRA, REPO, parse
 
+from tests.support.root import NEEDS_ROOT
+
 SCRIPT = INFRA / "scripts" / "install-forwarder.sh"
 UNIT = INFRA / "scripts" / "sebridge-forwarder.service"
 UNIT_PATH = "etc/systemd/system/sebridge-forwarder.service"
 ENV_PATH = "etc/sebridge/forwarder.env"
+LINK_PATH = "usr/local/sbin/sebridge"
 NAMESPACE = "sbns-prod-abc123.servicebus.windows.net"
 CLIENT_ID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 SKIP_SYSTEM = ["--no-start", "--no-user", "--no-pip"]
@@ -101,6 +104,10 @@ def test_installer_writes_the_unit_and_the_configuration(installed: Path) -> Non
         p.relative_to(installed).as_posix() for p in installed.rglob("*") if p.is_file()
     )
     assert written == [ENV_PATH, UNIT_PATH]
+    # `sudo sebridge ...` finds the command: sudo's secure_path holds /usr/local/sbin.
+    link = installed / LINK_PATH
+    assert link.is_symlink()
+    assert os.readlink(link) == "/opt/sebridge/venv/bin/sebridge"
 
 
 def test_the_forwarder_accepts_the_written_configuration(installed: Path) -> None:
@@ -125,13 +132,29 @@ def test_installer_knows_every_setting_the_forwarder_reads() -> None:
     config_module = REPO / "forwarder" / "config.py"
     # The flags of the local actions (hooks, drain probe) are declared beside them, and the
     # Service Bus connection flags (shared with sebridge approve) in the Service Bus module.
-    local_flags = REPO / "forwarder" / "local_actions.py"
+    local_flags = REPO / "forwarder" / "local" / "settings.py"
     connection_flags = REPO / "sebridge" / "servicebus.py"
     sources = config_module.read_text() + local_flags.read_text() + connection_flags.read_text()
     read = set(re.findall(r'"(SEBRIDGE_[A-Z_]+|AZURE_CLIENT_ID)"', sources))
     assert read, "forwarder/config.py reads no SEBRIDGE_* setting?"
     # A connection string is a secret and the namespace has local auth off: never installed.
     assert read - {"SEBRIDGE_CONNECTION_STRING"} == passthrough | fixed
+
+
+def test_the_link_is_kept_on_rerun_and_a_file_of_someone_else_is_left_alone(
+    installed: Path, tmp_path: Path
+) -> None:
+    env = {"SEBRIDGE_NAMESPACE": NAMESPACE, "AZURE_CLIENT_ID": CLIENT_ID}
+    again = run_installer(installed, env, *SKIP_SYSTEM)
+    assert again.returncode == 0, again.stderr
+    assert os.readlink(installed / LINK_PATH) == "/opt/sebridge/venv/bin/sebridge"
+    other = tmp_path / "other"
+    (other / "usr" / "local" / "sbin").mkdir(parents=True)
+    (other / LINK_PATH).write_text("#!/bin/sh\necho mine\n")
+    proc = run_installer(other, env, *SKIP_SYSTEM)
+    assert proc.returncode == 0, proc.stderr
+    assert (other / LINK_PATH).read_text() == "#!/bin/sh\necho mine\n"
+    assert "exists and is not a link: left as it is" in proc.stdout
 
 
 def test_rerun_updates_the_configuration_in_place(installed: Path) -> None:
@@ -443,7 +466,7 @@ def test_package_source_has_no_default() -> None:
 SYSTEM_PATH = f"{os.environ.get('PATH', '/usr/bin:/bin')}:/usr/sbin:/sbin"
 needs_useradd = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd", path=SYSTEM_PATH) is None,
-    reason="useradd --root needs root and useradd",
+    reason=f"{NEEDS_ROOT}: useradd --root needs root and useradd",
 )
 HOST_ACCOUNT_FILES = [Path("/etc") / name for name in ("passwd", "group", "shadow", "gshadow")]
 

@@ -29,6 +29,7 @@ MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 NETWORK_CONTRIBUTOR = "4d97b98b-1d4f-4787-a291-c67834d212e7"
 SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+STORAGE_TABLE_DATA_CONTRIBUTOR = "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3"
 SCALE_SET_INSTANCE_READER = "custom:scaleSetInstanceReader"  # defined in managed-group-roles
 ROLE_NAMES = {
     SCALE_SET_INSTANCE_READER: "Scale-set instance reader (custom)",
@@ -41,6 +42,7 @@ ROLE_NAMES = {
     NETWORK_CONTRIBUTOR: "Network Contributor",
     SCHEDULED_EVENTS_CONTRIBUTOR: "Scheduled Events Contributor",
     STORAGE_BLOB_DATA_CONTRIBUTOR: "Storage Blob Data Contributor",
+    STORAGE_TABLE_DATA_CONTRIBUTOR: "Storage Table Data Contributor",
 }
 # Broad roles nobody here may get.
 FORBIDDEN_ROLES = {
@@ -58,6 +60,11 @@ EXPECTED_ROLES = {
     ("functionAppPrincipalId", f"{SB}/topics"): SERVICE_BUS_DATA_SENDER,
     ("functionAppPrincipalId", f"{SB}/queues"): SERVICE_BUS_DATA_SENDER,
     ("functionAppPrincipalId", "Microsoft.Storage/storageAccounts"): STORAGE_BLOB_DATA_OWNER,
+    # The history's entities, on its one table.
+    (
+        "functionAppPrincipalId",
+        "Microsoft.Storage/storageAccounts/tableServices/tables",
+    ): STORAGE_TABLE_DATA_CONTRIBUTOR,
     ("functionAppPrincipalId", "Microsoft.KeyVault/vaults"): KEY_VAULT_SECRETS_USER,
     ("functionAppPrincipalId", "Microsoft.Insights/components"): MONITORING_METRICS_PUBLISHER,
     # Managed resource groups only: NIC pool membership; reading VMs and acknowledging events.
@@ -69,6 +76,8 @@ EXPECTED_ROLES = {
     # Forwarders: publish to the topic, receive approve commands.
     ("forwarderPrincipalId", f"{SB}/topics"): SERVICE_BUS_DATA_SENDER,
     ("forwarderPrincipalId", f"{SB}/queues"): SERVICE_BUS_DATA_RECEIVER,
+    # Operators named in approvalSenderPrincipalIds (a loop): send commands by hand, nothing else.
+    ("principalId", f"{SB}/queues"): SERVICE_BUS_DATA_SENDER,
     # Agentless mode: the Event Grid system topic dead-letters into one container.
     (
         "systemTopicPrincipalId",
@@ -145,6 +154,31 @@ def test_service_bus_roles_are_scoped_to_entities_not_the_namespace() -> None:
         assert a["scope_type"] != SB
 
 
+def test_approval_senders_get_data_sender_on_the_approvals_queue_only() -> None:
+    # `sebridge approve` by hand: the forwarders' identity may only receive on approvals, so an
+    # operator needs a grant of their own, and it must not reach the topic or any subscription.
+    path = INFRA / "modules" / "servicebus-roles.bicep"
+    tree = parse(path)
+    (grant,) = [a for a in role_assignments(path) if a["symbol"] == "operatorsSendApprovals"]
+    assert grant["is_loop"] and grant["principal"] == "principalId"
+    loop = tree["resources"]["operatorsSendApprovals"]["config"]["loop_type"]["detail"]
+    assert loop == {**loop, "item_name": "principalId", "array_name": "approvalSenderPrincipalIds"}
+    assert grant["scope_symbol"] == "approvalsQueue"
+    assert grant["scope_type"] == f"{SB}/queues"
+    assert grant["role_guid"] == SERVICE_BUS_DATA_SENDER
+    assert tree["parameters"]["approvalSenderPrincipalIds"]["default"] == []
+    main = parse(INFRA / "main.bicep")
+    assert main["parameters"]["approvalSenderPrincipalIds"]["default"] == []
+    # Nobody else is granted anything through that parameter.
+    users = [
+        a
+        for p in bicep_files()
+        for a in role_assignments(p)
+        if "approvalSender" in str(a) or a["principal"] == "principalId"
+    ]
+    assert users == [grant]
+
+
 def test_principals_are_wired_to_the_right_identities() -> None:
     main = parse(INFRA / "main.bicep")
     modules = main["modules"]
@@ -158,6 +192,8 @@ def test_principals_are_wired_to_the_right_identities() -> None:
     )
     params = unwrap(modules["keyVault"])["params"]
     assert params["secretsOfficerPrincipalId"] == "secretsOfficerPrincipalId"
+    sb_params = unwrap(modules["serviceBusRoles"])["params"]
+    assert sb_params["approvalSenderPrincipalIds"] == "approvalSenderPrincipalIds"
     assert main["parameters"]["secretsOfficerPrincipalId"]["default"] == ""
 
 

@@ -24,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from emulators.imds.testing import RunningSimulator, running_simulator
+from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.forwarder.local.drain_probe import DrainProbe
 from sebridge.forwarder.net.server import DEADLINE, ERROR_REASONS
@@ -35,13 +36,6 @@ from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class Asker:
@@ -100,7 +94,7 @@ def running_forwarder(
 ) -> Iterator[tuple[ChildProcess, int, int]]:
     """The real forwarder with its drain probe and metrics on loopback, JSON logs; once both
     answer: (the process, the probe's port, the metrics port)."""
-    probe_port, metrics_port = free_port(), free_port()
+    probe_port, metrics_port = reserve_port(), reserve_port()
     args = [
         "--log-format",
         "json",

@@ -218,6 +218,8 @@ class World:
     outbox: FaultyOutbox = field(default_factory=FaultyOutbox)
     broker: FakeBroker = field(default_factory=FakeBroker)
     heartbeat_interval: float = 0.0
+    # The forwarder's identity from the host name, while instance metadata fails.
+    host_name: str = "fallback"
     forwarder: Forwarder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -233,7 +235,7 @@ class World:
             clock=self.clock,
             poll_interval=1.0,
             heartbeat_interval=self.heartbeat_interval,
-            fallback_observer=lambda: Observer(vm_name="fallback"),
+            fallback_observer=lambda: Observer(vm_name=self.host_name),
         )
         forwarder.resolve_observer()
         return forwarder

@@ -4,6 +4,7 @@ builds are tried in tests/e2e/test_deliverables.py)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import tomllib
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def test_the_vm_package_is_sebridge_alone_with_forwarder_mapped_into_it() -> Non
 def test_subcommands_are_registered_by_the_distribution_that_ships_them() -> None:
     vm = PYPROJECT["project"]["entry-points"]["sebridge.commands"]
     local = LOCAL["project"]["entry-points"]["sebridge.commands"]
-    assert set(vm) == {"forwarder", "approve", "status"}
+    assert set(vm) == {"forwarder", "approve", "status", "doctor"}
     assert set(local) == {"demo", "imds-sim", "servicebus-emulator", "functions-host", "fakes"}
     assert all(target.startswith("sebridge.forwarder:") for target in vm.values())
     assert all(target.startswith("emulators:") for target in local.values())
@@ -96,3 +97,35 @@ def test_funcignore_keeps_local_and_test_code_out_of_the_package() -> None:
     # ...but never what the app imports.
     for package in ("functions/", "sebridge/"):
         assert package not in ignored
+
+
+# How the deliverables are named wherever a version is written out: the wheel's file name, a
+# pinned requirement, the Function App zip. Every one of them in the README's examples and the
+# installer's help must be the version being built, or a newcomer copies a stale one.
+_VERSIONED_NAMES = re.compile(
+    r"scheduled_events_bridge-(?P<wheel>\d+\.\d+\.\d+[^-\s]*)-py3"
+    r"|scheduled-events-bridge==(?P<pin>\d+\.\d+\.\d+[^\s`'\"),]*)"
+    r"|function-app-(?P<zip>\d+\.\d+\.\d+[^\s`'\"]*?)\.zip"
+)
+
+
+def versions_written_in(text: str) -> list[str]:
+    return [next(v for v in m.groups() if v) for m in _VERSIONED_NAMES.finditer(text)]
+
+
+def test_the_version_pattern_finds_each_kind_of_name() -> None:
+    text = (
+        "x/scheduled_events_bridge-0.1.0-py3-none-any.whl 'scheduled-events-bridge==0.3.1' "
+        "--src dist/function-app-1.2.3.zip, and scheduled-events-bridge==<version>"
+    )
+    assert versions_written_in(text) == ["0.1.0", "0.3.1", "1.2.3"]
+
+
+def test_every_version_in_the_readme_and_the_installer_is_the_packages() -> None:
+    version = PYPROJECT["project"]["version"]
+    assert LOCAL["project"]["version"] == version, "the local tools carry the same version"
+    for path in (REPO / "README.md", REPO / "infra" / "scripts" / "install-forwarder.sh"):
+        written = versions_written_in(path.read_text())
+        stale = sorted(set(written) - {version})
+        assert not stale, f"{path.name} names version(s) {stale}; the package is {version}"
+    assert version in versions_written_in((REPO / "README.md").read_text())

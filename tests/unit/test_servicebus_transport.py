@@ -58,6 +58,17 @@ def test_the_endpoint_and_transport_reach_the_client() -> None:
         assert client._config.custom_endpoint_address is None
 
 
+def test_an_endpoint_with_the_default_transport_is_dialled_over_amqp() -> None:
+    # The SDK picks WebSockets for a custom endpoint unless told otherwise: --servicebus-endpoint
+    # sb://gateway:5671 with the default transport (amqp) must stay AMQP.
+    with servicebus.client(
+        connection_string=CONNECTION, transport="amqp", endpoint="sb://127.0.0.1:5671"
+    ) as client:
+        assert client._config.transport_type == TransportType.Amqp
+        assert client._config.custom_endpoint_hostname == "127.0.0.1"
+        assert client._config.connection_port == 5671
+
+
 def test_the_kernel_refuses_an_unknown_transport() -> None:
     with pytest.raises(ValueError, match="transport"):
         servicebus.client(connection_string=CONNECTION, transport="http")

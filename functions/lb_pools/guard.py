@@ -1,0 +1,126 @@
+"""The capacity decision before maintenance starts early: may these VMs go down now? (core)
+
+Approving an event early starts its maintenance now rather than at NotBefore. For VMs lb-pools
+already drained that costs no capacity (the drain was decided under the guard). For VMs still
+in a pool it does: a VM that prepared itself, an event whose drain is held, a link clicked
+before lb-pools got to it. So every path that approves early asks :meth:`CapacityGuard.clear`
+first: the gate's policy (the approve command and the ARM acknowledge, agentless or fallback),
+the Approve link (command or acknowledge), and the gate's answer to a VM-side Prepared. It takes
+the leases of the pools the VMs are in (the same leases lb-pools decides its drains under),
+reads their health and held lists there, asks :func:`functions.lb_pools.capacity.decide`, and
+only if that allows calls ``act`` (which sends the command or the acknowledge), still under the
+leases. Healthy members that stay in their pools while their maintenance starts are written into
+the pools' state as leaving (functions.lb_pools.held), so a drain that comes a moment later
+counts them as gone.
+
+A VM the app may not read (403) cannot be checked, so nothing is approved early for it. An
+Approve link signed before the link carried its VMs names only the event: for it the guard can
+only tell whether the event is held somewhere (the pool store's index of held events), and
+refuses it then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from functions.lb_pools import capacity, held
+from functions.shared.ports import ArmClient, PermissionDenied, PoolStore
+from functions.shared.vms import ResolvedVm, VmKind
+
+log = logging.getLogger("sebridge.functions.capacity")
+
+
+@dataclass(frozen=True)
+class Clearance:
+    """The guard's answer: ``allowed`` (and ``act`` was called), or why not."""
+
+    allowed: bool
+    reason: str = ""
+    decision: capacity.Decision | None = None
+
+
+ALLOWED = Clearance(True)
+
+
+@dataclass(frozen=True)
+class CapacityGuard:
+    arm: ArmClient
+    pools: PoolStore | None = None  # None: no guard (LB_MIN_HEALTHY=0, or no pool store)
+    min_healthy: int = 0
+
+    @property
+    def guarded(self) -> bool:
+        return self.pools is not None and self.min_healthy > 0
+
+    def clear(
+        self,
+        event_id: str,
+        vms: Sequence[ResolvedVm],
+        now: datetime,
+        until: datetime,
+        act: Callable[[], None],
+    ) -> Clearance:
+        """May ``vms`` go down now for ``event_id``? If so, ``act`` is called (under the pools'
+        leases) and their healthy members are remembered as leaving until ``until``."""
+        if not self.guarded:
+            act()
+            return ALLOWED
+        assert self.pools is not None
+        forbidden = [vm for vm in vms if vm.kind is VmKind.FORBIDDEN]
+        if forbidden:
+            vm = forbidden[0]
+            return self._refused(event_id, f"{vm.name} cannot be checked: {vm.problem}")
+        try:
+            members = capacity.memberships(self.arm, [vm for vm in vms if vm.nic_ids])
+        except PermissionDenied as exc:
+            return self._refused(event_id, f"the pools cannot be checked: {exc}")
+        if not members:
+            act()  # in no pool: nothing stops serving
+            return ALLOWED
+        pools = sorted(members)
+        probes: capacity.Probes = {}
+        capacity.measure(self.arm, pools, probes)  # before the leases (a long-running call)
+        with self.pools.hold(pools) as lease:
+            states = {pool: held.PoolState.load(lease.state(pool)) for pool in pools}
+            held_in = next((p for p in pools if event_id in states[p].held), "")
+            reserved = {p: states[p].reserved(now, besides=event_id) for p in pools}
+            health = capacity.measure(self.arm, pools, probes, reserved)
+            decision = capacity.decide(health, members, self.min_healthy, held_in=held_in)
+            if not decision.allowed:
+                return self._refused(event_id, decision.describe(), decision)
+            for pool in pools:
+                going = frozenset(members[pool]) & health[pool].healthy
+                if going:
+                    states[pool].leaving[event_id] = held.Leaving(event_id, going, until)
+                    lease.check()
+                    lease.save(pool, states[pool].dump())
+            lease.check()
+            act()
+        return Clearance(True, decision=decision)
+
+    def clear_event(self, event_id: str, act: Callable[[], None]) -> Clearance:
+        """For an approval that names only the event (an Approve link signed before links
+        carried their VMs): refused while the event is held in a pool, else ``act``."""
+        if self.guarded:
+            assert self.pools is not None
+            for pool in self.pools.held_pools(event_id):
+                if event_id in held.read(self.pools.peek(pool)):
+                    decision = capacity.Decision(held_in=pool)
+                    return self._refused(event_id, decision.describe(), decision)
+        act()
+        return ALLOWED
+
+    @staticmethod
+    def _refused(
+        event_id: str, reason: str, decision: capacity.Decision | None = None
+    ) -> Clearance:
+        log.warning(
+            "event %s not approved early: %s",
+            event_id,
+            reason,
+            extra={"eventId": event_id, "reason": reason},
+        )
+        return Clearance(False, reason, decision)

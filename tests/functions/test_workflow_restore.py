@@ -1,0 +1,122 @@
+"""Restore that finishes what it can (issue 23, finding 4).
+
+web-1 was drained from pool-a and pool-b; pool-b's load balancer was deleted meanwhile. Every
+delivery of Completed used to fail (ARM: 400 InvalidResourceReference for the NIC PUT naming
+pool-b) until the message was dead-lettered, and web-1 never went back into pool-a, which still
+exists. And the restore stopped at the first failing VM, leaving every later VM of the event
+out. Through the real function objects and the loopback ARM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+import pytest
+
+from emulators.fakes.arm import FakeArm
+from functions.lb_pools.nic_pools import TAG_NAMES
+from functions.shared.invocations import INVOCATION_PREFIX, LOGGER_NAME
+from sebridge.contract.events import Envelope
+from tests.functions.support import RG, SUB, App, envelope, web_vm
+
+pytestmark = pytest.mark.timeout(60)
+
+EVENT = "d0d0d0d0-0000-4000-8000-00000000000d"
+VMS = ("web-1", "web-2", "web-3")
+
+
+@pytest.fixture
+def world(arm_fake: FakeArm) -> dict[str, str]:
+    lb_a = arm_fake.add_load_balancer(SUB, RG, "lb-a", ["pool-a"], rules={"http": "pool-a"})
+    lb_b = arm_fake.add_load_balancer(SUB, RG, "lb-b", ["pool-b"])
+    pool_a, pool_b = f"{lb_a}/backendAddressPools/pool-a", f"{lb_b}/backendAddressPools/pool-b"
+    vms = {vm: web_vm(arm_fake, vm, [pool_a, pool_b]) for vm in VMS}
+    return {**vms, "lb-b": lb_b, "pool-a": pool_a, "pool-b": pool_b}
+
+
+def scheduled(vms: list[str]) -> Envelope:
+    return envelope("Scheduled", EventId=EVENT, Resources=vms)
+
+
+def completed(vms: list[str]) -> Envelope:
+    return envelope("Completed", EventId=EVENT, Resources=vms, EventStatus="Started", NotBefore="")
+
+
+def record_tags(arm: FakeArm, vm_id: str) -> dict[str, str]:
+    nic = arm.nic(
+        vm_id.replace("Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces")
+        + "-nic"
+    )
+    return {k: v for k, v in (nic.get("tags") or {}).items() if k in TAG_NAMES}
+
+
+def invocation_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
+    return [
+        json.loads(r.getMessage().removeprefix(INVOCATION_PREFIX))
+        for r in caplog.records
+        if r.name == LOGGER_NAME
+    ]
+
+
+@pytest.mark.parametrize("deleted", ["load balancer", "pool"])
+def test_a_deleted_pool_is_skipped_and_reported_and_the_others_restored(
+    app: App,
+    arm_fake: FakeArm,
+    world: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    deleted: str,
+) -> None:
+    caplog.set_level(logging.INFO)
+    app.deliver("lb_pools", scheduled(["web-1"]))
+    assert arm_fake.vm_pools(world["web-1"]) == []
+    if deleted == "load balancer":
+        arm_fake.remove(world["lb-b"])
+    else:
+        arm_fake.remove_pool(world["pool-b"])
+    for _ in range(10):  # every delivery Service Bus would make before the dead-letter queue
+        app.deliver("lb_pools", completed(["web-1"]))
+    assert arm_fake.vm_pools(world["web-1"]) == [world["pool-a"]]
+    assert record_tags(arm_fake, world["web-1"]) == {}  # nothing left that could be put back
+    errors = [
+        r for r in caplog.records if r.levelno == logging.ERROR and "pool-b" in r.getMessage()
+    ]
+    assert len(errors) == 1 and "no longer exists" in errors[0].getMessage()
+    (card,) = app.teams.cards  # once: the redeliveries find nothing more to do
+    text = json.dumps(card)
+    assert "Not restored after Reboot completed: web-1" in text and "lb-b/pool-b" in text
+    counts = [line.get("notRestored") for line in invocation_lines(caplog)]
+    assert counts.count(1) == 1 and all(c in (None, 1) for c in counts)
+
+
+def test_one_vm_that_fails_does_not_keep_the_others_out(
+    make_app: Callable[..., App], arm_fake: FakeArm, world: dict[str, str]
+) -> None:
+    """ARM refuses web-1's NIC write once (a 400 of another kind): web-2 and web-3 go back all
+    the same, the message is given back for a redelivery, and that puts web-1 back."""
+    app = make_app(LB_MIN_HEALTHY="0")
+    app.deliver("lb_pools", scheduled(list(VMS)))
+    assert all(arm_fake.vm_pools(world[vm]) == [] for vm in VMS)
+    arm_fake.fail(400, times=1, method="PUT", path_contains="/web-1-nic")
+    with pytest.raises(Exception, match="put NIC: HTTP 400"):
+        app.deliver("lb_pools", completed(list(VMS)))
+    assert arm_fake.vm_pools(world["web-1"]) == []
+    for vm in ("web-2", "web-3"):
+        assert arm_fake.vm_pools(world[vm]) == [world["pool-a"], world["pool-b"]], vm
+    app.deliver("lb_pools", completed(list(VMS)))  # the redelivery
+    for vm in VMS:
+        assert arm_fake.vm_pools(world[vm]) == [world["pool-a"], world["pool-b"]], vm
+
+
+def test_a_pool_deleted_between_the_read_and_the_write_is_skipped_too(
+    app: App, arm_fake: FakeArm, world: dict[str, str]
+) -> None:
+    """ARM's own answer decides: the NIC PUT names pool-b, ARM says it does not exist, lb-pools
+    reads the load balancer, leaves pool-b out and writes again."""
+    app.deliver("lb_pools", scheduled(["web-2"]))
+    arm_fake.remove_pool(world["pool-b"])
+    app.deliver("lb_pools", completed(["web-2"]))
+    puts = [r for r in arm_fake.requests if r.method == "PUT" and "web-2-nic" in r.path]
+    assert len(puts) == 3  # the drain, the refused restore, the restore without pool-b
+    assert arm_fake.vm_pools(world["web-2"]) == [world["pool-a"]]
