@@ -19,6 +19,9 @@ It answers the calls the lb-pools and approval-gate adapters make, the way ARM d
   sets (``set_probe``), a member that joined less than ``probe_lag`` seconds ago reporting Down
   (a probe needs time to see it), 202 + Location first when ``health_async`` is set;
 - ``slow(seconds, ...)``: matching requests wait before they are handled (outside the lock);
+- paths are percent-decoded before they are matched, as ARM does (a client that quotes a
+  resource group ``rg(web)`` as ``rg%28web%29`` reaches the same resource, and an id ARM returns
+  is spelled without escapes);
 - 404 for anything unknown, 401 without ``Authorization: Bearer``, 400 without api-version;
 - on demand (``fail``): any status for matching requests, e.g. 409/429/5xx with Retry-After,
   or 403 with ARM's AuthorizationFailed body naming the action and scope the caller lacks
@@ -33,12 +36,14 @@ can be printed as it happens for the demo.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from emulators.fakes._server import LoopbackServer, Reply, Request
 from emulators.imds.instance import vm_settings
@@ -442,6 +447,8 @@ class FakeArm(LoopbackServer):
     def handle(self, request: Request) -> Reply:
         if not request.headers.get("authorization", "").startswith("Bearer "):
             return _error(401, "AuthenticationFailed", "Authentication failed.")
+        # ARM reads the path percent-decoded: rg%28web%29 is the resource group rg(web).
+        request = dataclasses.replace(request, path=unquote(request.path))
         path = request.path.rstrip("/").lower()
         if path.startswith("/fake/operations/") or path.startswith("/fake/locations/"):
             return self._operation(path)
