@@ -242,8 +242,12 @@ def resolve_names(
     except names.InvalidName as exc:
         return Refusal(f"invalid name: {exc}")
     resolved: list[ResolvedVm] = []
+    # The observer is one of the VMs only when it is a VM: Event Grid names a scale set or an
+    # availability set as the observer, and a VM may have the same name as its set (another
+    # resource type), so a name is always looked up then.
+    observer_is_vm = sealed_set_kind(claim) is None
     for name in vm_names:
-        if names.same(name, claim.vm_name):
+        if observer_is_vm and names.same(name, claim.vm_name):
             resolved.append(ResolvedVm.of(name, observer))
             continue
         try:
