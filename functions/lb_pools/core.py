@@ -82,7 +82,7 @@ MAX_ETAG_RETRIES = 3
 MAX_LOCK_ROUNDS = 3
 SETTLE_SECONDS = 60.0  # how long a restore waits for its members to be probed Up again
 SETTLE_POLL_SECONDS = 5.0
-PROBE_MAX_AGE_SECONDS = 10.0  # probe verdicts older than this are asked for again
+PROBE_MAX_AGE_SECONDS = capacity.PROBE_MAX_AGE_SECONDS  # older verdicts are asked for again
 PARALLEL_WRITES = 16  # NIC writes of one batch of decisions under way at once (in the app)
 
 Restored = dict[str, set[str]]  # lower-case pool id -> ip configuration ids put back
@@ -157,7 +157,7 @@ class DrainRequest:
     now: datetime
     resume_pool: str | None  # a held event tried again because this pool got members back
     check: bool  # the capacity guard applies
-    probes: capacity.Probes  # verdicts asked for before the locks
+    probes: capacity.Probes  # verdicts asked for before the locks (with when)
     probed_at: float
 
     @property
@@ -176,6 +176,7 @@ class Verdict:
     relock: dict[str, set[str]] | None = None  # the VMs are in other pools now: lock those
     held: capacity.Blocked | None = None
     held_vms: list[str] = field(default_factory=list)
+    unreadable: str = ""  # the pools' health could not be read (ARM 403): nothing drained
 
 
 def _names_in(vms: list[ResolvedVm], in_pool: set[str]) -> list[str]:
@@ -398,10 +399,13 @@ class LbPools:
             # The probe verdicts are asked for before the locks are taken (the health API is a
             # long-running operation in Azure: it must not lengthen the time a pool is locked);
             # membership is read again under them (capacity.measure says why that is sound).
-            probes: capacity.Probes = {}
+            probes = capacity.Probes(clock=self.monotonic)
             probed_at = self.monotonic()
             if check:
-                capacity.measure(self.arm, wanted, probes)
+                early = capacity.measured(self.arm, wanted, probes)
+                if isinstance(early, capacity.Unreadable):
+                    self._unreadable(changeable, outcome, early.problem)
+                    return
             request = DrainRequest(
                 verified, changeable, outcome, now, resume_pool, check, probes, probed_at
             )
@@ -410,8 +414,24 @@ class LbPools:
                 log.info("the VMs joined other pools meanwhile, locking again")
                 outside = verdict.relock
                 continue
+            if verdict.unreadable:
+                self._unreadable(changeable, outcome, verdict.unreadable)
             return
         raise PreconditionFailed("pool membership kept changing while the pools were locked")
+
+    @staticmethod
+    def _unreadable(vms: list[ResolvedVm], outcome: LbOutcome, problem: str) -> None:
+        """ARM refused the pools' load balancer or rule health (403): the capacity decision
+        cannot be made, so the VMs stay in their pools, no Prepared, and the message completes
+        (no retry grants the role)."""
+        names = [vm.name for vm in vms]
+        log.error(
+            "VMs %s left in their pools, no Prepared: %s",
+            ", ".join(names),
+            problem,
+            extra={"vms": names, "reason": "PermissionDenied"},
+        )
+        outcome.not_ready.extend(names)
 
     def _decide(
         self, pools: tuple[str, ...], requests: list[DrainRequest]
@@ -450,7 +470,11 @@ class LbPools:
             drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
             for index, request, members, fresh in ready:
                 if request.check and health is not None:
-                    blocked = capacity.decide(health, members, self.min_healthy).blocked
+                    decision = capacity.decide(health, members, self.min_healthy)
+                    if decision.unreadable:
+                        verdicts[index] = Verdict(unreadable=decision.unreadable)
+                        continue
+                    blocked = decision.blocked
                     if blocked is not None:
                         pool_key = blocked.pool_id.lower()
                         lists[pool_key][request.key] = held.entry_for(request.message, request.now)
@@ -459,6 +483,7 @@ class LbPools:
                         names = _names_in(request.vms, members.get(pool_key, set()))
                         verdicts[index] = Verdict(held=blocked, held_vms=names)
                         continue
+                    assert not isinstance(health, capacity.Unreadable)
                     health = capacity.after_leaving(health, members)
                 drains.append((index, request, fresh))
             for index, error in self._drain_all(lease, drains).items():
@@ -495,18 +520,17 @@ class LbPools:
         checked: list[DrainRequest],
         states: dict[str, held.PoolState],
         now: datetime,
-    ) -> dict[str, capacity.PoolHealth] | None:
+    ) -> dict[str, capacity.PoolHealth] | capacity.Unreadable | None:
         """The pools' health for a batch's guarded decisions (None: no decision is guarded):
-        membership read now, probe verdicts the freshest a request brought, unless those are
-        older than PROBE_MAX_AGE_SECONDS (the batch waited long for the locks), and the members
-        that events approved early take down (the pools' leaving members)."""
+        membership read now, the probe verdicts the freshest request brought (capacity.Probes
+        asks again for any older than PROBE_MAX_AGE_SECONDS: the batch may have waited long
+        for the locks), and the members that events approved early take down (the pools'
+        leaving members); Unreadable when ARM refuses them (403)."""
         if not checked:
             return None
         freshest = max(checked, key=lambda r: r.probed_at)
-        fresh_enough = self.monotonic() - freshest.probed_at <= PROBE_MAX_AGE_SECONDS
-        probes = dict(freshest.probes) if fresh_enough else {}
         reserved = {pool: states[pool].reserved(now) for pool in pools}
-        return capacity.measure(self.arm, pools, probes, reserved)
+        return capacity.measured(self.arm, pools, freshest.probes, reserved)
 
     def _index(
         self, pools: Iterable[str], states: dict[str, held.PoolState], events: set[str]
@@ -849,7 +873,10 @@ class LbPools:
             still_held = self._resume_once(sorted(restored), outcome, now, skip=skip)
             if not still_held:
                 return
-            health = capacity.measure(self.arm, still_held)
+            health = capacity.measured(self.arm, still_held)
+            if isinstance(health, capacity.Unreadable):
+                log.error("held events not tried again: %s", health.problem)
+                return
             settling = any(restored[p] - health[p].healthy for p in still_held if p in health)
             if not settling:
                 # Every restored member is Up now, but it may have come Up only after the held

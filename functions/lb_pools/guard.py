@@ -22,6 +22,7 @@ refuses it then.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,6 +51,7 @@ class CapacityGuard:
     arm: ArmClient
     pools: PoolStore | None = None  # None: no guard (LB_MIN_HEALTHY=0, or no pool store)
     min_healthy: int = 0
+    monotonic: Callable[[], float] = time.monotonic  # how old probe verdicts are
 
     @property
     def guarded(self) -> bool:
@@ -72,25 +74,33 @@ class CapacityGuard:
         forbidden = [vm for vm in vms if vm.kind is VmKind.FORBIDDEN]
         if forbidden:
             vm = forbidden[0]
-            return self._refused(event_id, f"{vm.name} cannot be checked: {vm.problem}")
+            return self._refused(
+                event_id, f"{vm.name} cannot be checked: {vm.problem}", permission=True
+            )
         try:
             members = capacity.memberships(self.arm, [vm for vm in vms if vm.nic_ids])
         except PermissionDenied as exc:
-            return self._refused(event_id, f"the pools cannot be checked: {exc}")
+            return self._refused(event_id, f"the pools cannot be checked: {exc}", permission=True)
         if not members:
             act()  # in no pool: nothing stops serving
             return ALLOWED
         pools = sorted(members)
-        probes: capacity.Probes = {}
-        capacity.measure(self.arm, pools, probes)  # before the leases (a long-running call)
+        probes = capacity.Probes(clock=self.monotonic)
+        # Before the leases (a long-running call); under them, verdicts older than the one
+        # freshness rule allows are asked for again (capacity.Probes).
+        early = capacity.measured(self.arm, pools, probes)
+        if isinstance(early, capacity.Unreadable):
+            decision = capacity.decide(early, members, self.min_healthy)
+            return self._refused(event_id, decision.describe(), decision)
         with self.pools.hold(pools) as lease:
             states = {pool: held.PoolState.load(lease.state(pool)) for pool in pools}
             held_in = next((p for p in pools if event_id in states[p].held), "")
             reserved = {p: states[p].reserved(now, besides=event_id) for p in pools}
-            health = capacity.measure(self.arm, pools, probes, reserved)
+            health = capacity.measured(self.arm, pools, probes, reserved)
             decision = capacity.decide(health, members, self.min_healthy, held_in=held_in)
             if not decision.allowed:
                 return self._refused(event_id, decision.describe(), decision)
+            assert not isinstance(health, capacity.Unreadable)
             for pool in pools:
                 going = frozenset(members[pool]) & health[pool].healthy
                 if going:
@@ -115,9 +125,16 @@ class CapacityGuard:
 
     @staticmethod
     def _refused(
-        event_id: str, reason: str, decision: capacity.Decision | None = None
+        event_id: str,
+        reason: str,
+        decision: capacity.Decision | None = None,
+        *,
+        permission: bool = False,
     ) -> Clearance:
-        log.warning(
+        # A missing permission (ARM 403) is an operator's problem to fix: ERROR, like every 403.
+        permission = permission or (decision is not None and bool(decision.unreadable))
+        log.log(
+            logging.ERROR if permission else logging.WARNING,
             "event %s not approved early: %s",
             event_id,
             reason,
