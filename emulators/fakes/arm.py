@@ -144,6 +144,7 @@ class FakeArm(LoopbackServer):
         self.changes: list[str] = []
         self.print_changes = print_changes
         self.on_change: Callable[[str], None] | None = None
+        self.on_request: Callable[[Request], None] | None = None  # called as each one comes
         self._faults: list[Fault] = []
         self.async_mode: str | None = None  # None, "azure-async" or "location"
         self.async_polls = 1  # polls answered "in progress" before the operation ends
@@ -449,6 +450,8 @@ class FakeArm(LoopbackServer):
             return _error(401, "AuthenticationFailed", "Authentication failed.")
         # ARM reads the path percent-decoded: rg%28web%29 is the resource group rg(web).
         request = dataclasses.replace(request, path=unquote(request.path))
+        if self.on_request is not None:
+            self.on_request(request)
         path = request.path.rstrip("/").lower()
         if path.startswith("/fake/operations/") or path.startswith("/fake/locations/"):
             return self._operation(path)

@@ -8,7 +8,9 @@ load balancers and the load-balancing-rule health API), Microsoft.Maintenance
 Names are checked by the caller and checked again here (functions.shared.names), then quoted
 with nothing kept safe; ids from ARM documents are accepted only as plain
 ``/subscriptions/...`` paths without ``.``/``..`` segments, query or fragment.
-409, 429 and 5xx are retried (Retry-After honoured, bounded); long-running PUTs are followed
+409, 429 and 5xx are retried (Retry-After honoured, bounded); a write (NIC PUT, acknowledge)
+made under a pool's lease is attempted only while the lease is provably held, and not retried
+past it (functions.shared.write_window); long-running PUTs are followed
 through Azure-AsyncOperation or Location like the ARM SDKs do. A 403 on a read or on the NIC
 write raises :class:`PermissionDenied` naming the missing RBAC action and its scope (ARM's own
 AuthorizationFailed message names both; else the action the call needs): no retry repairs it.
@@ -28,7 +30,7 @@ from urllib.parse import urlsplit
 import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
-from functions.shared import names
+from functions.shared import names, write_window
 from functions.shared.ports import (
     AcknowledgeRefused,
     ArmDocument,
@@ -294,6 +296,7 @@ class ArmRestClient:
             api_version=NETWORK_API,
             json=body,
             headers=headers,
+            before_attempt=write_window.before_attempt,
         )
         if response.status_code == 412:
             raise PreconditionFailed(nic_id)
@@ -341,7 +344,13 @@ class ArmRestClient:
             f"{checked_id(vm_resource_id).rstrip('/')}/providers/Microsoft.Maintenance/"
             f"scheduledevents/{names.segment(event)}/acknowledge"
         )
-        response = self._call("POST", path, what="acknowledge", api_version=MAINTENANCE_API)
+        response = self._call(
+            "POST",
+            path,
+            what="acknowledge",
+            api_version=MAINTENANCE_API,
+            before_attempt=write_window.before_attempt,
+        )
         status = response.status_code
         if status in (200, 202, 204):
             return

@@ -127,6 +127,15 @@ class _Lease:
                 f"for {self._store.lease_seconds - self._store.margin:g} s)"
             )
 
+    def allowance(self) -> float:
+        """:meth:`check`, then how many seconds every lease is still provably held with the
+        margin to spare: a write retried later than that could land after the lease lapsed."""
+        self.check()
+        now = self._store.monotonic()
+        with self._until_lock:
+            earliest = min(self._until.values(), default=now)
+        return max(0.0, earliest - self._store.margin - now)
+
     def state(self, pool_id: str) -> Mapping[str, Any]:
         return self._store.peek(pool_id)
 

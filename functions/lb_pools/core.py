@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 from functions.lb_pools import capacity, held, nic_pools
 from functions.shared import scope as trust
+from functions.shared import write_window
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
     ArmClient,
@@ -486,7 +487,11 @@ class LbPools:
                     assert not isinstance(health, capacity.Unreadable)
                     health = capacity.after_leaving(health, members)
                 drains.append((index, request, fresh))
-            for index, error in self._drain_all(lease, drains).items():
+            # Every NIC write attempt (and every retry ARM asks for) goes out only while the
+            # leases are provably held: a throttled PUT never lands after they lapsed.
+            with write_window.lease_window(lease.allowance):
+                failures = self._drain_all(lease, drains)
+            for index, error in failures.items():
                 verdicts[index] = error
             for index, request, _ in drains:
                 if isinstance(verdicts[index], BaseException):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from functions.lb_pools import capacity, held
+from functions.shared import write_window
 from functions.shared.ports import ArmClient, PermissionDenied, PoolStore
 from functions.shared.vms import ResolvedVm, VmKind
 
@@ -108,7 +109,10 @@ class CapacityGuard:
                     lease.check()
                     lease.save(pool, states[pool].dump())
             lease.check()
-            act()
+            # The command's send and the acknowledge (and ARM's retries of it) go out only
+            # while the leases are provably held (functions.shared.write_window).
+            with write_window.lease_window(lease.allowance):
+                act()
         return Clearance(True, decision=decision)
 
     def clear_event(self, event_id: str, act: Callable[[], None]) -> Clearance:

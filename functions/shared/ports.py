@@ -133,6 +133,10 @@ class PoolLease(Protocol):
     def check(self) -> None:
         """Raise if a lock was lost (it expired and someone else took it)."""
 
+    def allowance(self) -> float:
+        """:meth:`check`, then the seconds every lock is still provably held (the write window
+        of functions.shared.write_window)."""
+
 
 class PoolStore(Protocol):
     """Per-pool serialisation and durable per-pool state (held events)."""
