@@ -101,6 +101,13 @@ class LbOutcome:
     reason: str = ""
     # (VM, pool id) not put back: the pool (or its load balancer) no longer exists
     not_restored: list[tuple[str, str]] = field(default_factory=list)
+    # (VM, ip configuration, pool id) not put back: the NIC no longer has that configuration
+    vanished: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def not_restored_count(self) -> int:
+        """Everything recorded that could not be put back (the invocation line's notRestored)."""
+        return len(self.not_restored) + len(self.vanished)
 
 
 def _change_nic(
@@ -816,6 +823,18 @@ class LbPools:
                         capacity.short_pool(pool_id),
                         extra={"vm": vm.name, "nic": nic_id, "pool": pool_id},
                     )
+            for ipc, pools in change.vanished.items():
+                for pool_id in pools:
+                    outcome.vanished.append((vm.name, ipc, pool_id))
+                    log.error(
+                        "VM %s not put back into %s: its NIC no longer has the ip configuration "
+                        "%s (replaced while the VM was out); put its new one into the pool if "
+                        "it belongs there",
+                        vm.name,
+                        capacity.short_pool(pool_id),
+                        ipc,
+                        extra={"vm": vm.name, "nic": nic_id, "pool": pool_id, "ipConfig": ipc},
+                    )
         if failures:
             raise failures[0]
 
@@ -854,15 +873,17 @@ class LbPools:
     def _report_not_restored(self, verified: VerifiedMessage, outcome: LbOutcome) -> None:
         """Operators see what could not go back: a card (when Teams is wired), beside the
         ERROR lines and the invocation line's ``notRestored`` count."""
-        if not outcome.not_restored or self.alerts is None:
+        if not outcome.not_restored_count or self.alerts is None:
             return
         missing = sorted(set(outcome.not_restored))
+        vanished = sorted(set(outcome.vanished))
         vms_back = sorted(
-            {vm for vm, _ in missing}
+            ({vm for vm, _ in missing} | {vm for vm, _, _ in vanished})
             & {vm.name for vm in verified.scope.vms if vm.kind is VmKind.VM}
         )
         try:
-            self.alerts.post(not_restored_card(verified.message, missing, vms_back))
+            card = not_restored_card(verified.message, missing, vms_back, vanished)
+            self.alerts.post(card)
         except Exception as exc:  # noqa: BLE001 - the restore is done; the log line says it all
             log.error("the not-restored card could not be posted: %s", type(exc).__name__)
 

@@ -40,6 +40,8 @@ class NicChange:
     body: dict[str, Any]  # the NIC to PUT
     pools: Record  # what is removed (drain) or added back (restore)
     skipped: Record = field(default_factory=dict)  # restore: recorded pools that are gone
+    # restore: recorded ip configurations the NIC no longer has (replaced while it was out)
+    vanished: Record = field(default_factory=dict)
 
 
 def _segments(resource_id: str) -> list[str]:
@@ -187,13 +189,17 @@ def plan_restore(
 ) -> NicChange | None:
     """The NIC with the recorded pools back and the record gone; ``None`` without a record.
     Pools in ``gone`` (lower-case ids: deleted, with their load balancer or alone) are left out
-    and named in ``skipped``: nothing could put the NIC back into them."""
+    and named in ``skipped``: nothing could put the NIC back into them. Entries for an ip
+    configuration the NIC no longer has (replaced while it was out) are named in ``vanished``:
+    which configuration took its place is not ours to guess."""
     if not any(name in (nic.get("tags") or {}) for name in TAG_NAMES):
         return None
     record = decode_record(nic.get("tags"), nic_id)
     body = copy.deepcopy(dict(nic))
     added: Record = {}
     skipped: Record = {}
+    present = {str(config.get("name", "")) for config in _ip_configurations(body)}
+    vanished = {ipc: pools for ipc, pools in record.items() if ipc not in present}
     for config in _ip_configurations(body):
         name = str(config.get("name", ""))
         wanted = [p for p in record.get(name, []) if p.lower() not in gone]
@@ -210,4 +216,4 @@ def plan_restore(
             props["loadBalancerBackendAddressPools"] = [*pools, *({"id": p} for p in missing)]
             added[name] = missing
     _set_tags(body, {})
-    return NicChange(body=body, pools=added, skipped=skipped)
+    return NicChange(body=body, pools=added, skipped=skipped, vanished=vanished)
