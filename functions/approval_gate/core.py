@@ -30,6 +30,7 @@ from functions.approval_gate.agentless import AgentlessRules, Route, choose_rout
 from functions.approval_gate.policy import Action, Policy
 from functions.lb_pools import nic_pools
 from functions.lb_pools.guard import CapacityGuard
+from functions.lb_pools.held import maintenance_until
 from functions.shared import scope as trust
 from functions.shared import seal
 from functions.shared.impact import ImpactRules
@@ -44,12 +45,10 @@ from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify
 from functions.shared.vms import VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
-from sebridge.imds import ScheduledEvent
 
 log = logging.getLogger("sebridge.functions.approval_gate")
 
 REQUESTED_BY = "approval-gate"
-MAINTENANCE_MARGIN = timedelta(minutes=30)
 DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
 
 
@@ -240,15 +239,6 @@ class Gate:
             )
             return GateOutcome.NOT_ACKNOWLEDGED
         return GateOutcome.ACKNOWLEDGED
-
-
-def maintenance_until(event: ScheduledEvent, now: datetime) -> datetime:
-    """Until when an event approved now keeps its VMs down, at the latest: from NotBefore (or
-    now) for its duration (or an hour, unknown) and a margin. Its Completed ends it sooner."""
-    start = max(event.not_before or now, now)
-    duration = event.duration_in_seconds
-    seconds = duration if duration is not None and duration > 0 else 3600
-    return start + timedelta(seconds=seconds) + MAINTENANCE_MARGIN
 
 
 def vm_side_prepared(message: TransitionMessage) -> str | None:

@@ -103,6 +103,7 @@ class LbOutcome:
     not_restored: list[tuple[str, str]] = field(default_factory=list)
     # (VM, ip configuration, pool id) not put back: the NIC no longer has that configuration
     vanished: list[tuple[str, str, str]] = field(default_factory=list)
+    kept_out: list[str] = field(default_factory=list)  # VMs another event still has out
 
     @property
     def not_restored_count(self) -> int:
@@ -133,6 +134,14 @@ def _change_nic(
         log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
         return change, False
     raise PreconditionFailed(f"{nic_id}: still changing after {MAX_ETAG_RETRIES} attempts")
+
+
+def claim_of(message: TransitionMessage, now: datetime) -> nic_pools.Claim:
+    """The claim a drain for ``message`` puts on each NIC it takes out: its event, until the
+    event ends at the latest (from the message's own time, so a replay claims the same)."""
+    event = message.event
+    assert event is not None
+    return nic_pools.Claim(event.key, held.maintenance_until(event, message.time or now))
 
 
 def dropped_resources(message: TransitionMessage) -> list[str]:
@@ -335,11 +344,15 @@ class LbPools:
             trust.log_refusal("lb_pools", message, resolved)
             return
         restored: Restored = {}
+        assert message.event is not None
         failures = self._restore_all(
-            self._allowed(message, list(resolved), outcome), outcome, restored
+            self._allowed(message, list(resolved), outcome),
+            outcome,
+            restored,
+            event_id=message.event.key,
+            now=now,
         )
         if restored and self.guarded:
-            assert message.event is not None
             self._resume(restored, outcome, now, skip=message.event.key)
         self._report_not_restored(verified, outcome)
         if failures:
@@ -390,9 +403,10 @@ class LbPools:
         resume_pool: str | None = None,
     ) -> None:
         changeable = [vm for vm in vms if self._drainable(vm, outcome)]
+        claim = claim_of(verified.message, now)
         if self.pools is None:
             for vm in changeable:
-                self._drain_vm(vm, outcome)
+                self._drain_vm(vm, outcome, claim=claim)
             return
         changeable, outside = self._readable(changeable, outcome)
         # Started is decided like Scheduled: a forged Started gains nothing, and a VM that is
@@ -402,7 +416,7 @@ class LbPools:
             wanted = set(outside) | ({resume_pool} if resume_pool else set())
             if not wanted:
                 for vm in changeable:  # in no pool: nothing to decide, nothing to lock
-                    self._drain_vm(vm, outcome)
+                    self._drain_vm(vm, outcome, claim=claim)  # out already: claim it too
                 return
             # The probe verdicts are asked for before the locks are taken (the health API is a
             # long-running operation in Azure: it must not lengthen the time a pool is locked);
@@ -562,9 +576,10 @@ class LbPools:
 
         def drain(request: DrainRequest, fresh: dict[str, ArmDocument]) -> Callable[[], None]:
             def run() -> None:
+                claim = claim_of(request.message, request.now)
                 for vm in request.vms:
                     lease.check()
-                    self._drain_vm(vm, request.outcome, fresh)
+                    self._drain_vm(vm, request.outcome, fresh, claim=claim)
 
             return run
 
@@ -630,13 +645,22 @@ class LbPools:
         return capacity.memberships(self.arm, vms, skip_forbidden=skip_forbidden, read=read)
 
     def _drain_vm(
-        self, vm: ResolvedVm, outcome: LbOutcome, read: dict[str, ArmDocument] | None = None
+        self,
+        vm: ResolvedVm,
+        outcome: LbOutcome,
+        read: dict[str, ArmDocument] | None = None,
+        *,
+        claim: nic_pools.Claim | None = None,
     ) -> None:
+        """Take every NIC of ``vm`` out of its pools, recording what was removed and
+        ``claim`` (the event that has it out: nic_pools)."""
+
+        def plan(nic: dict[str, object], nic_id: str) -> nic_pools.NicChange | None:
+            return nic_pools.plan_drain(nic, nic_id, claim)
+
         for nic_id in vm.nic_ids:
             try:
-                change, gone = _change_nic(
-                    self.arm, nic_id, nic_pools.plan_drain, (read or {}).pop(nic_id, None)
-                )
+                change, gone = _change_nic(self.arm, nic_id, plan, (read or {}).pop(nic_id, None))
             except nic_pools.RecordTooLarge as exc:
                 log.error("NIC left in its pools: %s", exc, extra={"vm": vm.name, "nic": nic_id})
                 outcome.not_ready.append(vm.name)
@@ -732,7 +756,7 @@ class LbPools:
             )
         failures: list[BaseException] = []
         if restore:
-            failures = self._restore_all(vms, outcome, restored)
+            failures = self._restore_all(vms, outcome, restored, event_id=event.key, now=now)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
         if restored and self.guarded:
@@ -752,7 +776,13 @@ class LbPools:
             return self._forget(lease, holding, event_id, now)
 
     def _restore_all(
-        self, vms: Iterable[ResolvedVm], outcome: LbOutcome, restored: Restored
+        self,
+        vms: Iterable[ResolvedVm],
+        outcome: LbOutcome,
+        restored: Restored,
+        *,
+        event_id: str,
+        now: datetime,
     ) -> list[BaseException]:
         """Restore each VM on its own: one that fails (ARM 5xx, a timeout) does not keep the
         others out. The failures, to raise once every VM was tried (the redelivery finds the
@@ -760,7 +790,7 @@ class LbPools:
         failures: list[BaseException] = []
         for vm in vms:
             try:
-                self._restore_vm(vm, outcome, restored)
+                self._restore_vm(vm, outcome, restored, event_id=event_id, now=now)
             except Exception as exc:  # noqa: BLE001 - this VM's own failure, raised afterwards
                 log.warning(
                     "VM %s not restored yet (tried again on redelivery): %s",
@@ -771,9 +801,18 @@ class LbPools:
                 failures.append(exc)
         return failures
 
-    def _restore_vm(self, vm: ResolvedVm, outcome: LbOutcome, restored: Restored) -> None:
-        """Put each NIC of ``vm`` back into the pools its record names, each NIC on its own;
-        raises the first NIC's failure once every NIC was tried."""
+    def _restore_vm(
+        self,
+        vm: ResolvedVm,
+        outcome: LbOutcome,
+        restored: Restored,
+        *,
+        event_id: str,
+        now: datetime,
+    ) -> None:
+        """Put each NIC of ``vm`` back into the pools its record names, each NIC on its own,
+        unless another event than ``event_id`` still has it out (its claim, nic_pools); raises
+        the first NIC's failure once every NIC was tried."""
         restore_by_hand = f"its NICs keep what was removed in the tag {nic_pools.TAG}"
         if vm.kind is VmKind.FORBIDDEN:
             log.error(
@@ -790,7 +829,7 @@ class LbPools:
         failures: list[BaseException] = []
         for nic_id in vm.nic_ids:
             try:
-                change, gone = self._restore_nic(nic_id)
+                change, gone = self._restore_nic(nic_id, event_id, now)
             except PermissionDenied as exc:
                 log.error(
                     "NIC %s cannot be restored to its pools: %s; %s",
@@ -808,6 +847,15 @@ class LbPools:
             if change is None:
                 continue
             outcome.changed.append(nic_id)
+            if change.kept_for:
+                log.info(
+                    "VM %s stays out of its pools: event(s) %s still have it out",
+                    vm.name,
+                    ", ".join(change.kept_for),
+                    extra={"vm": vm.name, "nic": nic_id, "keptFor": list(change.kept_for)},
+                )
+                outcome.kept_out.append(vm.name)
+                continue
             for ipc, pools in change.pools.items():
                 for pool_id in pools:
                     restored.setdefault(pool_id.lower(), set()).add(
@@ -838,16 +886,21 @@ class LbPools:
         if failures:
             raise failures[0]
 
-    def _restore_nic(self, nic_id: str) -> tuple[nic_pools.NicChange | None, bool]:
+    def _restore_nic(
+        self, nic_id: str, event_id: str, now: datetime
+    ) -> tuple[nic_pools.NicChange | None, bool]:
         """(the change made or None, the NIC is gone): the recorded pools back, leaving out
         those ARM says no longer exist (a 400 InvalidResourceReference, confirmed by reading
-        their load balancers). Re-read on a 412."""
+        their load balancers), or only ``event_id``'s claim dropped while another event still
+        has the NIC out. Re-read on a 412."""
         gone_pools: set[str] = set()
         for _ in range(2 * MAX_ETAG_RETRIES):
             nic = self.arm.get_nic(nic_id)
             if nic is None:
                 return None, True
-            change = nic_pools.plan_restore(nic.body, nic_id, gone_pools)
+            change = nic_pools.plan_restore(
+                nic.body, nic_id, gone_pools, event_id=event_id, now=now
+            )
             if change is None:
                 return None, False
             try:
