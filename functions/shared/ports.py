@@ -6,7 +6,7 @@ The cores in this package talk only to these; the composition root wires the rea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -152,3 +152,11 @@ class PoolStore(Protocol):
 
     def held_pools(self, event_id: str) -> Sequence[str]:
         """The pools that last held ``event_id`` (a hint: their own state says for sure)."""
+
+    def read_event(self, event_id: str) -> Mapping[str, Any]:
+        """The event's record (functions.shared.event_record; ``{}`` when there is none)."""
+
+    def update_event(self, event_id: str, change: Callable[[dict[str, Any]], bool]) -> None:
+        """Change the event's record: ``change`` edits a copy in place and says whether it
+        changed anything; written under the record's ETag (a concurrent write makes it read
+        and change again), so no writer loses another's change."""

@@ -1,0 +1,116 @@
+"""Decide by what the event names now, never by what a message or a token happened to carry
+(hostile review of issue 23, breaks 1, 2 and 5).
+
+- A late Prepared: lb-pools drains web-1 for E and publishes Prepared [web-1]; an Updated grows
+  E to the whole availability set. The gate got the Updated and waited; then the earlier Prepared
+  came and it approved E, which starts maintenance on all three VMs (IMDS releases every VM
+  listed then) while web-2 and web-3 were healthy members of their pool.
+- An Approve link from the card of E's Scheduled (its token names web-1) approved E after the
+  Updated, held by lb-pools.
+- An Updated that moves a held event to other VMs left its held entry in the first pool; when
+  that pool got members back, the stale entry drained a VM the event no longer named, and
+  nothing ever restored it.
+
+Real function objects, the loopback ARM and blob storage. The world of
+test_workflow_capacity_paths: web-1, web-2, web-3 in as-web and pool-a, LB_MIN_HEALTHY=1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from emulators.fakes.arm import FakeArm
+from sebridge.contract.events import Envelope, Transition, event_message
+from tests.fixtures import golden
+from tests.functions.support import App, event, web_vm
+from tests.functions.test_workflow_capacity_paths import (
+    MANUAL,
+    VMS,
+    approved,
+    card_token,
+    http,
+    scheduled,
+    world,  # noqa: F401 - a fixture, found by name
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+E = "e0e0e0e0-0000-4000-8000-00000000000e"
+
+
+def updated(event_id: str, before: list[str], after: list[str]) -> Envelope:
+    return event_message(
+        Transition.UPDATED,
+        event(EventId=event_id, Resources=after),
+        golden.OBSERVER,
+        12,
+        golden.OBSERVED_AT,
+        changes={"Resources": {"from": before, "to": after}},
+    )
+
+
+def prepared(app: App) -> list[Envelope]:
+    return [m for m in app.publisher.published if m.subject == "Prepared"]
+
+
+@pytest.mark.parametrize("held_first", [True, False], ids=["held-first", "gate-first"])
+def test_a_late_prepared_does_not_approve_what_the_event_names_now(
+    make_app: Callable[..., App],
+    world: dict[str, str],  # noqa: F811 - the fixture
+    held_first: bool,
+) -> None:
+    """Default policy. held-first: lb-pools held the Updated before the Prepared reaches the
+    gate (the event is held in pool-a). gate-first: the gate has the Updated, lb-pools has not
+    decided it yet (the end-to-end race: ARM was slow on web-1's NIC)."""
+    app = make_app(LB_MIN_HEALTHY="1")
+    app.deliver("lb_pools", scheduled(E, ["web-1"]))
+    (late,) = prepared(app)
+    grown = updated(E, ["web-1"], list(VMS))
+    if held_first:
+        app.deliver("lb_pools", grown)
+        assert [m.subject for m in app.publisher.published].count("Held") == 1
+    app.deliver("approval_gate", grown)
+    assert not approved(app, E)
+    app.deliver("approval_gate", late)
+    assert not approved(app, E), "approved: web-2 and web-3 are healthy members of pool-a"
+
+
+def test_the_event_is_approved_once_every_vm_it_names_is_out(
+    make_app: Callable[..., App],
+    world: dict[str, str],  # noqa: F811 - the fixture
+    arm_fake: FakeArm,
+) -> None:
+    """The promise the other way: with room in the pool (web-4 joins pool-a), lb-pools drains
+    the grown event and its Prepared approves it."""
+    web_vm(arm_fake, "web-4", [world["pool-a"]])
+    app = make_app(LB_MIN_HEALTHY="1")
+    app.deliver("lb_pools", scheduled(E, ["web-1"]))
+    grown = updated(E, ["web-1"], ["web-1", "web-2"])
+    app.deliver("approval_gate", grown)
+    app.deliver("approval_gate", prepared(app)[0])
+    assert not approved(app, E)  # web-2 is still in the pool
+    app.deliver("lb_pools", grown)
+    app.deliver("approval_gate", prepared(app)[-1])
+    assert approved(app, E)
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["held", "not-decided-yet"])
+def test_an_old_link_does_not_approve_what_the_event_names_now(
+    make_app: Callable[..., App],
+    world: dict[str, str],  # noqa: F811 - the fixture
+    held: bool,
+) -> None:
+    """The card of E's Scheduled names web-1; after the Updated the link must not approve."""
+    app = make_app(LB_MIN_HEALTHY="1", APPROVAL_POLICY=MANUAL)
+    first = scheduled(E, ["web-1"])
+    app.deliver("lb_pools", first)
+    token = card_token(app, first)
+    grown = updated(E, ["web-1"], list(VMS))
+    app.deliver("approval_gate", grown)  # the gate notes what the event names now
+    if held:
+        app.deliver("lb_pools", grown)
+    response = app.call("approve", http("POST", token, E))
+    assert response.status_code == 409, response.get_body()[:300]
+    assert not approved(app, E)
