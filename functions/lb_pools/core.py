@@ -417,6 +417,7 @@ class LbPools:
             if not wanted:
                 for vm in changeable:  # in no pool: nothing to decide, nothing to lock
                     self._drain_vm(vm, outcome, claim=claim)  # out already: claim it too
+                self._unhold_elsewhere(verified.message, set(), now)
                 return
             # The probe verdicts are asked for before the locks are taken (the health API is a
             # long-running operation in Azure: it must not lengthen the time a pool is locked);
@@ -438,6 +439,10 @@ class LbPools:
                 continue
             if verdict.unreadable:
                 self._unreadable(changeable, outcome, verdict.unreadable)
+                return
+            if not outcome.reason:
+                keep = {verdict.held.pool_id.lower()} if verdict.held else set()
+                self._unhold_elsewhere(verified.message, keep, now)
             return
         raise PreconditionFailed("pool membership kept changing while the pools were locked")
 
@@ -501,6 +506,11 @@ class LbPools:
                         pool_key = blocked.pool_id.lower()
                         lists[pool_key][request.key] = held.entry_for(request.message, request.now)
                         changed.add(pool_key)
+                        for other in pools:  # held in one pool: the one that blocks it now
+                            if other == pool_key:
+                                continue
+                            if lists[other].pop(request.key, None) is not None:
+                                changed.add(other)
                         touched.add(request.key)
                         names = _names_in(request.vms, members.get(pool_key, set()))
                         verdicts[index] = Verdict(held=blocked, held_vms=names)
@@ -764,6 +774,34 @@ class LbPools:
         self._report_not_restored(verified, outcome)
         if failures:
             raise failures[0]
+
+    def _unhold_elsewhere(self, message: TransitionMessage, keep: set[str], now: datetime) -> None:
+        """The event was just decided for the VMs it names now (drained, or held in ``keep``):
+        a held entry of it in any other pool is stale (an Updated moved its Resources), and
+        would drain VMs the event no longer names when that pool gets members back. Drop those
+        entries (under their pools' leases), and say so in the index of held events."""
+        event = message.event
+        if self.pools is None or event is None:
+            return
+        hinted = {p.lower() for p in self.pools.held_pools(event.key)} - keep
+        stale = sorted(p for p in hinted if event.key in held.read(self.pools.peek(p)))
+        if not stale:
+            if hinted:
+                self.pools.index_held(event.key, sorted(keep))
+            return
+        with self.pools.hold(stale) as lease:
+            for pool_id in stale:
+                state = held.PoolState.load(lease.state(pool_id))
+                if state.held.pop(event.key, None) is None:
+                    continue
+                lease.save(pool_id, state.dump())
+                log.info(
+                    "held event %s dropped from %s: it is decided for other VMs now",
+                    event.key,
+                    capacity.short_pool(pool_id),
+                    extra={"eventId": event.key, "pool": pool_id},
+                )
+            self.pools.index_held(event.key, sorted(keep))
 
     def _forget_unlocked(self, pools: Iterable[str], event_id: str, now: datetime) -> Restored:
         assert self.pools is not None

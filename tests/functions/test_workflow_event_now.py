@@ -17,6 +17,7 @@ test_workflow_capacity_paths: web-1, web-2, web-3 in as-web and pool-a, LB_MIN_H
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -24,8 +25,12 @@ import pytest
 from emulators.fakes.arm import FakeArm
 from sebridge.contract.events import Envelope, Transition, event_message
 from tests.fixtures import golden
-from tests.functions.support import App, event, web_vm
+from tests.functions.support import RG, SUB, App, envelope, event, web_vm
 from tests.functions.test_workflow_capacity_paths import (
+    APPROVE_ALL,
+    EVENT_A,
+    EVENT_B,
+    EVENT_C,
     MANUAL,
     VMS,
     approved,
@@ -114,3 +119,31 @@ def test_an_old_link_does_not_approve_what_the_event_names_now(
     response = app.call("approve", http("POST", token, E))
     assert response.status_code == 409, response.get_body()[:300]
     assert not approved(app, E)
+
+
+def test_an_updated_that_moves_a_held_event_leaves_no_stale_entry(
+    make_app: Callable[..., App],
+    world: dict[str, str],  # noqa: F811 - the fixture
+    arm_fake: FakeArm,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C is held in pool-a (web-3 is its last healthy member). An Updated moves C to web-4
+    (pool-b), which drains. When A completes and pool-a gets web-1 back, nothing may drain web-3
+    for C: C no longer names it, and C's Completed restores only web-4."""
+    lb_api = arm_fake.add_load_balancer(SUB, RG, "lb-api", ["pool-b"], rules={"api": "pool-b"})
+    pool_b = f"{lb_api}/backendAddressPools/pool-b"
+    web_4, _ = web_vm(arm_fake, "web-4", [pool_b]), web_vm(arm_fake, "web-5", [pool_b])
+    app = make_app(LB_MIN_HEALTHY="1", APPROVAL_POLICY=APPROVE_ALL)
+    app.deliver("lb_pools", scheduled(EVENT_A, ["web-1"]))
+    app.deliver("lb_pools", scheduled(EVENT_B, ["web-2"]))
+    app.deliver("lb_pools", scheduled(EVENT_C, ["web-3"]))
+    assert [m.subject for m in app.publisher.published].count("Held") == 1
+    app.deliver("lb_pools", updated(EVENT_C, ["web-3"], ["web-4"]))
+    assert arm_fake.vm_pools(web_4) == []
+    caplog.set_level(logging.INFO)
+    done = {"EventStatus": "Started", "NotBefore": ""}
+    app.deliver("lb_pools", envelope("Completed", EventId=EVENT_A, Resources=["web-1"], **done))
+    assert arm_fake.vm_pools(world["web-3"]) == [world["pool-a"]], "drained for a stale entry"
+    app.deliver("lb_pools", envelope("Completed", EventId=EVENT_C, Resources=["web-4"], **done))
+    assert arm_fake.vm_pools(web_4) == [pool_b]
+    assert arm_fake.vm_pools(world["web-3"]) == [world["pool-a"]]
