@@ -89,7 +89,8 @@ class Gate:
     def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
         """Verify ``message`` (the trigger layer does this before :meth:`decide`), then
         decide."""
-        checked = verify_and_log("approval_gate", self.arm, message, self.rules)
+        pools = self.guard.pools if self.guard is not None else None
+        checked = verify_and_log("approval_gate", self.arm, message, self.rules, records=pools)
         if isinstance(checked, UnverifiedMessage):
             return GateOutcome.REFUSED
         return self.decide(checked, now)
@@ -103,6 +104,11 @@ class Gate:
             return GateOutcome.HEARTBEAT
         event = message.event
         if event is None or message.transition not in DECIDE_ON or event.is_started:
+            return GateOutcome.IGNORED
+        if verified.scope.observer.gone:
+            log.info(
+                "its observer no longer exists: nothing to approve", extra={"eventId": event.key}
+            )
             return GateOutcome.IGNORED
         guard = self.guard or CapacityGuard(self.arm)
         # What the event names now, noted for every later decision on it (a Prepared or an

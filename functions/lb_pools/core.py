@@ -296,7 +296,7 @@ class LbPools:
         action, reason = self._action(message, self.impact)
         if action == "ignore":
             return LbOutcome(action, reason=reason)
-        checked = verify_and_log("lb_pools", self.arm, message, self.rules)
+        checked = verify_and_log("lb_pools", self.arm, message, self.rules, records=self.pools)
         if isinstance(checked, UnverifiedMessage):
             return LbOutcome(action, refused=checked.reason)
         return self.handle_verified(checked, now, resume_pool=resume_pool)

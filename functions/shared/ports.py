@@ -63,6 +63,9 @@ class VmRecord:
     availability_set: str = ""  # lower-case ARM id, "" when the VM is in none
     scale_set: str = ""  # lower-case ARM id of its scale set (Flexible or Uniform), else ""
     uniform: bool = False  # a Uniform scale-set instance (NICs belong to the scale-set model)
+    # The observer of a sealed message that no longer exists (a Completed after a Terminate):
+    # Azure reported it, so it verifies, but there is nothing to act on (functions.shared.scope).
+    gone: bool = False
 
 
 class ReferenceMissing(Exception):
@@ -102,6 +105,13 @@ class ArmClient(Protocol):
         """POST the acknowledge. PermissionDenied on 403; AcknowledgeRefused when ARM answers
         that no retry will change (another 4xx: the event is gone, already acknowledged or
         started, or the id is not one ARM takes)."""
+
+
+class EventRecords(Protocol):
+    """Where what the bridge knows of each event is kept (functions.shared.event_record)."""
+
+    def read_event(self, event_id: str) -> Mapping[str, Any]:
+        """The event's record (``{}`` when there is none)."""
 
 
 class CommandSender(Protocol):

@@ -106,7 +106,7 @@ def service_bus_function(
             if message is None:
                 return
             deps = composition.dependencies()
-            checked = verify_and_log(name, deps.arm, message, deps.trust)
+            checked = verify_and_log(name, deps.arm, message, deps.trust, records=deps.pools)
             if isinstance(checked, UnverifiedMessage):
                 # Its own outcome in the invocation line, not "ok": nothing acted on it. A
                 # function that shows unverified messages may still name a finer one.
