@@ -47,8 +47,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from functions.lb_pools import capacity, held, nic_pools
+from functions.shared import event_record, write_window
 from functions.shared import scope as trust
-from functions.shared import write_window
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
     ArmClient,
@@ -572,11 +572,23 @@ class LbPools:
         self, pools: Iterable[str], states: dict[str, held.PoolState], events: set[str]
     ) -> None:
         """Keep the pool store's index of held events true for ``events``, held or held no
-        more in ``pools`` (an Approve link that names only its event reads it)."""
-        assert self.pools is not None
+        more in ``pools`` (the guard and an Approve link read it; lb-pools drops stale entries
+        by it): what it says of other pools stays."""
         for event_id in sorted(events):
-            holding = [p for p in sorted(pools) if event_id in states[p].held]
-            self.pools.index_held(event_id, holding)
+            holding = {p for p in pools if event_id in states[p].held}
+            self._reindex(event_id, set(pools) - holding, holding)
+
+    def _reindex(self, event_id: str, released: set[str], holding: set[str]) -> None:
+        """The index of held events: ``event_id`` held in ``holding`` now, no longer in
+        ``released``, and as before in every other pool (one read and conditional write)."""
+        assert self.pools is not None
+
+        def change(record: dict[str, Any]) -> bool:
+            known = {p.lower() for p in event_record.held_pools(record)}
+            wanted = (known - {p.lower() for p in released}) | {p.lower() for p in holding}
+            return event_record.with_held_pools(record, event_id, wanted)
+
+        self.pools.update_event(event_id, change)
 
     def _drain_all(
         self, lease: PoolLease, drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]]
@@ -740,7 +752,7 @@ class LbPools:
                 lease.save(pool_id, state.dump())
                 log.info("event forgotten", extra={"eventId": event_id, "pool": pool_id})
             if was_held:
-                self.pools.index_held(event_id, [])
+                self._reindex(event_id, {pool_id}, set())
         return released
 
     # ---- the end of an event: restore, forget, resume ---------------------------------------
@@ -760,10 +772,12 @@ class LbPools:
             # Forget before restoring: a resume of this event that races us either drained
             # before we forget (and we restore it below) or finds it forgotten. Members its
             # early approval took down serve again: like restored ones, for held events.
+            # The pools its VMs are in, and those the index says hold it (a held VM may have
+            # left its pool for another event meanwhile: the entry must go all the same).
             changeable = [vm for vm in vms if vm.kind is VmKind.VM]
-            restored = self._forget_unlocked(
-                self._memberships(changeable, skip_forbidden=True), event.key, now
-            )
+            pools = set(self._memberships(changeable, skip_forbidden=True))
+            pools |= {p.lower() for p in self.pools.held_pools(event.key)}
+            restored = self._forget_unlocked(pools, event.key, now)
         failures: list[BaseException] = []
         if restore:
             failures = self._restore_all(vms, outcome, restored, event_id=event.key, now=now)

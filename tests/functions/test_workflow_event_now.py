@@ -17,6 +17,7 @@ test_workflow_capacity_paths: web-1, web-2, web-3 in as-web and pool-a, LB_MIN_H
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 
@@ -147,3 +148,66 @@ def test_an_updated_that_moves_a_held_event_leaves_no_stale_entry(
     app.deliver("lb_pools", envelope("Completed", EventId=EVENT_C, Resources=["web-4"], **done))
     assert arm_fake.vm_pools(web_4) == [pool_b]
     assert arm_fake.vm_pools(world["web-3"]) == [world["pool-a"]]
+
+
+def held_in(app: App, pool: str, event_id: str) -> bool:
+    from functions.adapters.pool_state import blob_name
+    from functions.lb_pools import held
+    from tests.functions.support import POOL_CONTAINER
+
+    assert app.storage is not None
+    raw = app.storage.blobs.get(POOL_CONTAINER, {}).get(blob_name(pool))
+    return raw is not None and event_id in held.read(json.loads(raw))
+
+
+@pytest.fixture
+def pool_b(arm_fake: FakeArm) -> dict[str, str]:
+    lb_api = arm_fake.add_load_balancer(SUB, RG, "lb-api", ["pool-b"], rules={"api": "pool-b"})
+    pool = f"{lb_api}/backendAddressPools/pool-b"
+    return {"pool-b": pool, "web-4": web_vm(arm_fake, "web-4", [pool])}
+
+
+def test_an_event_held_again_elsewhere_is_held_only_there(
+    make_app: Callable[..., App],
+    world: dict[str, str],  # noqa: F811 - the fixture
+    pool_b: dict[str, str],
+) -> None:
+    """Found by test_workflow_events_stateful: C is held in pool-b (web-4 is its only member),
+    then moved to web-3, the last healthy member of pool-a: held there. The index of held events
+    kept only the last pool, so the entry in pool-b was never dropped."""
+    app = make_app(LB_MIN_HEALTHY="1")
+    app.deliver("lb_pools", scheduled(EVENT_A, ["web-1"]))
+    app.deliver("lb_pools", scheduled(EVENT_B, ["web-2"]))
+    app.deliver("lb_pools", scheduled(EVENT_C, ["web-4"]))
+    assert held_in(app, pool_b["pool-b"], EVENT_C)
+    app.deliver("lb_pools", updated(EVENT_C, ["web-4"], ["web-3"]))
+    assert held_in(app, world["pool-a"], EVENT_C)
+    assert not held_in(app, pool_b["pool-b"], EVENT_C), "still held where it names nothing"
+
+
+def test_a_held_event_that_ends_is_forgotten_where_it_was_held(
+    make_app: Callable[..., App],
+    world: dict[str, str],  # noqa: F811 - the fixture
+    pool_b: dict[str, str],
+    arm_fake: FakeArm,
+) -> None:
+    """Found by test_workflow_events_stateful: C is held in pool-b; then web-4 leaves pool-b for
+    another event (probed Down: it leaves without counting); C is cancelled. Its end looked for
+    its entry only in the pools web-4 is in now (none), and left it held for good."""
+    app = make_app(LB_MIN_HEALTHY="1")
+    arm_fake.set_probe(pool_b["web-4"], up=True)
+    web_vm(arm_fake, "web-5", [pool_b["pool-b"]])
+    arm_fake.set_probe(world["web-1"], up=True)
+    app.deliver("lb_pools", scheduled(EVENT_A, ["web-4"]))  # web-4 out: web-5 serves
+    app.deliver("lb_pools", scheduled(EVENT_C, ["web-5"]))  # held: web-5 is the last member
+    assert held_in(app, pool_b["pool-b"], EVENT_C)
+    arm_fake.set_probe(pool_b["web-4"], up=False)
+    done = {"EventStatus": "Started", "NotBefore": ""}
+    # A ends: web-4 goes back (Down); D takes web-5 out while web-4 cannot serve either way...
+    app.deliver("lb_pools", envelope("Completed", EventId=EVENT_A, Resources=["web-4"], **done))
+    arm_fake.set_probe(pool_b["web-4"], up=False)
+    arm_fake.set_probe(pool_b["web-4"].replace("web-4", "web-5"), up=False)
+    app.deliver("lb_pools", scheduled(EVENT_B, ["web-5"]))  # web-5 Down: leaves without counting
+    assert arm_fake.vm_pools(pool_b["web-4"].replace("web-4", "web-5")) == []
+    app.deliver("lb_pools", envelope("Cancelled", EventId=EVENT_C, Resources=["web-5"]))
+    assert not held_in(app, pool_b["pool-b"], EVENT_C), "a cancelled event still held"
