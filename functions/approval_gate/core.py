@@ -51,6 +51,8 @@ log = logging.getLogger("sebridge.functions.approval_gate")
 
 REQUESTED_BY = "approval-gate"
 DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
+# How far ahead of the gate's clock a Heartbeat's time may be (README: Approval policy).
+CLOCK_SKEW = timedelta(minutes=5)
 
 
 class GateOutcome(StrEnum):
@@ -100,7 +102,10 @@ class Gate:
         if message.transition is Transition.HEARTBEAT:
             if self.fallback is None:
                 return GateOutcome.IGNORED
-            self.fallback.store.record(message.observer.vm_name, message.time or now)
+            # The time is the sender's word: never later than our clock allows for skew, so
+            # a Heartbeat dated ahead keeps its forwarder "live" no longer than a true one.
+            sent = message.time or now
+            self.fallback.store.record(message.observer.vm_name, min(sent, now + CLOCK_SKEW))
             return GateOutcome.HEARTBEAT
         event = message.event
         if event is None or message.transition not in DECIDE_ON or event.is_started:
