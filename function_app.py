@@ -14,6 +14,7 @@ import azure.functions as func
 from functions import custom_example
 from functions.approval_gate.blueprint import bp as approval_gate
 from functions.eventgrid_ingest.blueprint import bp as eventgrid_ingest
+from functions.history.blueprint import bp as history
 from functions.lb_pools.blueprint import bp as lb_pools
 from functions.shared import composition
 from functions.shared.settings import workflows, workflows_line
@@ -29,6 +30,7 @@ BLUEPRINTS = {
     "webhooks": webhooks,
     "custom_example": custom_example.bp,
     "eventgrid_ingest": eventgrid_ingest,
+    "history": history,
 }
 
 app = func.FunctionApp()

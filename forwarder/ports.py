@@ -116,7 +116,10 @@ class LoopListener(Protocol):
     """What the loop tells anyone plugged into it (metrics, health endpoints, local hooks).
 
     Called on the poller's thread; a listener must return quickly and never raise (an
-    exception is logged and ignored)."""
+    exception is logged and ignored). A listener may also have
+    ``document_observed(document, observer, observed_at)``: every document a poll read, told
+    before anything of it is written (the local actions follow documents, not deliveries), and
+    ``command_settled(message_id, action, reason)``."""
 
     def transitions_recorded(self, envelopes: Sequence[Envelope]) -> None:
         """Transitions just derived from a poll and written to the outbox (held until their

@@ -37,8 +37,8 @@ from sebridge import __version__, lifecycle
 from sebridge.contract.events import Envelope, Observer, event_message, heartbeat_message
 from sebridge.forwarder.delivery.outbox import OutboxError
 from sebridge.forwarder.imds.client import hostname_observer
-from sebridge.forwarder.imds.diff import diff, index
-from sebridge.forwarder.observability.health import ConditionLog, Health
+from sebridge.forwarder.imds.diff import diff, remember
+from sebridge.forwarder.observability.health import ConditionLog, Health, OddValueLog
 from sebridge.forwarder.ports import (
     Clock,
     DocumentSource,
@@ -52,6 +52,7 @@ from sebridge.forwarder.ports import (
     SystemClock,
 )
 from sebridge.forwarder.state import ForwarderState, bounded_lives
+from sebridge.imds import Document
 from sebridge.retry import Backoff
 
 log = logging.getLogger("forwarder")
@@ -121,6 +122,7 @@ class Forwarder:
         self._next_observer_try = 0.0
         self._observer_log = ConditionLog(log)
         self._outbox_log = ConditionLog(log, logging.ERROR)
+        self._odd_values = OddValueLog(log)
         self.save_failing_since: datetime | None = None
         self.save_failures = 0
         self.outbox_failing_since: datetime | None = None
@@ -178,6 +180,10 @@ class Forwarder:
             return delay
         self._poll_backoff.reset()
         observed_at = self.clock.now()
+        self._odd_values.document(document)
+        # Before, and independently of, the outbox and the state file: the local actions follow
+        # what IMDS shows whatever the disk, the outbox or the broker do.
+        self._tell_document(document, observed_at)
         before = self.state
         changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
         lives = dict(before.lives)
@@ -221,7 +227,7 @@ class Forwarder:
             self._outbox_log.clear("outbox writable again")
         self.state = ForwarderState(
             document.incarnation,
-            index(document.events),
+            remember(before.events, document.events),
             max(before.outbox_seq, held_up_to),
             bounded_lives(lives, {e.key for e in document.events}),
             observed_at,
@@ -235,7 +241,7 @@ class Forwarder:
         self._release_saved()
         for change, envelope in zip(changes, envelopes, strict=True):
             log.info(
-                "%s %s (%s, %s) incarnation %d",
+                "%s %s (%s, %s) incarnation %s",
                 change.transition.value,
                 change.event.event_id,
                 change.event.event_type,
@@ -359,6 +365,29 @@ class Forwarder:
             log.error("cannot write %s to the outbox (%s): retried", envelope.message_id, exc)
             return
         self.outbox_ready.set()
+
+    def deliver(self, envelope: Envelope) -> bool:
+        """A message of the forwarder's own that must not be lost nor re-sent under a new id
+        (the VM's Prepared): True once it is durably in the outbox; False when the outbox
+        cannot take it now (the caller keeps it and tries again later)."""
+        try:
+            self.outbox.put([envelope])
+        except OutboxError as exc:
+            log.debug("cannot write %s to the outbox: %s", envelope.message_id, exc)
+            return False
+        self.outbox_ready.set()
+        return True
+
+    def _tell_document(self, document: Document, observed_at: datetime) -> None:
+        """Hand the document to the listeners that follow documents (``document_observed``)."""
+        for listener in self.listeners:
+            follow = getattr(listener, "document_observed", None)
+            if follow is None:
+                continue
+            try:
+                follow(document, self.observer, observed_at)
+            except Exception:
+                log.exception("listener %r failed on a document; ignored", listener)
 
     def _flush_unsent(self) -> None:
         with self._lock:

@@ -6,10 +6,13 @@ standalone VM; Azure Load Balancer, Application Gateway, anything that probes ov
 - ``200`` normally; with ``--drain-probe-upstream URL`` the application's own health check is
   asked instead (any 2xx or 3xx is healthy; anything else, a timeout or a refused connection
   is ``503``), so this endpoint can replace an existing probe.
-- ``503`` from the Scheduled (or a first Started) of an event that affects this VM and is
+- ``503`` while the current IMDS document holds an event that affects this VM and is
   impactful by lb-pools' rules (:mod:`sebridge.impact`: ``--drain-impactful-event-types``,
-  ``--drain-freeze-threshold-seconds``) until its Completed or Cancelled; an Updated that
-  makes the event harmless, or drops this VM from its Resources, ends the drain early.
+  ``--drain-freeze-threshold-seconds``): from its Scheduled (or a first Started) until it is
+  gone; an Updated that makes the event harmless, or drops this VM from its Resources, ends
+  the drain early. The probe follows the document (:meth:`DrainProbe.follow`), not the
+  transitions the forwarder manages to record, so a full disk or a broker outage never keeps
+  it healthy; after a restart it drains from the local actions' journal until the first poll.
 - ``--drain-seconds`` after the drain began (probe interval x unhealthy threshold + the
   connection drain time: the balancer has stopped sending new connections and the open ones
   had their time), the drain counts as done, and :class:`~sebridge.forwarder.local.preparation.
@@ -23,8 +26,9 @@ rule for the ``AzureLoadBalancer`` service tag). At most :data:`MAX_CONNECTIONS`
 served at once and each has :data:`REQUEST_TIMEOUT` seconds, so a slow or hostile client
 cannot hold it.
 
-The state flips on the poller's thread right after the poll that saw the change, so the
-answer changes within one poll interval of IMDS (``benchmarks/drain_probe_flip.py``).
+The state flips on the poller's thread as soon as a poll has read the document, before
+anything is written, so the answer changes within one poll interval of IMDS
+(``benchmarks/drain_probe_flip.py``).
 """
 
 from __future__ import annotations
@@ -39,8 +43,11 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
-from sebridge.forwarder.local.preparation import ENDS, Observed, Preparations
+from sebridge.contract.events import Observer
+from sebridge.forwarder.local.hooks_file import affects
+from sebridge.forwarder.local.preparation import Preparations
 from sebridge.forwarder.net.server import BoundedHTTPServer
+from sebridge.imds import ScheduledEvent
 from sebridge.impact import ImpactRules
 
 log = logging.getLogger("forwarder.drain-probe")
@@ -119,55 +126,37 @@ class DrainProbe:
         self.answers = {200: 0, 503: 0}
 
     # -- state ------------------------------------------------------------------------------
-    def applies(self, observed: Observed) -> bool:
-        return observed.affects_this_vm and self.rules.is_impactful(observed.event)
+    def applies(self, event: ScheduledEvent, observer: Observer) -> bool:
+        """The event takes this VM out of service: drain while it is in the document."""
+        return affects(event.resources, observer.vm_name) and self.rules.is_impactful(event)
 
-    def observe(self, observed: Observed) -> None:
-        """A transition (on the poller's thread): start, keep or end the drain."""
-        key = observed.event.key
+    def follow(self, events: Iterable[ScheduledEvent], observer: Observer) -> None:
+        """Drain exactly for the events of the current document that apply (on the poller's
+        thread, at every successful poll, before anything is written anywhere): the level
+        IMDS shows, whatever the disk, the outbox or the broker do. A drain that goes on keeps
+        its start; one whose event is gone, or no longer applies (an Updated made it harmless
+        or dropped this VM), ends."""
+        wanted = {event.key: event for event in events if self.applies(event, observer)}
         with self._cond:
-            if observed.transition in ENDS or not self.applies(observed):
-                ended = self._drains.pop(key, None)
-                if ended is not None:
-                    log.info(
-                        "drain for %s over (%s): %s",
-                        observed.event.event_id,
-                        observed.transition.value,
-                        "probe healthy again"
-                        if not self._drains
-                        else f"{len(self._drains)} more drain(s) on",
-                    )
-            elif key not in self._drains:
-                self._drains[key] = _Drain(self.clock(), observed.event.event_id)
+            for key in [key for key in self._drains if key not in wanted]:
+                drain = self._drains.pop(key)
                 log.info(
-                    "draining for %s (%s, %s): the probe answers 503; done in %g s",
-                    observed.event.event_id,
-                    observed.event.event_type,
-                    observed.transition.value,
-                    self.drain_seconds,
+                    "drain for %s over: %s",
+                    drain.event_id,
+                    "probe healthy again"
+                    if not self._drains
+                    else f"{len(self._drains)} more drain(s) on",
                 )
-            self._cond.notify_all()
-
-    def restore(self, observed: Iterable[Observed]) -> int:
-        """At start: drain again for the events the journal shows open (the timer restarts,
-        to be safe: while the forwarder was down its port did not answer either)."""
-        count = 0
-        for item in observed:
-            if self.applies(item) and item.transition not in ENDS:
-                with self._cond:
-                    if item.event.key not in self._drains:
-                        self._drains[item.event.key] = _Drain(self.clock(), item.event.event_id)
-                        count += 1
-                    self._cond.notify_all()
-        if count:
-            log.info("draining again after a restart for %d event(s)", count)
-        return count
-
-    def forget(self, event_key: str) -> None:
-        """The event ended unseen (see LocalActions.reconcile)."""
-        with self._cond:
-            if self._drains.pop(event_key, None) is not None:
-                log.info("drain for %s over: it ended while the forwarder was down", event_key)
+            for key, event in wanted.items():
+                if key not in self._drains:
+                    self._drains[key] = _Drain(self.clock(), event.event_id)
+                    log.info(
+                        "draining for %s (%s, %s): the probe answers 503; done in %g s",
+                        event.event_id,
+                        event.event_type,
+                        event.status or "status unknown",
+                        self.drain_seconds,
+                    )
             self._cond.notify_all()
 
     @property

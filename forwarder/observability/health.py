@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sebridge.imds import isoformat_utc
+from sebridge.imds import Document, isoformat_utc
 
 
 @dataclass(frozen=True)
@@ -79,3 +79,39 @@ class ConditionLog:
         if self.current is not None:
             self.current = None
             self.logger.info("%s", text)
+
+
+class OddValueLog:
+    """Logs what reading a document normalised (``ScheduledEvent.warnings``), once per event
+    and field while the event is in the documents, not at every poll: one odd IMDS value is
+    said, and never floods the log."""
+
+    DOCUMENT = ""  # the key of the document's own warnings (DocumentIncarnation)
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._said: dict[str, frozenset[str]] = {}
+
+    def document(self, document: Document) -> int:
+        """Log the document's new warnings; returns how many lines were logged."""
+        logged = 0
+        present: dict[str, frozenset[str]] = {}
+        sources: list[tuple[str, str, tuple[str, ...]]] = [
+            (self.DOCUMENT, "IMDS document", document.warnings)
+        ]
+        sources += [
+            (event.key, f"IMDS event {event.event_id}", event.warnings) for event in document.events
+        ]
+        for key, what, warnings in sources:
+            if not warnings:
+                continue
+            said = self._said.get(key, frozenset())
+            for line in warnings:
+                if line not in said:
+                    self.logger.warning(
+                        "%s: odd value normalised: %s", what, line, extra={"eventId": key or None}
+                    )
+                    logged += 1
+            present[key] = said | frozenset(warnings)
+        self._said = present
+        return logged

@@ -51,8 +51,10 @@ from functions.shared import event_record, write_window
 from functions.shared import scope as trust
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
+    ActionRecorder,
     ArmClient,
     ArmDocument,
+    NoActions,
     PermissionDenied,
     PoolLease,
     PoolStore,
@@ -265,6 +267,8 @@ class LbPools:
     decisions: DecisionBatches = field(default_factory=OneAtATime)
     side_by_side: SideBySide = one_after_another
     alerts: TeamsPoster | None = None  # a card for what could not be restored
+    # What reaches no topic, for the event's history (functions/history): the VMs put back.
+    actions: ActionRecorder = field(default_factory=NoActions)
 
     @property
     def guarded(self) -> bool:
@@ -783,6 +787,10 @@ class LbPools:
             failures = self._restore_all(vms, outcome, restored, event_id=event.key, now=now)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
+        if outcome.changed:
+            self.actions.record(
+                verified.message, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
+            )
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=event.key)
         self._report_not_restored(verified, outcome)

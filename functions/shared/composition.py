@@ -18,16 +18,19 @@ from typing import Any
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
+from functions.history.core import History, HistoryStore, PurgeSchedule, StoreRecorder
 from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, PoolKey, Verdict
 from functions.lb_pools.guard import CapacityGuard
 from functions.shared import seal
 from functions.shared.batching import Batcher, side_by_side
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
+    ActionRecorder,
     ArmClient,
     Clock,
     CommandSender,
     HeartbeatStore,
+    NoActions,
     PoolStore,
     TeamsPoster,
     TopicPublisher,
@@ -64,6 +67,9 @@ class Dependencies:
     # One per process: lb-pools decisions on the same pools, from concurrent invocations, are
     # taken together under one lease (functions.lb_pools.core, functions.shared.batching).
     pool_decisions: Batcher[PoolKey, DrainRequest, Verdict] = field(default_factory=Batcher)
+    history_store: HistoryStore | None = None  # only with HistorySubscriptionName
+    # One per process: the history's retention runs at most once per interval per process.
+    history_purges: PurgeSchedule = field(default_factory=PurgeSchedule)
 
     @property
     def trust(self) -> TrustRules:
@@ -89,7 +95,25 @@ class Dependencies:
             decisions=self.pool_decisions,
             side_by_side=side_by_side(PARALLEL_WRITES),
             alerts=self.teams,
+            actions=self.actions,
         )
+
+    @property
+    def history(self) -> History:
+        if self.history_store is None:
+            raise RuntimeError("the history is not enabled (HistorySubscriptionName)")
+        return History(
+            self.history_store,
+            timedelta(days=self.settings.history_retention_days),
+            self.history_purges,
+        )
+
+    @property
+    def actions(self) -> ActionRecorder:
+        """Where lb-pools records what reaches no topic: the history, when it is on."""
+        if self.history_store is None:
+            return NoActions()
+        return StoreRecorder(self.history, "lb-pools")
 
     @property
     def impact(self) -> ImpactRules:
@@ -194,6 +218,10 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         parts["event_state"] = BlobEventStateStore(
             config.eventgrid_state_url, credential, session=session
         )
+    if config.history_subscription and "history_store" not in overrides:
+        from functions.adapters.history_table import TableHistoryStore
+
+        parts["history_store"] = TableHistoryStore(config.history_table_url, credential)
     if config.pool_state_url and "pools" not in overrides:
         parts["pools"] = BlobPoolStore(config.pool_state_url, credential, session=session)
     parts.update(overrides)

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from sebridge.contract.commands import ApproveCommand
-from sebridge.contract.events import Envelope
+from sebridge.contract.events import Envelope, TransitionMessage
 
 
 class Clock(Protocol):
@@ -170,3 +170,22 @@ class PoolStore(Protocol):
         """Change the event's record: ``change`` edits a copy in place and says whether it
         changed anything; written under the record's ETag (a concurrent write makes it read
         and change again), so no writer loses another's change."""
+
+
+class ActionRecorder(Protocol):
+    """What a workflow did that reaches no topic (lb-pools putting VMs back), for the event's
+    history (functions/history). Recording never fails the caller: an adapter logs what it
+    could not record."""
+
+    def record(
+        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+    ) -> None: ...
+
+
+class NoActions:
+    """The default :class:`ActionRecorder`: the history is off, nothing is recorded."""
+
+    def record(
+        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+    ) -> None:
+        return None

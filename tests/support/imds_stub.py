@@ -44,6 +44,8 @@ class ImdsStub:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
         self.incarnation = 1
+        # Served instead of the incarnation number when set (an odd DocumentIncarnation).
+        self.incarnation_as: Any = None
         self.mode = "normal"
         self.trickle_every = 3.0  # seconds between the bytes of a trickling body
         self.stall_for = 120.0  # seconds a stalled request is held (or until the server stops)
@@ -62,9 +64,8 @@ class ImdsStub:
 
     def document_bytes(self) -> bytes:
         with self._lock:
-            return json.dumps(
-                {"DocumentIncarnation": self.incarnation, "Events": self.events}
-            ).encode()
+            incarnation = self.incarnation if self.incarnation_as is None else self.incarnation_as
+            return json.dumps({"DocumentIncarnation": incarnation, "Events": self.events}).encode()
 
     def gets(self) -> list[float]:
         with self._lock:

@@ -43,6 +43,9 @@ PURE_MODULES = (
     "functions.lb_pools.core",
     "functions.teams.cards",
     "functions.teams.core",
+    "functions.history.core",
+    "functions.history.calendar",
+    "functions.history.endpoints",
 )
 # Standard-library modules that reach outside the process (or start threads to do so).
 IO_MODULES = frozenset(

@@ -1,0 +1,109 @@
+"""The history's table adapter against Azurite: rows keyed by message, summaries under their
+ETag, listing by filter, retention; and writers racing on one event through the real table."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from azure.identity import ManagedIdentityCredential
+
+from emulators.azurite import Azurite
+from emulators.fakes.identity import FakeIdentity
+from functions.adapters.history_table import TableHistoryStore
+from functions.history.core import (
+    History,
+    PurgeSchedule,
+    SummaryConflict,
+    entry_for,
+    event_key,
+    parse_query,
+    summarize,
+)
+from sebridge.contract.events import parse_message
+from tests.fixtures import golden
+from tests.functions.history_support import T0, Lifecycle
+from tests.functions.support import at_once
+from tests.support.storage import azurite_storage, storage_credential, unique
+
+__all__ = ["azurite_storage", "storage_credential"]
+pytestmark = pytest.mark.timeout(180)
+KEY = event_key(golden.EVENT_ID)
+NOW = T0 + timedelta(hours=1)
+
+
+@pytest.fixture
+def store(
+    azurite_storage: tuple[Azurite, FakeIdentity], storage_credential: ManagedIdentityCredential
+) -> TableHistoryStore:
+    storage, _ = azurite_storage
+    return TableHistoryStore(storage.table_url(unique("history")), storage_credential)
+
+
+def _life() -> Lifecycle:
+    life = Lifecycle()
+    life.transition("Scheduled", DurationInSeconds=300)
+    life.transition("Updated", NotBefore="Sun, 22 Nov 2026 01:45:00 GMT")
+    life.prepared()
+    life.approved()
+    life.transition("Started")
+    life.transition("Completed")
+    return life
+
+
+def _parsed(envelope):  # type: ignore[no-untyped-def]
+    return parse_message(envelope.body_bytes(), envelope.message_id)
+
+
+def test_a_redelivered_message_is_the_same_row(store: TableHistoryStore) -> None:
+    entry = entry_for(_parsed(_life().messages[0]))
+    assert entry is not None
+    store.add([entry])  # creates the table on the way
+    store.add([entry])
+    assert store.entries(KEY) == [entry]
+
+
+def test_a_summary_is_written_only_over_the_version_read(store: TableHistoryStore) -> None:
+    entries = [e for m in _life().messages if (e := entry_for(_parsed(m)))]
+    store.add(entries)
+    summary = summarize(store.entries(KEY))
+    assert summary is not None
+    store.save_summary(summary, None)
+    with pytest.raises(SummaryConflict):
+        store.save_summary(summary, None)  # another writer created it first
+    stored, etag = store.summary(KEY)
+    assert stored == summary and etag
+    store.save_summary(summary, etag)
+    with pytest.raises(SummaryConflict):
+        store.save_summary(summary, etag)  # stale
+
+
+def test_writers_racing_on_one_event_lose_no_entry(store: TableHistoryStore) -> None:
+    history = History(store, timedelta(days=90), PurgeSchedule())
+    messages = _life().messages
+    errors = at_once(*(lambda m=m: history.record(_parsed(m), NOW) for m in messages))
+    assert all(isinstance(e, SummaryConflict) for e in errors)
+    for message in messages:  # Service Bus redelivers what failed; the rest is a no-op
+        history.record(_parsed(message), NOW)
+    stored, _ = store.summary(KEY)
+    assert stored is not None and stored.entries == len(messages)
+    assert stored == summarize(store.entries(KEY))
+    assert stored.latest.state == "Completed" and stored.latest.updates == 1
+
+
+def test_listing_filters_and_retention(store: TableHistoryStore) -> None:
+    history = History(store, timedelta(days=1), PurgeSchedule(), purge_batch=10)
+    for n, vm in enumerate(["web-1", "web-2"]):
+        life = Lifecycle(event_id=f"00000000-0000-4000-8000-0000000000a{n}")
+        life.transition("Scheduled", Resources=[vm])
+        if n:
+            life.transition("Started")
+        for message in life.messages:
+            history.record(_parsed(message), NOW)
+    started = store.summaries(parse_query({"state": "Started"}))
+    assert [s.vms for s in started] == [("web-2",)]
+    assert len(store.summaries(parse_query({"resourceGroup": "RG-WEB"}))) == 2
+    assert store.summaries(parse_query({"from": "2026-12-01T00:00:00Z"})) == []
+    assert history.purge(NOW + timedelta(days=2)) == 2
+    assert store.summaries(parse_query({})) == []
+    assert store.entries("00000000-0000-4000-8000-0000000000a1") == []
