@@ -27,7 +27,7 @@ def test_the_printed_settings_reach_azurite(monkeypatch: pytest.MonkeyPatch) -> 
             monkeypatch.delenv(name, raising=False)
         credential = ManagedIdentityCredential()
         history = TableHistoryStore(settings["HISTORY_TABLE_URL"], credential)
-        assert history.summaries(EventQuery()) == []  # the table does not exist yet: nothing
+        assert history.latest(EventQuery()).summaries == []  # the table does not exist yet: nothing
         pools = BlobPoolStore(settings["LB_POOL_STATE_URL"], credential)
         with pools.hold(["pool-a"]) as lease:
             lease.save("pool-a", {"held": {}})

@@ -16,19 +16,16 @@ from functions.history.core import (
     PurgeSchedule,
     SummaryConflict,
     entry_for,
-    event_key,
     parse_query,
     summarize,
 )
-from sebridge.contract.events import parse_message
-from tests.fixtures import golden
-from tests.functions.history_support import T0, Lifecycle
+from tests.functions.history_support import T0, Lifecycle, scope_key, verified
 from tests.functions.support import at_once
 from tests.support.storage import azurite_storage, storage_credential, unique
 
 __all__ = ["azurite_storage", "storage_credential"]
 pytestmark = pytest.mark.timeout(180)
-KEY = event_key(golden.EVENT_ID)
+KEY = scope_key()
 NOW = T0 + timedelta(hours=1)
 
 
@@ -52,30 +49,30 @@ def _life() -> Lifecycle:
 
 
 def _parsed(envelope):  # type: ignore[no-untyped-def]
-    return parse_message(envelope.body_bytes(), envelope.message_id)
+    return verified(envelope)
 
 
 def test_a_redelivered_message_is_the_same_row(store: TableHistoryStore) -> None:
-    entry = entry_for(_parsed(_life().messages[0]))
+    entry = entry_for(_parsed(_life().messages[0]), NOW)
     assert entry is not None
     store.add([entry])  # creates the table on the way
     store.add([entry])
-    assert store.entries(KEY) == [entry]
+    assert store.entries(KEY).entries == [entry]
 
 
 def test_a_summary_is_written_only_over_the_version_read(store: TableHistoryStore) -> None:
-    entries = [e for m in _life().messages if (e := entry_for(_parsed(m)))]
+    entries = [e for m in _life().messages if (e := entry_for(_parsed(m), NOW))]
     store.add(entries)
-    summary = summarize(store.entries(KEY))
+    summary = summarize(store.entries(KEY).entries)
     assert summary is not None
     store.save_summary(summary, None)
     with pytest.raises(SummaryConflict):
         store.save_summary(summary, None)  # another writer created it first
-    stored, etag = store.summary(KEY)
-    assert stored == summary and etag
-    store.save_summary(summary, etag)
+    stored = store.summary(KEY)
+    assert stored is not None and stored.summary == summary and stored.etag
+    store.save_summary(summary, stored)
     with pytest.raises(SummaryConflict):
-        store.save_summary(summary, etag)  # stale
+        store.save_summary(summary, stored)  # stale
 
 
 def test_writers_racing_on_one_event_lose_no_entry(store: TableHistoryStore) -> None:
@@ -85,9 +82,10 @@ def test_writers_racing_on_one_event_lose_no_entry(store: TableHistoryStore) -> 
     assert all(isinstance(e, SummaryConflict) for e in errors)
     for message in messages:  # Service Bus redelivers what failed; the rest is a no-op
         history.record(_parsed(message), NOW)
-    stored, _ = store.summary(KEY)
+    found = store.summary(KEY)
+    stored = found.summary if found else None
     assert stored is not None and stored.entries == len(messages)
-    assert stored == summarize(store.entries(KEY))
+    assert stored == summarize(store.entries(KEY).entries)
     assert stored.latest.state == "Completed" and stored.latest.updates == 1
 
 
@@ -100,10 +98,11 @@ def test_listing_filters_and_retention(store: TableHistoryStore) -> None:
             life.transition("Started")
         for message in life.messages:
             history.record(_parsed(message), NOW)
-    started = store.summaries(parse_query({"state": "Started"}))
+    started = store.latest(parse_query({"state": "Started"})).summaries
     assert [s.vms for s in started] == [("web-2",)]
-    assert len(store.summaries(parse_query({"resourceGroup": "RG-WEB"}))) == 2
-    assert store.summaries(parse_query({"from": "2026-12-01T00:00:00Z"})) == []
+    assert len(store.latest(parse_query({"resourceGroup": "RG-WEB"})).summaries) == 2
+    assert len(store.latest(parse_query({"vm": "WEB-1"})).summaries) == 1
+    assert store.latest(parse_query({"from": "2026-12-01T00:00:00Z"})).summaries == []
     assert history.purge(NOW + timedelta(days=2)) == 2
-    assert store.summaries(parse_query({})) == []
-    assert store.entries("00000000-0000-4000-8000-0000000000a1") == []
+    assert store.latest(parse_query({})).summaries == []
+    assert store.entries(scope_key("00000000-0000-4000-8000-0000000000a1")).entries == []
