@@ -14,7 +14,10 @@ process the way the app meets Azure Storage:
   (``Azurite Blob service is successfully listening at https://127.0.0.1:<port>``), which is
   read back here, so there is no window in which another process can take the port;
 - loopback only, in memory (``--inMemoryPersistence``, bounded by ``--extentMemoryLimit``),
-  no telemetry; stopped with SIGTERM (then SIGKILL) by :meth:`Azurite.stop`.
+  no telemetry; stopped with SIGTERM (then SIGKILL) by :meth:`Azurite.stop`, and by the
+  kernel when the process that started it dies, however it dies (``PR_SET_PDEATHSIG``, set in
+  the child before node starts): Azurite never outlives its parent. Its temporary directory
+  (the certificate and key) is then left behind under ``/tmp/sebridge-azurite-*``.
 
 Accounts are path-style on an IP host: ``https://127.0.0.1:<port>/devstoreaccount1/<container>``
 and ``https://127.0.0.1:<port>/devstoreaccount1/<table>``.
@@ -22,6 +25,8 @@ and ``https://127.0.0.1:<port>/devstoreaccount1/<table>``.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import re
 import shutil
@@ -30,6 +35,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,6 +45,27 @@ MEMORY_LIMIT_MB = 256
 _LISTENING = re.compile(
     r"Azurite (Blob|Queue|Table) service is successfully listening at (https?://\S+)"
 )
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send the child SIGTERM when its parent dies
+    (Linux's ``prctl(PR_SET_PDEATHSIG)``; None elsewhere). libc is resolved here, before the
+    fork, so the child only makes the two system calls."""
+    name = ctypes.util.find_library("c")
+    if not name or os.uname().sysname != "Linux":
+        return None
+    prctl = ctypes.CDLL(name, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: nobody would signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 class AzuriteUnavailable(RuntimeError):
@@ -120,6 +147,9 @@ class Azurite:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            # The death signal goes out when the *thread* that forked exits: start Azurite
+            # from a thread that lives as long as it should (the main thread, a fixture's).
+            preexec_fn=_die_with_parent(),
         )
         threading.Thread(target=self._pump, name="azurite-stdout", daemon=True).start()
         deadline = time.monotonic() + START_TIMEOUT
