@@ -6,7 +6,11 @@ process the way the app meets Azure Storage:
 
 - over **HTTPS** with a self-signed certificate made at start (for 127.0.0.1, ``::1`` and
   localhost), because Azurite takes bearer tokens only over HTTPS; clients trust it through
-  ``REQUESTS_CA_BUNDLE`` (requests and azure-core read it), which :meth:`Azurite.environ` gives;
+  ``REQUESTS_CA_BUNDLE`` (requests and azure-core read it), which :meth:`Azurite.environ` gives:
+  a *combined* bundle, Azurite's certificate plus every certificate the environment already
+  trusted (the bundle its ``REQUESTS_CA_BUNDLE`` names, else certifi's), so putting it in place
+  of the environment's loses no trust (the functions host relies on that:
+  emulators/functions_host/settings.py);
 - with ``--oauth basic``: Entra bearer tokens, as the adapters send them; Azurite checks their
   audience, issuer and lifetime (not their signature), which the identity fake's JWT-shaped
   tokens carry (``emulators/fakes/identity.py``);
@@ -25,6 +29,7 @@ and ``https://127.0.0.1:<port>/devstoreaccount1/<table>``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -66,6 +71,21 @@ def _die_with_parent() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
+
+
+def combined_bundle(cert: Path, path: Path) -> Path:
+    """Write ``cert`` followed by the bundle the environment trusts (``REQUESTS_CA_BUNDLE``'s
+    file when it names a readable one, else certifi's) to ``path``."""
+    trusted = os.environ.get("REQUESTS_CA_BUNDLE") or ""
+    if not trusted or not Path(trusted).is_file():
+        import certifi
+
+        trusted = certifi.where()
+    text = cert.read_text(encoding="ascii").rstrip("\n") + "\n"
+    with contextlib.suppress(OSError):
+        text += Path(trusted).read_text(encoding="utf-8", errors="replace")
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 class AzuriteUnavailable(RuntimeError):
@@ -113,7 +133,7 @@ class Azurite:
         return f"{self.table_endpoint}/{name}"
 
     def environ(self) -> dict[str, str]:
-        """What a client process needs to trust the certificate."""
+        """What a client process needs to trust the certificate (the combined bundle)."""
         return {"REQUESTS_CA_BUNDLE": str(self.ca_bundle)} if self.ca_bundle else {}
 
     def start(self) -> Azurite:
@@ -138,7 +158,7 @@ class Azurite:
         ]
         if self.oauth:
             args += ["--oauth", "basic"]
-        self.ca_bundle = cert
+        self.ca_bundle = combined_bundle(cert, self._dir / "ca-bundle.pem")
         self._process = subprocess.Popen(  # noqa: S603 - the pinned Azurite, no shell
             args,
             cwd=self._dir,
