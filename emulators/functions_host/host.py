@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -106,7 +107,9 @@ class FunctionsHost:
     """Index an app, serve its HTTP triggers and run its Service Bus triggers, in threads.
 
     `app` is a path or module name (imported after the settings are applied), an imported
-    module, or a FunctionApp. `settings` win over os.environ while the host runs.
+    module, or a FunctionApp. `settings` win over os.environ while the host runs. `listener`
+    (from :func:`http_server.listen`) serves HTTP on a socket bound beforehand, for settings
+    that must name the host's own URL (the Approve links): bind port 0, read the port, start.
     """
 
     def __init__(
@@ -123,12 +126,14 @@ class FunctionsHost:
         logger: logging.Logger | None = None,
         settings_win: bool = True,
         shutdown_grace: float = SHUTDOWN_GRACE_S,
+        listener: socket.socket | None = None,
     ) -> None:
         self._app = app
         self._settings = dict(settings or {})
         self._host_config = host_config
         self._functions = list(functions) if functions is not None else None
         self._bind = (host, port)
+        self._listener = listener  # bound by the caller (http_server.listen): its port is known
         self._app_directory = app_directory
         self._factory = client_factory
         self.logger = logger or host_logger()
@@ -235,7 +240,9 @@ class FunctionsHost:
             port=self._bind[1],
             status=status,
             webhooks={WEBHOOK_PATH: self._eventgrid.handle},
+            listener=self._listener,
         )
+        self._listener = None  # the HTTP host closes it from now on
         self._log_functions()
         self._http.start()
         self._dispatcher = Dispatcher(
@@ -328,6 +335,9 @@ class FunctionsHost:
         if self._eventgrid is not None:
             self._eventgrid.close()
             self._eventgrid = None
+        if self._listener is not None:  # never started
+            self._listener.close()
+            self._listener = None
         if self._outputs is not None:
             self._outputs.close()
             self._outputs = None

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -560,3 +561,6 @@ ForwarderUnderFaults.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_forwarder_under_faults = ForwarderUnderFaults.TestCase
+# 2,000 CPU-bound sequences: ~100 s while the suite runs on 4 workers on 2 cores, over 300 s
+# under coverage on a loaded machine. The timeout guards against a hang, not for speed.
+test_forwarder_under_faults.pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
