@@ -789,7 +789,7 @@ class LbPools:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
         if outcome.changed:
             self.actions.record(
-                verified.message, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
+                verified, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
             )
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=event.key)

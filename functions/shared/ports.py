@@ -10,10 +10,13 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sebridge.contract.commands import ApproveCommand
-from sebridge.contract.events import Envelope, TransitionMessage
+from sebridge.contract.events import Envelope
+
+if TYPE_CHECKING:  # verified.py imports this module (ArmClient)
+    from functions.shared.verified import VerifiedMessage
 
 
 class Clock(Protocol):
@@ -174,11 +177,12 @@ class PoolStore(Protocol):
 
 class ActionRecorder(Protocol):
     """What a workflow did that reaches no topic (lb-pools putting VMs back), for the event's
-    history (functions/history). Recording never fails the caller: an adapter logs what it
-    could not record."""
+    history (functions/history), in the verified scope of the message that caused it.
+    Recording never fails the caller: an adapter retries a storage fault for a while, then
+    keeps the action to write later and logs it."""
 
     def record(
-        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+        self, verified: VerifiedMessage, action: str, at: datetime, details: Mapping[str, Any]
     ) -> None: ...
 
 
@@ -186,6 +190,6 @@ class NoActions:
     """The default :class:`ActionRecorder`: the history is off, nothing is recorded."""
 
     def record(
-        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+        self, verified: VerifiedMessage, action: str, at: datetime, details: Mapping[str, Any]
     ) -> None:
         return None
