@@ -5,9 +5,12 @@ plain Python with ports and no I/O of its own). Settings are validated here, at 
 one stops the app with an error naming it. Which workflows run follows from the settings
 (``functions.shared.settings.workflows``); one line at start says which are on and why any is
 off.
+Spans go to Application Insights when ``APPLICATIONINSIGHTS_CONNECTION_STRING`` is set
+(functions.shared.tracing).
 """
 
 import logging
+import os
 
 import azure.functions as func
 
@@ -16,12 +19,14 @@ from functions.approval_gate.blueprint import bp as approval_gate
 from functions.eventgrid_ingest.blueprint import bp as eventgrid_ingest
 from functions.history.blueprint import bp as history
 from functions.lb_pools.blueprint import bp as lb_pools
-from functions.shared import composition
+from functions.shared import composition, tracing
 from functions.shared.settings import workflows, workflows_line
 from functions.teams.blueprint import bp as teams
 from functions.webhooks.blueprint import bp as webhooks
 
 settings = composition.settings()
+# Spans to Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set (once).
+tracing.configure(os.environ)
 
 BLUEPRINTS = {
     "teams": teams,

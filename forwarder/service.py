@@ -43,6 +43,7 @@ from datetime import datetime
 from typing import Any
 
 from sebridge import __version__, lifecycle
+from sebridge.contract import tracecontext
 from sebridge.contract.events import (
     Envelope,
     Observer,
@@ -305,7 +306,13 @@ class Forwarder:
                 change.event.event_type,
                 change.event.status,
                 document.incarnation,
-                extra={"transition": change.transition.value, "messageId": envelope.message_id},
+                extra={
+                    "transition": change.transition.value,
+                    "messageId": envelope.message_id,
+                    **tracecontext.log_fields(
+                        tracecontext.from_properties(envelope.application_properties)
+                    ),
+                },
             )
         if envelopes:
             self._notify(lambda listener: listener.transitions_recorded(envelopes))

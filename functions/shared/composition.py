@@ -27,7 +27,7 @@ from functions.history.core import (
 )
 from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, PoolKey, Verdict
 from functions.lb_pools.guard import CapacityGuard
-from functions.shared import seal
+from functions.shared import seal, tracing
 from functions.shared.batching import Batcher, side_by_side
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
@@ -242,6 +242,10 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
     parts["publisher"] = seal.SealingPublisher(
         parts["publisher"], seal.app_key(config.approval_signing_key)
     )
+    # ... and is sent in a span of the event's trace, whose context it carries (one trace per
+    # event: functions.shared.tracing); so is every approve command.
+    parts["publisher"] = tracing.TracingPublisher(parts["publisher"])
+    parts["commands"] = tracing.TracingCommands(parts["commands"])
     return Dependencies(settings=config, **parts)
 
 

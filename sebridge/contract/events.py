@@ -9,7 +9,8 @@ Body: a CloudEvents 1.0 structured JSON document (:mod:`sebridge.contract.cloude
 ``data`` follows ``schemas/scheduled-event-data.v1.json``. Message ids follow the scheme of
 :mod:`sebridge.lifecycle`. Every application property is normalised when the message is built
 (:func:`property_text`, :func:`property_int`), so no value IMDS sends can make a message that
-the Service Bus SDK refuses to encode. Standard library only.
+the Service Bus SDK refuses to encode. A message about an event also carries the event's trace
+(``traceparent``, ``Diagnostic-Id``: :mod:`sebridge.contract.tracecontext`). Standard library only.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from sebridge import lifecycle
+from sebridge.contract import tracecontext
 from sebridge.contract.cloudevents import CloudEvent, CloudEventError
 from sebridge.imds import InvalidDocument, ScheduledEvent, isoformat_utc, read_incarnation, show
 
@@ -247,6 +249,9 @@ def _envelope(
         dataschema=DATA_SCHEMA,
         data=data,
     )
+    if subject is not None:
+        # One trace per event (sebridge.contract.tracecontext); a Heartbeat starts none.
+        properties = {**properties, **tracecontext.for_message(subject, message_id).properties()}
     return Envelope(
         message_id=message_id,
         session_id=property_text(session_id, MAX_ID_LENGTH),
