@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,7 +54,6 @@ MAX_ENTRIES = 500  # read per event
 MAX_SUMMARY_ATTEMPTS = 5
 PURGE_EVERY = timedelta(minutes=10)
 PURGE_BATCH = 20
-MAX_MEASURED_SECONDS = 10_000_000
 
 TRANSITIONS = ("Scheduled", "Updated", "Started", "Completed", "Cancelled")
 ACTIONS = ("Prepared", "Held", "Approved", "Restored")
@@ -205,17 +203,12 @@ def _source(message: TransitionMessage) -> str:
     return "forwarder"
 
 
-def measured_impact(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``data.impact`` of a Completed (optional; issue 26 part B): measured seconds and how."""
-    impact = data.get("impact")
-    if not isinstance(impact, dict):
+def measured_impact(message: TransitionMessage) -> dict[str, Any] | None:
+    """``data.impact`` of a Completed (optional), as the contract's reader reads it."""
+    impact = message.impact
+    if impact is None:
         return None
-    seconds = impact.get("measuredSeconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        return None
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_MEASURED_SECONDS:
-        return None
-    return {"measuredSeconds": round(float(seconds), 3), "method": _text(impact.get("method"), 40)}
+    return {"measuredSeconds": round(impact.seconds, 3), "method": _text(impact.method, 40)}
 
 
 def _details(message: TransitionMessage) -> dict[str, Any]:
@@ -254,7 +247,7 @@ def _details(message: TransitionMessage) -> dict[str, Any]:
         changes = data.get("changes")
         return {"changed": sorted(_text(k) for k in changes)} if isinstance(changes, dict) else {}
     if transition is Transition.COMPLETED:
-        impact = measured_impact(data)
+        impact = measured_impact(message)
         return {"impact": impact} if impact else {}
     return {}
 
