@@ -47,6 +47,7 @@ def test_the_workbook_shows_what_the_issue_asks_for() -> None:
         "Events by type and state",
         "Notice given",
         "Announced against measured impact",
+        "Announced against measured impact, per event",
         "Held events",
         "Time from notice to approval",
     }
