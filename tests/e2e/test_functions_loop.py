@@ -319,3 +319,69 @@ def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any])
             assert any(members.values()), "pool-p was left without a member"
     finally:
         second.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_late_prepared_approves_nothing_the_event_names_now(world: dict[str, Any]) -> None:
+    """Hostile review of issue 23, break 1, end to end. Event E names late-1; ARM is slow on
+    late-1's NIC (3 s), so the Updated that grows E to late-1..3 reaches the gate before
+    lb-pools' Prepared [late-1] does. lb-pools holds the Updated (pool-l would have no member
+    left); the gate, handed the late Prepared, must send no approve command: IMDS would release
+    every VM E lists then, late-2 and late-3 among them, while they serve in pool-l."""
+    bus, arm, host = world["bus"], world["arm"], world["host"]
+    receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
+    aset = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/Microsoft.Compute/"
+    aset += "availabilitySets/as-web"
+    lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-late", ["pool-l"])
+    pool = f"{lb}/backendAddressPools/pool-l"
+    vms = {
+        name: arm.add_vm(SUBSCRIPTION, GROUP, name, [pool], availability_set=aset)
+        for name in ("late-1", "late-2", "late-3")
+    }
+    arm.slow(3.0, method="PUT", path_contains="/late-1-nic", times=1)
+    event_id = "e1a7e000-0000-4000-8000-0000000000e1"
+    not_before = (datetime.now(UTC) + timedelta(minutes=15)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    first = dict(golden.SCHEDULED, EventId=event_id, Resources=["late-1"], NotBefore=not_before)
+    grown = dict(first, Resources=["late-1", "late-2", "late-3"])
+    (scheduled,) = Document.from_imds({"DocumentIncarnation": 41, "Events": [first]}).events
+    (updated,) = Document.from_imds({"DocumentIncarnation": 42, "Events": [grown]}).events
+    now = datetime.now(UTC)
+    publish_many(bus, [event_message(Transition.SCHEDULED, scheduled, golden.OBSERVER, 41, now)])
+    # late-1's NIC is read (by lb-pools, about to write it for 3 s, or by the gate): the
+    # Updated goes out now, well before lb-pools can publish its Prepared.
+    wait_until(
+        lambda: any(r.method == "GET" and r.path.endswith("/late-1-nic") for r in arm.requests),
+        30,
+        "late-1's NIC read",
+    )
+    changes = {"Resources": {"from": ["late-1"], "to": ["late-1", "late-2", "late-3"]}}
+    later = now + timedelta(seconds=1)
+    publish_many(
+        bus,
+        [event_message(Transition.UPDATED, updated, golden.OBSERVER, 42, later, changes=changes)],
+    )
+    audit = receive_all(bus.connection_string, "audit", want=4, timeout=90)
+    subjects = [m["subject"] for m in audit]
+    assert sorted(subjects) == ["Held", "Prepared", "Scheduled", "Updated"], subjects
+    (prepared,) = [m for m in audit if m["subject"] == "Prepared"]
+    assert json.loads(prepared["body"])["data"]["prepared"]["vms"] == ["late-1"]
+    # The gate handled the late Prepared (the host logs each invocation when it is done).
+    wait_until(
+        lambda: f"function=approval_gate message_id={prepared['message_id']}" in host.stderr_text(),
+        60,
+        "the gate's invocation for the late Prepared",
+    )
+    (grown_message,) = [m for m in audit if m["subject"] == "Updated"]
+    log = host.stderr_text()
+    gate_saw_updated = log.find(f"function=approval_gate message_id={grown_message['message_id']}")
+    gate_saw_prepared = log.find(f"function=approval_gate message_id={prepared['message_id']}")
+    assert 0 <= gate_saw_updated < gate_saw_prepared, "no race: the Prepared reached the gate first"
+    with (
+        ServiceBusClient.from_connection_string(bus.connection_string) as client,
+        client.get_queue_receiver(
+            "approvals", session_id=golden.OBSERVER.vm_name, max_wait_time=2
+        ) as receiver,
+    ):
+        waiting = receiver.peek_messages(max_message_count=100, timeout=10)
+    assert f"approve:{event_id}" not in {m.message_id for m in waiting}
+    assert arm.vm_pools(vms["late-2"]) == [pool] and arm.vm_pools(vms["late-3"]) == [pool]

@@ -128,6 +128,16 @@ def test_arm_needs_a_bearer_token_and_an_api_version(arm_fake: FakeArm) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "ResourceNotFound"
 
 
+def test_arm_reads_paths_percent_decoded(arm_fake: FakeArm) -> None:
+    """ARM decodes the path: ``rg%28web%29`` is the resource group ``rg(web)``, and the id in the
+    answer is spelled without escapes."""
+    vm = arm_fake.add_vm("s", "rg(web)", "vm", [])
+    auth, version = {"Authorization": "Bearer x"}, {"api-version": "2024-07-01"}
+    quoted = vm.replace("rg(web)", "rg%28web%29")
+    answer = requests.get(arm_fake.url + quoted, params=version, headers=auth, timeout=5)
+    assert answer.status_code == 200 and answer.json()["id"] == vm
+
+
 def test_arm_refuses_a_pool_that_does_not_exist(arm_fake: FakeArm) -> None:
     arm_fake.add_vm("s", "g", "vm", [])
     nic_id = (

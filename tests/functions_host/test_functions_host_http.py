@@ -215,3 +215,22 @@ def test_cli_refuses_an_app_it_cannot_run(tmp_path: Path) -> None:
     assert process.returncode == 2
     assert out == ""
     assert "timerTrigger" in err and "connection 'FhServiceBus' is not configured" in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "192.0.2.10", "example.invalid"])
+def test_cli_refuses_a_non_loopback_host(address: str) -> None:
+    """The local host checks no function keys: `--host 0.0.0.0` used to serve every HTTP
+    trigger to the network (attack 26a, noted). Refused before anything binds."""
+    process = _start_cli("--host", address, "--port", "0")
+    out, err = process.communicate(timeout=50)
+    assert process.returncode == 2
+    assert "listening on" not in out
+    assert "not a loopback address" in err and "--allow-remote" in err
+
+
+def test_loopback_names_are_loopback() -> None:
+    from emulators.functions_host.host import is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "local.host", ""))
