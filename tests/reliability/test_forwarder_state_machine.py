@@ -30,6 +30,8 @@ Invariants:
 - always: the forwarder's health says the state save is failing exactly while it is;
 - always: every message the broker holds carries the VM's identity (issue 22: none went out
   under the host name while instance metadata was failing);
+- always: a delivered Completed carries a measured impact exactly when its event names this
+  VM and the forwarder derived it Started (crashes and failed writes included);
 - at the end, once every fault is cleared, one successful poll and one successful send
   deliver exactly what the observer derived, each once, in order (after the identity lookup's
   next try, if it was failing); the refused messages are in the aside table with their
@@ -54,8 +56,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sebridge.contract.events import Envelope, Transition, derived_message_id, observed_by
+from sebridge.contract.events import (
+    Envelope,
+    Transition,
+    derived_message_id,
+    observed_by,
+    parse_message,
+)
 from sebridge.forwarder.durable import boundaries
+from sebridge.forwarder.imds.impact import METHODS
 from sebridge.forwarder.local.actions import LocalActions
 from sebridge.forwarder.local.drain_probe import DrainProbe
 from sebridge.forwarder.local.hooks_file import affects, parse_hooks
@@ -317,8 +326,11 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         started=st.booleans(),
         not_before=st.sampled_from(NOT_BEFORES),
         event_type=st.sampled_from(FIELD_VALUES["EventType"]),
+        resources=st.sampled_from([["vm1"], ["vm1"], ["vm1"], ["vm2"]]),  # another VM's too
     )
-    def add_event(self, index: int, started: bool, not_before: str, event_type: Any) -> None:
+    def add_event(
+        self, index: int, started: bool, not_before: str, event_type: Any, resources: list[str]
+    ) -> None:
         if self._find(index) is not None:
             return
         self.events.append(
@@ -326,7 +338,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
                 "EventId": EVENT_IDS[index],
                 "EventType": event_type,
                 "ResourceType": "VirtualMachine",
-                "Resources": ["vm1"],
+                "Resources": list(resources),
                 "EventStatus": "Started" if started else "Scheduled",
                 "NotBefore": "" if started else not_before,
                 "EventSource": "Platform",
@@ -517,6 +529,31 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         return out | self._ever_prepared
 
     @invariant()
+    def a_completed_carries_a_measurement_exactly_when_this_vm_watched_it(self) -> None:
+        """Measured impact (README "Measured impact"): a delivered Completed of an event that
+        names vm1 and that the forwarder derived Started carries ``data.impact``, whatever
+        crashed or failed in between; one that does not name vm1 never does; a measurement
+        is never longer than the time the whole run took."""
+        started = {
+            (key, mid.rsplit(":", 1)[1]) for key, t, mid in self.live.derived if t == "Started"
+        }
+        elapsed = (self.world.clock.now() - T0).total_seconds()
+        for envelope in self.world.broker.transitions():
+            if envelope.subject != "Completed":
+                continue
+            message = parse_message(envelope.body_bytes())
+            assert message.event is not None
+            impact = envelope.body["data"].get("impact")
+            names = "vm1" in {r.lower() for r in message.event.resources}
+            if impact is not None:
+                assert names, envelope.body["data"]
+                assert impact["method"] in METHODS
+                assert 0 <= impact["measuredSeconds"] <= elapsed + 0.1
+            appearance = envelope.message_id.rsplit(":", 1)[1]
+            if names and (message.event.key, appearance) in started:
+                assert impact is not None, envelope.message_id
+
+    @invariant()
     def distinct_transitions_never_share_an_id(self) -> None:
         ids = [mid for _, _, mid in self.live.derived]
         assert len(ids) == len(set(ids)), ids
@@ -544,6 +581,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         world.run_hooks()  # ...the hooks and the drain timer...
         world.forwarder.send_pending()  # ...and one successful send
         self._every_hook_ran_and_the_current_preparation_is_published()
+        self.a_completed_carries_a_measurement_exactly_when_this_vm_watched_it()
         assert self._delivered() == {k: v for k, v in self._expected().items() if v}
         assert world.outbox.depth() == 0 and world.outbox.held() == 0
         aside = world.outbox.real.aside(limit=100)
