@@ -76,5 +76,6 @@ module scaleSets 'modules/forwarder-vmss.bicep' = [for name in vmssNames: {
     attachIdentity: attachIdentity
     installCommand: installCommand
     forceUpdateTag: updateTag
+    drainProbePort: drainProbePort
   }
 }]
