@@ -28,6 +28,15 @@ stretch (below :data:`REPAIR_GRACE_MINIMUM_SECONDS`, refused at or above it): it
 earlier than ``NotBefore - bound`` (:func:`probe_begins`), so that a long lead spends the
 bound just before the event rather than far ahead of it, and when a run reaches the bound the
 probe answers 200 again until the event starts. A Started event drains regardless.
+
+The API, for each side:
+
+- configuration: :class:`Leads` (``lead(type)``, ``describe()``, ``spelled()``),
+  :data:`DEFAULT_LEADS`, :func:`parse_leads` (the flag), :func:`leads_from_json` (the policy),
+  :func:`check_probe_bound`; every refusal is a :class:`TimingError` naming the flag or key;
+- the moment: :func:`drain_moment` (pure: the caller keeps ``first_seen`` durable, compares the
+  moment with its own clock, and keeps a moment that has passed as passed);
+- the drain probe only: :func:`probe_begins` and :class:`UnhealthyRuns`.
 """
 
 from __future__ import annotations
