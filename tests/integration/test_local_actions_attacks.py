@@ -46,10 +46,16 @@ def imds() -> Iterator[ImdsStub]:
         yield stub
 
 
+# 4 minutes: shorter than the default leads (Reboot and Redeploy 5 min) and the probe's bound,
+# so the event is acted on at first sight (when a lead applies: tests/forwarder/
+# test_drain_moments.py).
+NOTICE = timedelta(minutes=4)
+
+
 def event(
     kind: str = "Reboot", resources: list[Any] | None = None, **fields: Any
 ) -> dict[str, Any]:
-    not_before = datetime.now(UTC) + timedelta(minutes=10)
+    not_before = datetime.now(UTC) + NOTICE
     return {
         "EventId": str(uuid.uuid4()),
         "EventType": kind,
