@@ -27,12 +27,21 @@ if TYPE_CHECKING:
 
 
 class ImdsError(Exception):
-    """An IMDS request failed; ``transient`` says whether retrying can help."""
+    """An IMDS request failed; ``transient`` says whether retrying can help, ``status`` is the
+    HTTP status IMDS answered (None when it did not answer, or answered 200 with a bad body)."""
 
-    def __init__(self, message: str, *, transient: bool, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.transient = transient
         self.retry_after = retry_after
+        self.status = status
 
 
 class PublishError(Exception):

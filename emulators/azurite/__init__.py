@@ -6,7 +6,11 @@ process the way the app meets Azure Storage:
 
 - over **HTTPS** with a self-signed certificate made at start (for 127.0.0.1, ``::1`` and
   localhost), because Azurite takes bearer tokens only over HTTPS; clients trust it through
-  ``REQUESTS_CA_BUNDLE`` (requests and azure-core read it), which :meth:`Azurite.environ` gives;
+  ``REQUESTS_CA_BUNDLE`` (requests and azure-core read it), which :meth:`Azurite.environ` gives:
+  a *combined* bundle, Azurite's certificate plus every certificate the environment already
+  trusted (the bundle its ``REQUESTS_CA_BUNDLE`` names, else certifi's), so putting it in place
+  of the environment's loses no trust (the functions host relies on that:
+  emulators/functions_host/settings.py);
 - with ``--oauth basic``: Entra bearer tokens, as the adapters send them; Azurite checks their
   audience, issuer and lifetime (not their signature), which the identity fake's JWT-shaped
   tokens carry (``emulators/fakes/identity.py``);
@@ -14,7 +18,10 @@ process the way the app meets Azure Storage:
   (``Azurite Blob service is successfully listening at https://127.0.0.1:<port>``), which is
   read back here, so there is no window in which another process can take the port;
 - loopback only, in memory (``--inMemoryPersistence``, bounded by ``--extentMemoryLimit``),
-  no telemetry; stopped with SIGTERM (then SIGKILL) by :meth:`Azurite.stop`.
+  no telemetry; stopped with SIGTERM (then SIGKILL) by :meth:`Azurite.stop`, and by the
+  kernel when the process that started it dies, however it dies (``PR_SET_PDEATHSIG``, set in
+  the child before node starts): Azurite never outlives its parent. Its temporary directory
+  (the certificate and key) is then left behind under ``/tmp/sebridge-azurite-*``.
 
 Accounts are path-style on an IP host: ``https://127.0.0.1:<port>/devstoreaccount1/<container>``
 and ``https://127.0.0.1:<port>/devstoreaccount1/<table>``.
@@ -22,6 +29,9 @@ and ``https://127.0.0.1:<port>/devstoreaccount1/<table>``.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import os
 import re
 import shutil
@@ -30,6 +40,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,6 +50,42 @@ MEMORY_LIMIT_MB = 256
 _LISTENING = re.compile(
     r"Azurite (Blob|Queue|Table) service is successfully listening at (https?://\S+)"
 )
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send the child SIGTERM when its parent dies
+    (Linux's ``prctl(PR_SET_PDEATHSIG)``; None elsewhere). libc is resolved here, before the
+    fork, so the child only makes the two system calls."""
+    name = ctypes.util.find_library("c")
+    if not name or os.uname().sysname != "Linux":
+        return None
+    prctl = ctypes.CDLL(name, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: nobody would signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def combined_bundle(cert: Path, path: Path) -> Path:
+    """Write ``cert`` followed by the bundle the environment trusts (``REQUESTS_CA_BUNDLE``'s
+    file when it names a readable one, else certifi's) to ``path``."""
+    trusted = os.environ.get("REQUESTS_CA_BUNDLE") or ""
+    if not trusted or not Path(trusted).is_file():
+        import certifi
+
+        trusted = certifi.where()
+    text = cert.read_text(encoding="ascii").rstrip("\n") + "\n"
+    with contextlib.suppress(OSError):
+        text += Path(trusted).read_text(encoding="utf-8", errors="replace")
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 class AzuriteUnavailable(RuntimeError):
@@ -86,7 +133,7 @@ class Azurite:
         return f"{self.table_endpoint}/{name}"
 
     def environ(self) -> dict[str, str]:
-        """What a client process needs to trust the certificate."""
+        """What a client process needs to trust the certificate (the combined bundle)."""
         return {"REQUESTS_CA_BUNDLE": str(self.ca_bundle)} if self.ca_bundle else {}
 
     def start(self) -> Azurite:
@@ -111,7 +158,7 @@ class Azurite:
         ]
         if self.oauth:
             args += ["--oauth", "basic"]
-        self.ca_bundle = cert
+        self.ca_bundle = combined_bundle(cert, self._dir / "ca-bundle.pem")
         self._process = subprocess.Popen(  # noqa: S603 - the pinned Azurite, no shell
             args,
             cwd=self._dir,
@@ -120,6 +167,9 @@ class Azurite:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            # The death signal goes out when the *thread* that forked exits: start Azurite
+            # from a thread that lives as long as it should (the main thread, a fixture's).
+            preexec_fn=_die_with_parent(),
         )
         threading.Thread(target=self._pump, name="azurite-stdout", daemon=True).start()
         deadline = time.monotonic() + START_TIMEOUT

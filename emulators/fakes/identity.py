@@ -1,10 +1,14 @@
-"""The App Service / Functions managed-identity endpoint, on loopback.
+"""Managed-identity token endpoints on loopback, in both of azure-identity's flavours.
 
-azure-identity (through MSAL) uses it when IDENTITY_ENDPOINT and IDENTITY_HEADER are set:
-``GET {IDENTITY_ENDPOINT}?api-version=2019-08-01&resource=<resource>[&client_id=<id>]`` with
-header ``X-IDENTITY-HEADER: {IDENTITY_HEADER}``; the answer is JSON with ``access_token``,
-``expires_on`` (Unix seconds), ``resource`` and ``token_type``. Set ``environ()`` in the
-process and ManagedIdentityCredential / DefaultAzureCredential work unchanged.
+- App Service / Functions: azure-identity (through MSAL) uses it when IDENTITY_ENDPOINT and
+  IDENTITY_HEADER are set: ``GET {IDENTITY_ENDPOINT}?api-version=2019-08-01&resource=<resource>
+  [&client_id=<id>]`` with header ``X-IDENTITY-HEADER: {IDENTITY_HEADER}``; the answer is JSON
+  with ``access_token``, ``expires_on`` (Unix seconds), ``resource`` and ``token_type``. Set
+  ``environ()`` in the process and ManagedIdentityCredential / DefaultAzureCredential work
+  unchanged.
+- A VM's: IMDS at ``/metadata/identity/oauth2/token?api-version=2018-02-01&resource=...`` with
+  ``Metadata: true``, as on 169.254.169.254; azure-identity asks there (and skips its probe)
+  when AZURE_POD_IDENTITY_AUTHORITY_HOST names this server: ``vm_environ()``.
 
 The access token is shaped like Entra ID's, a JWT whose claims say who it is for: ``aud`` the
 resource, ``iss`` an Entra issuer, ``iat``/``nbf``/``exp``, ``appid`` the client id asked for,
@@ -28,6 +32,7 @@ import uuid
 from emulators.fakes._server import LoopbackServer, Reply, Request
 
 TOKEN_PATH = "/msi/token"  # noqa: S105 - a URL path, not a password
+IMDS_TOKEN_PATH = "/metadata/identity/oauth2/token"  # noqa: S105 - a URL path
 SYSTEM_ASSIGNED_CLIENT_ID = "00000000-0000-0000-0000-00000000f00d"
 _TENANT = "00000000-0000-0000-0000-0000000000aa"
 
@@ -75,16 +80,33 @@ class FakeIdentity(LoopbackServer):
         return str(uuid.uuid5(uuid.NAMESPACE_URL, name))
 
     def environ(self) -> dict[str, str]:
+        """The App Service flavour's settings."""
         return {"IDENTITY_ENDPOINT": self.url + TOKEN_PATH, "IDENTITY_HEADER": self.header}
 
+    def vm_environ(self) -> dict[str, str]:
+        """A VM's: azure-identity asks "IMDS" here instead of 169.254.169.254."""
+        return {"AZURE_POD_IDENTITY_AUTHORITY_HOST": self.url}
+
+    def issued_token(self, authorization: str) -> bool:
+        """Whether an ``Authorization`` header carries a token this fake issued."""
+        return authorization.removeprefix("Bearer ") in self.issued
+
     def handle(self, request: Request) -> Reply:
-        if request.method != "GET" or request.path != TOKEN_PATH:
+        if request.method == "GET" and request.path == TOKEN_PATH:
+            if request.headers.get("x-identity-header") != self.header:
+                return Reply(401, {"statusCode": 401, "message": "X-IDENTITY-HEADER is wrong"})
+            if request.query.get("api-version") != "2019-08-01":
+                return Reply(400, {"statusCode": 400, "message": "api-version missing"})
+        elif request.method == "GET" and request.path == IMDS_TOKEN_PATH:
+            if request.headers.get("metadata", "").lower() != "true":
+                return Reply(400, {"error": "invalid_request", "error_description": "Metadata"})
+            if request.query.get("api-version") != "2018-02-01":
+                return Reply(400, {"error": "invalid_request", "error_description": "api-version"})
+        else:
             return Reply(404, {"statusCode": 404, "message": "not found"})
-        if request.headers.get("x-identity-header") != self.header:
-            return Reply(401, {"statusCode": 401, "message": "X-IDENTITY-HEADER is wrong"})
         resource = request.query.get("resource", "")
-        if request.query.get("api-version") != "2019-08-01" or not resource:
-            return Reply(400, {"statusCode": 400, "message": "api-version or resource missing"})
+        if not resource:
+            return Reply(400, {"statusCode": 400, "message": "resource missing"})
         client_id = request.query.get("client_id") or SYSTEM_ASSIGNED_CLIENT_ID
         now = int(time.time())
         oid = self.object_id(client_id)
@@ -108,6 +130,8 @@ class FakeIdentity(LoopbackServer):
             {
                 "access_token": token,
                 "expires_on": str(now + self.lifetime),
+                "expires_in": str(self.lifetime),
+                "not_before": str(now),
                 "resource": resource,
                 "token_type": "Bearer",
                 "client_id": client_id,

@@ -9,7 +9,9 @@ the capacity tests prove that two instances contended for a pool), a clock the t
 
 PUT/GET a blob, PUT ``?restype=container``; requires ``Authorization: Bearer`` and
 ``x-ms-version``; answers 404 with ``x-ms-error-code`` BlobNotFound / ContainerNotFound.
-``If-None-Match: *`` on a PUT of an existing blob: 409 BlobAlreadyExists.
+``If-None-Match: *`` on a PUT of an existing blob: 409 BlobAlreadyExists. Every blob has an
+``ETag`` (in the answers to GET and PUT, new with every write); ``If-Match: <etag>`` on a PUT
+of another version, or of a blob that does not exist, fails with 412 ConditionNotMet.
 
 Leases (Lease Blob, ``PUT ?comp=lease``, ``x-ms-lease-action``), as the Blob service does them:
 
@@ -35,6 +37,7 @@ in ``lease_log`` (action, blob, status, error code) for tests.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -72,6 +75,8 @@ class FakeBlobStorage(LoopbackServer):
     def __init__(self, containers: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.blobs: dict[str, dict[str, bytes]] = {name: {} for name in containers}
+        self.etags: dict[tuple[str, str], str] = {}
+        self._versions = itertools.count(1)
         self.leases: dict[tuple[str, str], Lease] = {}
         self.lease_log: list[LeaseCall] = []
         self.clock: Callable[[], float] = time.monotonic
@@ -141,12 +146,19 @@ class FakeBlobStorage(LoopbackServer):
             refused = self._write_refused(container, blob, request)
             if refused is not None:
                 return refused
+            if_match = request.headers.get("if-match")
+            current = self.etags.get((container, blob)) if blob in self.blobs[container] else None
+            if if_match and (current is None or (if_match != "*" and if_match != current)):
+                return _fail(412, "ConditionNotMet")
             self.blobs[container][blob] = request.body
-            return Reply(201, b"")
+            etag = f'"0x{next(self._versions):016X}"'
+            self.etags[(container, blob)] = etag
+            return Reply(201, b"", {"ETag": etag})
         if request.method == "GET" and blob:
             if blob not in self.blobs[container]:
                 return Reply(404, b"", {"x-ms-error-code": "BlobNotFound"})
-            return Reply(200, self.blobs[container][blob])
+            etag = self.etags.get((container, blob), '"0x0"')
+            return Reply(200, self.blobs[container][blob], {"ETag": etag})
         return Reply(405, b"")
 
     def _write_refused(self, container: str, blob: str, request: Request) -> Reply | None:

@@ -31,9 +31,15 @@ The port answers the health status and nothing else: every GET or HEAD, whatever
 gets ``ok`` or ``unavailable`` (the same word while draining and while the upstream is down),
 never an event detail. It binds ``--drain-probe-address`` (default ``0.0.0.0``: the load
 balancer probes the VM's own address from 168.63.129.16; let only that source in, e.g. an NSG
-rule for the ``AzureLoadBalancer`` service tag). At most :data:`MAX_CONNECTIONS` requests are
-served at once and each has :data:`REQUEST_TIMEOUT` seconds, so a slow or hostile client
-cannot hold it.
+rule for the ``AzureLoadBalancer`` service tag). Any local user can reach it all the same, so it
+is served by :class:`~sebridge.forwarder.net.server.HttpServer`: slow, idle and resetting
+clients cannot keep the load balancer's probe from its answer.
+
+The answer comes from state, never from a call in progress: the application's health check
+(``--drain-probe-upstream``) is asked by a worker of its own every :data:`UPSTREAM_EVERY` s,
+each time within :data:`UPSTREAM_TIMEOUT` s however its answer trickles in
+(:class:`~sebridge.forwarder.net.client.DeadlineHttp`), and the probe answers with the last
+verdict (503 until the first, or when the last is older than :data:`UPSTREAM_MAX_AGE` s).
 
 The state follows the document on the poller's thread as soon as a poll has read it, before
 anything is written, and the answer is worked out from the clock when asked, so it changes
@@ -43,29 +49,38 @@ within one poll interval of IMDS, and at the drain moment itself
 
 from __future__ import annotations
 
-import http.client
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from sebridge.contract.events import Observer
 from sebridge.forwarder.local.hooks_file import affects
 from sebridge.forwarder.local.preparation import Preparations
-from sebridge.forwarder.net.server import BoundedHTTPServer
+from sebridge.forwarder.net.client import (
+    BodyTooLarge,
+    DeadlineExceeded,
+    DeadlineHttp,
+    RequestCancelled,
+    TransportError,
+)
 from sebridge.imds import ScheduledEvent, isoformat_utc
 from sebridge.impact import ImpactRules
 from sebridge.timing import DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS, UnhealthyRuns, check_probe_bound
 
+if TYPE_CHECKING:
+    # asyncio and a thread pool: imported when the probe is bound, not by every forwarder.
+    from sebridge.forwarder.net.server import HttpServer, Request, Response
+
 log = logging.getLogger("forwarder.drain-probe")
 
-MAX_CONNECTIONS = 8  # a load balancer probes once per interval; the forwarder has a TasksMax
-REQUEST_TIMEOUT = 5.0  # seconds a client has to send its request
-UPSTREAM_TIMEOUT = 3.0  # seconds the application's health check has to answer
+UPSTREAM_TIMEOUT = 3.0  # seconds the application's health check has to answer, all of it
+UPSTREAM_EVERY = 1.0  # seconds between two checks of the application's health
+UPSTREAM_MAX_BODY = 1024 * 1024
 HEALTHY = (200, b"ok\n")
 UNHEALTHY = (503, b"unavailable\n")
 
@@ -83,26 +98,69 @@ def check_upstream(url: str) -> str:
     return url
 
 
-def upstream_healthy(url: str, timeout: float = UPSTREAM_TIMEOUT) -> bool:
-    """GET the application's health check: 2xx and 3xx are healthy (redirects not followed),
-    anything else, a timeout or an error is not."""
-    parts = urlsplit(url)
-    connection_type = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    connection = connection_type(parts.hostname or "", parts.port, timeout=timeout)
-    try:
-        connection.request("GET", path, headers={"User-Agent": "sebridge-drain-probe"})
-        response = connection.getresponse()
-        response.read(64 * 1024)
-        return 200 <= response.status < 400
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        connection.close()
+class Upstream:
+    """The application's own health check, asked by :meth:`run` every ``every`` seconds; the
+    probe reads the last verdict (:meth:`healthy`), so a slow application never slows the
+    probe's answer. 2xx and 3xx are healthy (redirects not followed); anything else, a timeout
+    (of the whole exchange), a refused connection or a body over 1 MiB is not."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = UPSTREAM_TIMEOUT,
+        every: float = UPSTREAM_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        parts = urlsplit(check_upstream(url))
+        self.base = f"{parts.scheme}://{parts.netloc}"
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.timeout = timeout
+        self.every = every
+        self.max_age = every + timeout + 1.0
+        self.clock = clock
+        self._verdict: tuple[bool, float] | None = None  # (healthy, when)
+        self._lock = threading.Lock()
+
+    def healthy(self) -> bool:
+        """The last verdict, if it is recent; False before the first and when it is stale."""
+        with self._lock:
+            verdict = self._verdict
+        return verdict is not None and verdict[0] and self.clock() - verdict[1] <= self.max_age
+
+    def check(self, http: DeadlineHttp) -> bool:
+        try:
+            answer = http.request(
+                "GET",
+                self.target,
+                timeout=self.timeout,
+                headers={"User-Agent": "sebridge-drain-probe"},
+            )
+        except (DeadlineExceeded, RequestCancelled, BodyTooLarge, TransportError) as exc:
+            log.debug("upstream health check failed: %s", exc)
+            return False
+        return 200 <= answer.status < 400
+
+    def run(self, stop: threading.Event) -> None:
+        """Check every ``every`` seconds until ``stop`` (which also ends a check at once)."""
+        http = DeadlineHttp(
+            self.base,
+            max_body=UPSTREAM_MAX_BODY,
+            connect_timeout=min(2.0, self.timeout),
+            cancel=stop,
+        )
+        last: bool | None = None
+        try:
+            while not stop.is_set():
+                started = self.clock()
+                healthy = self.check(http)
+                with self._lock:
+                    self._verdict = (healthy, self.clock())
+                if healthy != last:
+                    log.info("upstream %s is %s", self.base, "healthy" if healthy else "unhealthy")
+                    last = healthy
+                stop.wait(max(0.0, started + self.every - self.clock()))
+        finally:
+            http.close()
 
 
 def _utc_now() -> datetime:
@@ -134,14 +192,13 @@ class DrainProbe:
         self.rules = rules
         self.drain_seconds = drain_seconds
         self.preparations = preparations
-        self.upstream = check_upstream(upstream) if upstream else None
-        self.upstream_timeout = upstream_timeout
+        self.upstream = Upstream(upstream, upstream_timeout) if upstream else None
         self.max_unhealthy = check_probe_bound(max_unhealthy)
         self.now = now
         self._runs = UnhealthyRuns(timedelta(seconds=max_unhealthy))
         self._drains: dict[str, _Drain] = {}
         self._cond = threading.Condition()
-        self._server: _Server | None = None
+        self._server: HttpServer | None = None
         self._unhealthy = False  # the level last logged
         self._lapsed: set[str] = set()  # drains logged as having reached the bound
         self.answers = {200: 0, 503: 0}
@@ -261,8 +318,7 @@ class DrainProbe:
         if self.draining:
             status = UNHEALTHY
         elif self.upstream is not None:
-            healthy = upstream_healthy(self.upstream, self.upstream_timeout)
-            status = HEALTHY if healthy else UNHEALTHY
+            status = HEALTHY if self.upstream.healthy() else UNHEALTHY
         else:
             status = HEALTHY
         with self._cond:
@@ -298,8 +354,10 @@ class DrainProbe:
     def bind(self, address: str, port: int) -> tuple[str, int]:
         """Open the listening socket now (so that a port in use fails the start, clearly);
         returns the address and port bound."""
+        from sebridge.forwarder.net.server import HttpServer
+
         try:
-            self._server = _Server(address, port, self)
+            self._server = HttpServer("drain-probe", address, port, self._handle, logger=log)
         except OSError as exc:
             raise ProbeError(f"drain probe cannot listen on {address}:{port}: {exc}") from exc
         return self.address
@@ -309,57 +367,39 @@ class DrainProbe:
         """The address and port bound (call :meth:`bind` first)."""
         if self._server is None:
             raise ProbeError("the drain probe is not bound")
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
+        return self._server.address
+
+    def http_errors(self) -> dict[str, int]:
+        """The probe server's errors by reason (for the metrics); empty until bound."""
+        return self._server.error_counts() if self._server is not None else {}
+
+    def _handle(self, request: Request) -> Response:
+        from sebridge.forwarder.net.server import Response
+
+        status, text = self.answer()
+        return Response(status, text)
 
     def serve(self, stop: threading.Event) -> None:
-        """Serve the probe and run the drain timer until ``stop`` (call :meth:`bind` first)."""
+        """Serve the probe, keep the upstream's verdict fresh and run the drain timer until
+        ``stop`` (call :meth:`bind` first)."""
         server = self._server
         if server is None:
             raise ProbeError("bind() the drain probe before serving it")
-        thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="drain-probe-http"
-        )
-        thread.daemon = True
-        thread.start()
+        threads = []
+        if self.upstream is not None:
+            threads.append(
+                threading.Thread(
+                    target=self.upstream.run, args=(stop,), name="drain-probe-upstream", daemon=True
+                )
+            )
+        for thread in threads:
+            thread.start()
+        server.start()
         try:
             self.run_timer(stop)
         finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=2.0)
+            server.close()
+            for thread in threads:
+                thread.join(timeout=2.0)
             with self._cond:
                 self._cond.notify_all()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "sebridge-drain-probe"
-    sys_version = ""
-    timeout = REQUEST_TIMEOUT
-
-    def _reply(self, body: bool) -> None:
-        status, text = self.server.probe.answer()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(text)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if body:
-            self.wfile.write(text)
-
-    def do_GET(self) -> None:
-        self._reply(body=True)
-
-    def do_HEAD(self) -> None:
-        self._reply(body=False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("probe %s: " + format, self.client_address[0], *args)
-
-
-class _Server(BoundedHTTPServer):
-    def __init__(self, address: str, port: int, probe: DrainProbe) -> None:
-        self.probe = probe
-        super().__init__(address, port, _Handler, max_connections=MAX_CONNECTIONS)

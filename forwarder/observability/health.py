@@ -66,13 +66,14 @@ class ConditionLog:
         self.level = level
         self.current: str | None = None
 
-    def report(self, text: str) -> bool:
-        """True when the line was logged at ``level`` (the condition is new or changed)."""
+    def report(self, text: str, level: int | None = None) -> bool:
+        """True when the line was logged at ``level`` (this log's own unless given): the
+        condition is new or changed."""
         if text == self.current:
             self.logger.debug("%s (still)", text)
             return False
         self.current = text
-        self.logger.log(self.level, "%s", text)
+        self.logger.log(self.level if level is None else level, "%s", text)
         return True
 
     def clear(self, text: str) -> None:

@@ -8,7 +8,9 @@ load balancers and the load-balancing-rule health API), Microsoft.Maintenance
 Names are checked by the caller and checked again here (functions.shared.names), then quoted
 with nothing kept safe; ids from ARM documents are accepted only as plain
 ``/subscriptions/...`` paths without ``.``/``..`` segments, query or fragment.
-409, 429 and 5xx are retried (Retry-After honoured, bounded); long-running PUTs are followed
+409, 429 and 5xx are retried (Retry-After honoured, bounded); a write (NIC PUT, acknowledge)
+made under a pool's lease is attempted only while the lease is provably held, and not retried
+past it (functions.shared.write_window); long-running PUTs are followed
 through Azure-AsyncOperation or Location like the ARM SDKs do. A 403 on a read or on the NIC
 write raises :class:`PermissionDenied` naming the missing RBAC action and its scope (ARM's own
 AuthorizationFailed message names both; else the action the call needs): no retry repairs it.
@@ -28,7 +30,7 @@ from urllib.parse import urlsplit
 import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
-from functions.shared import names
+from functions.shared import names, write_window
 from functions.shared.ports import (
     AcknowledgeRefused,
     ArmDocument,
@@ -210,10 +212,10 @@ class ArmRestClient:
         return [n["id"] for n in nics if isinstance(n, dict) and isinstance(n.get("id"), str)]
 
     @classmethod
-    def _record(cls, vm: dict[str, Any], path: str, **extra: Any) -> VmRecord:
+    def _record(cls, vm: dict[str, Any], resource_id: str, **extra: Any) -> VmRecord:
         vm_id = vm.get("properties", {}).get("vmId")
         return VmRecord(
-            id=str(vm.get("id") or path),
+            id=str(vm.get("id") or resource_id),
             name=str(vm.get("name") or ""),
             vm_id=vm_id if isinstance(vm_id, str) else "",
             nic_ids=tuple(cls._nic_ids(vm)),
@@ -221,23 +223,32 @@ class ArmRestClient:
         )
 
     @staticmethod
-    def _group_path(subscription: str, group: str) -> str:
-        return (
-            f"/subscriptions/{names.segment(names.subscription_id(subscription))}"
-            f"/resourceGroups/{names.segment(names.resource_group(group))}"
+    def _compute(subscription: str, group: str, *types_and_names: str) -> tuple[str, str]:
+        """(the ARM id, the URL path) of a Microsoft.Compute resource: the id spelled as ARM
+        spells it (plain names), the path with every name percent-encoded, nothing kept safe.
+        ARM decodes the path, so both name the same resource; only the id is ever compared
+        (a resource group ``rg(web)`` is ``rg%28web%29`` in the path and ``rg(web)`` in ids)."""
+        head = ["subscriptions", subscription, "resourceGroups", group]
+        head += ["providers", "Microsoft.Compute", *types_and_names]
+        plain = "/" + "/".join(head)
+        quoted = "/" + "/".join(
+            part if index % 2 == 0 else names.segment(part) for index, part in enumerate(head)
         )
+        return plain, quoted
 
     def get_vm(self, subscription: str, group: str, vm_name: str) -> VmRecord | None:
-        path = (
-            f"{self._group_path(subscription, group)}/providers/Microsoft.Compute/"
-            f"virtualMachines/{names.segment(names.compute_name(vm_name))}"
+        resource_id, path = self._compute(
+            names.subscription_id(subscription),
+            names.resource_group(group),
+            "virtualMachines",
+            names.compute_name(vm_name),
         )
         vm = self._get_json(path, COMPUTE_API, "get VM", READ_VM)
         if vm is None:
             return None
         return self._record(
             vm,
-            path,
+            resource_id,
             availability_set=_reference(vm, "availabilitySet"),
             scale_set=_reference(vm, "virtualMachineScaleSet"),
         )
@@ -245,15 +256,24 @@ class ArmRestClient:
     def get_scale_set_vm(
         self, subscription: str, group: str, scale_set: str, instance_id: str
     ) -> VmRecord | None:
-        scale_set_path = (
-            f"{self._group_path(subscription, group)}/providers/Microsoft.Compute/"
-            f"virtualMachineScaleSets/{names.segment(names.SCALE_SET.check(scale_set, 'scaleSet'))}"
+        subscription = names.subscription_id(subscription)
+        group = names.resource_group(group)
+        scale_set = names.SCALE_SET.check(scale_set, "scaleSet")
+        scale_set_id, _ = self._compute(subscription, group, "virtualMachineScaleSets", scale_set)
+        resource_id, path = self._compute(
+            subscription,
+            group,
+            "virtualMachineScaleSets",
+            scale_set,
+            "virtualMachines",
+            names.instance_id(instance_id),
         )
-        path = f"{scale_set_path}/virtualMachines/{names.segment(names.instance_id(instance_id))}"
         vm = self._get_json(path, COMPUTE_API, "get scale-set VM", READ_SCALE_SET_VM)
         if vm is None:
             return None
-        return self._record(vm, path, scale_set=scale_set_path.lower(), uniform=True)
+        # The scale set's id from the plain names (never the quoted path): the scope check
+        # compares it with the id Event Grid or the observer's record names.
+        return self._record(vm, resource_id, scale_set=scale_set_id.lower(), uniform=True)
 
     def get_nic(self, nic_id: str) -> ArmDocument | None:
         response = self._call("GET", checked_id(nic_id), what="get NIC", api_version=NETWORK_API)
@@ -276,6 +296,7 @@ class ArmRestClient:
             api_version=NETWORK_API,
             json=body,
             headers=headers,
+            before_attempt=write_window.before_attempt,
         )
         if response.status_code == 412:
             raise PreconditionFailed(nic_id)
@@ -323,7 +344,13 @@ class ArmRestClient:
             f"{checked_id(vm_resource_id).rstrip('/')}/providers/Microsoft.Maintenance/"
             f"scheduledevents/{names.segment(event)}/acknowledge"
         )
-        response = self._call("POST", path, what="acknowledge", api_version=MAINTENANCE_API)
+        response = self._call(
+            "POST",
+            path,
+            what="acknowledge",
+            api_version=MAINTENANCE_API,
+            before_attempt=write_window.before_attempt,
+        )
         status = response.status_code
         if status in (200, 202, 204):
             return

@@ -1,22 +1,32 @@
 """The history in Azure Table storage (azure-data-tables, an Entra token; Azurite locally).
 
-One table (``HISTORY_TABLE_URL``, by default ``sebridgehistory`` in the host storage account):
+One table (``HISTORY_TABLE_URL``, by default ``sebridgehistory`` in the host storage account).
+An event as one scope saw it (functions.history.core) has the key ``<event key>.<scope
+digest>``; its rows:
 
-- an event's entries in the partition ``event-<key>``, one row per entry, RowKey the entry's
-  key (derived from the message id: a redelivery upserts the same row), the entry as JSON in
-  ``record``;
-- every event's summary in the partition ``summaries``, RowKey the event's key, with the
-  columns a listing filters on (``state``, ``eventType``, ``resourceGroup`` in lower case,
-  ``when``, ``lastSeen``) and the summary as JSON in ``body``; written with ``If-Match`` on
-  its ETag (or as a new entity), so a writer that lost the race gets
-  :class:`~functions.history.core.SummaryConflict` and derives it again.
+- its entries in the partition ``event-<key>``, one row per entry, RowKey the entry's key
+  (``<kind>-<appearance>-<digest of the message id>``: a redelivery finds its row and writes
+  nothing), its fields in the string properties core.entry_properties makes;
+- its summary in the partition ``summaries``, RowKey the key, the properties
+  core.summary_properties makes (each string within the service's 32,767 UTF-16 units by
+  construction) plus where its index rows are; written with ``If-Match`` on its ETag (or as a
+  new entity), so a writer that lost the race gets SummaryConflict and derives it again;
+- two index rows, copies of the summary under a RowKey that sorts by its time (``when``):
+  ``when-desc`` (the latest first: the listing, the calendar's past) and ``when-asc`` (the
+  earliest first: the calendar's upcoming events). A listing is then one range query that stops
+  at its limit, right however many events the table holds. The summary row names the times it
+  has index rows at (``indexedAt``) *before* they are written and is marked settled once the
+  old ones are gone, so a crash between the writes leaves work the next write finishes, never a
+  row nobody knows of.
 
-Why a table here when the ingestion's records are blobs: the history is read by filter (every
-event of a state, a resource group, a time range) and an event has many small rows; a blob
-per event could not be listed by column. Keys are the core's event keys (a GUID, or a digest),
-so nothing from a message reaches a key or a URL; filters are sent as OData parameters, which
-the SDK quotes. Transient faults are retried by the SDK (bounded); anything left raises, and
-Service Bus redelivers the message.
+Reads of an event's entries take one page of :data:`READ_ALL` rows; an event scope with more
+(only a flood) is read again kind by kind, :data:`READ_PER_KIND` rows each, so the lifecycle
+rows are never crowded out by Prepared, Held or Restored rows.
+
+Keys are the core's keys (GUIDs and digests), so nothing from a message reaches a key or a URL;
+filters are OData parameters, which the SDK quotes. Faults that may pass (no answer, 408, 429,
+5xx) are raised as core.StoreUnavailable without the SDK's own retries: the core retries the
+whole (idempotent) write within its window. A table that is gone is created again.
 """
 
 from __future__ import annotations
@@ -24,9 +34,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from azure.core import MatchConditions
@@ -36,28 +46,58 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
 )
 from azure.data.tables import TableClient, UpdateMode
 
 from functions.history.core import (
-    MAX_ENTRIES,
+    LATEST,
+    NAMES,
     Entry,
+    EntryRead,
     EventQuery,
     EventSummary,
+    Listing,
+    StoredSummary,
+    StoreUnavailable,
     SummaryConflict,
-    event_key,
+    entry_from_properties,
+    entry_properties,
+    summary_from_properties,
+    summary_properties,
+    time_rank,
+    vm_column,
 )
 
 log = logging.getLogger("sebridge.functions.history_table")
 
 SUMMARIES = "summaries"
-MAX_SCAN = 5000  # summaries read for one listing (a bound on the work of one request)
-MAX_TEXT_CHARS = 30_000  # a string property holds 64 KiB of UTF-16
+LATEST_FIRST = "when-desc"
+EARLIEST_FIRST = "when-asc"
+READ_ALL = 1000  # an event scope's entries read in one go
+READ_PER_KIND = 300  # then, per kind, when it has more (a flood from its own scope)
+MAX_SCOPES = 20  # scopes of one event shown by the timeline
+LISTING_PAGES = 20  # pages (of up to 1,000 rows the service scans) one listing reads at most
 DELETE_BATCH = 100  # entities per transaction, the service's limit
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_LAST_RANK = time_rank(LATEST)
+
+T = TypeVar("T")
 
 
 def entries_partition(key: str) -> str:
     return f"event-{key}"
+
+
+def _rank(moment: datetime) -> str:
+    return f"{time_rank(moment):019d}"
+
+
+def _index_rows(key: str, rank: str) -> list[tuple[str, str]]:
+    """(partition, row key) of a summary's two index rows for the time ``rank``."""
+    inverted = _LAST_RANK - int(rank)
+    return [(EARLIEST_FIRST, f"{rank}.{key}"), (LATEST_FIRST, f"{inverted:019d}.{key}")]
 
 
 def split_table_url(url: str) -> tuple[str, str]:
@@ -70,29 +110,49 @@ def split_table_url(url: str) -> tuple[str, str]:
     return f"{parts.scheme}://{parts.netloc}{path}", table
 
 
-def _fit(document: dict[str, Any], trim: str) -> str:
-    """JSON within one string property; cut the list under ``trim`` while it is too long."""
-    text = json.dumps(document, separators=(",", ":"), sort_keys=True)
-    while len(text) > MAX_TEXT_CHARS and document.get(trim):
-        items = document[trim]
-        document[trim] = items[: len(items) // 2]
-        text = json.dumps(document, separators=(",", ":"), sort_keys=True)
-    return text
+@contextlib.contextmanager
+def _faults(what: str) -> Iterator[None]:
+    """The SDK's faults that may pass as StoreUnavailable; the rest as they are."""
+    try:
+        yield
+    except (ServiceRequestError, ServiceResponseError) as exc:
+        raise StoreUnavailable(f"{what}: {type(exc).__name__}") from exc
+    except HttpResponseError as exc:
+        code = getattr(exc, "error_code", None)
+        if exc.status_code in TRANSIENT_STATUSES or code == "TableBeingDeleted":
+            raise StoreUnavailable(f"{what}: HTTP {exc.status_code} {code or ''}".strip()) from exc
+        raise
+
+
+def _table_missing(exc: ResourceNotFoundError) -> bool:
+    """Whether a 404 says the table is gone (not an entity): the SDK sets ``error_code`` on
+    some paths only, so the service's header and body are read too."""
+    if getattr(exc, "error_code", None) == "TableNotFound":
+        return True
+    response = getattr(exc, "response", None)
+    if response is None:
+        return False
+    if response.headers.get("x-ms-error-code") == "TableNotFound":
+        return True
+    try:
+        return "TableNotFound" in response.text()
+    except Exception:  # noqa: BLE001 - an unreadable body says nothing
+        return False
 
 
 class TableHistoryStore:
     def __init__(self, table_url: str, credential: TokenCredential, **client_options: Any) -> None:
         endpoint, table = split_table_url(table_url)
         options: dict[str, Any] = {
-            "retry_total": 3,
-            "retry_backoff_factor": 0.5,
-            "connection_timeout": 10,
-            "read_timeout": 15,
+            # No SDK retries: the core retries the whole write within its window, and an
+            # attempt that hangs ends after these timeouts (not 3 x 15 s of retried reads).
+            "retry_total": 0,
+            "connection_timeout": 5,
+            "read_timeout": 10,
             **client_options,
         }
         self._client = TableClient(endpoint, table, credential=credential, **options)
         self._url = f"{endpoint}/{table}"
-        self._table_ready = False
 
     def __repr__(self) -> str:
         return f"TableHistoryStore({self._url})"
@@ -100,182 +160,272 @@ class TableHistoryStore:
     def close(self) -> None:
         self._client.close()
 
-    def _ensure_table(self) -> None:
+    def _create_table(self) -> None:
         try:
             self._client.create_table()
             log.info("history table created")
         except ResourceExistsError:
             pass
-        self._table_ready = True
 
-    def _write(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        """A write, creating the table on the first TableNotFound."""
-        try:
-            return call(*args, **kwargs)
-        except ResourceNotFoundError as exc:
-            if getattr(exc, "error_code", None) != "TableNotFound" or self._table_ready:
-                raise
-            self._ensure_table()
-            return call(*args, **kwargs)
+    def _write(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A write; when the table is gone (never made, or deleted since), it is created and
+        the write tried once more."""
+        with _faults("history write"):
+            try:
+                return call(*args, **kwargs)
+            except ResourceNotFoundError as exc:
+                if not _table_missing(exc):
+                    raise
+                self._create_table()
+                return call(*args, **kwargs)
+
+    def _query(
+        self, query: str, parameters: dict[str, Any], limit: int, **options: Any
+    ) -> tuple[list[Any], bool]:
+        """Up to ``limit`` entities in key order, and whether that was all of them."""
+        found: list[Any] = []
+        with _faults("history read"):
+            try:
+                for entity in self._client.query_entities(
+                    query, parameters=parameters, results_per_page=min(limit + 1, 1000), **options
+                ):
+                    if len(found) == limit:
+                        return found, False
+                    found.append(entity)
+            except ResourceNotFoundError as exc:
+                if not _table_missing(exc):
+                    raise
+                return [], True
+        return found, True
 
     # ---- entries ---------------------------------------------------------------------------
     def add(self, entries: Sequence[Entry]) -> None:
         for entry in entries:
-            record = entry.to_record()
             entity = {
-                "PartitionKey": entries_partition(_key_of(entry)),
+                "PartitionKey": entries_partition(entry.summary_key),
                 "RowKey": entry.key,
                 "at": entry.at,
-                "record": _fit(record, "resources"),
+                "recorded": entry.recorded_at,
+                **entry_properties(entry),
             }
-            self._write(self._client.upsert_entity, entity, mode=UpdateMode.REPLACE)
+            with contextlib.suppress(ResourceExistsError):  # a redelivery: the row is there
+                self._write(self._client.create_entity, entity)
 
-    def entries(self, event_key: str) -> list[Entry]:
-        found: list[Entry] = []
-        try:
-            pages = self._client.query_entities(
-                "PartitionKey eq @pk",
-                parameters={"pk": entries_partition(event_key)},
-                select=["RowKey", "record"],
-                results_per_page=MAX_ENTRIES,
-            )
-            for entity in pages:
-                if len(found) >= MAX_ENTRIES:
-                    log.warning("history of %s has more than %d entries", event_key, MAX_ENTRIES)
-                    break
-                try:
-                    found.append(Entry.from_record(json.loads(entity["record"])))
-                except (ValueError, TypeError, KeyError) as exc:
-                    log.error("history entry %s unreadable, skipped: %s", entity.get("RowKey"), exc)
-        except ResourceNotFoundError:
-            return []
-        return found
+    def entries(self, key: str) -> EntryRead:
+        partition = entries_partition(key)
+        rows, complete = self._query("PartitionKey eq @pk", {"pk": partition}, READ_ALL)
+        if not complete:
+            log.warning("history of %s has more than %d entries: read kind by kind", key, READ_ALL)
+            rows, complete = [], True
+            for name in NAMES:
+                kind = name.lower()
+                found, whole = self._query(
+                    "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
+                    {"pk": partition, "lo": f"{kind}-", "hi": f"{kind}."},
+                    READ_PER_KIND,
+                )
+                rows += found
+                complete = complete and whole
+                if not whole:
+                    log.warning("history of %s: only %d %s entries read", key, len(found), name)
+        found_entries: list[Entry] = []
+        for entity in rows:
+            try:
+                found_entries.append(entry_from_properties(entity))
+            except (ValueError, TypeError, KeyError) as exc:
+                log.error("history entry %s unreadable, skipped: %s", entity.get("RowKey"), exc)
+        return EntryRead(found_entries, complete)
 
     # ---- summaries -------------------------------------------------------------------------
-    def summary(self, event_key: str) -> tuple[EventSummary | None, str | None]:
-        try:
-            entity = self._client.get_entity(SUMMARIES, event_key)
-        except ResourceNotFoundError:
-            return None, None
-        etag = entity.metadata.get("etag")
-        return _summary_of(entity), etag
+    def summary(self, key: str) -> StoredSummary | None:
+        with _faults("history read"):
+            try:
+                entity = self._client.get_entity(SUMMARIES, key)
+            except ResourceNotFoundError:
+                return None
+        return StoredSummary(
+            _summary_of(entity),
+            str(entity.metadata.get("etag")),
+            settled=entity.get("indexPending") is not True,
+            marks=_marks(entity),
+        )
 
-    def save_summary(self, summary: EventSummary, etag: str | None) -> None:
-        latest = summary.latest
-        document = summary.to_json()
-        body = json.dumps(document, separators=(",", ":"), sort_keys=True)
-        while len(body) > MAX_TEXT_CHARS and len(document["appearances"]) > 1:
-            document["appearances"] = document["appearances"][1:]
-            body = json.dumps(document, separators=(",", ":"), sort_keys=True)
-        if len(body) > MAX_TEXT_CHARS:
-            document["resources"] = document["resources"][:20]
-            document["vms"] = document["vms"][:20]
-            for appearance in document["appearances"]:
-                appearance["resources"] = appearance["resources"][:20]
-            body = json.dumps(document, separators=(",", ":"), sort_keys=True)
+    def save_summary(self, summary: EventSummary, stored: StoredSummary | None) -> None:
+        properties = summary_properties(summary)
+        rank = _rank(summary.latest.when)
+        marks = sorted({*(stored.marks if stored else ()), rank})
         entity = {
             "PartitionKey": SUMMARIES,
             "RowKey": summary.key,
-            "state": latest.state,
-            "eventType": latest.event_type,
-            "resourceGroup": summary.resource_group.lower(),
-            "when": latest.when,
-            "lastSeen": summary.last_seen,
-            "body": body,
+            **properties,
+            "indexedAt": json.dumps(marks),
+            "indexPending": True,
         }
         try:
-            if etag is None:
-                self._write(self._client.create_entity, entity)
+            if stored is None:
+                written = self._write(self._client.create_entity, entity)
             else:
-                self._client.update_entity(
+                written = self._write(
+                    self._client.update_entity,
                     entity,
                     mode=UpdateMode.REPLACE,
-                    etag=etag,
+                    etag=stored.etag,
                     match_condition=MatchConditions.IfNotModified,
                 )
         except (ResourceExistsError, ResourceModifiedError) as exc:
             raise SummaryConflict(f"{summary.key}: {type(exc).__name__}") from exc
         except HttpResponseError as exc:
-            if exc.status_code in (409, 412) or (etag and exc.status_code == 404):
+            if exc.status_code in (409, 412) or (stored and exc.status_code == 404):
                 raise SummaryConflict(f"{summary.key}: HTTP {exc.status_code}") from exc
             raise
+        for partition, row in _index_rows(summary.key, rank):
+            index = {"PartitionKey": partition, "RowKey": row, "summary": summary.key}
+            self._write(
+                self._client.upsert_entity, {**properties, **index}, mode=UpdateMode.REPLACE
+            )
+        for old in marks:
+            if old != rank:
+                self._delete_index(summary.key, old)
+        settled = {
+            "PartitionKey": SUMMARIES,
+            "RowKey": summary.key,
+            "indexedAt": json.dumps([rank]),
+            "indexPending": False,
+        }
+        etag = written.get("etag") if isinstance(written, dict) else None
+        if etag is None:
+            return  # left pending: the next write of this event finishes it
+        # Someone wrote it since: their write carries the marks and finishes the work.
+        with (
+            contextlib.suppress(ResourceModifiedError, ResourceNotFoundError),
+            _faults("history write"),
+        ):
+            self._client.update_entity(
+                settled,
+                mode=UpdateMode.MERGE,
+                etag=etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
 
-    def summaries(self, query: EventQuery) -> list[EventSummary]:
-        clauses = ["PartitionKey eq @pk"]
-        parameters: dict[str, Any] = {"pk": SUMMARIES}
+    def _delete_index(self, key: str, rank: str) -> None:
+        for partition, row in _index_rows(key, rank):
+            with _faults("history write"), contextlib.suppress(ResourceNotFoundError):
+                self._client.delete_entity(partition, row)
+
+    def scopes(self, event: str) -> list[str]:
+        rows, complete = self._query(
+            "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
+            {"pk": SUMMARIES, "lo": f"{event}.", "hi": f"{event}/"},
+            MAX_SCOPES,
+            select=["RowKey"],
+        )
+        if not complete:
+            log.warning("event %s has more than %d scopes: the first shown", event, MAX_SCOPES)
+        return [str(row["RowKey"]) for row in rows]
+
+    def _listed(
+        self, partition: str, lo: str, hi: str, limit: int, extra: str, parameters: dict[str, Any]
+    ) -> Listing:
+        """Up to ``limit`` summaries from an index, in key order, reading at most
+        :data:`LISTING_PAGES` pages."""
+        query = f"PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi{extra}"
+        found: list[EventSummary] = []
+        with _faults("history read"):
+            try:
+                pages = self._client.query_entities(
+                    query,
+                    parameters={"pk": partition, "lo": lo, "hi": hi, **parameters},
+                    results_per_page=min(limit, 1000),
+                ).by_page()
+                for number, page in enumerate(pages):
+                    if number == LISTING_PAGES:
+                        log.warning("history listing stopped after %d pages", LISTING_PAGES)
+                        return Listing(found, complete=False)
+                    for entity in page:
+                        summary = _summary_of(entity)
+                        if summary is not None:
+                            found.append(summary)
+                        if len(found) == limit:
+                            return Listing(found)
+            except ResourceNotFoundError as exc:
+                if not _table_missing(exc):
+                    raise
+        return Listing(found)
+
+    def latest(self, query: EventQuery) -> Listing:
+        lo = "0" * 19
+        hi = "9" * 19 + "/"
+        if query.end is not None:
+            lo = f"{_LAST_RANK - time_rank(query.end):019d}"
+        if query.start is not None:
+            hi = f"{_LAST_RANK - time_rank(query.start) + 1:019d}"
+        extra = ""
+        parameters: dict[str, Any] = {}
         if query.state is not None:
-            clauses.append("state eq @state")
+            extra += " and state eq @state"
             parameters["state"] = query.state
         if query.resource_group is not None:
-            clauses.append("resourceGroup eq @group")
+            extra += " and resourceGroup eq @group"
             parameters["group"] = query.resource_group.lower()
-        if query.start is not None:
-            clauses.append("when ge @start")
-            parameters["start"] = query.start
-        if query.end is not None:
-            clauses.append("when le @end")
-            parameters["end"] = query.end
-        found: list[EventSummary] = []
-        scanned = 0
-        try:
-            for entity in self._client.query_entities(
-                " and ".join(clauses),
-                parameters=parameters,
-                select=["RowKey", "body"],
-                results_per_page=1000,
-            ):
-                scanned += 1
-                if scanned > MAX_SCAN:
-                    log.warning("history listing stopped after %d summaries", MAX_SCAN)
-                    break
-                summary = _summary_of(entity)
-                if summary is not None:
-                    found.append(summary)
-        except ResourceNotFoundError:
-            return []
-        return found
+        if query.vm is not None:
+            extra += f" and {vm_column(query.vm)} eq @vm"  # a digest: a safe property name
+            parameters["vm"] = query.vm.lower()
+        return self._listed(LATEST_FIRST, lo, hi, query.limit, extra, parameters)
+
+    def upcoming(self, start: datetime, end: datetime, limit: int) -> list[EventSummary]:
+        lo, hi = _rank(start), f"{time_rank(end) + 1:019d}"
+        return self._listed(EARLIEST_FIRST, lo, hi, limit, "", {}).summaries
 
     # ---- retention -------------------------------------------------------------------------
     def expired(self, before: datetime, limit: int) -> list[str]:
-        keys: list[str] = []
-        try:
-            for entity in self._client.query_entities(
-                "PartitionKey eq @pk and lastSeen lt @before",
-                parameters={"pk": SUMMARIES, "before": before},
-                select=["RowKey"],
-                results_per_page=limit,
-            ):
-                keys.append(str(entity["RowKey"]))
-                if len(keys) >= limit:
-                    break
-        except ResourceNotFoundError:
-            return []
-        return keys
+        rows, _ = self._query(
+            "PartitionKey eq @pk and lastRecorded lt @before",
+            {"pk": SUMMARIES, "before": before},
+            limit,
+            select=["RowKey"],
+        )
+        return [str(row["RowKey"]) for row in rows]
 
-    def delete(self, event_key: str) -> None:
-        partition = entries_partition(event_key)
-        rows = [
-            str(entity["RowKey"])
-            for entity in self._client.query_entities(
-                "PartitionKey eq @pk", parameters={"pk": partition}, select=["RowKey"]
-            )
-        ]
-        for start in range(0, len(rows), DELETE_BATCH):
-            batch = rows[start : start + DELETE_BATCH]
-            self._client.submit_transaction(
-                [("delete", {"PartitionKey": partition, "RowKey": row}) for row in batch]
-            )
-        with contextlib.suppress(ResourceNotFoundError):
-            self._client.delete_entity(SUMMARIES, event_key)
+    def delete(self, key: str) -> None:
+        """Index rows first, then the entries, the summary last: a run cut short is found
+        again by :meth:`expired` and finished."""
+        stored = self.summary(key)
+        if stored is not None:
+            ranks = set(stored.marks)
+            if stored.summary is not None:
+                ranks.add(_rank(stored.summary.latest.when))
+            for rank in sorted(ranks):
+                self._delete_index(key, rank)
+        partition = entries_partition(key)
+        with _faults("history delete"):
+            rows = [
+                str(entity["RowKey"])
+                for entity in self._client.query_entities(
+                    "PartitionKey eq @pk", parameters={"pk": partition}, select=["RowKey"]
+                )
+            ]
+            for start in range(0, len(rows), DELETE_BATCH):
+                batch = rows[start : start + DELETE_BATCH]
+                self._client.submit_transaction(
+                    [("delete", {"PartitionKey": partition, "RowKey": row}) for row in batch]
+                )
+            with contextlib.suppress(ResourceNotFoundError):
+                self._client.delete_entity(SUMMARIES, key)
 
 
-def _key_of(entry: Entry) -> str:
-    return event_key(entry.event_id)
+def _marks(entity: Any) -> tuple[str, ...]:
+    try:
+        marks = json.loads(entity.get("indexedAt") or "[]")
+    except ValueError:
+        return ()
+    if not isinstance(marks, list):
+        return ()
+    return tuple(m for m in marks if isinstance(m, str) and m.isdigit() and len(m) == 19)
 
 
 def _summary_of(entity: Any) -> EventSummary | None:
     try:
-        return EventSummary.from_json(json.loads(entity["body"]))
+        return summary_from_properties(entity)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         log.error("history summary %s unreadable, skipped: %s", entity.get("RowKey"), exc)
         return None

@@ -46,6 +46,7 @@ import requests
 from functions.adapters.arm import TokenCredential
 from functions.adapters.heartbeats import STORAGE_API_VERSION, STORAGE_SCOPE
 from functions.adapters.retry import RetryPolicy, send
+from functions.shared import event_record
 from functions.shared.ports import PoolBusy
 from sebridge.retry import Backoff
 
@@ -57,6 +58,7 @@ ACQUIRE_TIMEOUT = 30.0  # seconds to wait for a pool another instance holds
 # decision and one NIC write), so a longer wait would only leave the pool idle.
 ACQUIRE_POLL_CAP = 0.2
 MAX_STATE_BYTES = 4 * 1024 * 1024
+EVENT_WRITE_ATTEMPTS = 5  # reads and conditional writes of one event record
 
 
 class PoolStoreError(Exception):
@@ -126,6 +128,15 @@ class _Lease:
                 f"the lease on {lapsing} can no longer be proven held (no renewal went through "
                 f"for {self._store.lease_seconds - self._store.margin:g} s)"
             )
+
+    def allowance(self) -> float:
+        """:meth:`check`, then how many seconds every lease is still provably held with the
+        margin to spare: a write retried later than that could land after the lease lapsed."""
+        self.check()
+        now = self._store.monotonic()
+        with self._until_lock:
+            earliest = min(self._until.values(), default=now)
+        return max(0.0, earliest - self._store.margin - now)
 
     def state(self, pool_id: str) -> Mapping[str, Any]:
         return self._store.peek(pool_id)
@@ -206,46 +217,71 @@ class BlobPoolStore:
             return {}
         return state if isinstance(state, dict) else {}
 
-    # ---- the index of held events ---------------------------------------------------------
-    # Written by lb-pools under the leases of the pools it changes, read by an Approve link that
-    # names only its event; a hint, checked against the pools' own state (never trusted alone).
+    # ---- the events' records (functions.shared.event_record) -------------------------------
+    # One blob per event: the index of held events (written by lb-pools under the leases of the
+    # pools it changes, read by an Approve link that names only its event; a hint, checked
+    # against the pools' own state) and what each scope last said of the event (written by the
+    # gate, read by every early approval). Written under the blob's ETag: lb-pools and the gate
+    # write the same record at once, and neither may lose the other's change.
     def index_held(self, event_id: str, pool_ids: Sequence[str]) -> None:
-        body = json.dumps(
-            {"eventId": event_id, "pools": sorted({p.lower() for p in pool_ids})},
-            separators=(",", ":"),
-        ).encode()
+        self.update_event(
+            event_id, lambda record: event_record.with_held_pools(record, event_id, pool_ids)
+        )
+
+    def held_pools(self, event_id: str) -> list[str]:
+        return event_record.held_pools(self.read_event(event_id))
+
+    def _read_event(self, event_id: str) -> tuple[dict[str, Any], str | None]:
         url = f"{self._container}/{event_blob_name(event_id)}"
-        for _ in range(2):
+        response = self._send("GET", url, "event read", headers=self._headers())
+        if response.status_code == 404:
+            return {}, None
+        if response.status_code != 200:
+            raise PoolStoreError(f"read event record: HTTP {response.status_code}")
+        etag = response.headers.get("ETag")
+        try:
+            record = json.loads(response.content) if response.content else {}
+        except ValueError:
+            log.error("unreadable event record of %s, treated as empty", event_id[:64])
+            return {}, etag
+        return (record if isinstance(record, dict) else {}), etag
+
+    def read_event(self, event_id: str) -> dict[str, Any]:
+        return self._read_event(event_id)[0]
+
+    def update_event(self, event_id: str, change: Callable[[dict[str, Any]], bool]) -> None:
+        url = f"{self._container}/{event_blob_name(event_id)}"
+        for _ in range(EVENT_WRITE_ATTEMPTS):
+            record, etag = self._read_event(event_id)
+            if not change(record):
+                return
+            body = json.dumps(record, separators=(",", ":")).encode()
+            condition = {"If-Match": etag} if etag else {"If-None-Match": "*"}
             response = self._send(
                 "PUT",
                 url,
-                "index write",
+                "event write",
                 data=body,
                 headers=self._headers(
-                    **{"x-ms-blob-type": "BlockBlob", "Content-Type": "application/json"}
+                    **{
+                        "x-ms-blob-type": "BlockBlob",
+                        "Content-Type": "application/json",
+                        **condition,
+                    }
                 ),
             )
             code = response.headers.get("x-ms-error-code", "")
             if response.status_code == 404 and code == "ContainerNotFound":
                 self._create_container()
                 continue
+            if response.status_code in (409, 412):
+                continue  # written meanwhile: read it again and change that
             if response.status_code != 201:
-                raise PoolStoreError(f"write held index: HTTP {response.status_code} {code}")
+                raise PoolStoreError(f"write event record: HTTP {response.status_code} {code}")
             return
-
-    def held_pools(self, event_id: str) -> list[str]:
-        url = f"{self._container}/{event_blob_name(event_id)}"
-        response = self._send("GET", url, "index read", headers=self._headers())
-        if response.status_code == 404:
-            return []
-        if response.status_code != 200:
-            raise PoolStoreError(f"read held index: HTTP {response.status_code}")
-        try:
-            entry = json.loads(response.content) if response.content else {}
-        except ValueError:
-            return []
-        pools = entry.get("pools") if isinstance(entry, dict) else None
-        return [p for p in pools if isinstance(p, str)] if isinstance(pools, list) else []
+        raise PoolStoreError(
+            f"write event record: still changing after {EVENT_WRITE_ATTEMPTS} attempts"
+        )
 
     def put_state(self, pool_id: str, state: Mapping[str, Any], lease_id: str) -> None:
         body = json.dumps({**state, "pool": pool_id}, separators=(",", ":")).encode()

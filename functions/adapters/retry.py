@@ -63,18 +63,26 @@ def send(
     policy: RetryPolicy,
     what: str,
     sleep: Callable[[float], None] = time.sleep,
+    before_attempt: Callable[[], float | None] | None = None,
     **kwargs: object,
 ) -> requests.Response:
     """One request, retried on ``policy.statuses`` and connection errors.
 
     ``what`` names the call in logs: URLs are never logged, since some carry a secret (the
     Teams webhook's signature) in their query string.
+
+    ``before_attempt`` (a write under a pool's lease: functions.shared.write_window) is asked
+    before every attempt, and raises when the write may no longer go out; before a wait it
+    says how long one may still be (None: no limit), and a retry that would wait longer is not
+    waited for: the request fails at once and the message comes back later.
     """
     waited = 0.0
     backoff = Backoff(policy.base_delay, max(policy.base_delay, policy.max_delay), floor=0.0)
     for attempt in range(1, policy.attempts + 1):
         problem: str
         delay: float | None = None
+        if before_attempt is not None:
+            before_attempt()
         try:
             response = session.request(method, url, timeout=policy.timeout, **kwargs)  # type: ignore[arg-type]
         except (requests.ConnectionError, requests.Timeout) as exc:
@@ -94,6 +102,10 @@ def send(
             problem += f" (Retry-After {delay:.0f} s)"
             break
         if waited + delay > policy.max_total_wait:
+            break
+        allowed = before_attempt() if before_attempt is not None else None
+        if allowed is not None and delay >= allowed:
+            problem += f" (a retry in {delay:.1f} s would outlast the pool's lease)"
             break
         log.warning("%s: %s, retry %d in %.1f s", what, problem, attempt, delay)
         sleep(delay)

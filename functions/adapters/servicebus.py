@@ -17,6 +17,7 @@ from typing import Any
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusError
 
+from functions.shared import write_window
 from functions.shared.batching import Batcher
 from sebridge import servicebus
 from sebridge.contract.commands import ApproveCommand
@@ -170,5 +171,8 @@ class SdkCommandSender:
         self._sender, self._queue = sender, queue
 
     def send(self, command: ApproveCommand, session_id: str) -> None:
+        # An approval decided under a pool's lease goes out only while it is held (a send
+        # waits for its batch; the SDK retries on its own, so this is checked before it).
+        write_window.before_attempt()
         self._sender.send_to_queue(self._queue, servicebus.command_message(command, session_id))
         log.info("command sent", extra={"messageId": command.message_id, "vm": session_id})

@@ -22,6 +22,7 @@ ARM check fails and nothing is approved early until lb-pools drains it and publi
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -30,6 +31,7 @@ from functions.approval_gate.agentless import AgentlessRules, Route, choose_rout
 from functions.approval_gate.policy import Action, Policy
 from functions.lb_pools import nic_pools
 from functions.lb_pools.guard import CapacityGuard
+from functions.lb_pools.held import maintenance_until
 from functions.shared import scope as trust
 from functions.shared import seal
 from functions.shared.impact import ImpactRules
@@ -41,16 +43,16 @@ from functions.shared.ports import (
     PermissionDenied,
 )
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
-from functions.shared.vms import VmKind
+from functions.shared.vms import ResolvedVm, VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
 from sebridge.contract.events import Transition, TransitionMessage
-from sebridge.imds import ScheduledEvent
 
 log = logging.getLogger("sebridge.functions.approval_gate")
 
 REQUESTED_BY = "approval-gate"
-MAINTENANCE_MARGIN = timedelta(minutes=30)
 DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
+# How far ahead of the gate's clock a Heartbeat's time may be (README: Approval policy).
+CLOCK_SKEW = timedelta(minutes=5)
 
 
 class GateOutcome(StrEnum):
@@ -89,7 +91,8 @@ class Gate:
     def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
         """Verify ``message`` (the trigger layer does this before :meth:`decide`), then
         decide."""
-        checked = verify_and_log("approval_gate", self.arm, message, self.rules)
+        pools = self.guard.pools if self.guard is not None else None
+        checked = verify_and_log("approval_gate", self.arm, message, self.rules, records=pools)
         if isinstance(checked, UnverifiedMessage):
             return GateOutcome.REFUSED
         return self.decide(checked, now)
@@ -99,11 +102,23 @@ class Gate:
         if message.transition is Transition.HEARTBEAT:
             if self.fallback is None:
                 return GateOutcome.IGNORED
-            self.fallback.store.record(message.observer.vm_name, message.time or now)
+            # The time is the sender's word: never later than our clock allows for skew, so
+            # a Heartbeat dated ahead keeps its forwarder "live" no longer than a true one.
+            sent = message.time or now
+            self.fallback.store.record(message.observer.vm_name, min(sent, now + CLOCK_SKEW))
             return GateOutcome.HEARTBEAT
         event = message.event
         if event is None or message.transition not in DECIDE_ON or event.is_started:
             return GateOutcome.IGNORED
+        if verified.scope.observer.gone:
+            log.info(
+                "its observer no longer exists: nothing to approve", extra={"eventId": event.key}
+            )
+            return GateOutcome.IGNORED
+        guard = self.guard or CapacityGuard(self.arm)
+        # What the event names now, noted for every later decision on it (a Prepared or an
+        # Approve link that carries fewer VMs than an Updated added: functions.shared.event_record).
+        guard.remember(verified, now)
         try:
             canonical_event_id(event.key)
         except CommandError as exc:
@@ -123,29 +138,37 @@ class Gate:
         if decision.action is Action.MANUAL:
             return GateOutcome.MANUAL
         drained = self.impact.is_impactful(event)
+        vms = guard.affected_now(verified)
         if (decision.action is Action.APPROVE_WHEN_PREPARED or drained) and not self._prepared(
-            verified, vm_side_prepared(message)
+            verified, vm_side_prepared(message), vms
         ):
             log.info("waiting until the VMs are out of their pools", extra=fields)
             return GateOutcome.WAITING
-        return self.approve(verified, now, reason=f"policy rule {decision.rule}: {decision.action}")
+        reason = f"policy rule {decision.rule}: {decision.action}"
+        return self.approve(verified, now, reason=reason, vms=vms)
 
-    def _prepared(self, verified: VerifiedMessage, self_prepared: str | None) -> bool:
-        """Is every affected VM prepared? ``self_prepared`` is the VM that prepared itself
-        (its forwarder's hooks or drain probe, :func:`vm_side_prepared`); every other VM must
-        be out of every backend pool in ARM (read-only). A VM the app may not read (403) is
-        not: what cannot be checked is not approved early."""
-        checked = verified.scope
+    def _prepared(
+        self,
+        verified: VerifiedMessage,
+        self_prepared: str | None,
+        vms: Sequence[ResolvedVm] | None = None,
+    ) -> bool:
+        """Is every affected VM (``vms``: what the event names now, else the message's) prepared?
+        ``self_prepared`` is the VM that prepared itself (its forwarder's hooks or drain probe,
+        :func:`vm_side_prepared`); every other VM must be out of every backend pool in ARM
+        (read-only). A VM the app may not read (403) is not: what cannot be checked is not
+        approved early."""
+        affected = verified.scope.vms if vms is None else vms
         event = verified.message.event
         assert event is not None
-        if self_prepared is not None and [vm.name.lower() for vm in checked.vms] == [self_prepared]:
+        if self_prepared is not None and [vm.name.lower() for vm in affected] == [self_prepared]:
             # The only affected VM prepared itself: nothing to ask ARM (its pools may be ones
             # lb-pools cannot drain, a Uniform scale set's or an Application Gateway's).
             return True
         if not self.impact.is_impactful(event):
             return True  # lb-pools leaves such VMs in their pools: there is nothing to wait for
         try:
-            for vm in checked.vms:
+            for vm in affected:
                 if vm.kind is VmKind.GONE or vm.name.lower() == self_prepared:
                     continue
                 if vm.kind is VmKind.FORBIDDEN:
@@ -189,9 +212,18 @@ class Gate:
         )
         return verified.scope.observer.id
 
-    def approve(self, verified: VerifiedMessage, now: datetime, *, reason: str) -> GateOutcome:
+    def approve(
+        self,
+        verified: VerifiedMessage,
+        now: datetime,
+        *,
+        reason: str,
+        vms: Sequence[ResolvedVm] | None = None,
+    ) -> GateOutcome:
         """Approve the event early: the command to the observer's forwarder, or the ARM
-        acknowledge (agentless, or the fallback), once the capacity decision allows it."""
+        acknowledge (agentless, or the fallback), once the capacity decision allows it for
+        ``vms`` (what the event names now; default: what the event's record says, else the
+        message)."""
         message = verified.message
         event = message.event
         assert event is not None
@@ -219,9 +251,8 @@ class Gate:
             act()
             return sent[0]
         guard = self.guard or CapacityGuard(self.arm)
-        clearance = guard.clear(
-            event.key, verified.scope.vms, now, maintenance_until(event, now), act
-        )
+        affected = guard.affected_now(verified) if vms is None else vms
+        clearance = guard.clear(event.key, affected, now, maintenance_until(event, now), act)
         if not clearance.allowed:
             return GateOutcome.HELD
         return sent[0]
@@ -240,15 +271,6 @@ class Gate:
             )
             return GateOutcome.NOT_ACKNOWLEDGED
         return GateOutcome.ACKNOWLEDGED
-
-
-def maintenance_until(event: ScheduledEvent, now: datetime) -> datetime:
-    """Until when an event approved now keeps its VMs down, at the latest: from NotBefore (or
-    now) for its duration (or an hour, unknown) and a margin. Its Completed ends it sooner."""
-    start = max(event.not_before or now, now)
-    duration = event.duration_in_seconds
-    seconds = duration if duration is not None and duration > 0 else 3600
-    return start + timedelta(seconds=seconds) + MAINTENANCE_MARGIN
 
 
 def vm_side_prepared(message: TransitionMessage) -> str | None:

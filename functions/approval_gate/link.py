@@ -5,10 +5,12 @@ GET only shows a confirmation page with a form; POST approves. Link-preview bots
 scanners fetch URLs with GET, so following a link never approves anything by itself.
 
 A valid token is not enough: the link approves only what the gate would let start early now.
-On POST the VMs the token names are read again in ARM and the capacity decision
-(functions.lb_pools.guard) is asked, under the pools' leases: an event held by lb-pools, or one
-whose VMs are still healthy members a pool cannot spare, is not approved, and the page says why
-(409). A link signed before links named their VMs can only be checked for a hold of its event.
+On POST the VMs the token names, and those the event names now (its record: an Updated may have
+added VMs since the card was made, functions.shared.event_record), are read again in ARM and the
+capacity decision (functions.lb_pools.guard) is asked, under the pools' leases: an event held by
+lb-pools, or one whose VMs are still healthy members a pool cannot spare, is not approved, and
+the page says why (409). A link signed before links named their VMs can only be checked for a
+hold of its event.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from datetime import datetime, timedelta
 
 from functions.approval_gate import tokens
 from functions.lb_pools.guard import CapacityGuard
-from functions.shared.ports import ArmClient, CommandSender, PermissionDenied
-from functions.shared.vms import ResolvedVm, VmKind, lookup
+from functions.shared import event_record
+from functions.shared import scope as trust
+from functions.shared.names import same
+from functions.shared.ports import ArmClient, CommandSender, PermissionDenied, PoolStore
+from functions.shared.vms import ResolvedVm, VmKind, affected_vms, lookup
 from sebridge.contract.commands import approve_command
 from sebridge.contract.events import Observer
 
@@ -114,7 +119,11 @@ def approve(
         return done[0]
     if claims.scoped:
         until = claims.expires_at + LINK_MAINTENANCE
-        clearance = guard.clear(claims.event_id, _affected(guard.arm, claims), now, until, act)
+        try:
+            vms = _affected(guard.arm, claims, guard.pools)
+        except _Unverifiable as exc:
+            vms = [ResolvedVm("?", VmKind.FORBIDDEN, problem=str(exc))]
+        clearance = guard.clear(claims.event_id, vms, now, until, act)
     else:
         clearance = guard.clear_event(claims.event_id, act)
     if not clearance.allowed:
@@ -130,17 +139,27 @@ def approve(
     return done[0]
 
 
-def _affected(arm: ArmClient, claims: tokens.ApprovalClaims) -> list[ResolvedVm]:
-    """The VMs the token names, as ARM knows them now (a VM the app may not read is
-    ``forbidden``, and then nothing is approved: what cannot be checked is not approved)."""
+def _affected(
+    arm: ArmClient, claims: tokens.ApprovalClaims, pools: PoolStore | None = None
+) -> list[ResolvedVm]:
+    """The VMs the token names, and those the event names now in the same scope (its record,
+    functions.shared.event_record: an Updated may have added VMs since the card was made), as
+    ARM knows them now. A VM the app may not read is ``forbidden``, and then nothing is
+    approved: what cannot be checked is not approved. Both lists, because the token knows no
+    time to tell which is newer; a VM the event no longer names is back in its pool and asks
+    the capacity decision for nothing it cannot spare."""
     where = Observer(
         vm_name=claims.vm_name,
         subscription_id=claims.subscription,
         resource_group=claims.resource_group,
         vm_scale_set_name=claims.scale_set,
     )
+    names = list(claims.vms)
+    for name in _recorded(arm, claims, where, pools):
+        if all(not same(name, known) for known in names):
+            names.append(name)
     resolved: list[ResolvedVm] = []
-    for name in claims.vms:
+    for name in names:
         try:
             record = lookup(arm, where, name)
         except PermissionDenied as exc:
@@ -148,3 +167,33 @@ def _affected(arm: ArmClient, claims: tokens.ApprovalClaims) -> list[ResolvedVm]
             continue
         resolved.append(ResolvedVm.of(name, record) if record else ResolvedVm(name, VmKind.GONE))
     return resolved
+
+
+def _recorded(
+    arm: ArmClient, claims: tokens.ApprovalClaims, where: Observer, pools: PoolStore | None
+) -> list[str]:
+    """The VMs the event's record names now in the scope of the token's observer, checked in
+    that scope (a name that no longer checks out makes the whole list unusable, so it is
+    named and refuses: ``forbidden``)."""
+    if pools is None:
+        return []
+    try:
+        observer = lookup(arm, where, claims.vm_name)
+    except PermissionDenied:
+        return []  # the token's own VMs are checked (and refused) on their own
+    if observer is None:
+        return []
+    placement = (observer.availability_set or observer.scale_set or observer.id).lower()
+    view = event_record.scope_of(pools.read_event(claims.event_id), placement)
+    if view is None:
+        return []
+    named = affected_vms(view.resources, where)
+    checked = trust.resolve_names(arm, observer, where, named)
+    if isinstance(checked, trust.Refusal):
+        log.warning("the event's current VMs cannot be checked: %s", checked.reason)
+        raise _Unverifiable(checked.reason)
+    return list(named)
+
+
+class _Unverifiable(Exception):
+    """The event's record names VMs that no longer check out in the token's scope."""

@@ -21,11 +21,18 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
 @service_bus_function(bp, "history", "%HistorySubscriptionName%")
 def history(verified: VerifiedMessage) -> None:
-    """Only verified messages reach the history: an invented event never shows in the timeline
-    or the calendar (a refused one is logged as a security event by the trigger layer)."""
+    """Only verified messages reach the history, each in the entry of its verified scope: an
+    invented event never shows in the timeline or the calendar (a refused one is logged as a
+    security event by the trigger layer), and no scope writes into another's. A storage fault
+    is retried within the history's window, then raised: Service Bus redelivers."""
     deps = composition.dependencies()
-    recorded = deps.history.record(verified.message, deps.clock())
-    note(entries=recorded.entries, summaryWritten=int(recorded.written), purged=recorded.purged)
+    recorded = deps.history.record(verified, deps.clock())
+    note(
+        entries=recorded.entries,
+        summaryWritten=int(recorded.written),
+        purged=recorded.purged,
+        replayed=recorded.replayed,
+    )
 
 
 def _response(answer: endpoints.Answer) -> func.HttpResponse:

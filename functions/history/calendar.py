@@ -3,13 +3,15 @@
 One VEVENT per appearance of an event (an event that ends and comes back is a new entry), for
 the VMs it names:
 
-- ``UID`` ``<eventId>-<appearance>@sebridge``: stable, so a calendar client that subscribed
-  updates the entry rather than adding another;
+- ``UID`` ``<eventId>.<scope>-<appearance>@sebridge`` (the scope: a digest of the verified
+  placement that saw it): stable, so a calendar client that subscribed updates the entry
+  rather than adding another;
 - ``DTSTART`` NotBefore (else when it started, else when it was first seen), ``DTEND``
   DTSTART + DurationInSeconds, or :data:`DEFAULT_DURATION` when the duration is unknown or -1;
 - ``SEQUENCE`` the number of Updated transitions, plus one once Cancelled, so every change is a
   new revision; ``STATUS`` ``CANCELLED`` for a cancelled event, else ``CONFIRMED``;
-- ``DTSTAMP`` the feed's time, ``CREATED``/``LAST-MODIFIED`` the first and last entry;
+- ``DTSTAMP`` the feed's time, ``CREATED``/``LAST-MODIFIED`` the first and last entry; every
+  DATE-TIME has a four-digit year (the times are held to 1601..9999, Azure Table's range);
 - text escaped (``\\``, ``;``, ``,``, newlines; control characters dropped), lines folded at 75
   octets (never inside a UTF-8 sequence), every line ended by CRLF.
 """
@@ -17,9 +19,9 @@ the VMs it names:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-from functions.history.core import Appearance, EventSummary
+from functions.history.core import LATEST, Appearance, EventSummary, clamp_time, shifted
 
 DEFAULT_DURATION = timedelta(minutes=15)
 PRODID = "-//Scheduled Events Bridge//sebridge history//EN"
@@ -58,7 +60,10 @@ def fold(line: str) -> str:
 
 
 def stamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    """A UTC DATE-TIME (RFC 5545 3.3.5): ``YYYYMMDDTHHMMSSZ``, the year always four digits
+    (strftime's ``%Y`` does not pad years before 1000)."""
+    t = clamp_time(moment)
+    return f"{t.year:04d}{t.month:02d}{t.day:02d}T{t.hour:02d}{t.minute:02d}{t.second:02d}Z"
 
 
 def _summary_text(summary: EventSummary, appearance: Appearance) -> str:
@@ -96,9 +101,10 @@ def _description(summary: EventSummary, appearance: Appearance) -> str:
 
 
 def vevent(summary: EventSummary, appearance: Appearance, now: datetime) -> list[str]:
-    start = appearance.when
+    start = clamp_time(appearance.when)
     duration = appearance.announced_seconds
     length = timedelta(seconds=duration) if duration else DEFAULT_DURATION
+    end = start + length if LATEST - start > length else LATEST  # never past 9999
     sequence = appearance.updates + (1 if appearance.state == "Cancelled" else 0)
     status = "CANCELLED" if appearance.state == "Cancelled" else "CONFIRMED"
     return [
@@ -106,7 +112,7 @@ def vevent(summary: EventSummary, appearance: Appearance, now: datetime) -> list
         f"UID:{summary.key}-{appearance.number}@sebridge",
         f"DTSTAMP:{stamp(now)}",
         f"DTSTART:{stamp(start)}",
-        f"DTEND:{stamp(start + length)}",
+        f"DTEND:{stamp(end)}",
         f"SEQUENCE:{sequence}",
         f"STATUS:{status}",
         f"CREATED:{stamp(appearance.first_seen)}",
@@ -120,7 +126,7 @@ def vevent(summary: EventSummary, appearance: Appearance, now: datetime) -> list
 
 
 def in_window(appearance: Appearance, now: datetime, window: timedelta) -> bool:
-    return now - window <= appearance.when <= now + window
+    return shifted(now, -window) <= clamp_time(appearance.when) <= shifted(now, window)
 
 
 def feed(summaries: Iterable[EventSummary], now: datetime, window: timedelta) -> str:

@@ -1,9 +1,10 @@
 """The history's HTTP endpoints as plain functions (the blueprint only converts).
 
-``GET /api/events`` (filters: state, vm, resourceGroup, from, to, limit), ``GET
-/api/events/{eventId}`` (one event's timeline) and ``GET /api/calendar.ics`` (the feed). Each
-answers a :class:`Answer`; a filter or an EventId that is not valid gets 400 before anything
-reaches the store.
+``GET /api/events`` (filters: state, vm, resourceGroup, from, to, limit; the latest first,
+from the store's time index), ``GET /api/events/{eventId}`` (the event as each scope that saw
+it tells it) and ``GET /api/calendar.ics`` (the feed: the events nearest to now, the upcoming
+ones first). Each answers a :class:`Answer`; a filter or an EventId that is not valid gets 400
+before anything reaches the store.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ from functions.history.core import (
     EventQuery,
     History,
     QueryError,
+    clamp_time,
     event_key,
     impact_by_type,
     parse_query,
     select,
+    shifted,
     timeline_json,
 )
 
 JSON = "application/json"
 ICALENDAR = "text/calendar"
-CALENDAR_LIMIT = MAX_LIMIT
+CALENDAR_LIMIT = MAX_LIMIT  # events (each with its appearances in the window) per feed
 _EVENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -55,13 +58,15 @@ def list_events(history: History, params: Mapping[str, str]) -> Answer:
         query = parse_query(params)
     except QueryError as exc:
         return _json(400, {"error": str(exc)})
-    events = select(history.store.summaries(query), query)
+    listing = history.store.latest(query)
+    events = select(listing.summaries, query)
     return _json(
         200,
         {
             "events": [summary.to_json() for summary in events],
             "count": len(events),
             "limit": query.limit,
+            "complete": listing.complete,
             "impactByEventType": impact_by_type(events),
         },
     )
@@ -71,15 +76,28 @@ def event_timeline(history: History, event_id: str) -> Answer:
     if not _EVENT_ID.fullmatch(event_id):
         return _json(400, {"error": "eventId is not an EventId"})
     found = history.timeline(event_key(event_id))
-    if found is None:
+    if not found:
         return _json(404, {"error": "no such event in the history"})
-    summary, entries = found
-    return _json(200, timeline_json(summary, entries))
+    return _json(
+        200,
+        {
+            "eventId": found[0].summary.event_id,
+            "scopes": [timeline_json(timeline) for timeline in found],
+        },
+    )
 
 
 def calendar_feed(history: History, now: datetime, window: timedelta) -> Answer:
-    query = EventQuery(start=now - window, end=now + window, limit=CALENDAR_LIMIT)
-    events = select(history.store.summaries(query), query)
+    """The events whose time is nearest to now within the window: every upcoming one first
+    (the earliest first), then the past ones (the latest first), :data:`CALENDAR_LIMIT` in
+    all, so the next maintenance is never the one left out."""
+    now = clamp_time(now)
+    start, end = shifted(now, -window), shifted(now, window)
+    events = history.store.upcoming(now, end, CALENDAR_LIMIT)
+    room = CALENDAR_LIMIT - len(events)
+    if room > 0 and start < now:
+        past = EventQuery(start=start, end=now - timedelta(microseconds=1), limit=room)
+        events += select(history.store.latest(past).summaries, past)
     return Answer(
         200,
         calendar.feed(events, now, window),

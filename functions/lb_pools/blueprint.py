@@ -15,5 +15,5 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
 def lb_pools(message: VerifiedMessage) -> None:
     deps = composition.dependencies()
     outcome = deps.lb_pools.handle_verified(message, deps.clock())
-    if outcome.not_restored:
-        note(notRestored=len(outcome.not_restored))
+    if outcome.not_restored_count:
+        note(notRestored=outcome.not_restored_count)

@@ -22,8 +22,9 @@ bridge never changes them, and ARM's pool document lists only NIC members in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from functions.lb_pools import nic_pools
@@ -128,7 +129,42 @@ def gone_pools(arm: ArmClient, pool_ids: Iterable[str]) -> set[str]:
     return gone
 
 
-Probes = dict[str, dict[str, str]]  # lower-case rule id -> ip configuration -> Up/Down
+PROBE_MAX_AGE_SECONDS = 10.0  # a probe verdict older than this is asked for again
+
+
+@dataclass
+class Probes:
+    """The load balancer's probe verdicts by rule, each with when it was asked for.
+
+    The one freshness rule of every capacity decision (lb-pools' drains and the guard's early
+    approvals alike): a verdict is reused only while it is at most ``max_age`` seconds old;
+    an older one is asked for again. Verdicts are asked for before a decision waits for its
+    pools' leases (the health API is a long-running call that must not lengthen the time a
+    pool is locked), and a wait for a lease can be long (another instance's decision, a slow
+    NIC write): a member probed Down during that wait must not still count as healthy."""
+
+    clock: Callable[[], float] = time.monotonic
+    max_age: float = PROBE_MAX_AGE_SECONDS
+    verdicts: dict[str, dict[str, str]] = field(default_factory=dict)  # lower-case rule id ->
+    asked_at: dict[str, float] = field(default_factory=dict)  # ip configuration -> Up/Down
+
+    def of(self, arm: ArmClient, rule_id: str) -> dict[str, str]:
+        """The rule's verdicts: the ones held if fresh enough, else ARM's answer now."""
+        key = rule_id.lower()
+        asked = self.asked_at.get(key)
+        if key not in self.verdicts or asked is None or self.clock() - asked > self.max_age:
+            asked = self.clock()
+            self.verdicts[key] = arm.rule_health(rule_id)
+            self.asked_at[key] = asked
+        return self.verdicts[key]
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """The pools' health could not be read: ARM refused the load balancer or its rule health
+    (403). No retry grants the role, so the decision is "no" and the caller completes."""
+
+    problem: str  # PermissionDenied's text: the missing permission and its scope
 
 
 def measure(
@@ -138,19 +174,21 @@ def measure(
     reserved: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, PoolHealth]:
     """Health of each pool (keyed by lower-case id): one GET per load balancer (membership is
-    always read now), one health query per covering rule unless ``probes`` already holds that
-    rule's verdicts (they are added to it). A load balancer that is gone leaves its pools empty.
+    always read now), one health query per covering rule unless ``probes`` holds a fresh enough
+    verdict of that rule (:class:`Probes`: what is asked for is added to it). A load balancer
+    that is gone leaves its pools empty. Raises PermissionDenied (ARM 403): callers ask
+    :func:`measured`, which turns it into :class:`Unreadable`.
 
-    Why the probe verdicts may come from a moment earlier while membership may not: lb-pools
-    asks the (slow, long-running) health API before it waits for the pools' locks, and reads
-    membership under them. A member drained meanwhile is gone from the fresh membership; one
-    put back meanwhile is missing from the older verdicts and counts as not healthy (the safe
-    side); a member whose probe turned Down meanwhile is the one thing seen late, by at most
-    the wait for the locks, well within the probe's own interval times its threshold.
+    Why the probe verdicts may come from a moment earlier while membership may not: lb-pools and
+    the guard ask the (slow, long-running) health API before they wait for the pools' locks,
+    and read membership under them. A member drained meanwhile is gone from the fresh
+    membership; one put back meanwhile is missing from the older verdicts and counts as not
+    healthy (the safe side); a member whose probe turned Down meanwhile is the one thing seen
+    late, by at most :data:`PROBE_MAX_AGE_SECONDS` (older verdicts are asked for again).
 
     ``reserved``: lower-case pool id -> the members other events approved early take down
     (read from the pools' state under their leases)."""
-    probes = {} if probes is None else probes
+    probes = Probes() if probes is None else probes
     reserved = reserved or {}
     by_lb: dict[str, list[str]] = {}
     for pool_id in pool_ids:
@@ -165,15 +203,27 @@ def measure(
             spelled, members, rules = pool_view(document.body, pool_id)
             up: frozenset[str] | None = None
             for rule_id in rules:
-                key = rule_id.lower()
-                if key not in probes:
-                    probes[key] = arm.rule_health(rule_id)
-                rule_up = frozenset(i for i, s in probes[key].items() if s.lower() == "up")
+                verdicts = probes.of(arm, rule_id)
+                rule_up = frozenset(i for i, s in verdicts.items() if s.lower() == "up")
                 up = rule_up if up is None else up & rule_up
             result[pool_id.lower()] = PoolHealth(
                 spelled, members, up, reserved.get(pool_id.lower(), frozenset())
             )
     return result
+
+
+def measured(
+    arm: ArmClient,
+    pool_ids: Iterable[str],
+    probes: Probes | None = None,
+    reserved: Mapping[str, frozenset[str]] | None = None,
+) -> dict[str, PoolHealth] | Unreadable:
+    """:func:`measure`, or :class:`Unreadable` when ARM refuses the load balancer or a rule's
+    health (a missing role: the README's ARM 403 rule, for every capacity decision)."""
+    try:
+        return measure(arm, pool_ids, probes, reserved)
+    except PermissionDenied as exc:
+        return Unreadable(str(exc))
 
 
 def first_blocked(
@@ -212,12 +262,15 @@ class Decision:
 
     blocked: Blocked | None = None
     held_in: str = ""  # the pool whose held list holds the event (an approval waits for it)
+    unreadable: str = ""  # the pools' health could not be read: the missing permission
 
     @property
     def allowed(self) -> bool:
-        return self.blocked is None and not self.held_in
+        return self.blocked is None and not self.held_in and not self.unreadable
 
     def describe(self) -> str:
+        if self.unreadable:
+            return f"the pools' health cannot be read, so nothing leaves them: {self.unreadable}"
         if self.blocked is not None:
             return self.blocked.describe()
         if self.held_in:
@@ -229,17 +282,20 @@ class Decision:
 
 
 def decide(
-    health: Mapping[str, PoolHealth],
+    health: Mapping[str, PoolHealth] | Unreadable,
     leaving: Mapping[str, Iterable[str]],
     minimum: int,
     *,
     held_in: str = "",
 ) -> Decision:
     """The one capacity decision: may ``leaving`` (lower-case pool id -> ip configurations)
-    stop serving now? ``health`` as measured under the pools' leases; ``held_in``: a pool whose
-    held list names the event (for an approval: nothing held is approved early)."""
+    stop serving now? ``health`` as measured under the pools' leases (:func:`measured`: a pool
+    whose health cannot be read lets nothing go); ``held_in``: a pool whose held list names the
+    event (for an approval: nothing held is approved early)."""
     if held_in:
         return Decision(held_in=held_in)
+    if isinstance(health, Unreadable):
+        return Decision(unreadable=health.problem)
     return Decision(blocked=first_blocked(health, leaving, minimum))
 
 

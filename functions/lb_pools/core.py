@@ -47,6 +47,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from functions.lb_pools import capacity, held, nic_pools
+from functions.shared import event_record, write_window
 from functions.shared import scope as trust
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
@@ -84,7 +85,7 @@ MAX_ETAG_RETRIES = 3
 MAX_LOCK_ROUNDS = 3
 SETTLE_SECONDS = 60.0  # how long a restore waits for its members to be probed Up again
 SETTLE_POLL_SECONDS = 5.0
-PROBE_MAX_AGE_SECONDS = 10.0  # probe verdicts older than this are asked for again
+PROBE_MAX_AGE_SECONDS = capacity.PROBE_MAX_AGE_SECONDS  # older verdicts are asked for again
 PARALLEL_WRITES = 16  # NIC writes of one batch of decisions under way at once (in the app)
 
 Restored = dict[str, set[str]]  # lower-case pool id -> ip configuration ids put back
@@ -102,6 +103,14 @@ class LbOutcome:
     reason: str = ""
     # (VM, pool id) not put back: the pool (or its load balancer) no longer exists
     not_restored: list[tuple[str, str]] = field(default_factory=list)
+    # (VM, ip configuration, pool id) not put back: the NIC no longer has that configuration
+    vanished: list[tuple[str, str, str]] = field(default_factory=list)
+    kept_out: list[str] = field(default_factory=list)  # VMs another event still has out
+
+    @property
+    def not_restored_count(self) -> int:
+        """Everything recorded that could not be put back (the invocation line's notRestored)."""
+        return len(self.not_restored) + len(self.vanished)
 
 
 def _change_nic(
@@ -127,6 +136,14 @@ def _change_nic(
         log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
         return change, False
     raise PreconditionFailed(f"{nic_id}: still changing after {MAX_ETAG_RETRIES} attempts")
+
+
+def claim_of(message: TransitionMessage, now: datetime) -> nic_pools.Claim:
+    """The claim a drain for ``message`` puts on each NIC it takes out: its event, until the
+    event ends at the latest (from the message's own time, so a replay claims the same)."""
+    event = message.event
+    assert event is not None
+    return nic_pools.Claim(event.key, held.maintenance_until(event, message.time or now))
 
 
 def dropped_resources(message: TransitionMessage) -> list[str]:
@@ -159,7 +176,7 @@ class DrainRequest:
     now: datetime
     resume_pool: str | None  # a held event tried again because this pool got members back
     check: bool  # the capacity guard applies
-    probes: capacity.Probes  # verdicts asked for before the locks
+    probes: capacity.Probes  # verdicts asked for before the locks (with when)
     probed_at: float
 
     @property
@@ -178,6 +195,7 @@ class Verdict:
     relock: dict[str, set[str]] | None = None  # the VMs are in other pools now: lock those
     held: capacity.Blocked | None = None
     held_vms: list[str] = field(default_factory=list)
+    unreadable: str = ""  # the pools' health could not be read (ARM 403): nothing drained
 
 
 def _names_in(vms: list[ResolvedVm], in_pool: set[str]) -> list[str]:
@@ -282,7 +300,7 @@ class LbPools:
         action, reason = self._action(message, self.impact)
         if action == "ignore":
             return LbOutcome(action, reason=reason)
-        checked = verify_and_log("lb_pools", self.arm, message, self.rules)
+        checked = verify_and_log("lb_pools", self.arm, message, self.rules, records=self.pools)
         if isinstance(checked, UnverifiedMessage):
             return LbOutcome(action, refused=checked.reason)
         return self.handle_verified(checked, now, resume_pool=resume_pool)
@@ -330,11 +348,15 @@ class LbPools:
             trust.log_refusal("lb_pools", message, resolved)
             return
         restored: Restored = {}
+        assert message.event is not None
         failures = self._restore_all(
-            self._allowed(message, list(resolved), outcome), outcome, restored
+            self._allowed(message, list(resolved), outcome),
+            outcome,
+            restored,
+            event_id=message.event.key,
+            now=now,
         )
         if restored and self.guarded:
-            assert message.event is not None
             self._resume(restored, outcome, now, skip=message.event.key)
         self._report_not_restored(verified, outcome)
         if failures:
@@ -385,9 +407,10 @@ class LbPools:
         resume_pool: str | None = None,
     ) -> None:
         changeable = [vm for vm in vms if self._drainable(vm, outcome)]
+        claim = claim_of(verified.message, now)
         if self.pools is None:
             for vm in changeable:
-                self._drain_vm(vm, outcome)
+                self._drain_vm(vm, outcome, claim=claim)
             return
         changeable, outside = self._readable(changeable, outcome)
         # Started is decided like Scheduled: a forged Started gains nothing, and a VM that is
@@ -397,15 +420,19 @@ class LbPools:
             wanted = set(outside) | ({resume_pool} if resume_pool else set())
             if not wanted:
                 for vm in changeable:  # in no pool: nothing to decide, nothing to lock
-                    self._drain_vm(vm, outcome)
+                    self._drain_vm(vm, outcome, claim=claim)  # out already: claim it too
+                self._unhold_elsewhere(verified.message, set(), now)
                 return
             # The probe verdicts are asked for before the locks are taken (the health API is a
             # long-running operation in Azure: it must not lengthen the time a pool is locked);
             # membership is read again under them (capacity.measure says why that is sound).
-            probes: capacity.Probes = {}
+            probes = capacity.Probes(clock=self.monotonic)
             probed_at = self.monotonic()
             if check:
-                capacity.measure(self.arm, wanted, probes)
+                early = capacity.measured(self.arm, wanted, probes)
+                if isinstance(early, capacity.Unreadable):
+                    self._unreadable(changeable, outcome, early.problem)
+                    return
             request = DrainRequest(
                 verified, changeable, outcome, now, resume_pool, check, probes, probed_at
             )
@@ -414,8 +441,28 @@ class LbPools:
                 log.info("the VMs joined other pools meanwhile, locking again")
                 outside = verdict.relock
                 continue
+            if verdict.unreadable:
+                self._unreadable(changeable, outcome, verdict.unreadable)
+                return
+            if not outcome.reason:
+                keep = {verdict.held.pool_id.lower()} if verdict.held else set()
+                self._unhold_elsewhere(verified.message, keep, now)
             return
         raise PreconditionFailed("pool membership kept changing while the pools were locked")
+
+    @staticmethod
+    def _unreadable(vms: list[ResolvedVm], outcome: LbOutcome, problem: str) -> None:
+        """ARM refused the pools' load balancer or rule health (403): the capacity decision
+        cannot be made, so the VMs stay in their pools, no Prepared, and the message completes
+        (no retry grants the role)."""
+        names = [vm.name for vm in vms]
+        log.error(
+            "VMs %s left in their pools, no Prepared: %s",
+            ", ".join(names),
+            problem,
+            extra={"vms": names, "reason": "PermissionDenied"},
+        )
+        outcome.not_ready.extend(names)
 
     def _decide(
         self, pools: tuple[str, ...], requests: list[DrainRequest]
@@ -454,18 +501,32 @@ class LbPools:
             drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
             for index, request, members, fresh in ready:
                 if request.check and health is not None:
-                    blocked = capacity.decide(health, members, self.min_healthy).blocked
+                    decision = capacity.decide(health, members, self.min_healthy)
+                    if decision.unreadable:
+                        verdicts[index] = Verdict(unreadable=decision.unreadable)
+                        continue
+                    blocked = decision.blocked
                     if blocked is not None:
                         pool_key = blocked.pool_id.lower()
                         lists[pool_key][request.key] = held.entry_for(request.message, request.now)
                         changed.add(pool_key)
+                        for other in pools:  # held in one pool: the one that blocks it now
+                            if other == pool_key:
+                                continue
+                            if lists[other].pop(request.key, None) is not None:
+                                changed.add(other)
                         touched.add(request.key)
                         names = _names_in(request.vms, members.get(pool_key, set()))
                         verdicts[index] = Verdict(held=blocked, held_vms=names)
                         continue
+                    assert not isinstance(health, capacity.Unreadable)
                     health = capacity.after_leaving(health, members)
                 drains.append((index, request, fresh))
-            for index, error in self._drain_all(lease, drains).items():
+            # Every NIC write attempt (and every retry ARM asks for) goes out only while the
+            # leases are provably held: a throttled PUT never lands after they lapsed.
+            with write_window.lease_window(lease.allowance):
+                failures = self._drain_all(lease, drains)
+            for index, error in failures.items():
                 verdicts[index] = error
             for index, request, _ in drains:
                 if isinstance(verdicts[index], BaseException):
@@ -499,28 +560,39 @@ class LbPools:
         checked: list[DrainRequest],
         states: dict[str, held.PoolState],
         now: datetime,
-    ) -> dict[str, capacity.PoolHealth] | None:
+    ) -> dict[str, capacity.PoolHealth] | capacity.Unreadable | None:
         """The pools' health for a batch's guarded decisions (None: no decision is guarded):
-        membership read now, probe verdicts the freshest a request brought, unless those are
-        older than PROBE_MAX_AGE_SECONDS (the batch waited long for the locks), and the members
-        that events approved early take down (the pools' leaving members)."""
+        membership read now, the probe verdicts the freshest request brought (capacity.Probes
+        asks again for any older than PROBE_MAX_AGE_SECONDS: the batch may have waited long
+        for the locks), and the members that events approved early take down (the pools'
+        leaving members); Unreadable when ARM refuses them (403)."""
         if not checked:
             return None
         freshest = max(checked, key=lambda r: r.probed_at)
-        fresh_enough = self.monotonic() - freshest.probed_at <= PROBE_MAX_AGE_SECONDS
-        probes = dict(freshest.probes) if fresh_enough else {}
         reserved = {pool: states[pool].reserved(now) for pool in pools}
-        return capacity.measure(self.arm, pools, probes, reserved)
+        return capacity.measured(self.arm, pools, freshest.probes, reserved)
 
     def _index(
         self, pools: Iterable[str], states: dict[str, held.PoolState], events: set[str]
     ) -> None:
         """Keep the pool store's index of held events true for ``events``, held or held no
-        more in ``pools`` (an Approve link that names only its event reads it)."""
-        assert self.pools is not None
+        more in ``pools`` (the guard and an Approve link read it; lb-pools drops stale entries
+        by it): what it says of other pools stays."""
         for event_id in sorted(events):
-            holding = [p for p in sorted(pools) if event_id in states[p].held]
-            self.pools.index_held(event_id, holding)
+            holding = {p for p in pools if event_id in states[p].held}
+            self._reindex(event_id, set(pools) - holding, holding)
+
+    def _reindex(self, event_id: str, released: set[str], holding: set[str]) -> None:
+        """The index of held events: ``event_id`` held in ``holding`` now, no longer in
+        ``released``, and as before in every other pool (one read and conditional write)."""
+        assert self.pools is not None
+
+        def change(record: dict[str, Any]) -> bool:
+            known = {p.lower() for p in event_record.held_pools(record)}
+            wanted = (known - {p.lower() for p in released}) | {p.lower() for p in holding}
+            return event_record.with_held_pools(record, event_id, wanted)
+
+        self.pools.update_event(event_id, change)
 
     def _drain_all(
         self, lease: PoolLease, drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]]
@@ -530,9 +602,10 @@ class LbPools:
 
         def drain(request: DrainRequest, fresh: dict[str, ArmDocument]) -> Callable[[], None]:
             def run() -> None:
+                claim = claim_of(request.message, request.now)
                 for vm in request.vms:
                     lease.check()
-                    self._drain_vm(vm, request.outcome, fresh)
+                    self._drain_vm(vm, request.outcome, fresh, claim=claim)
 
             return run
 
@@ -598,13 +671,22 @@ class LbPools:
         return capacity.memberships(self.arm, vms, skip_forbidden=skip_forbidden, read=read)
 
     def _drain_vm(
-        self, vm: ResolvedVm, outcome: LbOutcome, read: dict[str, ArmDocument] | None = None
+        self,
+        vm: ResolvedVm,
+        outcome: LbOutcome,
+        read: dict[str, ArmDocument] | None = None,
+        *,
+        claim: nic_pools.Claim | None = None,
     ) -> None:
+        """Take every NIC of ``vm`` out of its pools, recording what was removed and
+        ``claim`` (the event that has it out: nic_pools)."""
+
+        def plan(nic: dict[str, object], nic_id: str) -> nic_pools.NicChange | None:
+            return nic_pools.plan_drain(nic, nic_id, claim)
+
         for nic_id in vm.nic_ids:
             try:
-                change, gone = _change_nic(
-                    self.arm, nic_id, nic_pools.plan_drain, (read or {}).pop(nic_id, None)
-                )
+                change, gone = _change_nic(self.arm, nic_id, plan, (read or {}).pop(nic_id, None))
             except nic_pools.RecordTooLarge as exc:
                 log.error("NIC left in its pools: %s", exc, extra={"vm": vm.name, "nic": nic_id})
                 outcome.not_ready.append(vm.name)
@@ -674,7 +756,7 @@ class LbPools:
                 lease.save(pool_id, state.dump())
                 log.info("event forgotten", extra={"eventId": event_id, "pool": pool_id})
             if was_held:
-                self.pools.index_held(event_id, [])
+                self._reindex(event_id, {pool_id}, set())
         return released
 
     # ---- the end of an event: restore, forget, resume ---------------------------------------
@@ -694,24 +776,54 @@ class LbPools:
             # Forget before restoring: a resume of this event that races us either drained
             # before we forget (and we restore it below) or finds it forgotten. Members its
             # early approval took down serve again: like restored ones, for held events.
+            # The pools its VMs are in, and those the index says hold it (a held VM may have
+            # left its pool for another event meanwhile: the entry must go all the same).
             changeable = [vm for vm in vms if vm.kind is VmKind.VM]
-            restored = self._forget_unlocked(
-                self._memberships(changeable, skip_forbidden=True), event.key, now
-            )
+            pools = set(self._memberships(changeable, skip_forbidden=True))
+            pools |= {p.lower() for p in self.pools.held_pools(event.key)}
+            restored = self._forget_unlocked(pools, event.key, now)
         failures: list[BaseException] = []
         if restore:
-            failures = self._restore_all(vms, outcome, restored)
+            failures = self._restore_all(vms, outcome, restored, event_id=event.key, now=now)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
         if outcome.changed:
             self.actions.record(
-                verified.message, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
+                verified, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
             )
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=event.key)
         self._report_not_restored(verified, outcome)
         if failures:
             raise failures[0]
+
+    def _unhold_elsewhere(self, message: TransitionMessage, keep: set[str], now: datetime) -> None:
+        """The event was just decided for the VMs it names now (drained, or held in ``keep``):
+        a held entry of it in any other pool is stale (an Updated moved its Resources), and
+        would drain VMs the event no longer names when that pool gets members back. Drop those
+        entries (under their pools' leases), and say so in the index of held events."""
+        event = message.event
+        if self.pools is None or event is None:
+            return
+        hinted = {p.lower() for p in self.pools.held_pools(event.key)} - keep
+        stale = sorted(p for p in hinted if event.key in held.read(self.pools.peek(p)))
+        if not stale:
+            if hinted:
+                self.pools.index_held(event.key, sorted(keep))
+            return
+        with self.pools.hold(stale) as lease:
+            for pool_id in stale:
+                state = held.PoolState.load(lease.state(pool_id))
+                if state.held.pop(event.key, None) is None:
+                    continue
+                lease.save(pool_id, state.dump())
+                log.info(
+                    "held event %s dropped from %s: it is decided for other VMs now",
+                    event.key,
+                    capacity.short_pool(pool_id),
+                    extra={"eventId": event.key, "pool": pool_id},
+                )
+            self.pools.index_held(event.key, sorted(keep))
 
     def _forget_unlocked(self, pools: Iterable[str], event_id: str, now: datetime) -> Restored:
         assert self.pools is not None
@@ -724,7 +836,13 @@ class LbPools:
             return self._forget(lease, holding, event_id, now)
 
     def _restore_all(
-        self, vms: Iterable[ResolvedVm], outcome: LbOutcome, restored: Restored
+        self,
+        vms: Iterable[ResolvedVm],
+        outcome: LbOutcome,
+        restored: Restored,
+        *,
+        event_id: str,
+        now: datetime,
     ) -> list[BaseException]:
         """Restore each VM on its own: one that fails (ARM 5xx, a timeout) does not keep the
         others out. The failures, to raise once every VM was tried (the redelivery finds the
@@ -732,7 +850,7 @@ class LbPools:
         failures: list[BaseException] = []
         for vm in vms:
             try:
-                self._restore_vm(vm, outcome, restored)
+                self._restore_vm(vm, outcome, restored, event_id=event_id, now=now)
             except Exception as exc:  # noqa: BLE001 - this VM's own failure, raised afterwards
                 log.warning(
                     "VM %s not restored yet (tried again on redelivery): %s",
@@ -743,9 +861,18 @@ class LbPools:
                 failures.append(exc)
         return failures
 
-    def _restore_vm(self, vm: ResolvedVm, outcome: LbOutcome, restored: Restored) -> None:
-        """Put each NIC of ``vm`` back into the pools its record names, each NIC on its own;
-        raises the first NIC's failure once every NIC was tried."""
+    def _restore_vm(
+        self,
+        vm: ResolvedVm,
+        outcome: LbOutcome,
+        restored: Restored,
+        *,
+        event_id: str,
+        now: datetime,
+    ) -> None:
+        """Put each NIC of ``vm`` back into the pools its record names, each NIC on its own,
+        unless another event than ``event_id`` still has it out (its claim, nic_pools); raises
+        the first NIC's failure once every NIC was tried."""
         restore_by_hand = f"its NICs keep what was removed in the tag {nic_pools.TAG}"
         if vm.kind is VmKind.FORBIDDEN:
             log.error(
@@ -762,7 +889,7 @@ class LbPools:
         failures: list[BaseException] = []
         for nic_id in vm.nic_ids:
             try:
-                change, gone = self._restore_nic(nic_id)
+                change, gone = self._restore_nic(nic_id, event_id, now)
             except PermissionDenied as exc:
                 log.error(
                     "NIC %s cannot be restored to its pools: %s; %s",
@@ -780,6 +907,15 @@ class LbPools:
             if change is None:
                 continue
             outcome.changed.append(nic_id)
+            if change.kept_for:
+                log.info(
+                    "VM %s stays out of its pools: event(s) %s still have it out",
+                    vm.name,
+                    ", ".join(change.kept_for),
+                    extra={"vm": vm.name, "nic": nic_id, "keptFor": list(change.kept_for)},
+                )
+                outcome.kept_out.append(vm.name)
+                continue
             for ipc, pools in change.pools.items():
                 for pool_id in pools:
                     restored.setdefault(pool_id.lower(), set()).add(
@@ -795,19 +931,36 @@ class LbPools:
                         capacity.short_pool(pool_id),
                         extra={"vm": vm.name, "nic": nic_id, "pool": pool_id},
                     )
+            for ipc, pools in change.vanished.items():
+                for pool_id in pools:
+                    outcome.vanished.append((vm.name, ipc, pool_id))
+                    log.error(
+                        "VM %s not put back into %s: its NIC no longer has the ip configuration "
+                        "%s (replaced while the VM was out); put its new one into the pool if "
+                        "it belongs there",
+                        vm.name,
+                        capacity.short_pool(pool_id),
+                        ipc,
+                        extra={"vm": vm.name, "nic": nic_id, "pool": pool_id, "ipConfig": ipc},
+                    )
         if failures:
             raise failures[0]
 
-    def _restore_nic(self, nic_id: str) -> tuple[nic_pools.NicChange | None, bool]:
+    def _restore_nic(
+        self, nic_id: str, event_id: str, now: datetime
+    ) -> tuple[nic_pools.NicChange | None, bool]:
         """(the change made or None, the NIC is gone): the recorded pools back, leaving out
         those ARM says no longer exist (a 400 InvalidResourceReference, confirmed by reading
-        their load balancers). Re-read on a 412."""
+        their load balancers), or only ``event_id``'s claim dropped while another event still
+        has the NIC out. Re-read on a 412."""
         gone_pools: set[str] = set()
         for _ in range(2 * MAX_ETAG_RETRIES):
             nic = self.arm.get_nic(nic_id)
             if nic is None:
                 return None, True
-            change = nic_pools.plan_restore(nic.body, nic_id, gone_pools)
+            change = nic_pools.plan_restore(
+                nic.body, nic_id, gone_pools, event_id=event_id, now=now
+            )
             if change is None:
                 return None, False
             try:
@@ -833,15 +986,17 @@ class LbPools:
     def _report_not_restored(self, verified: VerifiedMessage, outcome: LbOutcome) -> None:
         """Operators see what could not go back: a card (when Teams is wired), beside the
         ERROR lines and the invocation line's ``notRestored`` count."""
-        if not outcome.not_restored or self.alerts is None:
+        if not outcome.not_restored_count or self.alerts is None:
             return
         missing = sorted(set(outcome.not_restored))
+        vanished = sorted(set(outcome.vanished))
         vms_back = sorted(
-            {vm for vm, _ in missing}
+            ({vm for vm, _ in missing} | {vm for vm, _, _ in vanished})
             & {vm.name for vm in verified.scope.vms if vm.kind is VmKind.VM}
         )
         try:
-            self.alerts.post(not_restored_card(verified.message, missing, vms_back))
+            card = not_restored_card(verified.message, missing, vms_back, vanished)
+            self.alerts.post(card)
         except Exception as exc:  # noqa: BLE001 - the restore is done; the log line says it all
             log.error("the not-restored card could not be posted: %s", type(exc).__name__)
 
@@ -857,7 +1012,10 @@ class LbPools:
             still_held = self._resume_once(sorted(restored), outcome, now, skip=skip)
             if not still_held:
                 return
-            health = capacity.measure(self.arm, still_held)
+            health = capacity.measured(self.arm, still_held)
+            if isinstance(health, capacity.Unreadable):
+                log.error("held events not tried again: %s", health.problem)
+                return
             settling = any(restored[p] - health[p].healthy for p in still_held if p in health)
             if not settling:
                 # Every restored member is Up now, but it may have come Up only after the held

@@ -13,6 +13,11 @@ leases. Healthy members that stay in their pools while their maintenance starts 
 the pools' state as leaving (functions.lb_pools.held), so a drain that comes a moment later
 counts them as gone.
 
+The hold is the event's: whatever VMs an approval names, an event held in a pool is not approved
+(the pools its record says hold it are locked and read too). And the VMs asked about are those
+the event names now (:meth:`CapacityGuard.affected_now`, from the event's record that the gate
+keeps, functions.shared.event_record), not those a late Prepared or an old link carried.
+
 A VM the app may not read (403) cannot be checked, so nothing is approved early for it. An
 Approve link signed before the link carried its VMs names only the event: for it the guard can
 only tell whether the event is held somewhere (the pool store's index of held events), and
@@ -22,13 +27,18 @@ refuses it then.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from functions.lb_pools import capacity, held
+from functions.shared import event_record, write_window
+from functions.shared import scope as trust
 from functions.shared.ports import ArmClient, PermissionDenied, PoolStore
-from functions.shared.vms import ResolvedVm, VmKind
+from functions.shared.verified import VerifiedMessage
+from functions.shared.vms import ResolvedVm, VmKind, affected_vms
+from sebridge.contract.events import TransitionMessage
 
 log = logging.getLogger("sebridge.functions.capacity")
 
@@ -50,6 +60,7 @@ class CapacityGuard:
     arm: ArmClient
     pools: PoolStore | None = None  # None: no guard (LB_MIN_HEALTHY=0, or no pool store)
     min_healthy: int = 0
+    monotonic: Callable[[], float] = time.monotonic  # how old probe verdicts are
 
     @property
     def guarded(self) -> bool:
@@ -72,25 +83,38 @@ class CapacityGuard:
         forbidden = [vm for vm in vms if vm.kind is VmKind.FORBIDDEN]
         if forbidden:
             vm = forbidden[0]
-            return self._refused(event_id, f"{vm.name} cannot be checked: {vm.problem}")
+            return self._refused(
+                event_id, f"{vm.name} cannot be checked: {vm.problem}", permission=True
+            )
         try:
             members = capacity.memberships(self.arm, [vm for vm in vms if vm.nic_ids])
         except PermissionDenied as exc:
-            return self._refused(event_id, f"the pools cannot be checked: {exc}")
-        if not members:
-            act()  # in no pool: nothing stops serving
+            return self._refused(event_id, f"the pools cannot be checked: {exc}", permission=True)
+        # The hold is the event's, not its VMs': an event held in a pool is not approved early
+        # whatever VMs this approval names (a Prepared or a link from before an Updated that
+        # added VMs names fewer than the event does now). So the pools that hold it are locked
+        # and read too, even when the VMs named here are in none.
+        holding = {p.lower() for p in self.pools.held_pools(event_id)}
+        if not members and not holding:
+            act()  # in no pool and held nowhere: nothing stops serving
             return ALLOWED
-        pools = sorted(members)
-        probes: capacity.Probes = {}
-        capacity.measure(self.arm, pools, probes)  # before the leases (a long-running call)
+        pools = sorted(set(members) | holding)
+        probes = capacity.Probes(clock=self.monotonic)
+        # Before the leases (a long-running call); under them, verdicts older than the one
+        # freshness rule allows are asked for again (capacity.Probes).
+        early = capacity.measured(self.arm, pools, probes)
+        if isinstance(early, capacity.Unreadable):
+            decision = capacity.decide(early, members, self.min_healthy)
+            return self._refused(event_id, decision.describe(), decision)
         with self.pools.hold(pools) as lease:
             states = {pool: held.PoolState.load(lease.state(pool)) for pool in pools}
             held_in = next((p for p in pools if event_id in states[p].held), "")
             reserved = {p: states[p].reserved(now, besides=event_id) for p in pools}
-            health = capacity.measure(self.arm, pools, probes, reserved)
+            health = capacity.measured(self.arm, pools, probes, reserved)
             decision = capacity.decide(health, members, self.min_healthy, held_in=held_in)
             if not decision.allowed:
                 return self._refused(event_id, decision.describe(), decision)
+            assert not isinstance(health, capacity.Unreadable)
             for pool in pools:
                 going = frozenset(members[pool]) & health[pool].healthy
                 if going:
@@ -98,8 +122,64 @@ class CapacityGuard:
                     lease.check()
                     lease.save(pool, states[pool].dump())
             lease.check()
-            act()
+            # The command's send and the acknowledge (and ARM's retries of it) go out only
+            # while the leases are provably held (functions.shared.write_window).
+            with write_window.lease_window(lease.allowance):
+                act()
         return Clearance(True, decision=decision)
+
+    # ---- what the event names now (functions.shared.event_record) -------------------------------
+    def remember(self, verified: VerifiedMessage, now: datetime) -> None:
+        """Note a verified lifecycle transition in its event's record: the Resources its scope
+        names now, and the VMs verified there. No pool store: nothing to note in."""
+        message, event = verified.message, verified.message.event
+        if self.pools is None or event is None or message.transition not in event_record.NOTED:
+            return
+        observer = verified.scope.observer
+        members = [observer.id] if observer.vm_id else []
+        members += [vm.record.id for vm in verified.scope.vms if vm.record is not None]
+        self.pools.update_event(
+            event.key,
+            lambda record: event_record.note(
+                record,
+                placement=verified.placement,
+                resources=event.resources,
+                observed_at=message.time or now,
+                transition=message.transition,
+                members=members,
+                now=now,
+            ),
+        )
+
+    def affected_now(self, verified: VerifiedMessage) -> tuple[ResolvedVm, ...]:
+        """The VMs the event names now in the message's scope: the newest Resources its record
+        holds for that scope when they are newer than the message's (a Prepared, which repeats
+        the Resources of the message lb-pools drained for, is never newer), resolved and checked
+        in the verified observer's scope again; else the message's own. Approving early starts
+        maintenance on every VM IMDS lists at that moment, so every early approval asks about
+        these, not about what the message happened to carry."""
+        message, event = verified.message, verified.message.event
+        if self.pools is None or event is None:
+            return verified.scope.vms
+        view = event_record.scope_of(self.pools.read_event(event.key), verified.placement)
+        if view is None or not _newer(view, message):
+            return verified.scope.vms
+        named = affected_vms(view.resources, message.observer)
+        if {n.casefold() for n in named} == {vm.name.casefold() for vm in verified.scope.vms}:
+            return verified.scope.vms
+        resolved = trust.resolve_names(self.arm, verified.scope.observer, message.observer, named)
+        if isinstance(resolved, trust.Refusal):
+            # What the scope said before no longer checks out: approve nothing early.
+            log.warning("the event's current VMs cannot be checked: %s", resolved.reason)
+            return (ResolvedVm("?", VmKind.FORBIDDEN, problem=resolved.reason),)
+        log.info(
+            "event %s names %s now (the message: %s)",
+            event.key,
+            ", ".join(named),
+            ", ".join(vm.name for vm in verified.scope.vms),
+            extra={"eventId": event.key},
+        )
+        return resolved
 
     def clear_event(self, event_id: str, act: Callable[[], None]) -> Clearance:
         """For an approval that names only the event (an Approve link signed before links
@@ -115,12 +195,28 @@ class CapacityGuard:
 
     @staticmethod
     def _refused(
-        event_id: str, reason: str, decision: capacity.Decision | None = None
+        event_id: str,
+        reason: str,
+        decision: capacity.Decision | None = None,
+        *,
+        permission: bool = False,
     ) -> Clearance:
-        log.warning(
+        # A missing permission (ARM 403) is an operator's problem to fix: ERROR, like every 403.
+        permission = permission or (decision is not None and bool(decision.unreadable))
+        log.log(
+            logging.ERROR if permission else logging.WARNING,
             "event %s not approved early: %s",
             event_id,
             reason,
             extra={"eventId": event_id, "reason": reason},
         )
         return Clearance(False, reason, decision)
+
+
+def _newer(view: event_record.ScopeView, message: TransitionMessage) -> bool:
+    """Is the record's view newer than what ``message`` says of the event? A message that is
+    not a lifecycle transition (a Prepared) only repeats what it was caused by."""
+    if message.transition not in event_record.NOTED or message.time is None:
+        return True
+    mine = event_record.rank(message.transition.value)
+    return (view.observed_at, event_record.rank(view.transition)) > (message.time, mine)

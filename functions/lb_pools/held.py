@@ -35,19 +35,37 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sebridge.contract.cloudevents import CloudEvent
 from sebridge.contract.events import DATA_SCHEMA, TransitionMessage
-from sebridge.imds import isoformat_utc
+from sebridge.imds import ScheduledEvent, isoformat_utc
 
 log = logging.getLogger("sebridge.functions.lb_pools")
 
 VERSION = 1
 MAX_AGE = timedelta(days=7)
+MAINTENANCE_MARGIN = timedelta(minutes=30)
 MAX_ENTRIES = 200  # in one pool
 MAX_PER_OBSERVER = 16  # of one observer in one pool
+
+
+def maintenance_until(event: ScheduledEvent, at: datetime) -> datetime:
+    """Until when an event keeps its VMs down, at the latest, seen at ``at``: from NotBefore (or
+    ``at``, once started) for its duration (or an hour, unknown) and a margin. Its Completed
+    ends it sooner. The members an early approval takes down (:class:`Leaving`) and a drain's
+    claim on a NIC (functions.lb_pools.nic_pools) last that long."""
+    start = max(event.not_before or at, at)
+    duration = event.duration_in_seconds
+    seconds = duration if duration is not None and duration > 0 else 3600
+    # IMDS durations are seconds to minutes; an absurd one (a forged message) counts as the
+    # longest a held event is kept, and the far end of time stays representable.
+    seconds = min(seconds, int(MAX_AGE.total_seconds()))
+    try:
+        return start + timedelta(seconds=seconds) + MAINTENANCE_MARGIN
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

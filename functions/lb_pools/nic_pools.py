@@ -13,6 +13,19 @@ than one tag continues in ``sebridge-removed-pools-2`` .. ``-4`` (1,024 characte
 about 40 pools in the NIC's resource group). A record that still does not fit raises
 :class:`RecordTooLarge`: the NIC is left untouched (never remove what we could not put back),
 the VM counts as not prepared and the gate does not approve early for it.
+
+Several events can have one VM out at once (a Freeze and a Reboot of the same VM, say). So the
+NIC also says *for which events* it is out: ``sebridge-removed-for`` (and ``-2``) holds one
+claim per event, ``<event>@<until>`` (the EventId as in message ids, and until when, in Unix
+seconds, the event keeps the VM down at the latest: functions.lb_pools.held.maintenance_until).
+A drain adds its event's claim (also to a NIC already out for another event); the end of an
+event removes its own claim, and the pools go back only when no other event's claim is still
+live. A later drain of the same event pushes its claim later only when its end moved by more
+than a quarter of an hour (:data:`CLAIM_SLACK_SECONDS`), so replays write nothing. A claim whose
+time has passed is dropped (its event's end was lost: the VM is not kept out for ever). A
+record without claims (written before claims existed) is restored by the first end, as before.
+Record and claims change in one PUT with the NIC's ETag, so two events' drains and ends never
+lose each other's claims.
 """
 
 from __future__ import annotations
@@ -20,15 +33,24 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
+
+from sebridge.lifecycle import event_ref
 
 TAG = "sebridge-removed-pools"
 TAG_VALUE_LIMIT = 256
 MAX_TAGS = 4
 TAG_NAMES = (TAG, *(f"{TAG}-{n}" for n in range(2, MAX_TAGS + 1)))
 POOL_PROVIDER = "providers/Microsoft.Network/loadBalancers/"
+CLAIMS_TAG = "sebridge-removed-for"
+CLAIM_TAG_NAMES = (CLAIMS_TAG, f"{CLAIMS_TAG}-2")
+OUR_TAGS = (*TAG_NAMES, *CLAIM_TAG_NAMES)
+# Half the margin a claim's time has beyond its event's end (held.MAINTENANCE_MARGIN, 30 min).
+CLAIM_SLACK_SECONDS = 15 * 60
 
 Record = dict[str, list[str]]  # ip configuration name -> backend pool ids
+Claims = dict[str, int]  # event ref -> until when it keeps the VM down (Unix seconds)
 
 
 class RecordTooLarge(ValueError):
@@ -36,10 +58,31 @@ class RecordTooLarge(ValueError):
 
 
 @dataclass(frozen=True)
+class Claim:
+    """One event's hold on a drained NIC: the event (any spelling) and until when, at the
+    latest, it keeps the VM down."""
+
+    event_id: str
+    until: datetime
+
+    @property
+    def ref(self) -> str:
+        return event_ref(self.event_id)
+
+    @property
+    def until_seconds(self) -> int:
+        return int(self.until.timestamp())
+
+
+@dataclass(frozen=True)
 class NicChange:
     body: dict[str, Any]  # the NIC to PUT
     pools: Record  # what is removed (drain) or added back (restore)
     skipped: Record = field(default_factory=dict)  # restore: recorded pools that are gone
+    # restore: recorded ip configurations the NIC no longer has (replaced while it was out)
+    vanished: Record = field(default_factory=dict)
+    # restore: the NIC stays out, other events still have it out (their refs)
+    kept_for: tuple[str, ...] = ()
 
 
 def _segments(resource_id: str) -> list[str]:
@@ -127,6 +170,35 @@ def decode_record(tags: Mapping[str, Any] | None, nic_id: str) -> Record:
     return record
 
 
+def encode_claims(claims: Claims) -> dict[str, str]:
+    """The tags that hold ``claims`` (``{}`` for none)."""
+    text = ",".join(f"{ref}@{until}" for ref, until in sorted(claims.items()))
+    if not text:
+        return {}
+    chunks = [text[i : i + TAG_VALUE_LIMIT] for i in range(0, len(text), TAG_VALUE_LIMIT)]
+    if len(chunks) > len(CLAIM_TAG_NAMES):
+        raise RecordTooLarge(
+            f"{len(claims)} events would have the NIC out at once; its tags hold "
+            f"{TAG_VALUE_LIMIT * len(CLAIM_TAG_NAMES)} characters of claims"
+        )
+    return dict(zip(CLAIM_TAG_NAMES, chunks, strict=False))
+
+
+def decode_claims(tags: Mapping[str, Any] | None) -> Claims | None:
+    """The events that have the NIC out, or None when the NIC names none (a record written
+    before claims, or no record). An unreadable claim is skipped."""
+    tags = tags or {}
+    if not any(name in tags for name in CLAIM_TAG_NAMES):
+        return None
+    text = "".join(str(tags.get(name, "")) for name in CLAIM_TAG_NAMES)
+    claims: Claims = {}
+    for entry in filter(None, text.split(",")):
+        ref, sep, until = entry.partition("@")
+        if sep and ref and until.isdigit():
+            claims[ref] = max(claims.get(ref, 0), int(until))
+    return claims
+
+
 def _ip_configurations(nic: Mapping[str, Any]) -> list[dict[str, Any]]:
     configs = nic.get("properties", {}).get("ipConfigurations", [])
     return [c for c in configs if isinstance(c, dict)]
@@ -155,25 +227,46 @@ def _merge(first: Record, second: Record) -> Record:
     return merged
 
 
-def _set_tags(body: dict[str, Any], record_tags: dict[str, str]) -> None:
-    tags = {k: v for k, v in (body.get("tags") or {}).items() if k not in TAG_NAMES}
-    tags.update(record_tags)
+def _set_tags(body: dict[str, Any], ours: dict[str, str], keep: tuple[str, ...] = ()) -> None:
+    """Replace the bridge's tags (record and claims) with ``ours``, keeping those in ``keep``
+    as they are; the NIC's other tags stay."""
+    tags = {k: v for k, v in (body.get("tags") or {}).items() if k not in OUR_TAGS or k in keep}
+    tags.update(ours)
     body["tags"] = tags
 
 
-def plan_drain(nic: Mapping[str, Any], nic_id: str) -> NicChange | None:
-    """The NIC without pools and with the removal recorded; ``None`` if it is in no pool."""
+def _has_record(nic: Mapping[str, Any]) -> bool:
+    return any(name in (nic.get("tags") or {}) for name in OUR_TAGS)
+
+
+def plan_drain(nic: Mapping[str, Any], nic_id: str, claim: Claim | None = None) -> NicChange | None:
+    """The NIC without pools, with the removal recorded and ``claim`` among its claims;
+    ``None`` if nothing changes: in no pool and (without a record, or with the claim already
+    there) nothing to claim."""
     current = pools_of(nic)
+    claims = decode_claims(nic.get("tags"))
+    merged: Claims = dict(claims or {})
+    if claim is not None:
+        held = merged.get(claim.ref)
+        # A claim is pushed later only by more than CLAIM_SLACK_SECONDS (a NotBefore moved by
+        # an hour, say), so that an Updated or a Started of the same event writes nothing new.
+        if held is None or claim.until_seconds > held + CLAIM_SLACK_SECONDS:
+            merged[claim.ref] = claim.until_seconds
     if not current:
-        return None
+        # Out already (for another event, or by hand): this event's claim keeps it out too.
+        if claim is None or not _has_record(nic) or merged == (claims or {}):
+            return None
+        body = copy.deepcopy(dict(nic))
+        _set_tags(body, encode_claims(merged), keep=TAG_NAMES)  # raises before any change
+        return NicChange(body=body, pools={})
     record = _merge(decode_record(nic.get("tags"), nic_id), current)
-    record_tags = encode_record(record, nic_id)  # raises before anything is changed
+    ours = {**encode_record(record, nic_id), **encode_claims(merged)}  # raise before a change
     body = copy.deepcopy(dict(nic))
     for config in _ip_configurations(body):
         props = config.get("properties", {})
         if props.get("loadBalancerBackendAddressPools"):
             props["loadBalancerBackendAddressPools"] = []
-    _set_tags(body, record_tags)
+    _set_tags(body, ours)
     return NicChange(body=body, pools=current)
 
 
@@ -183,17 +276,42 @@ def recorded_pools(nic: Mapping[str, Any], nic_id: str) -> set[str]:
 
 
 def plan_restore(
-    nic: Mapping[str, Any], nic_id: str, gone: Collection[str] = ()
+    nic: Mapping[str, Any],
+    nic_id: str,
+    gone: Collection[str] = (),
+    *,
+    event_id: str | None = None,
+    now: datetime | None = None,
 ) -> NicChange | None:
     """The NIC with the recorded pools back and the record gone; ``None`` without a record.
     Pools in ``gone`` (lower-case ids: deleted, with their load balancer or alone) are left out
-    and named in ``skipped``: nothing could put the NIC back into them."""
-    if not any(name in (nic.get("tags") or {}) for name in TAG_NAMES):
+    and named in ``skipped``: nothing could put the NIC back into them. Entries for an ip
+    configuration the NIC no longer has (replaced while it was out) are named in ``vanished``:
+    which configuration took its place is not ours to guess.
+
+    ``event_id``: the event that ends. When another event's claim on the NIC is still live (at
+    ``now``), the NIC stays out: only this event's claim (and expired ones) are dropped
+    (``kept_for`` names the others; ``None`` when not even that changes)."""
+    if not _has_record(nic):
         return None
+    if event_id is not None:
+        claims = decode_claims(nic.get("tags"))
+        at = int((now or datetime.now(UTC)).timestamp())
+        ending = event_ref(event_id)
+        others = {ref: until for ref, until in (claims or {}).items() if ref != ending}
+        live = {ref: until for ref, until in others.items() if until > at}
+        if live:
+            if live == claims:
+                return None
+            body = copy.deepcopy(dict(nic))
+            _set_tags(body, encode_claims(live), keep=TAG_NAMES)
+            return NicChange(body=body, pools={}, kept_for=tuple(sorted(live)))
     record = decode_record(nic.get("tags"), nic_id)
     body = copy.deepcopy(dict(nic))
     added: Record = {}
     skipped: Record = {}
+    present = {str(config.get("name", "")) for config in _ip_configurations(body)}
+    vanished = {ipc: pools for ipc, pools in record.items() if ipc not in present}
     for config in _ip_configurations(body):
         name = str(config.get("name", ""))
         wanted = [p for p in record.get(name, []) if p.lower() not in gone]
@@ -210,4 +328,4 @@ def plan_restore(
             props["loadBalancerBackendAddressPools"] = [*pools, *({"id": p} for p in missing)]
             added[name] = missing
     _set_tags(body, {})
-    return NicChange(body=body, pools=added, skipped=skipped)
+    return NicChange(body=body, pools=added, skipped=skipped, vanished=vanished)

@@ -26,6 +26,7 @@ Threads and locks only, no I/O; the workflows' cores take both as ports and stay
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -148,7 +149,9 @@ def side_by_side(
             return []
         workers = min(max_workers, len(calls))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="side-by-side") as pool:
-            futures = [pool.submit(call) for call in calls]
+            # Each call runs in a copy of the caller's context: what the invocation set there
+            # (the write window of a lease, functions.shared.write_window) holds for it too.
+            futures = [pool.submit(contextvars.copy_context().run, call) for call in calls]
         return [future.exception() for future in futures]
 
     return run

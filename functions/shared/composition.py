@@ -18,7 +18,13 @@ from typing import Any
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
-from functions.history.core import History, HistoryStore, PurgeSchedule, StoreRecorder
+from functions.history.core import (
+    History,
+    HistoryStore,
+    PendingEntries,
+    PurgeSchedule,
+    StoreRecorder,
+)
 from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, PoolKey, Verdict
 from functions.lb_pools.guard import CapacityGuard
 from functions.shared import seal
@@ -37,6 +43,7 @@ from functions.shared.ports import (
 )
 from functions.shared.scope import TrustRules
 from functions.shared.settings import Settings, load_settings
+from functions.shared.transient import RetryWindow
 from functions.webhooks.ports import WebhookPoster
 
 log = logging.getLogger("sebridge.functions")
@@ -70,6 +77,10 @@ class Dependencies:
     history_store: HistoryStore | None = None  # only with HistorySubscriptionName
     # One per process: the history's retention runs at most once per interval per process.
     history_purges: PurgeSchedule = field(default_factory=PurgeSchedule)
+    # One per process: actions lb-pools could not record while the table was down.
+    history_pending: PendingEntries = field(default_factory=PendingEntries)
+    # How long one history write rides out storage faults (functions.shared.transient).
+    history_window: RetryWindow = field(default_factory=RetryWindow)
 
     @property
     def trust(self) -> TrustRules:
@@ -106,6 +117,8 @@ class Dependencies:
             self.history_store,
             timedelta(days=self.settings.history_retention_days),
             self.history_purges,
+            window=self.history_window,
+            pending=self.history_pending,
         )
 
     @property

@@ -36,7 +36,8 @@ LOGGER_NAME = "sebridge.functions.invocation"
 MAX_TEXT = 128  # ids are at most 128 characters in the contract; anything longer is cut
 
 # What a decorated trigger ended with; a workflow may name a finer outcome with note().
-OK, DROPPED, ERROR = "ok", "dropped", "error"
+# REFUSED: the message failed the seal or the scope check (functions.shared.verified).
+OK, DROPPED, ERROR, REFUSED = "ok", "dropped", "error", "refused"
 
 log = logging.getLogger(LOGGER_NAME)
 

@@ -6,14 +6,17 @@ The cores in this package talk only to these; the composition root wires the rea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sebridge.contract.commands import ApproveCommand
-from sebridge.contract.events import Envelope, TransitionMessage
+from sebridge.contract.events import Envelope
+
+if TYPE_CHECKING:  # verified.py imports this module (ArmClient)
+    from functions.shared.verified import VerifiedMessage
 
 
 class Clock(Protocol):
@@ -63,6 +66,9 @@ class VmRecord:
     availability_set: str = ""  # lower-case ARM id, "" when the VM is in none
     scale_set: str = ""  # lower-case ARM id of its scale set (Flexible or Uniform), else ""
     uniform: bool = False  # a Uniform scale-set instance (NICs belong to the scale-set model)
+    # The observer of a sealed message that no longer exists (a Completed after a Terminate):
+    # Azure reported it, so it verifies, but there is nothing to act on (functions.shared.scope).
+    gone: bool = False
 
 
 class ReferenceMissing(Exception):
@@ -104,6 +110,13 @@ class ArmClient(Protocol):
         started, or the id is not one ARM takes)."""
 
 
+class EventRecords(Protocol):
+    """Where what the bridge knows of each event is kept (functions.shared.event_record)."""
+
+    def read_event(self, event_id: str) -> Mapping[str, Any]:
+        """The event's record (``{}`` when there is none)."""
+
+
 class CommandSender(Protocol):
     def send(self, command: ApproveCommand, session_id: str) -> None: ...
 
@@ -133,6 +146,10 @@ class PoolLease(Protocol):
     def check(self) -> None:
         """Raise if a lock was lost (it expired and someone else took it)."""
 
+    def allowance(self) -> float:
+        """:meth:`check`, then the seconds every lock is still provably held (the write window
+        of functions.shared.write_window)."""
+
 
 class PoolStore(Protocol):
     """Per-pool serialisation and durable per-pool state (held events)."""
@@ -149,14 +166,23 @@ class PoolStore(Protocol):
     def held_pools(self, event_id: str) -> Sequence[str]:
         """The pools that last held ``event_id`` (a hint: their own state says for sure)."""
 
+    def read_event(self, event_id: str) -> Mapping[str, Any]:
+        """The event's record (functions.shared.event_record; ``{}`` when there is none)."""
+
+    def update_event(self, event_id: str, change: Callable[[dict[str, Any]], bool]) -> None:
+        """Change the event's record: ``change`` edits a copy in place and says whether it
+        changed anything; written under the record's ETag (a concurrent write makes it read
+        and change again), so no writer loses another's change."""
+
 
 class ActionRecorder(Protocol):
     """What a workflow did that reaches no topic (lb-pools putting VMs back), for the event's
-    history (functions/history). Recording never fails the caller: an adapter logs what it
-    could not record."""
+    history (functions/history), in the verified scope of the message that caused it.
+    Recording never fails the caller: an adapter retries a storage fault for a while, then
+    keeps the action to write later and logs it."""
 
     def record(
-        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+        self, verified: VerifiedMessage, action: str, at: datetime, details: Mapping[str, Any]
     ) -> None: ...
 
 
@@ -164,6 +190,6 @@ class NoActions:
     """The default :class:`ActionRecorder`: the history is off, nothing is recorded."""
 
     def record(
-        self, message: TransitionMessage, action: str, at: datetime, details: Mapping[str, Any]
+        self, verified: VerifiedMessage, action: str, at: datetime, details: Mapping[str, Any]
     ) -> None:
         return None

@@ -35,8 +35,8 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from functions.shared import names, seal
-from functions.shared.ports import ArmClient, PermissionDenied, VmRecord
+from functions.shared import event_record, names, seal
+from functions.shared.ports import ArmClient, EventRecords, PermissionDenied, VmRecord
 from functions.shared.vms import ResolvedVm, VmKind, affected_vms, lookup
 from sebridge.contract.events import Observer, TransitionMessage
 
@@ -146,11 +146,21 @@ def sealed_set_kind(observer: Observer) -> str | None:
 
 
 def verify_sealed_observer(
-    arm: ArmClient, observer: Observer, rules: TrustRules
+    arm: ArmClient,
+    observer: Observer,
+    rules: TrustRules,
+    *,
+    event_id: str | None = None,
+    records: EventRecords | None = None,
 ) -> VmRecord | Refusal:
     """The observer of a message the app sealed: a VM as ARM knows it (its vmId is checked when
     the message carries one), or the scale set or availability set Azure named (its name checked
-    by the rule of its own type: an availability set's may be 80 characters long)."""
+    by the rule of its own type: an availability set's may be 80 characters long).
+
+    A VM that no longer exists (a Completed after a Terminate or Preempt deleted it) is not a
+    forged claim: the seal proves Azure reported the event. It verifies as *gone*: nothing to
+    drain or approve on it, but what the message closes (an alert) is closed, in the scope the
+    VM was verified in for this event (the event's record, ``records``), else its own."""
     kind = sealed_set_kind(observer)
     try:
         (names.BY_TYPE[kind] if kind else names.VIRTUAL_MACHINE).check(
@@ -183,10 +193,7 @@ def verify_sealed_observer(
     except PermissionDenied as exc:
         return Refusal(f"the observer cannot be verified: {exc}", security=False)
     if record is None:
-        return Refusal(
-            f"observer {names.excerpt(observer.vm_name)} does not exist in resource group "
-            f"{names.excerpt(observer.resource_group)} of subscription {observer.subscription_id}"
-        )
+        return gone_observer(observer, event_id, records)
     if observer.vm_id and record.vm_id.lower() != observer.vm_id.lower():
         return Refusal(
             f"observer {names.excerpt(observer.vm_name)} claims vmId "
@@ -200,6 +207,36 @@ def verify_sealed_observer(
     return record
 
 
+def gone_observer(
+    observer: Observer, event_id: str | None, records: EventRecords | None
+) -> VmRecord:
+    """The record of a sealed message's VM observer that no longer exists: its placement is the
+    one it was verified in for this event, when the event's record remembers it, else its own
+    id (a standalone VM's placement)."""
+    resource_id = observer.resource_id or (
+        f"/subscriptions/{observer.subscription_id}/resourceGroups/{observer.resource_group}"
+        f"{_COMPUTE}virtualMachines/{observer.vm_name}"
+    )
+    placement = None
+    if records is not None and event_id:
+        placement = event_record.placement_of(records.read_event(event_id), resource_id)
+    where = (placement or resource_id).lower()
+    security_log.info(
+        "observer %s no longer exists: Azure's own (sealed) message, resolved as gone",
+        names.excerpt(observer.vm_name),
+        extra={"observer": names.excerpt(observer.vm_name), "placement": where},
+    )
+    return VmRecord(
+        id=resource_id,
+        name=observer.vm_name,
+        vm_id="",
+        nic_ids=(),
+        availability_set=where if "/availabilitysets/" in where else "",
+        scale_set=where if "/virtualmachinescalesets/" in where else "",
+        gone=True,
+    )
+
+
 def shares_placement(observer: VmRecord, other: VmRecord) -> bool:
     """Could IMDS have shown ``observer`` an event of ``other``: the same availability set or
     the same scale set."""
@@ -208,15 +245,29 @@ def shares_placement(observer: VmRecord, other: VmRecord) -> bool:
     return bool(observer.scale_set) and other.scale_set == observer.scale_set
 
 
-def check(arm: ArmClient, message: TransitionMessage, rules: TrustRules) -> Scope | Refusal:
-    """The scope of ``message``: its observer and affected VMs resolved, or a refusal."""
+def check(
+    arm: ArmClient,
+    message: TransitionMessage,
+    rules: TrustRules,
+    *,
+    records: EventRecords | None = None,
+) -> Scope | Refusal:
+    """The scope of ``message``: its observer and affected VMs resolved, or a refusal.
+    ``records``: the events' records, for the scope a sealed message's gone VM was in."""
     if seal.is_sealed(message) or from_event_grid(message):
         if rules.seal_key is None or not seal.verify(message, rules.seal_key):
             return Refusal(
                 "the message claims the app's seal or Event Grid as its source, and its seal "
                 "does not verify"
             )
-        observer = verify_sealed_observer(arm, message.observer, rules)
+        event = message.event
+        observer = verify_sealed_observer(
+            arm,
+            message.observer,
+            rules,
+            event_id=event.key if event is not None else None,
+            records=records,
+        )
     else:
         observer = verify_observer(arm, message.observer, rules)
     if isinstance(observer, Refusal):
@@ -242,9 +293,14 @@ def resolve_names(
     except names.InvalidName as exc:
         return Refusal(f"invalid name: {exc}")
     resolved: list[ResolvedVm] = []
+    # The observer is one of the VMs only when it is a VM: Event Grid names a scale set or an
+    # availability set as the observer, and a VM may have the same name as its set (another
+    # resource type), so a name is always looked up then.
+    observer_is_vm = sealed_set_kind(claim) is None
     for name in vm_names:
-        if names.same(name, claim.vm_name):
-            resolved.append(ResolvedVm.of(name, observer))
+        if observer_is_vm and names.same(name, claim.vm_name):
+            gone = ResolvedVm(name, VmKind.GONE)
+            resolved.append(gone if observer.gone else ResolvedVm.of(name, observer))
             continue
         try:
             record = lookup(arm, claim, name)

@@ -12,7 +12,7 @@ registers those that are on and logs, at start, why any is off.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
@@ -292,10 +292,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         )
     elif state_url:
         state_url = _url("EVENTGRID_STATE_URL", state_url, problems)
-    agentless_groups = _list(get("AGENTLESS_RESOURCE_GROUPS"))
-    for group in agentless_groups:
-        if not names.RESOURCE_GROUP.valid(group):
-            problems.append(f"AGENTLESS_RESOURCE_GROUPS: {group[:100]!r} is not a resource group")
+    agentless_groups = _resource_groups("AGENTLESS_RESOURCE_GROUPS", get, problems)
+    managed_groups = _resource_groups("LB_MANAGED_RESOURCE_GROUPS", get, problems)
     agentless_patterns = _list(get("AGENTLESS_VM_PATTERNS"))
     for pattern in agentless_patterns:
         if not _PATTERN.fullmatch(pattern):
@@ -365,7 +363,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         policy=policy,
         impactful_event_types=frozenset(impactful),
         freeze_threshold_seconds=threshold,
-        managed_resource_groups=_list(get("LB_MANAGED_RESOURCE_GROUPS")),
+        managed_resource_groups=managed_groups,
         arm_endpoint=arm_endpoint,
         acknowledge_fallback_enabled=fallback,
         heartbeat_stale_seconds=stale,
@@ -399,6 +397,17 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     if problems:
         raise SettingsError("invalid app settings: " + "; ".join(problems))
     return settings
+
+
+def _resource_groups(name: str, get: Callable[..., str], problems: list[str]) -> tuple[str, ...]:
+    """A comma-separated list of resource groups, each checked against Azure's rule (a name
+    no group can have would never match, and an allow-list that silently matches nothing
+    refuses every message as a security event)."""
+    groups = _list(get(name))
+    for group in groups:
+        if not names.RESOURCE_GROUP.valid(group):
+            problems.append(f"{name}: {group[:100]!r} is not a resource group name")
+    return groups
 
 
 def _with_webhooks(settings: Settings, env: Mapping[str, str], problems: list[str]) -> Settings:

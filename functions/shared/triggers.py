@@ -7,7 +7,8 @@ Every Service Bus-triggered function of the app (built-in or your own) is declar
 2. logs each of the parser's warnings (odd fields it normalised) at WARNING, once;
 3. verifies it (functions.shared.verified: the seal check and the scope check, with the
    process's cached ARM VM reads): a refusal is logged as a security event (or a missing
-   permission) and the message completed;
+   permission) and the message completed; its invocation line says ``"outcome":"refused"``
+   (and ``refusal``: ``security`` or ``permission``), not ``ok``;
 4. only then calls the function, with a :class:`VerifiedMessage`. A function declared with
    ``unverified=True`` (the Teams cards, the webhooks' audit endpoints) is also called for a
    refused message, with an :class:`UnverifiedMessage`, and marks its output as unverified.
@@ -26,7 +27,7 @@ from typing import Any, Literal, overload
 import azure.functions as func
 
 from functions.shared import composition
-from functions.shared.invocations import Trigger, log_invocation, note
+from functions.shared.invocations import REFUSED, Trigger, log_invocation, note
 from functions.shared.invocations import remember as _remember
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from sebridge.contract.events import ContractError, TransitionMessage, parse_message
@@ -105,9 +106,14 @@ def service_bus_function(
             if message is None:
                 return
             deps = composition.dependencies()
-            checked = verify_and_log(name, deps.arm, message, deps.trust)
-            if isinstance(checked, UnverifiedMessage) and not unverified:
-                return
+            checked = verify_and_log(name, deps.arm, message, deps.trust, records=deps.pools)
+            if isinstance(checked, UnverifiedMessage):
+                # Its own outcome in the invocation line, not "ok": nothing acted on it. A
+                # function that shows unverified messages may still name a finer one.
+                kind = "security" if checked.refusal.security else "permission"
+                note(REFUSED, refusal=kind)
+                if not unverified:
+                    return
             handler(checked)
 
         trigger.__name__ = trigger.__qualname__ = name

@@ -19,7 +19,7 @@ import hashlib
 from dataclasses import dataclass
 
 from functions.shared import scope as trust
-from functions.shared.ports import ArmClient
+from functions.shared.ports import ArmClient, EventRecords
 from sebridge.contract.events import TransitionMessage
 
 
@@ -60,20 +60,32 @@ class UnverifiedMessage:
 Checked = VerifiedMessage | UnverifiedMessage
 
 
-def verify(arm: ArmClient, message: TransitionMessage, rules: trust.TrustRules) -> Checked:
-    """The seal check and the scope check (functions.shared.scope.check) of ``message``."""
-    checked = trust.check(arm, message, rules)
+def verify(
+    arm: ArmClient,
+    message: TransitionMessage,
+    rules: trust.TrustRules,
+    *,
+    records: EventRecords | None = None,
+) -> Checked:
+    """The seal check and the scope check (functions.shared.scope.check) of ``message``;
+    ``records`` (the events' records) place a sealed message's VM observer that is gone."""
+    checked = trust.check(arm, message, rules, records=records)
     if isinstance(checked, trust.Refusal):
         return UnverifiedMessage(message, checked)
     return VerifiedMessage(message, checked)
 
 
 def verify_and_log(
-    workflow: str, arm: ArmClient, message: TransitionMessage, rules: trust.TrustRules
+    workflow: str,
+    arm: ArmClient,
+    message: TransitionMessage,
+    rules: trust.TrustRules,
+    *,
+    records: EventRecords | None = None,
 ) -> Checked:
     """:func:`verify`, logging a refusal as a security event (or, for an observer the app may
     not read, a missing permission) named after ``workflow``."""
-    checked = verify(arm, message, rules)
+    checked = verify(arm, message, rules, records=records)
     if isinstance(checked, UnverifiedMessage):
         trust.log_refusal(workflow, message, checked.refusal)
     return checked

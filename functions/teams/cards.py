@@ -241,14 +241,27 @@ def build_card(
 
 
 def not_restored_card(
-    message: TransitionMessage, missing: list[tuple[str, str]], restored: list[str]
+    message: TransitionMessage,
+    missing: list[tuple[str, str]],
+    restored: list[str],
+    vanished: list[tuple[str, str, str]] | None = None,
 ) -> dict[str, Any]:
     """lb-pools could not put VMs back into pools that no longer exist (a load balancer or a
-    pool deleted during the maintenance): which, and what did go back. ``missing`` holds
-    (VM, pool id) pairs; ``restored`` the VMs that went back into their other pools."""
+    pool deleted during the maintenance), or for ip configurations their NICs no longer have
+    (replaced meanwhile): which, and what did go back. ``missing`` holds (VM, pool id) pairs;
+    ``vanished`` (VM, ip configuration, pool id); ``restored`` the VMs that went back into
+    their other pools."""
     event = message.event
     assert event is not None
-    lines = [f"{vm}: {pool.split('/')[-3]}/{pool.split('/')[-1]}" for vm, pool in missing]
+    vanished = vanished or []
+
+    def short(pool: str) -> str:
+        return f"{pool.split('/')[-3]}/{pool.split('/')[-1]}"
+
+    lines = [f"{vm}: {short(pool)}" for vm, pool in missing]
+    replaced = [f"{vm}: {ipc} (for {short(pool)})" for vm, ipc, pool in vanished]
+    replaced_text = ["; ".join(replaced)] if replaced else []
+    affected = {vm for vm, _ in missing} | {vm for vm, _, _ in vanished}
     body: list[dict[str, Any]] = [
         {
             "type": "Container",
@@ -259,21 +272,23 @@ def not_restored_card(
                     {"type": "TextRun", "text": "⚠️ ", "weight": "Bolder", "size": "Medium"},
                     run(
                         f"Not restored after {event.event_type} {message.transition.value.lower()}"
-                        f": {', '.join(sorted({vm for vm, _ in missing}))}",
+                        f": {', '.join(sorted(affected))}",
                         weight="Bolder",
                         size="Medium",
                     ),
                 )
             ],
         },
-        fact("Pools that no longer exist", "; ".join(lines)),
+        fact("Pools that no longer exist", "; ".join(lines) or "-"),
+        *[fact("IP configurations that no longer exist", text) for text in replaced_text],
         fact("Put back into their other pools", ", ".join(restored) or "-"),
         fact("Event id", event.key),
         rich(
             run(
-                "These pools (or their load balancers) were deleted while the VMs were out, so "
-                "nothing can put them back; check whether they should join a pool that replaced "
-                "them. The record of the removal is gone from their NICs.",
+                "These pools (or their load balancers), or the VMs' ip configurations, were "
+                "deleted or replaced while the VMs were out, so nothing can put them back; check "
+                "whether they should join a pool that replaced them. The record of the removal "
+                "is gone from their NICs.",
                 isSubtle=True,
             ),
             separator=True,

@@ -185,20 +185,28 @@ def derived_message_id(event: ScheduledEvent, transition: Transition, cause: str
     return f"{lifecycle.event_ref(event.event_id)}:{transition.value}:{digest}"
 
 
-def _event_properties(
-    transition: Transition, event: ScheduledEvent | None, observer: Observer
-) -> dict[str, str | int]:
-    props: dict[str, str | int] = {
-        "transition": transition.value,
-        "schemaVersion": SCHEMA_VERSION,
-        "vmName": property_text(observer.vm_name),
-    }
+OBSERVER_PROPERTIES = ("vmName", "resourceGroup", "subscriptionId", "vmScaleSetName")
+
+
+def _observer_properties(observer: Observer) -> dict[str, str | int]:
+    props: dict[str, str | int] = {"vmName": property_text(observer.vm_name)}
     if observer.resource_group:
         props["resourceGroup"] = property_text(observer.resource_group)
     if observer.subscription_id:
         props["subscriptionId"] = property_text(observer.subscription_id)
     if observer.vm_scale_set_name:
         props["vmScaleSetName"] = property_text(observer.vm_scale_set_name)
+    return props
+
+
+def _event_properties(
+    transition: Transition, event: ScheduledEvent | None, observer: Observer
+) -> dict[str, str | int]:
+    props: dict[str, str | int] = {
+        "transition": transition.value,
+        "schemaVersion": SCHEMA_VERSION,
+        **_observer_properties(observer),
+    }
     if event is not None:
         props["eventType"] = property_text(event.event_type)
         props["eventStatus"] = property_text(event.status)
@@ -309,6 +317,44 @@ def event_message(
             event, observer, incarnation, changes=changes, approval=approval, event_grid=event_grid
         ),
         properties=_event_properties(transition, event, observer),
+    )
+
+
+def observed_by(envelope: Envelope, observer: Observer) -> bool:
+    """Whether ``envelope`` was built with ``observer`` as its observer (``data.observer``)."""
+    data = envelope.body.get("data")
+    return isinstance(data, Mapping) and data.get("observer") == observer.to_data()
+
+
+def with_observer(envelope: Envelope, observer: Observer) -> Envelope:
+    """The same message as seen by ``observer``: ``data.observer``, the observer's application
+    properties (:data:`OBSERVER_PROPERTIES`) and the CloudEvent ``source``, when it was the old
+    observer's, are replaced; the message id, session id and everything else stay. For a
+    message the forwarder built before it knew the VM's identity (instance metadata), which
+    must not leave the VM without it. A body without an observer is returned unchanged."""
+    data = envelope.body.get("data")
+    if not isinstance(data, Mapping) or not isinstance(data.get("observer"), Mapping):
+        return envelope
+    try:
+        old = Observer.from_data(data["observer"])
+    except ContractError:
+        old = None
+    body = {**envelope.body, "data": {**data, "observer": observer.to_data()}}
+    if old is not None and body.get("source") == old.source:
+        body["source"] = observer.source
+    properties = {
+        key: value
+        for key, value in envelope.application_properties.items()
+        if key not in OBSERVER_PROPERTIES
+    }
+    properties.update(_observer_properties(observer))
+    return Envelope(
+        message_id=envelope.message_id,
+        session_id=envelope.session_id,
+        subject=envelope.subject,
+        application_properties=properties,
+        body=body,
+        content_type=envelope.content_type,
     )
 
 

@@ -22,6 +22,7 @@ MILESTONES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_default_demo_completes_the_loop_in_order() -> None:
     result = subprocess.run(

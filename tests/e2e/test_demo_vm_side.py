@@ -7,12 +7,13 @@ pools in ARM, so the VM's own Prepared is what counts), before the event starts.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+from tests.support.root import requires_root
 
 MILESTONES = [
     r"probe\s+answers 200",
@@ -30,8 +31,9 @@ MILESTONES = [
 GATE_MILESTONE = r"imds\s+POST StartRequests \w+ -> 200"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(os.geteuid() != 0, reason="the hooks file must be root-owned: run as root")
+@requires_root("the hooks file must be root-owned")
 def test_the_vm_side_demo_prepares_the_vm_itself() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sebridge.cli", "demo", "--scenario", "vm-side"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -35,6 +36,8 @@ from sebridge.servicebus import message_body
 from tests.fixtures import golden
 from tests.support.bus import receive_all
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
 
 REPO = Path(__file__).resolve().parents[2]
 # One session per trigger and host (an app setting overriding host.json, as in Azure): the
@@ -242,10 +245,11 @@ def publish_many(bus: Any, envelopes: list[Any]) -> None:
 @pytest.mark.timeout(240)
 def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any]) -> None:
     """pool-p holds pair-1 and pair-2 (LB_MIN_HEALTHY 1). Two Scheduled events, one for each,
-    reach two functions-host processes at once; the health query (1 s) and the first drain's
-    NIC PUT (1.5 s, under the lease) are slowed down so both decisions overlap. The blob lease
-    serialises them: one is drained, one is held; when the drained one completes, the held one
-    is drained and the pool keeps a member throughout."""
+    reach two functions-host processes (one session at a time each); ARM holds the first
+    drain's NIC PUT, which happens under the pool's lease, until the other decision has found
+    the lease taken, so the two overlap however long each host takes to get going. The blob
+    lease serialises them: one is drained, one is held; when the drained one completes, the
+    held one is drained and the pool keeps a member throughout."""
     bus, arm, storage, vms = world["bus"], world["arm"], world["storage"], world["vms"]
     receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
     second, _ = server(
@@ -256,10 +260,11 @@ def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any])
         str(world["settings"]),
     )
     try:
-        arm.slow(1.0, path_contains="lb-pair/loadBalancingRules/http/health")
-        # The first drain's NIC PUT happens under the pool's lease: held that long, the other
-        # decision finds the lease taken even when a loaded machine starts it a little later.
-        arm.slow(1.5, method="PUT", path_contains="/networkInterfaces/", times=1)
+        # The first drain's NIC PUT happens under the pool's lease: held until the other
+        # decision has found the lease taken (the host busy with the first event takes no
+        # second session, so the other host must take it).
+        release = threading.Event()
+        arm.slow(90, method="PUT", path_contains="/networkInterfaces/", times=1, until=release)
         not_before = (datetime.now(UTC) + timedelta(minutes=10)).strftime(
             "%a, %d %b %Y %H:%M:%S GMT"
         )
@@ -279,6 +284,14 @@ def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any])
                 for _, e in events.values()
             ],
         )
+        try:
+            wait_until(
+                lambda: any(c.code == "LeaseAlreadyPresent" for c in storage.lease_log),
+                90,
+                "the second decision to find the pool's lease taken by the first",
+            )
+        finally:
+            release.set()
         audit = receive_all(bus.connection_string, "audit", want=4, timeout=90)
         subjects = sorted(m["subject"] for m in audit)
         assert subjects == ["Held", "Prepared", "Scheduled", "Scheduled"], subjects
@@ -306,3 +319,69 @@ def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any])
             assert any(members.values()), "pool-p was left without a member"
     finally:
         second.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_late_prepared_approves_nothing_the_event_names_now(world: dict[str, Any]) -> None:
+    """Hostile review of issue 23, break 1, end to end. Event E names late-1; ARM is slow on
+    late-1's NIC (3 s), so the Updated that grows E to late-1..3 reaches the gate before
+    lb-pools' Prepared [late-1] does. lb-pools holds the Updated (pool-l would have no member
+    left); the gate, handed the late Prepared, must send no approve command: IMDS would release
+    every VM E lists then, late-2 and late-3 among them, while they serve in pool-l."""
+    bus, arm, host = world["bus"], world["arm"], world["host"]
+    receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
+    aset = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/Microsoft.Compute/"
+    aset += "availabilitySets/as-web"
+    lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-late", ["pool-l"])
+    pool = f"{lb}/backendAddressPools/pool-l"
+    vms = {
+        name: arm.add_vm(SUBSCRIPTION, GROUP, name, [pool], availability_set=aset)
+        for name in ("late-1", "late-2", "late-3")
+    }
+    arm.slow(3.0, method="PUT", path_contains="/late-1-nic", times=1)
+    event_id = "e1a7e000-0000-4000-8000-0000000000e1"
+    not_before = (datetime.now(UTC) + timedelta(minutes=15)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    first = dict(golden.SCHEDULED, EventId=event_id, Resources=["late-1"], NotBefore=not_before)
+    grown = dict(first, Resources=["late-1", "late-2", "late-3"])
+    (scheduled,) = Document.from_imds({"DocumentIncarnation": 41, "Events": [first]}).events
+    (updated,) = Document.from_imds({"DocumentIncarnation": 42, "Events": [grown]}).events
+    now = datetime.now(UTC)
+    publish_many(bus, [event_message(Transition.SCHEDULED, scheduled, golden.OBSERVER, 41, now)])
+    # late-1's NIC is read (by lb-pools, about to write it for 3 s, or by the gate): the
+    # Updated goes out now, well before lb-pools can publish its Prepared.
+    wait_until(
+        lambda: any(r.method == "GET" and r.path.endswith("/late-1-nic") for r in arm.requests),
+        30,
+        "late-1's NIC read",
+    )
+    changes = {"Resources": {"from": ["late-1"], "to": ["late-1", "late-2", "late-3"]}}
+    later = now + timedelta(seconds=1)
+    publish_many(
+        bus,
+        [event_message(Transition.UPDATED, updated, golden.OBSERVER, 42, later, changes=changes)],
+    )
+    audit = receive_all(bus.connection_string, "audit", want=4, timeout=90)
+    subjects = [m["subject"] for m in audit]
+    assert sorted(subjects) == ["Held", "Prepared", "Scheduled", "Updated"], subjects
+    (prepared,) = [m for m in audit if m["subject"] == "Prepared"]
+    assert json.loads(prepared["body"])["data"]["prepared"]["vms"] == ["late-1"]
+    # The gate handled the late Prepared (the host logs each invocation when it is done).
+    wait_until(
+        lambda: f"function=approval_gate message_id={prepared['message_id']}" in host.stderr_text(),
+        60,
+        "the gate's invocation for the late Prepared",
+    )
+    (grown_message,) = [m for m in audit if m["subject"] == "Updated"]
+    log = host.stderr_text()
+    gate_saw_updated = log.find(f"function=approval_gate message_id={grown_message['message_id']}")
+    gate_saw_prepared = log.find(f"function=approval_gate message_id={prepared['message_id']}")
+    assert 0 <= gate_saw_updated < gate_saw_prepared, "no race: the Prepared reached the gate first"
+    with (
+        ServiceBusClient.from_connection_string(bus.connection_string) as client,
+        client.get_queue_receiver(
+            "approvals", session_id=golden.OBSERVER.vm_name, max_wait_time=2
+        ) as receiver,
+    ):
+        waiting = receiver.peek_messages(max_message_count=100, timeout=10)
+    assert f"approve:{event_id}" not in {m.message_id for m in waiting}
+    assert arm.vm_pools(vms["late-2"]) == [pool] and arm.vm_pools(vms["late-3"]) == [pool]

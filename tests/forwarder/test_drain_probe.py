@@ -63,22 +63,34 @@ def serving(probe: DrainProbe) -> Iterator[int]:
 
 
 class Upstream:
-    """The application's own health check: a loopback server with a status we set."""
+    """The application's own health check: a loopback server with a status we set, that can
+    answer slowly or trickle its body a byte at a time."""
 
     def __init__(self) -> None:
         self.status = 200
         self.delay = 0.0
+        self.trickle = 0.0  # seconds between the bytes of the body (0: all at once)
         self.requests = 0
+        self.stopping = threading.Event()
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 upstream.requests += 1
-                time.sleep(upstream.delay)
+                upstream.stopping.wait(upstream.delay)
+                body = b"details" * (20 if upstream.trickle else 1)
                 self.send_response(upstream.status)
-                self.send_header("Content-Length", "7")
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(b"details")
+                if not upstream.trickle:
+                    self.wfile.write(body)
+                    return
+                self.wfile.flush()
+                for i in range(len(body)):
+                    if upstream.stopping.wait(upstream.trickle):
+                        return
+                    self.wfile.write(body[i : i + 1])
+                    self.wfile.flush()
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -90,6 +102,7 @@ class Upstream:
         self.thread.start()
 
     def close(self) -> None:
+        self.stopping.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -199,33 +212,62 @@ def test_a_drain_that_goes_on_keeps_its_start() -> None:
     assert probe.preparation_status(A) == "succeeded"
 
 
+def wait_answer(port: int, status: int, timeout: float = 10) -> bytes:
+    """Ask until the probe answers ``status`` (the upstream's verdict is refreshed every
+    second); its body."""
+    seen: list[tuple[int, bytes]] = []
+
+    def answered() -> bool:
+        seen.append(get(port)[:2])
+        return seen[-1][0] == status
+
+    wait_until(answered, timeout, f"the probe to answer {status} (it answered {seen[-3:]})")
+    return seen[-1][1]
+
+
 def test_with_an_upstream_its_answer_counts_unless_draining(upstream: Upstream) -> None:
     probe = DrainProbe(DEFAULT_RULES, 30, upstream=upstream.url, upstream_timeout=1.0)
     with serving(probe) as port:
-        assert get(port)[:2] == (200, b"ok\n")
+        assert wait_answer(port, 200) == b"ok\n"
         upstream.status = 500
-        assert get(port)[:2] == (503, b"unavailable\n")  # the upstream's body never passes through
+        assert wait_answer(port, 503) == b"unavailable\n"  # the upstream's body never passes
         upstream.status = 301
-        assert get(port)[0] == 200
+        wait_answer(port, 200)
         upstream.status = 200
         show(probe, imds_event(A))
-        before = upstream.requests
-        assert get(port)[0] == 503
-        assert upstream.requests == before  # not asked while draining
+        assert get(port)[0] == 503  # draining: at once, whatever the application says
         show(probe)
-        assert get(port)[0] == 200
+        assert get(port)[0] == 200  # the application's verdict is fresh: no wait for it
 
 
 def test_an_upstream_that_is_down_or_slow_is_unhealthy(upstream: Upstream) -> None:
     probe = DrainProbe(DEFAULT_RULES, 30, upstream=upstream.url, upstream_timeout=0.5)
     with serving(probe) as port:
+        wait_answer(port, 200)
         upstream.delay = 3
-        started = time.monotonic()
-        assert get(port)[0] == 503
-        assert time.monotonic() - started < 2.5
+        wait_answer(port, 503)
         upstream.delay = 0
+        wait_answer(port, 200)
         upstream.close()
-        assert get(port)[0] == 503  # connection refused
+        wait_answer(port, 503)  # connection refused
+
+
+def test_an_upstream_that_trickles_never_holds_the_probes_answer(upstream: Upstream) -> None:
+    """Issue 22 item 10: an upstream that sends its body a byte every 0.4 s kept every read
+    within the old per-read timeout, and the probe from answering for over 60 s. Now the check
+    ends by its own deadline, and the probe answers from the last verdict at once."""
+    probe = DrainProbe(DEFAULT_RULES, 30, upstream=upstream.url, upstream_timeout=1.0)
+    with serving(probe) as port:
+        wait_answer(port, 200)
+        upstream.trickle = 0.4
+        wait_answer(port, 503, timeout=20)  # the check in progress ends by its deadline
+        for _ in range(10):
+            started = time.monotonic()
+            status, _, _ = get(port)
+            assert status == 503
+            assert time.monotonic() - started < 2.0  # the probe's one deadline
+        upstream.trickle = 0
+        wait_answer(port, 200)
 
 
 def test_the_port_tells_nothing_but_the_health(upstream: Upstream) -> None:
@@ -246,7 +288,7 @@ def test_idle_connections_are_dropped_and_the_probe_keeps_answering() -> None:
     with serving(probe) as port:
         idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
         try:
-            # Each idle client has REQUEST_TIMEOUT (5 s); then the probe answers again.
+            # Idle clients are dropped at their deadline, or to make room for this one.
             deadline = time.monotonic() + 20
             while True:
                 try:

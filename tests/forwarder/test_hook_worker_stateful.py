@@ -128,3 +128,4 @@ HookRestarts.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_hook_restarts = pytest.mark.timeout(600)(HookRestarts.TestCase)
+test_hook_restarts.pytestmark = [pytest.mark.slow]

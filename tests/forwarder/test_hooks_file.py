@@ -18,6 +18,7 @@ from sebridge.forwarder.local.hooks_file import (
     load_hooks,
     parse_hooks,
 )
+from tests.support.root import skip_unless_root
 from tests.support.waiting import wait_until
 
 NOBODY = 65534
@@ -45,8 +46,7 @@ GOOD: dict[str, Any] = {
 @pytest.fixture
 def safe_dir(tmp_path: Path) -> Path:
     """A root-owned 0755 directory (the tests run as root, like the installer)."""
-    if os.geteuid() != 0:
-        pytest.skip("ownership checks need root to create root-owned files")
+    skip_unless_root("ownership checks create root-owned files")
     directory = tmp_path / "etc-sebridge"
     directory.mkdir(mode=0o755)
     os.chmod(tmp_path, 0o755)

@@ -33,6 +33,7 @@ from tests.forwarder.local_support import (
     script,
     write_hooks,
 )
+from tests.support.root import skip_unless_root
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,8 +138,7 @@ def test_nothing_is_built_when_nothing_is_configured(tmp_path: Path) -> None:
 
 
 def test_a_refused_hooks_file_or_a_taken_port_stops_the_start(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned hooks file")
+    skip_unless_root("a hooks file must be root-owned")
     etc = root_dir(tmp_path)
     hooks = write_hooks(etc, [{"name": "x", "on": ["Scheduled"], "command": ["/bin/true"]}])
     os.chmod(hooks, 0o666)
@@ -156,8 +156,7 @@ def test_a_refused_hooks_file_or_a_taken_port_stops_the_start(tmp_path: Path) ->
 
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[tuple[LocalActions, Recorder, Path]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned hooks file")
+    skip_unless_root("a hooks file must be root-owned")
     etc = root_dir(tmp_path)
     log = etc / "ran.log"
     hook = script(etc, "mark.sh", f'echo "$SEBRIDGE_EVENT_TRANSITION $SEBRIDGE_EVENT_ID" >> {log}')

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import threading
 import uuid
@@ -48,17 +47,11 @@ from tests.forwarder.local_support import (
     write_hooks,
 )
 from tests.support.forwarder_fakes import FakeBroker, FakeStore
+from tests.support.root import skip_unless_root
 from tests.support.waiting import wait_until
 
 IDLE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "idle-scenario.json")
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -136,7 +129,7 @@ class Rig:
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     with in_process_simulator(IDLE) as sim:
-        rig = Rig(sim, tmp_path, free_port())
+        rig = Rig(sim, tmp_path, 0)  # the server binds port 0 and reports the one it got
         try:
             yield rig
         finally:
@@ -303,8 +296,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
     the drain probe, wired by install_telemetry as main() wires them; /metrics counts each
     hook's runs by outcome (every outcome has a series from the start) and says when the probe
     drains."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned hooks file")
+    skip_unless_root("a hooks file must be root-owned")
     etc = root_dir(tmp_path)
     hooks = write_hooks(
         etc,
@@ -327,7 +319,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
     local = build_local_actions(settings, state_dir, Recorder())
     assert local is not None and local.probe is not None and local.hooks is not None
     with in_process_simulator(IDLE) as sim:
-        rig = Rig(sim, state_dir, free_port(), local)
+        rig = Rig(sim, state_dir, 0, local)
         try:
             port = rig.telemetry.server.address[1] if rig.telemetry.server else 0
             before = scrape(port)

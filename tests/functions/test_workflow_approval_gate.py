@@ -230,6 +230,23 @@ def test_a_live_forwarder_gets_the_command(fallback_app: App) -> None:
     assert len(fallback_app.commands.sent) == 1 and not fallback_app.arm.acknowledged
 
 
+def test_a_heartbeat_from_the_future_keeps_a_forwarder_live_no_longer(
+    fallback_app: App, storage_fake: FakeBlobStorage, world: dict[str, str]
+) -> None:
+    """A Heartbeat's time is the sender's word: one dated a day ahead (forged, or a clock gone
+    wrong) kept its VM "live" for a day, so the events of a silent forwarder were never
+    acknowledged through ARM (hostile review of issue 23, side note). It counts as received no
+    later than the gate's clock plus 5 minutes of clock skew."""
+    fallback_app.deliver("approval_gate", heartbeat(timedelta(days=1)))  # type: ignore[arg-type]
+    blob = json.loads(storage_fake.blobs[HEARTBEAT_CONTAINER]["web-1.json"])
+    assert blob["lastHeartbeat"] == "2026-11-22T01:26:00Z"  # NOW + 5 min
+    fallback_app.clock.now = NOW + timedelta(minutes=30)  # silent for 25 min: stale
+    later = dict(SHORT_FREEZE, NotBefore="Sun, 22 Nov 2026 02:30:00 GMT")
+    fallback_app.deliver("approval_gate", envelope("Scheduled", **later))
+    assert not fallback_app.commands.sent
+    assert fallback_app.arm.acknowledged == [(world["web-1"], EVENT_ID)]
+
+
 def test_no_heartbeat_on_record_is_no_evidence_of_silence(fallback_app: App) -> None:
     fallback_app.deliver("approval_gate", envelope("Scheduled", **SHORT_FREEZE))
     assert len(fallback_app.commands.sent) == 1 and not fallback_app.arm.acknowledged

@@ -15,8 +15,7 @@ import pytest
 
 from functions.history import calendar
 from functions.history.core import EventSummary, entry_for, summarize
-from sebridge.contract.events import parse_message
-from tests.functions.history_support import T0, Lifecycle
+from tests.functions.history_support import T0, Lifecycle, scope_key, verified
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKER = ROOT / "emulators" / "azurite" / "check-ics.mjs"
@@ -25,9 +24,7 @@ WINDOW = timedelta(days=30)
 
 
 def _summary(life: Lifecycle) -> EventSummary:
-    entries = [
-        e for m in life.messages if (e := entry_for(parse_message(m.body_bytes(), m.message_id)))
-    ]
+    entries = [e for m in life.messages if (e := entry_for(verified(m), NOW))]
     summary = summarize(entries)
     assert summary is not None
     return summary
@@ -65,7 +62,7 @@ def test_an_upcoming_event_is_one_vevent_at_its_notbefore(tmp_path: Path) -> Non
     text = calendar.feed([_summary(life)], NOW, WINDOW)
     assert text.endswith("\r\n") and "\n" not in text.replace("\r\n", "")
     (event,) = _parse(text).walk("VEVENT")
-    assert str(event["UID"]) == "8b95c271-2b77-4243-ad1a-585faa9cd908-1@sebridge"
+    assert str(event["UID"]) == f"{scope_key()}-1@sebridge"
     assert event.decoded("DTSTART").isoformat() == "2026-11-22T01:35:00+00:00"
     assert event.decoded("DTEND") - event.decoded("DTSTART") == timedelta(seconds=600)
     assert event["SEQUENCE"] == 0 and str(event["STATUS"]) == "CONFIRMED"

@@ -3,6 +3,9 @@ ARM refuses requests without a token or api-version, Teams rejects what is not a
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 import requests
 from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
@@ -40,6 +43,60 @@ def test_a_token_names_the_identity_it_was_issued_to(identity_fake: FakeIdentity
     assert FakeIdentity.object_id(client_id) == FakeIdentity.object_id(client_id.upper())
 
 
+@pytest.mark.parametrize("credential_type", [ManagedIdentityCredential, DefaultAzureCredential])
+def test_a_vm_gets_its_token_from_imds_unchanged(
+    identity_fake: FakeIdentity, monkeypatch: pytest.MonkeyPatch, credential_type: type
+) -> None:
+    """As on a VM (no App Service settings): azure-identity asks IMDS's token endpoint, here
+    the fake's, and gets a token shaped like Entra ID's: three base64url parts, JSON claims."""
+    for name in identity_fake.environ():
+        monkeypatch.delenv(name)
+    for name, value in identity_fake.vm_environ().items():
+        monkeypatch.setenv(name, value)
+    token = credential_type().get_token("https://servicebus.azure.net/.default")
+    assert identity_fake.issued[token.token] == "https://servicebus.azure.net"
+    (request,) = identity_fake.requests
+    assert request.path == "/metadata/identity/oauth2/token"
+    assert request.headers["metadata"] == "true"
+    header, claims, signature = token.token.split(".")
+    padded = claims + "=" * (-len(claims) % 4)
+    decoded = json.loads(base64.urlsafe_b64decode(padded))
+    assert decoded["aud"] == "https://servicebus.azure.net"
+    assert decoded["exp"] == token.expires_on and header and signature
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "headers", "status"),
+    [
+        ("/metadata/identity/oauth2/token", {"api-version": "2018-02-01"}, {}, 400),
+        (
+            "/metadata/identity/oauth2/token",
+            {"api-version": "2019-08-01", "resource": "https://servicebus.azure.net"},
+            {"Metadata": "true"},
+            400,
+        ),
+        (
+            "/metadata/identity/oauth2/token",
+            {"api-version": "2018-02-01"},
+            {"Metadata": "true"},
+            400,
+        ),
+        ("/metadata/instance", {"api-version": "2018-02-01"}, {"Metadata": "true"}, 404),
+    ],
+    ids=["no-metadata-header", "wrong-api-version", "no-resource", "another-path"],
+)
+def test_the_vm_token_endpoint_refuses_what_imds_refuses(
+    identity_fake: FakeIdentity,
+    path: str,
+    params: dict[str, str],
+    headers: dict[str, str],
+    status: int,
+) -> None:
+    response = requests.get(identity_fake.url + path, params=params, headers=headers, timeout=5)
+    assert response.status_code == status
+    assert not identity_fake.issued
+
+
 def test_the_identity_endpoint_checks_its_header(identity_fake: FakeIdentity) -> None:
     response = requests.get(
         identity_fake.environ()["IDENTITY_ENDPOINT"],
@@ -69,6 +126,16 @@ def test_arm_needs_a_bearer_token_and_an_api_version(arm_fake: FakeArm) -> None:
         arm_fake.url + vm + "x", params={"api-version": "1"}, headers=auth, timeout=5
     )
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "ResourceNotFound"
+
+
+def test_arm_reads_paths_percent_decoded(arm_fake: FakeArm) -> None:
+    """ARM decodes the path: ``rg%28web%29`` is the resource group ``rg(web)``, and the id in the
+    answer is spelled without escapes."""
+    vm = arm_fake.add_vm("s", "rg(web)", "vm", [])
+    auth, version = {"Authorization": "Bearer x"}, {"api-version": "2024-07-01"}
+    quoted = vm.replace("rg(web)", "rg%28web%29")
+    answer = requests.get(arm_fake.url + quoted, params=version, headers=auth, timeout=5)
+    assert answer.status_code == 200 and answer.json()["id"] == vm
 
 
 def test_arm_refuses_a_pool_that_does_not_exist(arm_fake: FakeArm) -> None:

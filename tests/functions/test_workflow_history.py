@@ -21,22 +21,26 @@ from functions.history.core import (
     QueryError,
     SummaryConflict,
     entry_for,
-    event_key,
     impact_by_type,
     parse_query,
     select,
     summarize,
 )
-from sebridge.contract.events import parse_message
-from tests.fixtures import golden
-from tests.functions.history_support import T0, Lifecycle, MemoryHistoryStore
+from tests.functions.history_support import (
+    T0,
+    Lifecycle,
+    MemoryHistoryStore,
+    scope_key,
+    stored,
+    verified,
+)
 from tests.functions.support import at_once
 
 NOW = T0 + timedelta(hours=1)
 
 
 def _parsed(envelope):  # type: ignore[no-untyped-def]
-    return parse_message(envelope.body_bytes(), envelope.message_id)
+    return verified(envelope)
 
 
 def _history(store: MemoryHistoryStore, days: int = 90) -> History:
@@ -56,7 +60,7 @@ def full_life() -> Lifecycle:
 
 
 def test_every_transition_and_action_becomes_one_entry() -> None:
-    entries = [entry_for(_parsed(m)) for m in full_life().messages]
+    entries = [entry_for(_parsed(m), NOW) for m in full_life().messages]
     assert [e.name for e in entries if e] == [
         "Scheduled",
         "Updated",
@@ -92,7 +96,7 @@ def test_the_summary_tells_the_event() -> None:
     history = _history(store)
     for message in full_life().messages:
         history.record(_parsed(message), NOW)
-    summary, _ = store.summary(event_key(golden.EVENT_ID))
+    summary = stored(store)
     assert summary is not None
     latest = summary.latest
     assert latest.state == "Completed" and latest.updates == 1
@@ -113,7 +117,7 @@ def test_a_completed_event_without_a_measurement_says_so() -> None:
     life.transition("Scheduled", DurationInSeconds=300)
     life.transition("Started")
     life.transition("Completed")
-    summary = summarize([e for m in life.messages if (e := entry_for(_parsed(m)))])
+    summary = summarize([e for m in life.messages if (e := entry_for(_parsed(m), NOW))])
     assert summary is not None
     assert summary.latest.announced_seconds == 300
     assert summary.to_json()["impact"] == {
@@ -134,7 +138,7 @@ def test_an_impact_that_is_not_one_is_ignored(impact: object) -> None:
     life.transition("Started")
     life.transition("Completed")
     life.messages[-1].body["data"]["impact"] = impact
-    summary = summarize([e for m in life.messages if (e := entry_for(_parsed(m)))])
+    summary = summarize([e for m in life.messages if (e := entry_for(_parsed(m), NOW))])
     assert summary is not None and summary.latest.measured_seconds is None
 
 
@@ -144,7 +148,7 @@ def test_nothing_secret_is_stored() -> None:
     message = life.messages[0]
     message.body["data"]["seal"] = "s3cret-seal"
     message.body["data"]["eventGrid"] = {"topic": "t", "token": "s3cret-token"}
-    entry = entry_for(_parsed(message))
+    entry = entry_for(_parsed(message), NOW)
     assert entry is not None and entry.source == "event-grid"
     assert "s3cret" not in json.dumps(entry.to_record())
 
@@ -207,9 +211,8 @@ def test_any_order_of_arrival_yields_the_same_summary(plan: list[str], data: st.
     shuffled = MemoryHistoryStore()
     for message in [*arrivals, *duplicates]:
         _history(shuffled).record(_parsed(message), NOW)
-    key = event_key(golden.EVENT_ID)
-    expected, _ = in_order.summary(key)
-    got, _ = shuffled.summary(key)
+    key = scope_key()
+    expected, got = stored(in_order, key), stored(shuffled, key)
     assert got == expected
     assert expected is not None
     appearances = 2 if plan.count("Scheduled") == 2 else 1
@@ -234,9 +237,9 @@ def test_two_writers_racing_lose_no_entry() -> None:
         assert errors == [] or all(isinstance(e, SummaryConflict) for e in errors)
         for message in life.messages:  # what Service Bus would redeliver after a conflict
             history.record(_parsed(message), NOW)
-        stored, _ = store.summary(event_key(golden.EVENT_ID))
-        assert stored == summarize(store.entries(event_key(golden.EVENT_ID)))
-        assert stored is not None and stored.entries == 7
+        kept = stored(store)
+        assert kept == summarize(store.entries(scope_key()).entries)
+        assert kept is not None and kept.entries == 7
 
 
 def test_retention_deletes_old_events_bounded_per_run() -> None:
@@ -297,7 +300,7 @@ def test_filters_select_events() -> None:
         for message in life.messages:
             _history(store).record(_parsed(message), NOW)
         lives.append(life)
-    everything = store.summaries(parse_query({}))
+    everything = store.latest(parse_query({})).summaries
     assert len(select(everything, parse_query({}))) == 3
     assert [s.vms for s in select(everything, parse_query({"vm": "WEB-2"}))] == [("web-2",)]
     assert len(select(everything, parse_query({"state": "scheduled"}))) == 2
@@ -332,5 +335,5 @@ def test_recording_an_action_never_fails_the_workflow(caplog: pytest.LogCaptureF
     recorder = StoreRecorder(_history(store), "lb-pools")
     for _ in range(2):  # the same cause, the same row
         recorder.record(cancelled, "Restored", NOW, {"nics": 1})
-    (row,) = [e for e in store.entries(event_key(golden.EVENT_ID)) if e.name == "Restored"]
+    (row,) = [e for e in store.entries(scope_key()).entries if e.name == "Restored"]
     assert row.source == "lb-pools" and row.details == {"nics": 1}

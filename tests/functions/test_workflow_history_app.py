@@ -92,7 +92,9 @@ def test_an_event_is_listed_shown_and_in_the_calendar(history_app: App) -> None:
     assert feed.status_code == 200 and feed.mimetype == "text/calendar"
     calendar = icalendar.Calendar.from_ical(feed.get_body().decode("utf-8"))
     (vevent,) = calendar.walk("VEVENT")  # type: ignore[union-attr]
-    assert str(vevent["UID"]) == f"{EVENT_ID}-1@sebridge"
+    scope = document["events"][0]["id"]
+    assert scope.startswith(f"{EVENT_ID}.")  # the event as the observer's scope saw it
+    assert str(vevent["UID"]) == f"{scope}-1@sebridge"
 
     life.transition("Started")
     life.transition("Completed")
@@ -101,7 +103,7 @@ def test_an_event_is_listed_shown_and_in_the_calendar(history_app: App) -> None:
     shown = _get(
         history_app, "event_timeline", f"http://127.0.0.1/api/events/{EVENT_ID}", eventId=EVENT_ID
     )
-    timeline = json.loads(shown.get_body())
+    (timeline,) = json.loads(shown.get_body())["scopes"]
     assert [row["name"] for row in timeline["timeline"]] == ["Scheduled", "Started", "Completed"]
     assert timeline["event"]["state"] == "Completed"
     assert timeline["event"]["impact"]["measured"] is False
@@ -138,7 +140,8 @@ def test_lb_pools_records_the_vms_it_put_back(history_app: App, arm_fake: FakeAr
     shown = _get(
         history_app, "event_timeline", f"http://127.0.0.1/api/events/{EVENT_ID}", eventId=EVENT_ID
     )
-    rows = json.loads(shown.get_body())["timeline"]
+    (scope,) = json.loads(shown.get_body())["scopes"]
+    rows = scope["timeline"]
     assert [(r["name"], r["source"]) for r in rows if r["kind"] == "action"] == [
         ("Prepared", "lb-pools"),
         ("Restored", "lb-pools"),
@@ -147,4 +150,4 @@ def test_lb_pools_records_the_vms_it_put_back(history_app: App, arm_fake: FakeAr
     again = _get(
         history_app, "event_timeline", f"http://127.0.0.1/api/events/{EVENT_ID}", eventId=EVENT_ID
     )
-    assert len(json.loads(again.get_body())["timeline"]) == len(rows)
+    assert len(json.loads(again.get_body())["scopes"][0]["timeline"]) == len(rows)

@@ -16,18 +16,23 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from functions.history.core import (
-    Entry,
+    EntryRead,
     History,
     PurgeSchedule,
     entry_for,
-    event_key,
     summarize,
 )
-from sebridge.contract.events import Envelope, parse_message
-from tests.fixtures import golden
-from tests.functions.history_support import T0, Lifecycle, MemoryHistoryStore
+from sebridge.contract.events import Envelope
+from tests.functions.history_support import (
+    T0,
+    Lifecycle,
+    MemoryHistoryStore,
+    scope_key,
+    stored,
+    verified,
+)
 
-KEY = event_key(golden.EVENT_ID)
+KEY = scope_key()
 
 
 def _messages() -> list[Envelope]:
@@ -57,11 +62,11 @@ class Interleaving(MemoryHistoryStore):
         self.armed: Envelope | None = None
         self.other: History | None = None
 
-    def entries(self, key: str) -> list[Entry]:
+    def entries(self, key: str) -> EntryRead:
         seen = super().entries(key)
         if self.armed is not None and self.other is not None:
             message, self.armed = self.armed, None
-            self.other.record(parse_message(message.body_bytes(), message.message_id), T0)
+            self.other.record(verified(message), T0)
         return seen
 
 
@@ -75,7 +80,7 @@ class HistoryMachine(RuleBasedStateMachine):
 
     def _record(self, index: int) -> None:
         message = MESSAGES[index]
-        self.history.record(parse_message(message.body_bytes(), message.message_id), T0)
+        self.history.record(verified(message), T0)
         self.delivered.add(index)
 
     @rule(index=st.integers(0, len(MESSAGES) - 1))
@@ -92,13 +97,8 @@ class HistoryMachine(RuleBasedStateMachine):
     def the_summary_is_the_delivered_set(self) -> None:
         if not self.delivered:
             return
-        entries = [
-            e
-            for i in sorted(self.delivered)
-            if (e := entry_for(parse_message(MESSAGES[i].body_bytes(), MESSAGES[i].message_id)))
-        ]
-        stored, _ = self.store.summary(KEY)
-        assert stored == summarize(entries)
+        entries = [e for i in sorted(self.delivered) if (e := entry_for(verified(MESSAGES[i]), T0))]
+        assert stored(self.store, KEY) == summarize(entries)
 
 
 HistoryMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)

@@ -9,8 +9,11 @@ writing NICs under a lease it no longer held.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from azure.identity import ManagedIdentityCredential
@@ -21,8 +24,11 @@ from emulators.fakes.storage import FakeBlobStorage
 from functions.adapters.arm import ArmRestClient
 from functions.adapters.arm_cache import CachedVmReads
 from functions.adapters.pool_state import BlobPoolStore, LeaseLost
+from functions.adapters.retry import TransientHttpError
 from functions.lb_pools.core import LbPools
+from functions.lb_pools.guard import CapacityGuard
 from functions.shared.impact import DEFAULT_RULES
+from functions.shared.vms import ResolvedVm
 from sebridge.contract.events import parse_message
 from tests.functions.support import (
     NOW,
@@ -38,6 +44,8 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.timeout(60)
 
 LEASE = 15
+EVENT_1 = "e1e1e1e1-0000-4000-8000-0000000000e1"
+EVENT_2 = "e2e2e2e2-0000-4000-8000-0000000000e2"
 LB = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Network/loadBalancers/lb"
 POOL = f"{LB}/backendAddressPools/p"
 
@@ -122,3 +130,133 @@ def test_nic_writes_stop_when_the_lease_cannot_be_proven_held(
         lb_pools.handle(parse_message(message.body_bytes()), NOW)
     left = [vm for vm, vm_id in vms.items() if not arm_fake.vm_pools(vm_id)]
     assert left == ["web-1"], f"NICs written after the lease ran out: {left}"
+
+
+def lb_pools_instance(
+    arm_fake: FakeArm, storage_fake: FakeBlobStorage, clock: Clock, sleep: Any = time.sleep
+) -> LbPools:
+    credential = ManagedIdentityCredential()
+    return LbPools(
+        CachedVmReads(ArmRestClient(arm_fake.url, credential, sleep=sleep)),
+        RecordingPublisher(),
+        DEFAULT_RULES,
+        pools=store(storage_fake, clock),
+        min_healthy=1,
+    )
+
+
+def test_a_throttled_nic_write_is_not_retried_after_the_lease_lapsed(
+    arm_fake: FakeArm,
+    storage_fake: FakeBlobStorage,
+    identity_fake: FakeIdentity,
+    clock: Clock,
+) -> None:
+    """Hostile review of issue 23, break 6. A drains web-1: ARM answers its NIC PUT with 429
+    and Retry-After 3, and while A waits, the renewals stall and the lease runs out. B takes
+    the pool and drains web-2 (web-1 still serves). A's retry must not go out: both together
+    would empty the pool. Before, the lease was checked once per VM, not per attempt."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool = f"{lb}/backendAddressPools/pool-a"
+    vms = {vm: web_vm(arm_fake, vm, [pool]) for vm in ("web-1", "web-2")}
+    waiting, go_on = threading.Event(), threading.Event()
+
+    def retry_sleep(seconds: float) -> None:  # A waits out Retry-After until B is done
+        waiting.set()
+        assert go_on.wait(20)
+
+    first = lb_pools_instance(arm_fake, storage_fake, clock, sleep=retry_sleep)
+    second = lb_pools_instance(arm_fake, storage_fake, clock)
+    arm_fake.fail(429, times=1, retry_after="3", method="PUT", path_contains="web-1-nic")
+    errors: list[BaseException] = []
+
+    def drain_web_1() -> None:
+        message = envelope("Scheduled", EventId=EVENT_1, Resources=["web-1"])
+        try:
+            first.handle(parse_message(message.body_bytes()), NOW)
+        except Exception as exc:  # what A raised, asserted below
+            errors.append(exc)
+
+    a = threading.Thread(target=drain_web_1)
+    a.start()
+    assert waiting.wait(20), "A's NIC PUT was not throttled"
+    storage_fake.hang("renew")
+    wait_until(lambda: storage_fake.hanging >= 1, 10, "a renewal stalled in the service")
+    clock.advance(LEASE + 1)
+    message = envelope("Scheduled", EventId=EVENT_2, Resources=["web-2"])
+    second.handle(parse_message(message.body_bytes()), NOW)
+    assert arm_fake.vm_pools(vms["web-2"]) == []
+    go_on.set()
+    a.join(30)
+    storage_fake.release()
+    assert arm_fake.pool_members(pool), "both drained: pool-a is empty with LB_MIN_HEALTHY=1"
+    assert [type(e) for e in errors] == [LeaseLost], errors
+
+
+def test_a_retry_that_would_outlast_the_lease_is_not_waited_for(
+    arm_fake: FakeArm,
+    storage_fake: FakeBlobStorage,
+    identity_fake: FakeIdentity,
+    clock: Clock,
+) -> None:
+    """No long sleep under a lease: a Retry-After longer than the lease can still be proven
+    held fails the write at once (the message comes back later), rather than sleeping it out
+    and finding the lease lost, or worse, not finding it."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool = f"{lb}/backendAddressPools/pool-a"
+    vms = {vm: web_vm(arm_fake, vm, [pool]) for vm in ("web-1", "web-2")}
+    slept: list[float] = []
+    lb_pools = lb_pools_instance(arm_fake, storage_fake, clock, sleep=slept.append)
+
+    def renewals_stall(request: Any) -> None:  # as the NIC PUT comes in, under the lease
+        if request.method == "PUT":
+            arm_fake.on_request = None
+            storage_fake.hang("renew")
+            clock.advance(LEASE / 2)  # 7.5 s of the lease gone: 5 s left with the margin
+
+    arm_fake.fail(429, times=1, retry_after="8", method="PUT", path_contains="web-1-nic")
+    arm_fake.on_request = renewals_stall
+    message = envelope("Scheduled", EventId=EVENT_1, Resources=["web-1"])
+    with pytest.raises(TransientHttpError, match="would outlast the pool's lease"):
+        lb_pools.handle(parse_message(message.body_bytes()), NOW)
+    storage_fake.release()
+    assert 8.0 not in slept
+    assert arm_fake.vm_pools(vms["web-1"]) == [pool]
+
+
+def test_an_early_approval_is_not_retried_past_the_lease_either(
+    arm_fake: FakeArm,
+    storage_fake: FakeBlobStorage,
+    identity_fake: FakeIdentity,
+    clock: Clock,
+) -> None:
+    """The guard of early approvals writes under the pools' leases too: the ARM acknowledge
+    (and its retries) goes out only while they are provably held."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool = f"{lb}/backendAddressPools/pool-a"
+    vms = {vm: web_vm(arm_fake, vm, [pool]) for vm in ("web-1", "web-2", "web-3")}
+    slept: list[float] = []
+    arm = CachedVmReads(
+        ArmRestClient(arm_fake.url, ManagedIdentityCredential(), sleep=slept.append)
+    )
+    guard = CapacityGuard(arm, store(storage_fake, clock), 1)
+
+    def renewals_stall(request: Any) -> None:
+        if request.path.endswith("/acknowledge"):
+            arm_fake.on_request = None
+            storage_fake.hang("renew")
+            clock.advance(LEASE / 2)
+
+    arm_fake.fail(429, times=1, retry_after="8", method="POST", path_contains="/acknowledge")
+    arm_fake.on_request = renewals_stall
+    record = arm.get_vm(SUB, RG, "web-2")
+    assert record is not None
+    with pytest.raises(TransientHttpError, match="would outlast the pool's lease"):
+        guard.clear(
+            EVENT_2,
+            [ResolvedVm.of("web-2", record)],
+            NOW,
+            NOW + timedelta(hours=1),
+            lambda: arm.acknowledge_event(vms["web-2"], EVENT_2),
+        )
+    storage_fake.release()
+    assert 8.0 not in slept and not arm_fake.acknowledged

@@ -139,3 +139,29 @@ def test_an_unreadable_record_entry_is_skipped() -> None:
     assert nic_pools.decode_record(tags, NIC) == {
         "ipconfig1": [pool("a").replace("rg-web", "rg-web")]
     }
+
+
+# ---- claims: which events have the NIC out ------------------------------------------------------
+
+
+def test_claims_round_trip_and_overflow_refuses_before_any_change() -> None:
+    from datetime import UTC, datetime
+
+    until = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
+    drained = nic_pools.plan_drain(nic([pool("a")]), NIC, nic_pools.Claim("A" * 8, until))
+    assert drained is not None
+    claims = nic_pools.decode_claims(drained.body["tags"])
+    assert claims == {"aaaaaaaa": int(until.timestamp())}  # the id as in message ids
+    many = {f"{n:08x}-0000-4000-8000-000000000000": 2_000_000_000 for n in range(11)}
+    with pytest.raises(nic_pools.RecordTooLarge):
+        nic_pools.encode_claims(many)
+    # Ten claims fit (two tags), each ending in time: the NIC's own tags stay.
+    tags = nic_pools.encode_claims(dict(list(many.items())[:10]))
+    assert set(tags) == set(nic_pools.CLAIM_TAG_NAMES)
+    assert nic_pools.decode_claims(tags) == dict(list(many.items())[:10])
+
+
+def test_an_unreadable_claim_is_skipped_not_guessed() -> None:
+    tags = {nic_pools.CLAIMS_TAG: "e1@100,garbage,@5,e2@x,e3@300"}
+    assert nic_pools.decode_claims(tags) == {"e1": 100, "e3": 300}
+    assert nic_pools.decode_claims({"owner": "web"}) is None

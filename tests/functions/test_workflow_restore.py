@@ -120,3 +120,34 @@ def test_a_pool_deleted_between_the_read_and_the_write_is_skipped_too(
     puts = [r for r in arm_fake.requests if r.method == "PUT" and "web-2-nic" in r.path]
     assert len(puts) == 3  # the drain, the refused restore, the restore without pool-b
     assert arm_fake.vm_pools(world["web-2"]) == [world["pool-a"]]
+
+
+def test_a_replaced_ip_configuration_is_reported_not_dropped_silently(
+    app: App, arm_fake: FakeArm, world: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """While web-1 is out, its NIC's ip configuration ipconfig1 (the one the record names) is
+    replaced by ipconfig-v2. Nothing can say which configuration should go back, so nothing is
+    guessed; but the Completed dropped the record and said nothing: no ERROR, no card, no
+    notRestored (hostile review of issue 23, break 9). Now it is reported like a deleted pool."""
+    caplog.set_level(logging.INFO)
+    app.deliver("lb_pools", scheduled(["web-1"]))
+    nic_id = (
+        world["web-1"].replace(
+            "Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces"
+        )
+        + "-nic"
+    )
+    with arm_fake.lock:  # the operator's change, as ARM would keep it
+        config = arm_fake.resources[nic_id.lower()]["properties"]["ipConfigurations"][0]
+        config["name"], config["id"] = "ipconfig-v2", f"{nic_id}/ipConfigurations/ipconfig-v2"
+    app.deliver("lb_pools", completed(["web-1"]))
+    assert arm_fake.vm_pools(world["web-1"]) == []  # nothing guessed
+    assert record_tags(arm_fake, world["web-1"]) == {}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("ipconfig1" in e and "lb-a/pool-a" in e for e in errors), errors
+    assert any("ipconfig1" in e and "lb-b/pool-b" in e for e in errors), errors
+    (card,) = app.teams.cards
+    text = json.dumps(card)
+    assert "Not restored after Reboot completed: web-1" in text
+    assert "IP configurations that no longer exist" in text and "ipconfig1" in text
+    assert [line.get("notRestored") for line in invocation_lines(caplog)][-1] == 2

@@ -169,6 +169,20 @@ def test_the_capacity_guard_settings() -> None:
         ({"LB_MIN_HEALTHY": "two"}, "LB_MIN_HEALTHY: 'two' is not an integer"),
         ({"LB_POOL_STATE_URL": ""}, "LB_POOL_STATE_URL: required while LB_MIN_HEALTHY"),
         ({"LB_POOL_STATE_URL": "http://storage.example/x"}, "LB_POOL_STATE_URL: must use https"),
+        # An allow-list entry no resource group can have matches nothing: every message would
+        # be refused as a security event (lead's review of issue 23, item c).
+        (
+            {"LB_MANAGED_RESOURCE_GROUPS": "rg-web, rg/../other"},
+            "LB_MANAGED_RESOURCE_GROUPS: 'rg/../other' is not a resource group name",
+        ),
+        (
+            {"LB_MANAGED_RESOURCE_GROUPS": "rg-web,rg-ends-with-dot."},
+            "LB_MANAGED_RESOURCE_GROUPS: 'rg-ends-with-dot.' is not a resource group name",
+        ),
+        (
+            {"AGENTLESS_RESOURCE_GROUPS": "rg web"},
+            "AGENTLESS_RESOURCE_GROUPS: 'rg web' is not a resource group name",
+        ),
     ],
 )
 def test_bad_capacity_guard_settings_are_named(change: dict[str, str], named: str) -> None:

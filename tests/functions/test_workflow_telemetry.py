@@ -19,7 +19,7 @@ from functions.adapters.retry import TransientHttpError
 from functions.shared.invocations import INVOCATION_PREFIX, LOGGER_NAME
 from sebridge.contract.events import Envelope
 from tests.fixtures import golden
-from tests.functions.support import EVENT_ID, App, envelope, sb_message
+from tests.functions.support import EVENT_ID, App, envelope, sb_message, web_vm
 
 FIELDS = {
     "function",
@@ -99,6 +99,8 @@ def test_one_event_can_be_followed_through_every_workflow(
     full_app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
+    for vm in ("web-1", "web-2"):  # the golden event's VMs exist: the message is verified
+        web_vm(full_app.arm, vm, [])
     scheduled = golden.build()["scheduled"]
     for name in _service_bus_functions(full_app):
         full_app.deliver(name, scheduled)
@@ -191,3 +193,17 @@ def test_invocation_lines_are_never_sampled_away() -> None:
     host = json.loads((Path(__file__).resolve().parents[2] / "host.json").read_text())
     sampling = host["logging"]["applicationInsights"]["samplingSettings"]
     assert sampling.get("isEnabled") is False or "Trace" in sampling["excludedTypes"].split(";")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("function", ["lb_pools", "approval_gate", "teams"])
+def test_a_message_refused_by_verification_is_logged_as_refused(
+    app: App, caplog: pytest.LogCaptureFixture, function: str
+) -> None:
+    """A message that fails the scope check changed nothing: its line must not say ``ok``
+    (lead's review of issue 23, item b). The observer web-1 does not exist in this ARM."""
+    caplog.set_level(logging.INFO)
+    app.deliver(function, envelope("Scheduled"))
+    (fields,) = lines(caplog)
+    assert (fields["outcome"], fields["refusal"]) == ("refused", "security")
+    assert fields["function"] == function and fields["eventId"] == EVENT_ID

@@ -137,6 +137,7 @@ def test_pool_roles_are_deployed_per_managed_resource_group() -> None:
 UNPARSED_BY_CHECKOV = {"modules/drain-probe-guard.bicep"}
 
 
+@pytest.mark.slow
 def test_checkov_parsed_every_file(checkov_report: dict[str, Any]) -> None:
     errors = {
         Path(p).resolve().relative_to(INFRA).as_posix()

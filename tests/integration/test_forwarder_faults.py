@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from emulators.ports import refused_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract import commands
 from sebridge.contract.events import Observer, parse_message
@@ -43,6 +44,7 @@ from sebridge.forwarder.imds.ratelimit import RequestLimit
 from sebridge.forwarder.main import EXIT_STATE_DIR
 from sebridge.forwarder.state import STATE_FILE
 from tests.support.imds_stub import ImdsStub, max_in_any_window
+from tests.support.root import skip_needing_root
 from tests.support.waiting import wait_until
 
 STOP_WITHIN = 5.0  # seconds from SIGTERM to exit, in every state
@@ -116,7 +118,7 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
     """A tmpfs mounted at ``path`` for the block (a real small or read-only file system)."""
     path.mkdir(parents=True, exist_ok=True)
     if shutil.which("mount") is None:
-        pytest.skip("no mount command: cannot make a real full or read-only file system")
+        skip_needing_root("no mount command: cannot make a real full or read-only file system")
     result = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
         capture_output=True,
@@ -124,7 +126,7 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
         check=False,
     )
     if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {result.stderr.strip()}")
+        skip_needing_root(f"cannot mount a tmpfs (CAP_SYS_ADMIN): {result.stderr.strip()}")
     try:
         yield path
     finally:
@@ -282,6 +284,7 @@ def test_a_document_incarnation_that_is_not_an_integer_hides_no_event(
 # -- item 6: bounded IMDS requests and a bounded stop -------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_trickling_body_ends_by_the_deadline_and_polling_goes_on(
     imds: ImdsStub, tmp_path: Path
@@ -302,6 +305,7 @@ def test_a_trickling_body_ends_by_the_deadline_and_polling_goes_on(
     assert took <= 10 + 5, took  # one 10 s deadline (and the poll interval before it)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", ["endless", "huge"])
 def test_an_endless_or_huge_body_is_refused_at_the_cap(
@@ -329,6 +333,7 @@ STOP_STATES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("mode", "after_first_poll"), STOP_STATES)
 def test_sigterm_ends_the_process_within_5_seconds(
@@ -351,17 +356,18 @@ def test_sigterm_ends_the_process_within_5_seconds(
     assert "stopping" in log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_sigterm_ends_the_process_while_service_bus_is_unreachable(
     imds: ImdsStub, tmp_path: Path
 ) -> None:
     """Not dry-run: the sender and the approvals receiver keep trying a broker that is not
     there (a closed loopback port), with an event pending."""
-    import socket
+    with refused_port() as port:
+        _sigterm_while_unreachable(imds, tmp_path, port)
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+
+def _sigterm_while_unreachable(imds: ImdsStub, tmp_path: Path, port: int) -> None:
     connection = (
         f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey=x;"
         "UseDevelopmentEmulator=true"
@@ -408,6 +414,7 @@ def test_a_command_spends_at_most_its_budget_on_a_trickling_imds(imds: ImdsStub)
     assert took <= 3.0 + 0.5, took  # the whole budget, however slowly IMDS answers
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_flood_of_commands_never_drives_imds_above_5_per_second(imds: ImdsStub) -> None:
     """The poller and the approvals handler share one limit (as main.py wires them): 60

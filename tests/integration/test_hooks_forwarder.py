@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,15 +19,17 @@ from typing import Any
 import pytest
 
 from emulators.imds.testing import RunningSimulator, running_simulator
+from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from tests.forwarder.local_support import root_dir, script, write_hooks
+from tests.support.root import requires_root
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
 VM = "vmss_vm1"  # the simulator's VM
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.skipif(os.geteuid() != 0, reason="a hooks file must be root-owned: run as root"),
+    requires_root("a hooks file must be root-owned"),
 ]
 
 
@@ -191,6 +192,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_a_hook_that_times_out_is_killed_with_its_process_group(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
@@ -422,9 +424,7 @@ def test_hooks_and_probe_together_publish_one_prepared_when_both_are_done(
             },
         ],
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = reserve_port()  # the forwarder takes a port number, not 0
     with make(
         sim,
         tmp_path / "state",

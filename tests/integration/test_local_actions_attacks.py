@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
+from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract.events import parse_message
 from sebridge.forwarder.local.journal import JOURNAL_FILE
 from sebridge.forwarder.state import STATE_FILE
 from tests.forwarder.local_support import root_dir, script, write_hooks
-from tests.integration.test_drain_probe_forwarder import free_port, status, wait_status
+from tests.integration.test_drain_probe_forwarder import status, wait_status
 from tests.integration.test_forwarder_faults import fill, tmpfs
 from tests.support.imds_stub import ImdsStub
 from tests.support.waiting import wait_until
@@ -161,7 +162,7 @@ def test_an_odd_value_drains_runs_the_prepare_hook_and_is_said_once(
     only log line was the Scheduled itself."""
     etc = root_dir(tmp_path)
     hooks = write_hooks(etc, [marking_hook(etc, "checkpoint", ["Scheduled"], prepare=True)])
-    port = free_port()
+    port = reserve_port()
     odd_resources = event(resources=[VM, 5])
     odd_status = event(EventStatus=1)
     probe = ("--drain-probe-port", str(port), "--drain-probe-address", "127.0.0.1")
@@ -239,7 +240,7 @@ def test_a_full_disk_never_switches_off_the_probe_or_the_hooks(
     go out when the disk can take them."""
     etc = root_dir(tmp_path)
     hooks = write_hooks(etc, [marking_hook(etc, "checkpoint", ["Scheduled"], prepare=True)])
-    port = free_port()
+    port = reserve_port()
     probe = ("--drain-probe-port", str(port), "--drain-probe-address", "127.0.0.1")
     with tmpfs(tmp_path / "state", "size=4m,mode=0700") as state:
         with start(imds, state, hooks, *probe, "--drain-seconds", "1") as fw:

@@ -4,6 +4,11 @@ records), with Entra bearer tokens over HTTPS, as in Azure."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import requests
 from azure.identity import ManagedIdentityCredential
@@ -72,3 +77,45 @@ def test_event_records_are_written_under_their_etag(
     with pytest.raises(StateConflict):
         store.write("e1", {"v": 4}, etag)  # a stale ETag loses
     assert store.read("e1") == ({"v": 3}, newer)
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie nobody reaped yet (it holds no port)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.timeout(90)
+def test_azurite_dies_with_the_process_that_started_it() -> None:
+    """Attack 26a, break 12: Azurite ran in its own session, so a parent killed with SIGKILL
+    left node running with all three ports. The kernel now ends it with its parent."""
+    script = (
+        "import sys, time\n"
+        "from emulators.azurite import Azurite\n"
+        "storage = Azurite(oauth=False).start()\n"
+        "print(storage._process.pid, flush=True)\n"
+        "time.sleep(80)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        node = int(parent.stdout.readline())
+        assert not _gone(node)
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while not _gone(node) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(node), "Azurite outlived the process that started it"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)

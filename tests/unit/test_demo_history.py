@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from emulators.demo_history import CalendarWatch, verdict, vevents
+from emulators.demo.history import CalendarWatch, verdict, vevents
 from tests.functions.support import event
 
 KEY = event().key

@@ -26,6 +26,7 @@ PURE_MODULES = (
     "sebridge.lifecycle",
     "sebridge.retry",
     "sebridge.values",
+    "sebridge.text",
     "sebridge.impact",
     "sebridge.timing",
     "sebridge.contract.cloudevents",

@@ -104,7 +104,9 @@ class CalendarWatch:
             now = time.time()
             for key in waiting:
                 for uid, event in entries.items():
-                    if not uid.startswith(f"{key}-") or event.get("STATUS") == "CANCELLED":
+                    # <key>.<scope digest>-<appearance>@sebridge: each scope's own entry
+                    mine = uid.startswith((f"{key}.", f"{key}-"))
+                    if not mine or event.get("STATUS") == "CANCELLED":
                         continue
                     sequence = event.get("SEQUENCE", "")
                     if self.revisions.get(key) == sequence:
@@ -139,6 +141,13 @@ def timeline_of(host_url: str, key: str) -> dict[str, Any] | None:
     return document
 
 
+def scopes_of(document: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each scope's part of ``GET /api/events/{eventId}`` (an event seen by several
+    placements is several entries)."""
+    scopes = (document or {}).get("scopes")
+    return [s for s in scopes if isinstance(s, dict)] if isinstance(scopes, list) else []
+
+
 def verdict(watch: CalendarWatch, expected: dict[str, Any]) -> list[str]:
     """What the history failed to show: the feed before the start, the end in the timeline."""
     missing: list[str] = []
@@ -155,8 +164,8 @@ def verdict(watch: CalendarWatch, expected: dict[str, Any]) -> list[str]:
         ended = {s["transition"] for s in watch.topic_seen if s["event"].key == key} & set(ENDS)
         if ended:
             document = timeline_of(watch.host_url, key)
-            state = (document or {}).get("event", {}).get("state")
-            if state not in ended:
+            states = {scope["event"].get("state") for scope in scopes_of(document)}
+            if not states & ended:
                 missing.append(f"the history of event {key[:8]} does not show it {ended.pop()}")
     return missing
 
@@ -166,25 +175,28 @@ def story(host_url: str, keys: list[str]) -> list[str]:
     lines: list[str] = []
     for key in keys:
         document = timeline_of(host_url, key)
-        if document is None:
+        scopes = scopes_of(document)
+        if not scopes:
             lines.append(f"  history of {key[:8]}: not found")
             continue
-        event = document["event"]
-        impact = event.get("impact", {})
-        announced = impact.get("announcedSeconds")
-        measured = impact.get("measuredSeconds")
-        said = f"{announced} s" if announced is not None else "no duration"
-        found = "not measured" if measured is None else f"{measured} s ({impact.get('method')})"
-        lines.append(
-            f"  history of {event.get('eventType')} {key[:8]} ({event.get('state')}): "
-            f"announced {said}, measured {found}"
-        )
-        for row in document["timeline"]:
-            details = row.get("details") or {}
-            extra = ""
-            if row["name"] == "Approved":
-                extra = f" by {details.get('requestedBy')}"
-            elif row["name"] == "Held":
-                extra = f" (pool at {details.get('healthy')} of minimum {details.get('minimum')})"
-            lines.append(f"    {row['at']}  {row['name']:<9} {row['source']}{extra}")
+        for scope in scopes:
+            event = scope["event"]
+            impact = event.get("impact", {})
+            announced = impact.get("announcedSeconds")
+            measured = impact.get("measuredSeconds")
+            said = f"{announced} s" if announced is not None else "no duration"
+            found = "not measured" if measured is None else f"{measured} s ({impact.get('method')})"
+            lines.append(
+                f"  history of {event.get('eventType')} {key[:8]} ({event.get('state')}): "
+                f"announced {said}, measured {found}"
+            )
+            for row in scope.get("timeline", []):
+                details = row.get("details") or {}
+                extra = ""
+                if row["name"] == "Approved":
+                    extra = f" by {details.get('requestedBy')}"
+                elif row["name"] == "Held":
+                    healthy, minimum = details.get("healthy"), details.get("minimum")
+                    extra = f" (pool at {healthy} of minimum {minimum})"
+                lines.append(f"    {row['at']}  {row['name']:<9} {row['source']}{extra}")
     return lines
