@@ -21,7 +21,10 @@ def test_the_infra_tree_has_the_expected_entry_points() -> None:
 @pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
 def test_bicep_file_parses(path: Path) -> None:
     tree = parse(path)
-    assert tree.get("resources") or tree.get("modules"), f"{path.name} declares nothing"
+    # Resources or modules; or, for a check (drain-probe-guard.bicep), an output.
+    assert tree.get("resources") or tree.get("modules") or tree.get("outputs"), (
+        f"{path.name} declares nothing"
+    )
 
 
 @pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
@@ -129,10 +132,21 @@ def test_pool_roles_are_deployed_per_managed_resource_group() -> None:
 # --- checkov -------------------------------------------------------------------------------
 
 
+# checkov's Bicep parser (pycep-parser 0.5) predates fail(): the one file that calls it holds no
+# resource, and tests/infra/test_infra_drain_probe_repairs.py evaluates it instead.
+UNPARSED_BY_CHECKOV = {"modules/drain-probe-guard.bicep"}
+
+
 @pytest.mark.slow
 def test_checkov_parsed_every_file(checkov_report: dict[str, Any]) -> None:
-    assert checkov_report["results"].get("parsing_errors", []) == []
-    assert checkov_report["summary"]["parsing_errors"] == 0
+    errors = {
+        Path(p).resolve().relative_to(INFRA).as_posix()
+        for p in checkov_report["results"].get("parsing_errors", [])
+    }
+    assert errors <= UNPARSED_BY_CHECKOV
+    assert checkov_report["summary"]["parsing_errors"] == len(errors)
+    for name in UNPARSED_BY_CHECKOV:
+        assert parse(INFRA / name).get("resources", {}) == {}, f"{name} must hold no resource"
     assert checkov_report["summary"]["resource_count"] >= 40
 
 
