@@ -27,6 +27,7 @@ PURE_MODULES = (
     "sebridge.retry",
     "sebridge.values",
     "sebridge.impact",
+    "sebridge.timing",
     "sebridge.contract.cloudevents",
     "sebridge.contract.events",
     "sebridge.contract.commands",
