@@ -233,6 +233,7 @@ module functionApp 'modules/functionapp.bicep' = {
     approvalGateSubscriptionName: approvalGateSubscriptionName
     webhooksSubscriptionName: webhooksSubscriptionName
     approvalsQueueName: serviceBus.outputs.approvalsQueueName
+    drainMomentsQueueName: serviceBus.outputs.drainMomentsQueueName
     keyVaultUri: keyVault.outputs.vaultUri
     teamsWebhookSecretName: teamsWebhookSecretName
     approvalSigningKeySecretName: approvalSigningKeySecretName
@@ -307,6 +308,7 @@ module serviceBusRoles 'modules/servicebus-roles.bicep' = {
     namespaceName: serviceBus.outputs.namespaceName
     topicName: serviceBus.outputs.topicName
     approvalsQueueName: serviceBus.outputs.approvalsQueueName
+    drainMomentsQueueName: serviceBus.outputs.drainMomentsQueueName
     functionAppPrincipalId: functionApp.outputs.principalId
     functionAppSubscriptionNames: functionAppSubscriptionNames
     forwarderPrincipalId: forwarderIdentity.outputs.principalId

@@ -12,6 +12,10 @@ range), ``vmName`` (fnmatch patterns; every affected VM must match one), ``resou
 ``approve-when-prepared`` (once the affected VMs are out of all load balancer pools),
 ``manual`` (a human decides from the Teams card), ``never``. Without ``APPROVAL_POLICY`` the
 default applies, built by :func:`default_policy` from lb-pools' freeze threshold.
+
+``leadSeconds`` (optional, top level): how long before NotBefore lb-pools drains each event type
+(``{"Reboot": 300, "Preempt": "first-sight"}``; sebridge.timing: the rule the forwarder's
+``--drain-lead`` follows too); the types not listed keep timing.DEFAULT_LEADS.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from functions.shared.impact import DEFAULT_RULES, ImpactRules
 from sebridge.contract.events import Observer
 from sebridge.imds import ScheduledEvent
+from sebridge.timing import DEFAULT_LEADS, Leads, TimingError, leads_from_json
 
 
 class Action(StrEnum):
@@ -115,6 +120,7 @@ class Decision:
 class Policy:
     rules: tuple[Rule, ...]
     default: Action = Action.MANUAL
+    leads: Leads = DEFAULT_LEADS  # when lb-pools drains, per event type (sebridge.timing)
 
     def decide(self, event: ScheduledEvent, observer: Observer) -> Decision:
         for rule in self.rules:
@@ -207,7 +213,7 @@ def parse_policy(text: str | Mapping[str, Any]) -> Policy:
             raise PolicyError(f"not JSON: {exc}") from exc
     if not isinstance(obj, Mapping):
         raise PolicyError("expected a JSON object with 'rules'")
-    unknown = set(obj) - {"rules", "default"}
+    unknown = set(obj) - {"rules", "default", "leadSeconds"}
     if unknown:
         raise PolicyError(f"unknown keys {sorted(unknown)}")
     rules = obj.get("rules")
@@ -216,4 +222,10 @@ def parse_policy(text: str | Mapping[str, Any]) -> Policy:
     if len(rules) > MAX_RULES:
         raise PolicyError(f"more than {MAX_RULES} rules")
     default = _action(obj.get("default", Action.MANUAL.value), "default")
-    return Policy(rules=tuple(_rule(r, i) for i, r in enumerate(rules)), default=default)
+    try:
+        leads = leads_from_json(obj.get("leadSeconds"))
+    except TimingError as exc:
+        raise PolicyError(str(exc)) from None
+    return Policy(
+        rules=tuple(_rule(r, i) for i, r in enumerate(rules)), default=default, leads=leads
+    )

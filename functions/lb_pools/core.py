@@ -39,6 +39,7 @@ pool's lease.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,13 +47,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from functions.lb_pools import capacity, held, nic_pools
+from functions.approval_gate.policy import Policy
+from functions.lb_pools import capacity, held, moments, nic_pools
 from functions.shared import event_record, write_window
 from functions.shared import scope as trust
+from functions.shared.drain_plan import DrainPlan
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
     ArmClient,
     ArmDocument,
+    MomentScheduler,
     PermissionDenied,
     PoolLease,
     PoolStore,
@@ -91,7 +95,7 @@ Restored = dict[str, set[str]]  # lower-case pool id -> ip configuration ids put
 
 @dataclass
 class LbOutcome:
-    action: str  # "drain", "restore" or "ignore"
+    action: str  # "drain", "defer" (drained at ``drain_at``), "restore" or "ignore"
     changed: list[str] = field(default_factory=list)  # NIC ids that were PUT
     not_ready: list[str] = field(default_factory=list)  # VMs still in a pool
     published_prepared: bool = False
@@ -104,6 +108,7 @@ class LbOutcome:
     # (VM, ip configuration, pool id) not put back: the NIC no longer has that configuration
     vanished: list[tuple[str, str, str]] = field(default_factory=list)
     kept_out: list[str] = field(default_factory=list)  # VMs another event still has out
+    drain_at: datetime | None = None  # "defer": the drain moment scheduled
 
     @property
     def not_restored_count(self) -> int:
@@ -265,6 +270,10 @@ class LbPools:
     decisions: DecisionBatches = field(default_factory=OneAtATime)
     side_by_side: SideBySide = one_after_another
     alerts: TeamsPoster | None = None  # a card for what could not be restored
+    # Drain at the moment (functions.lb_pools.moments): the drain-moments queue (None: every
+    # drain at first sight) and when (APPROVAL_POLICY leadSeconds, functions.shared.drain_plan).
+    scheduler: MomentScheduler | None = None
+    plan: DrainPlan = field(default_factory=lambda: DrainPlan(Policy(rules=()), True))
 
     @property
     def guarded(self) -> bool:
@@ -286,23 +295,34 @@ class LbPools:
         return "ignore", f"{message.transition.value} needs nothing"
 
     def handle(
-        self, message: TransitionMessage, now: datetime, *, resume_pool: str | None = None
+        self,
+        message: TransitionMessage,
+        now: datetime,
+        *,
+        resume_pool: str | None = None,
+        due: bool = False,
     ) -> LbOutcome:
         """Verify ``message`` (the trigger layer does this before :meth:`handle_verified`;
         a held event tried again is verified anew), then handle it.
 
         ``resume_pool``: this is a held event tried again because that pool got members
-        back; it is drained only if that pool still lists it as held (under the pool's lock)."""
+        back; it is drained only if that pool still lists it as held (under the pool's lock).
+        ``due``: its drain moment arrived (:meth:`fire`): drained now."""
         action, reason = self._action(message, self.impact)
         if action == "ignore":
             return LbOutcome(action, reason=reason)
         checked = verify_and_log("lb_pools", self.arm, message, self.rules, records=self.pools)
         if isinstance(checked, UnverifiedMessage):
             return LbOutcome(action, refused=checked.reason)
-        return self.handle_verified(checked, now, resume_pool=resume_pool)
+        return self.handle_verified(checked, now, resume_pool=resume_pool, due=due)
 
     def handle_verified(
-        self, verified: VerifiedMessage, now: datetime, *, resume_pool: str | None = None
+        self,
+        verified: VerifiedMessage,
+        now: datetime,
+        *,
+        resume_pool: str | None = None,
+        due: bool = False,
     ) -> LbOutcome:
         message = verified.message
         action, reason = self._action(message, self.impact)
@@ -315,6 +335,10 @@ class LbPools:
         if outcome.refused:
             return outcome
         if action == "drain":
+            if not due and resume_pool is None and self._deferred(verified, outcome, now):
+                if message.transition is Transition.UPDATED:
+                    self._restore_dropped(verified, outcome, now)
+                return outcome
             self._drain(verified, vms, outcome, now, resume_pool)
             if outcome.reason:
                 return outcome
@@ -325,8 +349,143 @@ class LbPools:
                 self._restore_dropped(verified, outcome, now)
             return outcome
         # A cancelled Terminate or Preempt never happened: the VM is still there, put it back.
+        self._drop_moment(event.key)
         restore = message.transition is Transition.CANCELLED or restores_afterwards(event)
         self._end(verified, vms, outcome, now, restore=restore)
+        return outcome
+
+    # ---- the drain moment (functions.lb_pools.moments) --------------------------------------
+    def drain_at(self, message: TransitionMessage, seen: datetime) -> datetime:
+        """When the event of ``message``, seen at ``seen``, is drained (the drain plan)."""
+        assert message.event is not None
+        return self.plan.moment(message.event, message.observer, seen)
+
+    def _deferred(self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime) -> bool:
+        """Whether the drain waits for its moment (scheduled, or already scheduled); False:
+        drain now (the moment has come, or there is no drain-moments queue). A drain now is
+        remembered as fired, so a later Updated never undoes it."""
+        message = verified.message
+        event = message.event
+        assert event is not None
+        if self.scheduler is None or self.pools is None:
+            return False
+        entry = moments.pending(self.pools.read_event(event.key))
+        if message.transition is Transition.STARTED:
+            if entry is not None and not entry.fired:
+                self._fired(event.key, entry, now)
+            return False
+        if entry is not None and entry.fired:
+            return False  # drained already: this drains again (idempotent), Prepared again
+        seen = min(message.time or now, now)
+        at = self.drain_at(message, seen)
+        body = held.body_of(message)
+        message_id = message.message_id or event.key
+        if at <= now:
+            self._fired(
+                event.key,
+                entry or moments.Pending(at, moments.token(event.key, at), None, False, "", {}),
+                now,
+                body=body,
+                message_id=message_id,
+            )
+            return False
+        tok = moments.token(event.key, at)
+        if entry is not None and entry.token == tok and entry.sequence is not None:
+            if _newer(body, entry.body):  # the same moment: what is drained then is refreshed
+                fresh = moments.Pending(at, tok, entry.sequence, False, message_id, body)
+                self.pools.update_event(
+                    event.key, lambda record: moments.with_pending(record, event.key, fresh)
+                )
+        else:
+            sequence = self.scheduler.schedule(
+                moments.due_body(event.key, tok), at, f"drain:{event.key}:{tok}"
+            )
+            new = moments.Pending(at, tok, sequence, False, message_id, body)
+            self.pools.update_event(
+                event.key, lambda record: moments.with_pending(record, event.key, new)
+            )
+            if entry is not None and entry.sequence is not None:
+                self._cancel(event.key, entry.sequence)  # moved: its message is stale
+        log.info(
+            "event %s: %s drained at %s (NotBefore minus the lead), not now",
+            event.key,
+            event.event_type,
+            at.isoformat(),
+            extra={"eventId": event.key, "drainAt": at.isoformat()},
+        )
+        outcome.action, outcome.drain_at = "defer", at
+        return True
+
+    def _fired(
+        self,
+        event_id: str,
+        entry: moments.Pending,
+        now: datetime,
+        *,
+        body: dict[str, Any] | None = None,
+        message_id: str = "",
+    ) -> None:
+        """The event drains now: its moment is spent (its scheduled message, if any, is
+        cancelled; if it arrives all the same, it changes nothing)."""
+        assert self.pools is not None
+        spent = moments.Pending(
+            entry.at, entry.token, None, True, message_id or entry.message_id, body or entry.body
+        )
+        self.pools.update_event(
+            event_id, lambda record: moments.with_pending(record, event_id, spent)
+        )
+        if entry.sequence is not None and not entry.fired:
+            self._cancel(event_id, entry.sequence)
+
+    def _drop_moment(self, event_id: str) -> None:
+        """The event ended (Completed, Cancelled): its moment goes, and its scheduled message."""
+        if self.scheduler is None or self.pools is None:
+            return
+        record = self.pools.read_event(event_id)
+        entry = moments.pending(record)
+        if moments.KEY not in record:
+            return
+        self.pools.update_event(event_id, moments.without)
+        if entry is not None and entry.sequence is not None and not entry.fired:
+            self._cancel(event_id, entry.sequence)
+
+    def _cancel(self, event_id: str, sequence: int) -> None:
+        """Cancel a scheduled drain; a failure is only logged (the token makes it a no-op)."""
+        assert self.scheduler is not None
+        try:
+            self.scheduler.cancel(sequence)
+        except Exception as exc:  # noqa: BLE001 - stale when it arrives: its token says so
+            log.warning(
+                "the scheduled drain %d of event %s was not cancelled (%s): it changes "
+                "nothing when it arrives",
+                sequence,
+                event_id,
+                type(exc).__name__,
+                extra={"eventId": event_id},
+            )
+
+    def fire(self, event_id: str, tok: str, now: datetime) -> LbOutcome:
+        """A scheduled drain arrived: drain the event if ``tok`` is still its moment and has
+        not fired (verified again, like a held event); otherwise nothing. Faults propagate
+        (the message is redelivered)."""
+        if self.pools is None:
+            return LbOutcome("ignore", reason="no pool store: no drain moments")
+        entry = moments.pending(self.pools.read_event(event_id))
+        if entry is None or entry.token != tok:
+            log.info("scheduled drain superseded or cancelled", extra={"eventId": event_id})
+            return LbOutcome("ignore", reason="superseded")
+        if entry.fired:
+            log.info("scheduled drain fired already", extra={"eventId": event_id})
+            return LbOutcome("ignore", reason="fired already")
+        try:
+            message = parse_message(_json_bytes(entry.body), entry.message_id)
+        except ContractError as exc:
+            log.error("scheduled drain dropped: its message is unreadable: %s", exc)
+            self.pools.update_event(event_id, moments.without)
+            return LbOutcome("ignore", reason="unreadable")
+        log.info("drain moment of event %s has come", event_id, extra={"eventId": event_id})
+        outcome = self.handle(message, now, due=True)
+        self.pools.update_event(event_id, lambda record: moments.with_fired(record, tok))
         return outcome
 
     def _restore_dropped(
@@ -1058,6 +1217,17 @@ class LbPools:
                 elif not result.reason:
                     outcome.resumed.append(entry.event_id)
         return sorted(set(still) & set(pools))
+
+
+def _json_bytes(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def _newer(body: dict[str, Any], than: Any) -> bool:
+    """Whether the contract message ``body`` was observed no earlier than ``than``'s."""
+    theirs = than.get("time") if hasattr(than, "get") else None
+    ours = body.get("time")
+    return not isinstance(theirs, str) or not isinstance(ours, str) or ours >= theirs
 
 
 def _held_order(entry: held.HeldEvent) -> datetime:

@@ -30,6 +30,7 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "LbPoolsSubscriptionName",
     "ApprovalGateSubscriptionName",
     "ApprovalsQueueName",
+    "DrainMomentsQueueName",
     "CustomSubscriptionName",
     "TEAMS_WEBHOOK_URL",
     "APPROVAL_SIGNING_KEY",
@@ -101,6 +102,9 @@ class Settings:
     # and the blob container holding each pool's lock and held events.
     min_healthy: int = DEFAULT_MIN_HEALTHY
     pool_state_url: str = ""
+    # lb-pools drains at the event's drain moment, through messages scheduled on this queue
+    # (functions.lb_pools.moments); "": every drain at first sight.
+    drain_moments_queue: str = ""
     teams_webhook_url: str = field(repr=False, default="")
     approval_signing_key: bytes = field(repr=False, default=b"")
     servicebus_connection_string: str = field(repr=False, default="")
@@ -145,6 +149,8 @@ class Settings:
             "managedResourceGroups": list(self.managed_resource_groups),
             "minHealthy": self.min_healthy,
             "poolState": self.pool_state_url,
+            "drainMoments": self.drain_moments_queue or "off (drain at first sight)",
+            "leadSeconds": self.policy.leads.describe(),
         }
 
 
@@ -303,6 +309,12 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         )
     elif pool_state_url:
         pool_state_url = _url("LB_POOL_STATE_URL", pool_state_url, problems)
+    moments_queue = get("DrainMomentsQueueName")
+    if moments_queue and not pool_state_url:
+        problems.append(
+            "LB_POOL_STATE_URL: required while DrainMomentsQueueName is set (or set "
+            "AzureWebJobsStorage__accountName): each event's drain moment is kept there"
+        )
 
     settings = Settings(
         topic_name=required("TopicName"),
@@ -328,6 +340,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         ),
         min_healthy=min_healthy,
         pool_state_url=pool_state_url,
+        drain_moments_queue=moments_queue,
         teams_webhook_url=webhook,
         approval_signing_key=key.encode("utf-8"),
         servicebus_connection_string=connection_string,
@@ -397,6 +410,13 @@ def workflows(settings: Settings) -> tuple[Workflow, ...]:
         ),
         Workflow("lb_pools", True, f"LB_MIN_HEALTHY {settings.min_healthy}"),
         Workflow("approval_gate", True, "with the approve link"),
+        Workflow(
+            "drain_moments",
+            bool(settings.drain_moments_queue),
+            f"lb-pools drains at NotBefore minus the lead, queue {settings.drain_moments_queue}"
+            if settings.drain_moments_queue
+            else "DrainMomentsQueueName is not set: lb-pools drains at first sight",
+        ),
         Workflow(
             "webhooks",
             bool(settings.webhooks_subscription),

@@ -58,6 +58,9 @@ param webhookSecretSettings array = []
 @description('Queue the approval gate sends approve commands to.')
 param approvalsQueueName string
 
+@description('Queue lb-pools schedules its drain moments on (DrainMomentsQueueName): it drains at NotBefore minus the lead of APPROVAL_POLICY leadSeconds.')
+param drainMomentsQueueName string
+
 @description('Key Vault URI (ends with a slash).')
 param keyVaultUri string
 
@@ -143,6 +146,7 @@ var requiredSettings = {
   ApprovalGateSubscriptionName: approvalGateSubscriptionName
   WebhooksSubscriptionName: webhooksSubscriptionName
   ApprovalsQueueName: approvalsQueueName
+  DrainMomentsQueueName: drainMomentsQueueName
   CustomSubscriptionName: customSubscriptionName
   // Versionless references: a rotated secret is picked up without a redeployment.
   APPROVAL_SIGNING_KEY: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${approvalSigningKeySecretName})'

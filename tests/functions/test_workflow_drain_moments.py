@@ -1,0 +1,227 @@
+"""lb-pools drains at the event's drain moment (NotBefore minus the lead), through messages it
+schedules to itself: through the function objects, against the loopback ARM and blob storage,
+with a clock the test controls (no sleeping). The broker's scheduling itself is tested against
+the Service Bus emulator (tests/contract/test_management.py, tests/e2e)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+from emulators.fakes.arm import FakeArm
+from functions.lb_pools import moments
+from sebridge.contract.events import parse_message
+from tests.fixtures import golden
+from tests.functions.support import (
+    EVENT_ID,
+    NOW,
+    RG,
+    SUB,
+    App,
+    Scheduled,
+    due_message,
+    envelope,
+    web_vm,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+# Reboot: 5 minutes before NotBefore; the golden event's NotBefore is 01:35, seen at 01:20.
+POLICY = json.dumps(
+    {
+        "rules": [{"name": "prepare-first", "match": {}, "action": "approve-when-prepared"}],
+        "leadSeconds": {"Reboot": 300, "Freeze": 120},
+    }
+)
+NOT_BEFORE = NOW.replace(minute=35)
+MOMENT = NOT_BEFORE - timedelta(seconds=300)
+
+
+@pytest.fixture
+def world(arm_fake: FakeArm) -> dict[str, str]:
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"])
+    pool = f"{lb}/backendAddressPools/pool-a"
+    return {
+        "web-1": web_vm(arm_fake, "web-1", [pool]),
+        "web-2": web_vm(arm_fake, "web-2", [pool]),
+        "web-3": web_vm(arm_fake, "web-3", [pool]),  # keeps pool-a above LB_MIN_HEALTHY
+        "pool": pool,
+    }
+
+
+@pytest.fixture
+def timed(make_app: Callable[..., App]) -> App:
+    return make_app(DrainMomentsQueueName="drain-moments", APPROVAL_POLICY=POLICY)
+
+
+def _in_pools(app: App, world: dict[str, str]) -> dict[str, bool]:
+    return {vm: bool(app.arm.vm_pools(world[vm])) for vm in ("web-1", "web-2")}
+
+
+def _prepared(app: App) -> list[str]:
+    return [m.message_id for m in app.publisher.published if m.subject == "Prepared"]
+
+
+def test_a_long_notice_drains_at_not_before_minus_the_lead(
+    timed: App, world: dict[str, str]
+) -> None:
+    assert timed.scheduler is not None
+    timed.deliver("lb_pools", golden.build()["scheduled"])
+    # Seen at 01:21 for 01:35: still in its pools, nothing for the gate, one moment at 01:30.
+    assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
+    assert _prepared(timed) == [] and timed.arm.writes() == []
+    (entry,) = timed.scheduler.scheduled
+    assert entry.at == MOMENT
+    assert moments.parse_due(entry.body)[0] == EVENT_ID
+    timed.clock.now = MOMENT - timedelta(seconds=1)
+    assert timed.fire_due() == 0
+    assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
+    timed.clock.now = MOMENT
+    assert timed.fire_due() == 1
+    assert _in_pools(timed, world) == {"web-1": False, "web-2": False}
+    assert len(_prepared(timed)) == 1
+    prepared = parse_message(
+        next(m for m in timed.publisher.published if m.subject == "Prepared").body_bytes()
+    )
+    assert prepared.data["prepared"]["vms"] == ["web-1", "web-2"]
+
+
+def test_a_moment_fires_once_and_a_replayed_scheduled_schedules_nothing_twice(
+    timed: App, world: dict[str, str]
+) -> None:
+    assert timed.scheduler is not None
+    timed.deliver("lb_pools", golden.build()["scheduled"])
+    timed.deliver("lb_pools", golden.build()["scheduled"])  # redelivered
+    assert len(timed.scheduler.scheduled) == 1
+    (entry,) = timed.scheduler.scheduled
+    timed.clock.now = MOMENT
+    timed.fire_due()
+    writes = len(timed.arm.writes())
+    timed.call("drain_moment", due_message(entry))  # the broker delivers it again
+    assert len(timed.arm.writes()) == writes and len(_prepared(timed)) == 1
+    timed.deliver("lb_pools", golden.build()["scheduled"])  # and the Scheduled once more
+    assert len(timed.scheduler.scheduled) == 1
+    assert _in_pools(timed, world) == {"web-1": False, "web-2": False}
+
+
+def test_an_updated_not_before_moves_the_moment_and_the_old_one_changes_nothing(
+    timed: App, world: dict[str, str]
+) -> None:
+    assert timed.scheduler is not None
+    timed.deliver("lb_pools", golden.build()["scheduled"])
+    (old,) = timed.scheduler.scheduled
+    timed.deliver("lb_pools", envelope("Updated", NotBefore="Sun, 22 Nov 2026 02:35:00 GMT"))
+    assert old.sequence in timed.scheduler.cancelled
+    (new,) = timed.scheduler.pending.values()
+    assert new.at == MOMENT + timedelta(hours=1)
+    # A cancel that lost the race: the old message arrives all the same and changes nothing.
+    timed.clock.now = MOMENT
+    timed.call("drain_moment", due_message(old))
+    assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
+    timed.clock.now = new.at
+    assert timed.fire_due() == 1
+    assert _in_pools(timed, world) == {"web-1": False, "web-2": False}
+
+
+def test_cancelled_removes_the_moment(timed: App, world: dict[str, str]) -> None:
+    assert timed.scheduler is not None
+    timed.deliver("lb_pools", golden.build()["scheduled"])
+    (entry,) = timed.scheduler.scheduled
+    timed.deliver("lb_pools", golden.build()["cancelled"])
+    assert timed.scheduler.cancelled == [entry.sequence]
+    timed.clock.now = MOMENT + timedelta(minutes=1)
+    timed.call("drain_moment", due_message(entry))  # delivered anyway
+    assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
+    assert timed.arm.writes() == [] and _prepared(timed) == []
+
+
+def test_a_notice_shorter_than_the_lead_drains_at_first_sight(
+    timed: App, world: dict[str, str]
+) -> None:
+    assert timed.scheduler is not None
+    timed.deliver("lb_pools", envelope("Scheduled", NotBefore="Sun, 22 Nov 2026 01:24:00 GMT"))
+    assert timed.scheduler.scheduled == []
+    assert _in_pools(timed, world) == {"web-1": False, "web-2": False}
+    assert len(_prepared(timed)) == 1
+    # Drained: a later Updated never undoes it (drains again, idempotent; Prepared again).
+    timed.deliver("lb_pools", envelope("Updated", NotBefore="Sun, 22 Nov 2026 03:00:00 GMT"))
+    assert timed.scheduler.scheduled == []
+    assert _in_pools(timed, world) == {"web-1": False, "web-2": False}
+
+
+@pytest.mark.parametrize("event_type", ["Preempt", "Terminate"])
+def test_preempt_and_terminate_drain_at_first_sight(
+    timed: App, world: dict[str, str], event_type: str
+) -> None:
+    assert timed.scheduler is not None
+    timed.deliver("lb_pools", envelope("Scheduled", EventType=event_type))
+    assert timed.scheduler.scheduled == []
+    assert _in_pools(timed, world) == {"web-1": False, "web-2": False}
+
+
+def test_started_drains_now_and_spends_the_moment(timed: App, world: dict[str, str]) -> None:
+    assert timed.scheduler is not None
+    timed.deliver("lb_pools", golden.build()["scheduled"])
+    (entry,) = timed.scheduler.scheduled
+    timed.deliver("lb_pools", golden.build()["started"])
+    assert _in_pools(timed, world) == {"web-1": False, "web-2": False}
+    assert timed.scheduler.cancelled == [entry.sequence]
+    writes = len(timed.arm.writes())
+    timed.clock.now = MOMENT
+    timed.call("drain_moment", due_message(entry))
+    assert len(timed.arm.writes()) == writes
+
+
+def test_a_restarted_app_keeps_the_pending_moment(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    first = make_app(DrainMomentsQueueName="drain-moments", APPROVAL_POLICY=POLICY)
+    assert first.scheduler is not None
+    first.deliver("lb_pools", golden.build()["scheduled"])
+    (entry,) = first.scheduler.scheduled
+    # A new process: nothing in memory; the record (blob) and Service Bus keep the moment.
+    second = make_app(DrainMomentsQueueName="drain-moments", APPROVAL_POLICY=POLICY)
+    assert second.scheduler is not None and second.scheduler is not first.scheduler
+    second.deliver("lb_pools", golden.build()["scheduled"])  # redelivered after the restart
+    assert second.scheduler.scheduled == []
+    second.clock.now = MOMENT
+    second.call("drain_moment", due_message(entry))
+    assert _in_pools(second, world) == {"web-1": False, "web-2": False}
+
+
+def test_without_the_queue_lb_pools_drains_at_first_sight(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    app = make_app(APPROVAL_POLICY=POLICY)
+    assert app.scheduler is None and "drain_moment" not in app.functions
+    app.deliver("lb_pools", golden.build()["scheduled"])
+    assert _in_pools(app, world) == {"web-1": False, "web-2": False}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b'{"schemaVersion": 1, "command": "approve", "eventId": "x", "token": "y"}',
+        b'{"schemaVersion": 1, "command": "drain-due", "eventId": 3, "token": "y"}',
+        b"{" + b" " * 2000 + b"}",
+    ],
+)
+def test_a_message_lb_pools_did_not_schedule_is_dropped(
+    timed: App, world: dict[str, str], body: bytes
+) -> None:
+    timed.deliver("lb_pools", golden.build()["scheduled"])
+    timed.clock.now = MOMENT
+    timed.call("drain_moment", due_message(Scheduled(99, body, MOMENT, "forged")))
+    assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
+
+
+def test_a_forged_token_for_a_real_event_drains_nothing(timed: App, world: dict[str, str]) -> None:
+    timed.deliver("lb_pools", golden.build()["scheduled"])
+    forged = moments.due_body(EVENT_ID, moments.token(EVENT_ID, NOW))
+    timed.call("drain_moment", due_message(Scheduled(99, forged, NOW, "forged")))
+    assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
+
