@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from emulators.fakes.arm import FakeArm
+from emulators.fakes.webhooks import GENERIC, FakeWebhooks
 from functions.lb_pools import moments
+from functions.teams.cards import FACT_PREFIX
 from sebridge.contract.events import parse_message
 from tests.fixtures import golden
 from tests.functions.support import (
@@ -225,3 +228,66 @@ def test_a_forged_token_for_a_real_event_drains_nothing(timed: App, world: dict[
     timed.call("drain_moment", due_message(Scheduled(99, forged, NOW, "forged")))
     assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
 
+
+def _fact(card: dict[str, Any], title: str) -> str | None:
+    wanted = FACT_PREFIX + title
+    for item in card["body"]:
+        if item.get("id") == wanted:
+            return "".join(r["text"] for r in item["inlines"]).split(": ", 1)[1]
+    return None
+
+
+@pytest.mark.parametrize(
+    ("settings", "scheduled", "expected"),
+    [
+        ({"DrainMomentsQueueName": "drain-moments"}, {}, "at 01:30 UTC"),
+        (
+            {"DrainMomentsQueueName": "drain-moments"},
+            {"NotBefore": "Tue, 24 Nov 2026 09:00:00 GMT"},
+            "at 08:55 UTC on Tue 24 Nov",
+        ),
+        ({"DrainMomentsQueueName": "drain-moments"}, {"EventType": "Preempt"}, "now"),
+        ({}, {}, "now"),  # no drain-moments queue: lb-pools drains at first sight
+    ],
+)
+def test_the_card_says_when_the_drain_happens(
+    make_app: Callable[..., App],
+    world: dict[str, str],
+    settings: dict[str, str],
+    scheduled: dict[str, str],
+    expected: str,
+) -> None:
+    app = make_app(APPROVAL_POLICY=POLICY, **settings)
+    app.deliver("teams", envelope("Scheduled", **scheduled))
+    assert _fact(app.teams.cards[-1], "drain-from-pools") == expected
+    app.deliver("teams", golden.build()["started"])
+    assert _fact(app.teams.cards[-1], "drain-from-pools") is None  # said only before it
+
+
+def test_a_card_of_an_event_lb_pools_does_not_drain_says_nothing_of_a_drain(timed: App) -> None:
+    timed.deliver("teams", envelope("Scheduled", EventType="Freeze", DurationInSeconds=5))
+    assert _fact(timed.teams.cards[-1], "drain-from-pools") is None
+
+
+def test_a_webhook_says_when_the_drain_happens(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    hooks = FakeWebhooks()
+    hooks.start()
+    try:
+        app = make_app(
+            APPROVAL_POLICY=POLICY,
+            DrainMomentsQueueName="drain-moments",
+            WebhooksSubscriptionName="webhooks",
+            WEBHOOKS=json.dumps(
+                [{"name": "cmdb", "preset": "generic", "urlSetting": "WEBHOOK_GENERIC_URL"}]
+            ),
+            WEBHOOK_GENERIC_URL=hooks.generic_url("cmdb"),
+        )
+        app.deliver("webhooks", golden.build()["scheduled"])
+        app.deliver("webhooks", golden.build()["completed"])
+        first, second = hooks.bodies(GENERIC)
+        assert first["drainText"] == "at 01:30 UTC"
+        assert second["drainText"] is None
+    finally:
+        hooks.stop()
