@@ -360,54 +360,38 @@ class LbPools:
         assert message.event is not None
         return self.plan.moment(message.event, message.observer, seen)
 
+    def _book(self, key: str = moments.KEY) -> moments.MomentBook | None:
+        """The event records' moments of ``key`` (None: no drain-moments queue)."""
+        if self.scheduler is None or self.pools is None:
+            return None
+        command = moments.DUE_COMMAND if key == moments.KEY else moments.DECIDE_COMMAND
+        return moments.MomentBook(self.pools, self.scheduler, key, command)
+
     def _deferred(self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime) -> bool:
         """Whether the drain waits for its moment (scheduled, or already scheduled); False:
         drain now (the moment has come, or there is no drain-moments queue). A drain now is
-        remembered as fired, so a later Updated never undoes it."""
+        remembered as spent, so a later Updated never undoes it."""
         message = verified.message
         event = message.event
         assert event is not None
-        if self.scheduler is None or self.pools is None:
+        book = self._book()
+        if book is None:
             return False
-        entry = moments.pending(self.pools.read_event(event.key))
+        entry = book.read(event.key)
         if message.transition is Transition.STARTED:
             if entry is not None and not entry.fired:
-                self._fired(event.key, entry, now)
+                book.spend(event.key, now)
             return False
         if entry is not None and entry.fired:
             return False  # drained already: this drains again (idempotent), Prepared again
-        seen = min(message.time or now, now)
-        at = self.drain_at(message, seen)
-        body = held.body_of(message)
-        message_id = message.message_id or event.key
+        at = self.drain_at(message, min(message.time or now, now))
+        body, message_id = held.body_of(message), message.message_id or event.key
         if at <= now:
-            self._fired(
-                event.key,
-                entry or moments.Pending(at, moments.token(event.key, at), None, False, "", {}),
-                now,
-                body=body,
-                message_id=message_id,
-            )
+            book.spend(event.key, at, message_id, body)
             return False
-        tok = moments.token(event.key, at)
-        if entry is not None and entry.token == tok and entry.sequence is not None:
-            if _newer(body, entry.body):  # the same moment: what is drained then is refreshed
-                fresh = moments.Pending(at, tok, entry.sequence, False, message_id, body)
-                self.pools.update_event(
-                    event.key, lambda record: moments.with_pending(record, event.key, fresh)
-                )
-        else:
-            sequence = self.scheduler.schedule(
-                moments.due_body(event.key, tok), at, f"drain:{event.key}:{tok}"
-            )
-            new = moments.Pending(at, tok, sequence, False, message_id, body)
-            self.pools.update_event(
-                event.key, lambda record: moments.with_pending(record, event.key, new)
-            )
-            if entry is not None and entry.sequence is not None:
-                self._cancel(event.key, entry.sequence)  # moved: its message is stale
+        book.set(event.key, at, message_id, body)
         log.info(
-            "event %s: %s drained at %s (NotBefore minus the lead), not now",
+            "event %s: %s drained at %s (its drain moment), not now",
             event.key,
             event.event_type,
             at.isoformat(),
@@ -416,76 +400,34 @@ class LbPools:
         outcome.action, outcome.drain_at = "defer", at
         return True
 
-    def _fired(
-        self,
-        event_id: str,
-        entry: moments.Pending,
-        now: datetime,
-        *,
-        body: dict[str, Any] | None = None,
-        message_id: str = "",
-    ) -> None:
-        """The event drains now: its moment is spent (its scheduled message, if any, is
-        cancelled; if it arrives all the same, it changes nothing)."""
-        assert self.pools is not None
-        spent = moments.Pending(
-            entry.at, entry.token, None, True, message_id or entry.message_id, body or entry.body
-        )
-        self.pools.update_event(
-            event_id, lambda record: moments.with_pending(record, event_id, spent)
-        )
-        if entry.sequence is not None and not entry.fired:
-            self._cancel(event_id, entry.sequence)
-
     def _drop_moment(self, event_id: str) -> None:
-        """The event ended (Completed, Cancelled): its moment goes, and its scheduled message."""
-        if self.scheduler is None or self.pools is None:
-            return
-        record = self.pools.read_event(event_id)
-        entry = moments.pending(record)
-        if moments.KEY not in record:
-            return
-        self.pools.update_event(event_id, moments.without)
-        if entry is not None and entry.sequence is not None and not entry.fired:
-            self._cancel(event_id, entry.sequence)
-
-    def _cancel(self, event_id: str, sequence: int) -> None:
-        """Cancel a scheduled drain; a failure is only logged (the token makes it a no-op)."""
-        assert self.scheduler is not None
-        try:
-            self.scheduler.cancel(sequence)
-        except Exception as exc:  # noqa: BLE001 - stale when it arrives: its token says so
-            log.warning(
-                "the scheduled drain %d of event %s was not cancelled (%s): it changes "
-                "nothing when it arrives",
-                sequence,
-                event_id,
-                type(exc).__name__,
-                extra={"eventId": event_id},
-            )
+        """The event ended (Completed, Cancelled): its moments go (the drain's and the gate's
+        decision at a window's start), and their scheduled messages."""
+        for key in (moments.KEY, moments.DECIDE_KEY):
+            book = self._book(key)
+            if book is not None:
+                book.drop(event_id)
 
     def fire(self, event_id: str, tok: str, now: datetime) -> LbOutcome:
         """A scheduled drain arrived: drain the event if ``tok`` is still its moment and has
         not fired (verified again, like a held event); otherwise nothing. Faults propagate
         (the message is redelivered)."""
-        if self.pools is None:
-            return LbOutcome("ignore", reason="no pool store: no drain moments")
-        entry = moments.pending(self.pools.read_event(event_id))
-        if entry is None or entry.token != tok:
-            log.info("scheduled drain superseded or cancelled", extra={"eventId": event_id})
-            return LbOutcome("ignore", reason="superseded")
-        if entry.fired:
-            log.info("scheduled drain fired already", extra={"eventId": event_id})
-            return LbOutcome("ignore", reason="fired already")
+        book = self._book()
+        if book is None:
+            return LbOutcome("ignore", reason="no drain moments configured")
+        entry = book.due(event_id, tok)
+        if isinstance(entry, str):
+            log.info("scheduled drain not done: %s", entry, extra={"eventId": event_id})
+            return LbOutcome("ignore", reason=entry)
         try:
             message = parse_message(_json_bytes(entry.body), entry.message_id)
         except ContractError as exc:
             log.error("scheduled drain dropped: its message is unreadable: %s", exc)
-            self.pools.update_event(event_id, moments.without)
+            book.records.update_event(event_id, moments.without)
             return LbOutcome("ignore", reason="unreadable")
         log.info("drain moment of event %s has come", event_id, extra={"eventId": event_id})
         outcome = self.handle(message, now, due=True)
-        self.pools.update_event(event_id, lambda record: moments.with_fired(record, tok))
+        book.fired(event_id, tok)
         return outcome
 
     def _restore_dropped(
@@ -1221,13 +1163,6 @@ class LbPools:
 
 def _json_bytes(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode("utf-8")
-
-
-def _newer(body: dict[str, Any], than: Any) -> bool:
-    """Whether the contract message ``body`` was observed no earlier than ``than``'s."""
-    theirs = than.get("time") if hasattr(than, "get") else None
-    ours = body.get("time")
-    return not isinstance(theirs, str) or not isinstance(ours, str) or ours >= theirs
 
 
 def _held_order(entry: held.HeldEvent) -> datetime:

@@ -126,6 +126,7 @@ class Dependencies:
             rules=self.trust,
             agentless=agentless,
             guard=self.capacity_guard,
+            scheduler=self.moments,
         )
 
     @property

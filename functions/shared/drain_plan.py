@@ -3,15 +3,19 @@ cards and webhooks say it ("drain at 01:30 UTC", or "now").
 
 The rule itself is sebridge.timing.drain_moment (shared with the forwarder): NotBefore minus
 the lead of the event type (APPROVAL_POLICY ``leadSeconds``), at first sight for short notices,
-Preempt and Terminate. Without a drain-moments queue (``DrainMomentsQueueName`` unset) lb-pools
-drains at first sight, and this says so.
+Preempt and Terminate. An event whose policy rule names maintenance windows drains the lead
+before the next window opens, if it opens before NotBefore (the gate approves it inside the
+window, functions.approval_gate.windows); else as above, and it waits for NotBefore. Without a
+drain-moments queue (``DrainMomentsQueueName`` unset) lb-pools drains at first sight, and this
+says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from functions.approval_gate import windows
 from functions.approval_gate.policy import Policy
 from functions.shared.impact import DEFAULT_RULES, ImpactRules
 from sebridge.contract.events import Observer, Transition, TransitionMessage
@@ -29,7 +33,15 @@ class DrainPlan:
         """When ``event`` (seen first at ``seen``, observed by ``observer``) is drained."""
         if not self.at_the_moment:
             return seen
-        return drain_moment(event, seen, self.policy.leads)
+        moment = drain_moment(event, seen, self.policy.leads)
+        lead = self.policy.leads.lead(event.event_type)
+        if event.is_started or event.not_before is None or lead is None:
+            return moment
+        rule_windows = self.policy.decide(event, observer).windows
+        opening = windows.current_or_next(rule_windows, seen) if rule_windows else None
+        if opening is None or opening.start >= event.not_before:
+            return moment
+        return max(seen, min(moment, opening.start - timedelta(seconds=lead)))
 
     def describe(
         self, event: ScheduledEvent, observer: Observer, seen: datetime, now: datetime

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -78,7 +78,7 @@ def test_a_long_notice_drains_at_not_before_minus_the_lead(
     assert _prepared(timed) == [] and timed.arm.writes() == []
     (entry,) = timed.scheduler.scheduled
     assert entry.at == MOMENT
-    assert moments.parse_due(entry.body)[0] == EVENT_ID
+    assert moments.parse_due(entry.body)[:2] == ("drain-due", EVENT_ID)
     timed.clock.now = MOMENT - timedelta(seconds=1)
     assert timed.fire_due() == 0
     assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
@@ -291,3 +291,124 @@ def test_a_webhook_says_when_the_drain_happens(
         assert second["drainText"] is None
     finally:
         hooks.stop()
+
+
+# ---- maintenance windows -----------------------------------------------------------------
+# Seen on Sunday 22 Nov at 01:21 UTC; NotBefore Friday 27 Nov 12:00. The window opens on
+# Tuesday 24 Nov at 02:00 Berlin time (01:00 UTC): drained at 00:55, approved at 01:00.
+LONG_NOTICE = "Fri, 27 Nov 2026 12:00:00 GMT"
+WINDOW_OPENS = datetime(2026, 11, 24, 1, 0, tzinfo=UTC)
+
+
+def _window_policy(*windows: str) -> str:
+    return json.dumps(
+        {
+            "rules": [
+                {
+                    "name": "web-window",
+                    "match": {"vmName": ["web-*"]},
+                    "action": "approve-when-prepared",
+                    "windows": list(windows),
+                }
+            ],
+            "leadSeconds": {"Reboot": 300},
+        }
+    )
+
+
+def _prepared_envelopes(app: App) -> list[Any]:
+    return [m for m in app.publisher.published if m.subject == "Prepared"]
+
+
+def test_a_week_of_notice_is_drained_and_approved_in_the_window(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    app = make_app(
+        DrainMomentsQueueName="drain-moments",
+        APPROVAL_POLICY=_window_policy("Tue 02:00-05:00 Europe/Berlin"),
+    )
+    assert app.scheduler is not None
+    scheduled = envelope("Scheduled", NotBefore=LONG_NOTICE)
+    app.deliver("lb_pools", scheduled)
+    app.deliver("approval_gate", scheduled)
+    app.deliver("teams", scheduled)
+    assert _fact(app.teams.cards[-1], "drain-from-pools") == "at 00:55 UTC on Tue 24 Nov"
+    assert sorted((moments.parse_due(e.body)[0], e.at) for e in app.scheduler.pending.values()) == [
+        ("decide-due", WINDOW_OPENS),
+        ("drain-due", WINDOW_OPENS - timedelta(minutes=5)),
+    ]
+    assert not app.commands.sent and _in_pools(app, world) == {"web-1": True, "web-2": True}
+
+    # The lead before the window: drained, Prepared; the gate still waits for the window.
+    app.clock.now = WINDOW_OPENS - timedelta(minutes=5)
+    assert app.fire_due() == 1
+    assert _in_pools(app, world) == {"web-1": False, "web-2": False}
+    (prepared,) = _prepared_envelopes(app)
+    app.deliver("approval_gate", prepared)
+    assert not app.commands.sent
+
+    # The window opens: the gate decides again and approves.
+    app.clock.now = WINDOW_OPENS
+    assert app.fire_due() == 1
+    ((command, session),) = app.commands.sent
+    assert session == "web-1" and "web-window" in json.loads(command.body_bytes())["reason"]
+    assert app.fire_due() == 0
+
+
+def test_a_not_before_inside_the_window_is_still_approved_at_its_start(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    app = make_app(
+        DrainMomentsQueueName="drain-moments",
+        APPROVAL_POLICY=_window_policy("Tue 02:00-05:00 Europe/Berlin"),
+    )
+    scheduled = envelope("Scheduled", NotBefore="Tue, 24 Nov 2026 02:30:00 GMT")
+    app.deliver("lb_pools", scheduled)
+    app.deliver("approval_gate", scheduled)
+    app.clock.now = WINDOW_OPENS - timedelta(minutes=5)
+    app.fire_due()
+    for prepared in _prepared_envelopes(app):
+        app.deliver("approval_gate", prepared)
+    assert not app.commands.sent
+    app.clock.now = WINDOW_OPENS
+    app.fire_due()
+    assert len(app.commands.sent) == 1
+
+
+def test_outside_every_window_the_event_waits_for_its_not_before(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    # The only window opens after NotBefore (Saturday): no early approval, drain at NB - lead.
+    app = make_app(
+        DrainMomentsQueueName="drain-moments",
+        APPROVAL_POLICY=_window_policy("Sat 02:00-05:00 Europe/Berlin"),
+    )
+    assert app.scheduler is not None
+    scheduled = envelope("Scheduled", NotBefore=LONG_NOTICE)
+    app.deliver("lb_pools", scheduled)
+    app.deliver("approval_gate", scheduled)
+    (drain,) = app.scheduler.pending.values()
+    assert moments.parse_due(drain.body)[0] == "drain-due"
+    assert drain.at == datetime(2026, 11, 27, 11, 55, tzinfo=UTC)
+    app.clock.now = drain.at
+    app.fire_due()
+    for prepared in _prepared_envelopes(app):
+        app.deliver("approval_gate", prepared)
+    assert _in_pools(app, world) == {"web-1": False, "web-2": False}
+    assert not app.commands.sent  # Azure starts it at NotBefore
+
+
+def test_a_cancelled_event_is_not_decided_when_its_window_opens(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    app = make_app(
+        DrainMomentsQueueName="drain-moments",
+        APPROVAL_POLICY=_window_policy("Tue 02:00-05:00 Europe/Berlin"),
+    )
+    assert app.scheduler is not None
+    scheduled = envelope("Scheduled", NotBefore=LONG_NOTICE)
+    app.deliver("lb_pools", scheduled)
+    app.deliver("approval_gate", scheduled)
+    app.deliver("lb_pools", envelope("Cancelled", NotBefore=LONG_NOTICE))
+    assert app.scheduler.pending == {}  # both moments cancelled
+    assert len(app.scheduler.cancelled) == 2
