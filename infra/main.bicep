@@ -47,6 +47,12 @@ param lbFreezeThresholdSeconds int = 9
 @maxValue(1000)
 param lbMinHealthy int = 1
 
+@description('Most members of a backend pool that may be out at once (LB_MAX_UNAVAILABLE): a count (2) or a percentage of the pool (25%); empty: no maximum, LB_MIN_HEALTHY alone.')
+param lbMaxUnavailable string = ''
+
+@description('Disruption budgets per pool (LB_POOL_BUDGETS), JSON: {"lb-web/pool-a": {"minHealthy": 2, "maxUnavailable": "25%"}}; empty: the global ones for every pool.')
+param lbPoolBudgets string = ''
+
 @description('Approval policy JSON (APPROVAL_POLICY); empty uses the documented default.')
 param approvalPolicy string = ''
 
@@ -241,6 +247,8 @@ module functionApp 'modules/functionapp.bicep' = {
     lbImpactfulEventTypes: lbImpactfulEventTypes
     lbFreezeThresholdSeconds: lbFreezeThresholdSeconds
     lbMinHealthy: lbMinHealthy
+    lbMaxUnavailable: lbMaxUnavailable
+    lbPoolBudgets: lbPoolBudgets
     lbManagedResourceGroups: lbManagedResourceGroups
     acknowledgeFallbackEnabled: acknowledgeFallbackEnabled
     heartbeatStaleSeconds: heartbeatStaleSeconds

@@ -21,7 +21,7 @@ members than the minimum.
 Otherwise the VMs stay in their pools, the event is remembered in the blocking pool's state
 (functions.lb_pools.held) and a ``Held`` transition is published (the card says why; the gate
 sees the VMs still in their pools and does not approve early). When an event completes and its
-VMs go back into their pools, the held events of those pools are tried again, oldest first; a
+VMs go back into their pools, the held events of those pools are tried again in NotBefore order; a
 restored member that the probe does not report Up yet is waited for (bounded), because the
 held event needs it healthy. A held event's Started stays held while its VM is a healthy
 member: a VM that is really going down is probed Down soon, and a Down member leaves without
@@ -44,7 +44,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from functions.approval_gate.policy import Policy
@@ -260,6 +260,8 @@ class LbPools:
     rules: trust.TrustRules = field(default_factory=trust.TrustRules)
     pools: PoolStore | None = None  # None: no capacity guard (LB_MIN_HEALTHY=0)
     min_healthy: int = 0
+    # Disruption budgets (LB_MAX_UNAVAILABLE, LB_POOL_BUDGETS); None: LB_MIN_HEALTHY alone.
+    budgets: capacity.Budgets | None = None
     sleep: Callable[[float], None] = time.sleep
     monotonic: Callable[[], float] = time.monotonic
     settle_seconds: float | None = None  # None: SETTLE_SECONDS
@@ -277,7 +279,13 @@ class LbPools:
 
     @property
     def guarded(self) -> bool:
-        return self.pools is not None and self.min_healthy > 0
+        active = self.budgets.active if self.budgets is not None else self.min_healthy > 0
+        return self.pools is not None and active
+
+    @property
+    def minimum(self) -> int | capacity.Budgets:
+        """What the capacity decision keeps in each pool."""
+        return self.budgets if self.budgets is not None else self.min_healthy
 
     # ---- entry ---------------------------------------------------------------------------
     @staticmethod
@@ -596,9 +604,10 @@ class LbPools:
                 pools, [r for _, r, _, _ in ready if r.check], states, requests[0].now
             )
             drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
+            drained_from: dict[int, dict[str, set[str]]] = {}
             for index, request, members, fresh in ready:
                 if request.check and health is not None:
-                    decision = capacity.decide(health, members, self.min_healthy)
+                    decision = capacity.decide(health, members, self.minimum)
                     if decision.unreadable:
                         verdicts[index] = Verdict(unreadable=decision.unreadable)
                         continue
@@ -619,6 +628,7 @@ class LbPools:
                     assert not isinstance(health, capacity.Unreadable)
                     health = capacity.after_leaving(health, members)
                 drains.append((index, request, fresh))
+                drained_from[index] = members
             # Every NIC write attempt (and every retry ARM asks for) goes out only while the
             # leases are provably held: a throttled PUT never lands after they lapsed.
             with write_window.lease_window(lease.allowance):
@@ -628,6 +638,16 @@ class LbPools:
             for index, request, _ in drains:
                 if isinstance(verdicts[index], BaseException):
                     continue
+                # What it took out counts in the pools' size until the event ends (budgets of
+                # maximum unavailable members only: otherwise nothing reads it).
+                until = claim_of(request.message, request.now).until
+                sized = self.budgets is not None and self.budgets.sized
+                for pool, ipcs in drained_from[index].items() if sized else ():
+                    if pool in states and ipcs:
+                        entry = held.Leaving(request.key, frozenset(ipcs), until)
+                        if states[pool].out.get(request.key) != entry:
+                            states[pool].out[request.key] = entry
+                            changed.add(pool)
                 for pool in pools:
                     if lists[pool].pop(request.key, None) is not None:
                         changed.add(pool)
@@ -667,7 +687,8 @@ class LbPools:
             return None
         freshest = max(checked, key=lambda r: r.probed_at)
         reserved = {pool: states[pool].reserved(now) for pool in pools}
-        return capacity.measured(self.arm, pools, freshest.probes, reserved)
+        absent = {pool: states[pool].absent(now) for pool in pools}
+        return capacity.measured(self.arm, pools, freshest.probes, reserved, absent)
 
     def _index(
         self, pools: Iterable[str], states: dict[str, held.PoolState], events: set[str]
@@ -1165,5 +1186,7 @@ def _json_bytes(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
-def _held_order(entry: held.HeldEvent) -> datetime:
-    return entry.held_at
+def _held_order(entry: held.HeldEvent) -> tuple[datetime, datetime]:
+    """Held events go in NotBefore order (the one Azure starts first drains first), then the
+    oldest hold; one without a NotBefore last."""
+    return (entry.not_before or datetime.max.replace(tzinfo=UTC), entry.held_at)

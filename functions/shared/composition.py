@@ -78,7 +78,9 @@ class Dependencies:
     @property
     def capacity_guard(self) -> CapacityGuard:
         """The capacity decision every early approval asks (functions.lb_pools.guard)."""
-        return CapacityGuard(self.arm, self.pools, self.settings.min_healthy)
+        return CapacityGuard(
+            self.arm, self.pools, self.settings.min_healthy, budgets=self.settings.budgets
+        )
 
     @property
     def lb_pools(self) -> LbPools:
@@ -89,6 +91,7 @@ class Dependencies:
             rules=self.trust,
             pools=self.pools,
             min_healthy=self.settings.min_healthy,
+            budgets=self.settings.budgets,
             decisions=self.pool_decisions,
             side_by_side=side_by_side(PARALLEL_WRITES),
             alerts=self.teams,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from functions.approval_gate.policy import Policy, PolicyError, default_policy, parse_policy
+from functions.lb_pools.capacity import Budgets, parse_budgets
 from functions.shared import names
 from functions.shared.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
 from functions.webhooks.config import Endpoint, load_endpoints
@@ -51,6 +52,8 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "AGENTLESS_RESOURCE_GROUPS",
     "AGENTLESS_VM_PATTERNS",
     "LB_MIN_HEALTHY",
+    "LB_MAX_UNAVAILABLE",
+    "LB_POOL_BUDGETS",
 )
 # Read but never set by the Bicep: a local emulator connection string, and what the platform
 # sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
@@ -102,6 +105,8 @@ class Settings:
     # and the blob container holding each pool's lock and held events.
     min_healthy: int = DEFAULT_MIN_HEALTHY
     pool_state_url: str = ""
+    # Disruption budgets: LB_MIN_HEALTHY with LB_MAX_UNAVAILABLE and LB_POOL_BUDGETS.
+    budgets: Budgets = field(default_factory=Budgets)
     # lb-pools drains at the event's drain moment, through messages scheduled on this queue
     # (functions.lb_pools.moments); "": every drain at first sight.
     drain_moments_queue: str = ""
@@ -148,6 +153,10 @@ class Settings:
             "agentlessVmPatterns": list(self.agentless_vm_patterns),
             "managedResourceGroups": list(self.managed_resource_groups),
             "minHealthy": self.min_healthy,
+            "budgets": {
+                "default": self.budgets.default.describe(),
+                **{pool: b.describe() for pool, b in sorted(self.budgets.per_pool.items())},
+            },
             "poolState": self.pool_state_url,
             "drainMoments": self.drain_moments_queue or "off (drain at first sight)",
             "leadSeconds": self.policy.leads.describe(),
@@ -298,14 +307,21 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         minimum=0,
         maximum=1000,
     )
+    try:
+        budgets = parse_budgets(
+            max(min_healthy, 0), get("LB_MAX_UNAVAILABLE"), get("LB_POOL_BUDGETS")
+        )
+    except ValueError as exc:
+        problems.append(str(exc))
+        budgets = Budgets()
     pool_state_url = get("LB_POOL_STATE_URL")
     if not pool_state_url and get("AzureWebJobsStorage__accountName"):
         account = get("AzureWebJobsStorage__accountName")
         pool_state_url = f"https://{account}.blob.core.windows.net/{POOL_STATE_CONTAINER}"
-    if min_healthy > 0 and not pool_state_url:
+    if (min_healthy > 0 or budgets.active) and not pool_state_url:
         problems.append(
-            "LB_POOL_STATE_URL: required while LB_MIN_HEALTHY is above 0 (or set "
-            "AzureWebJobsStorage__accountName): the capacity guard locks each pool there"
+            "LB_POOL_STATE_URL: required while LB_MIN_HEALTHY is above 0 or a budget is set (or "
+            "set AzureWebJobsStorage__accountName): the capacity guard locks each pool there"
         )
     elif pool_state_url:
         pool_state_url = _url("LB_POOL_STATE_URL", pool_state_url, problems)
@@ -340,6 +356,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         ),
         min_healthy=min_healthy,
         pool_state_url=pool_state_url,
+        budgets=budgets,
         drain_moments_queue=moments_queue,
         teams_webhook_url=webhook,
         approval_signing_key=key.encode("utf-8"),

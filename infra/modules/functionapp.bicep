@@ -88,6 +88,12 @@ param lbManagedResourceGroups array = []
 @maxValue(1000)
 param lbMinHealthy int = 1
 
+@description('Most members of a backend pool that may be out at once (LB_MAX_UNAVAILABLE): a count or a percentage; empty: no maximum.')
+param lbMaxUnavailable string = ''
+
+@description('Disruption budgets per pool (LB_POOL_BUDGETS), JSON; empty: the global ones for every pool.')
+param lbPoolBudgets string = ''
+
 @description('Use the ARM acknowledge API when the observing forwarder is silent.')
 param acknowledgeFallbackEnabled bool = false
 
@@ -157,6 +163,8 @@ var requiredSettings = {
   // LB_POOL_STATE_URL is left unset: the app uses the container sebridge-pools of its host
   // storage account (AzureWebJobsStorage__accountName), created by storage.bicep.
   LB_MIN_HEALTHY: string(lbMinHealthy)
+  LB_MAX_UNAVAILABLE: lbMaxUnavailable
+  LB_POOL_BUDGETS: lbPoolBudgets
   ARM_ENDPOINT: armEndpoint
   ACKNOWLEDGE_FALLBACK_ENABLED: acknowledgeFallbackEnabled ? 'true' : 'false'
   HEARTBEAT_STALE_SECONDS: string(heartbeatStaleSeconds)
