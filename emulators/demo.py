@@ -25,6 +25,10 @@ and pool-a keeps one spare member (web-spare) so that the capacity guard (LB_MIN
 never holds a packaged scenario's drain. The demo's own scenario ``capacity-hold`` has no
 spare: two overlapping events on the pool of two show a ``Held`` (the second drain would
 empty the pool), and the held event is drained and approved once the first completes.
+``long-notice``: a Reboot with ten minutes' notice and a maintenance window that opens about a
+minute in (the next whole minute at least 40 s away): the VM stays in its pool until the window's
+start minus the lead (20 s), is drained, approved when the window opens, rebooted and restored,
+long before NotBefore (lb-pools drains at the moment: DrainMomentsQueueName).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -77,12 +81,75 @@ class Timeline:
 
 # -- scenarios of the demo's own (not IMDS simulator fixtures) ----------------------------
 CAPACITY_HOLD = "capacity-hold"
+LONG_NOTICE = "long-notice"
+LONG_NOTICE_LEAD = 20  # seconds before the window opens that lb-pools drains
 
 
 @dataclass(frozen=True)
 class DemoWorld:
     spares: int = 1  # pool members no event names (keep the guard from holding)
     expect_held: bool = False  # the run must show a Held transition
+    # More app settings, made when the run starts (a window in wall-clock time), with a line
+    # for the timeline; None: none.
+    settings: Callable[[datetime], tuple[dict[str, str], str]] | None = None
+
+
+def window_settings(now: datetime) -> tuple[dict[str, str], str]:
+    """long-notice: a policy whose only window opens at the next whole minute at least 40 s
+    after ``now`` (30 minutes long), Reboot's lead, and the drain-moments queue."""
+    opens = (now + timedelta(seconds=100)).replace(second=0, microsecond=0)
+    closes = opens + timedelta(minutes=30)
+    window = f"{opens:%a} {opens:%H:%M}-{closes:%H:%M} UTC"
+    policy = {
+        "rules": [
+            {
+                "name": "maintenance-window",
+                "match": {},
+                "action": "approve-when-prepared",
+                "windows": [window],
+            }
+        ],
+        "leadSeconds": {"Reboot": LONG_NOTICE_LEAD},
+    }
+    settings = {"APPROVAL_POLICY": json.dumps(policy), "DrainMomentsQueueName": "drain-moments"}
+    return settings, (
+        f"policy: approve only in the window {window}; lb-pools drains {LONG_NOTICE_LEAD} s "
+        f"before it opens ({opens - timedelta(seconds=LONG_NOTICE_LEAD):%H:%M:%S} UTC)"
+    )
+
+
+def _long_notice() -> dict[str, Any]:
+    """One Reboot with ten minutes' notice (Azure gives 15 for a Reboot, up to 7 days for
+    degraded hardware: the same story, shorter)."""
+    event_id = "c3c3c3c3-0003-4000-8000-00000000c0de"
+    return {
+        "name": LONG_NOTICE,
+        "description": "A Reboot with ten minutes' notice and a maintenance window a minute or "
+        "so away: in the pool until the window's start minus the lead, then drained, approved "
+        "in the window, rebooted and restored.",
+        "provenance": "Composed for the demo of drain moments and maintenance windows.",
+        "events": [
+            {
+                "EventId": event_id,
+                "EventType": "Reboot",
+                "ResourceType": "VirtualMachine",
+                "Resources": ["vm-a"],
+                "Description": "Virtual machine is going to be restarted (host maintenance).",
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+                "timeline": [
+                    {"at": 0, "status": "Scheduled", "notBeforeIn": 600},
+                    {"at": 600, "status": "Started"},
+                    {"at": 616, "status": "gone"},
+                ],
+            }
+        ],
+        "expect": [
+            {"transition": "Scheduled", "eventId": event_id},
+            {"transition": "Started", "eventId": event_id},
+            {"transition": "Completed", "eventId": event_id},
+        ],
+    }
 
 
 def _capacity_hold() -> dict[str, Any]:
@@ -125,6 +192,7 @@ def _capacity_hold() -> dict[str, Any]:
 
 DEMO_SCENARIOS: dict[str, tuple[dict[str, Any], DemoWorld]] = {
     CAPACITY_HOLD: (_capacity_hold(), DemoWorld(spares=0, expect_held=True)),
+    LONG_NOTICE: (_long_notice(), DemoWorld(settings=window_settings)),
 }
 
 
@@ -506,6 +574,10 @@ def run(
                 "policy: a human decides (no early approval), so the scenario's Updated or "
                 "Cancelled can happen before NotBefore",
             )
+        if options.settings is not None:
+            more, said = options.settings(datetime.now(UTC))
+            settings.update(more)
+            timeline.add("setup", said)
         host = stack.start_host(settings)
 
         scenario_file = workdir / "scenario.json"
