@@ -1,6 +1,8 @@
 # Two entry points do all the set-up on a fresh machine (see README "Quick start"):
-#   make demo   - install into .venv and run the whole loop on 127.0.0.1
-#   make test   - install into .venv (+ checkov's own venv, + systemd-analyze) and run every check
+#   make demo   - install into .venv (+ Azurite with npm) and run the whole loop on 127.0.0.1
+#   make test   - install into .venv (+ Azurite, checkov's own venv, systemd-analyze) and run every check
+# and one for the loop inside a change:
+#   make check  - ruff, mypy and the fast tests (kernel, units, workflows, contracts): ~1 minute
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,8 +10,21 @@ BIN := $(VENV)/bin
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION ?= 3.2.369
 PYTEST_ARGS ?=
+# Azurite (Microsoft's Azure Storage emulator, an npm package) for the local stand-ins' blobs and
+# tables, pinned by emulators/azurite/package-lock.json and installed with npm ci (no scripts).
+AZURITE_DIR := emulators/azurite
+AZURITE := $(AZURITE_DIR)/node_modules/.installed
+# make test runs pytest on this many processes (pytest-xdist; 0: one process): twice the cores.
+# The suite mostly waits on real processes over loopback, so more workers than cores pays, but
+# it also needs ~11 minutes of CPU: see README "Development" for what was measured on 2 cores.
+# --dist loadgroup keeps tests that share an expensive fixture on one worker; tests/conftest.py
+# starts the slow tests first.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')
+# make check: the directories of the fast tests, without those marked slow.
+CHECK_TESTS ?= tests/unit tests/functions tests/contract
+CHECK_WORKERS ?= 4
 
-.PHONY: demo test lint typecheck bench install clean dist peer-suite peer-suite-ci
+.PHONY: demo test check lint typecheck bench install clean dist peer-suite peer-suite-ci
 
 # Every virtual environment is made by scripts/install-venv: it checks $(PYTHON) (3.11+, with
 # venv) before creating anything, says how to pick another (make PYTHON=python3.11 ...), and
@@ -22,12 +37,17 @@ $(BIN)/.installed: pyproject.toml emulators/pyproject.toml requirements.txt requ
 	@$(INSTALL_VENV) --builds-c '$(PYTHON)' '$(VENV)' '$@' -e . -e ./emulators \
 		-r requirements.txt -r requirements-dev.txt
 
+$(AZURITE): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json
+	scripts/ensure-system-tools node
+	npm ci --prefix $(AZURITE_DIR) --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $@
+
 $(CHECKOV_VENV)/.installed: Makefile
 	@$(INSTALL_VENV) '$(PYTHON)' '$(CHECKOV_VENV)' '$@' 'checkov==$(CHECKOV_VERSION)'
 
-install: $(BIN)/.installed
+install: $(BIN)/.installed $(AZURITE)
 
-demo: $(BIN)/.installed
+demo: $(BIN)/.installed $(AZURITE)
 	$(BIN)/sebridge demo
 
 lint: $(BIN)/.installed
@@ -37,10 +57,20 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-test: $(BIN)/.installed $(CHECKOV_VENV)/.installed
+# Python's bytecode caches are written even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): every worker and every child process the tests start would
+# otherwise compile the project again (collection alone: 15 s of CPU per worker instead of 6).
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
+
+test: $(BIN)/.installed $(AZURITE) $(CHECKOV_VENV)/.installed
 	scripts/ensure-system-tools
 	$(MAKE) --no-print-directory lint typecheck
-	SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/pytest $(PYTEST_ARGS)
+	SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PYTEST) \
+		--numprocesses $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+check: $(BIN)/.installed
+	$(MAKE) --no-print-directory lint typecheck
+	$(PYTEST) --numprocesses $(CHECK_WORKERS) --dist loadgroup -m "not slow" $(CHECK_TESTS)
 
 BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fleet eventgrid_ingest drain_probe_flip burst
 
@@ -65,4 +95,4 @@ peer-suite-ci: $(BIN)/.installed
 	timeout --kill-after=15 300 $(BIN)/python tests/peer/run.py --subset ci --timeout 60 --deadline 285
 
 clean:
-	rm -rf dist $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf dist $(VENV) $(CHECKOV_VENV) $(AZURITE_DIR)/node_modules .pytest_cache .mypy_cache .ruff_cache

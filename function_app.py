@@ -14,6 +14,7 @@ import azure.functions as func
 from functions import custom_example
 from functions.approval_gate.blueprint import bp as approval_gate
 from functions.eventgrid_ingest.blueprint import bp as eventgrid_ingest
+from functions.history.blueprint import bp as history
 from functions.lb_pools.blueprint import bp as lb_pools
 from functions.lb_pools.moments_blueprint import bp as drain_moments
 from functions.shared import composition
@@ -31,6 +32,7 @@ BLUEPRINTS = {
     "webhooks": webhooks,
     "custom_example": custom_example.bp,
     "eventgrid_ingest": eventgrid_ingest,
+    "history": history,
 }
 
 app = func.FunctionApp()

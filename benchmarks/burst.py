@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from azure.servicebus import ServiceBusClient  # noqa: E402
 
 from benchmarks.stats import percentile, summary  # noqa: E402
-from emulators.demo import app_settings_for_stand_ins  # noqa: E402
+from emulators.demo.world import app_settings_for_stand_ins  # noqa: E402
 from emulators.fakes.arm import FakeArm, simulator_vm_id  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
 from emulators.fakes.storage import FakeBlobStorage  # noqa: E402

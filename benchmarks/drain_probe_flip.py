@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import percentile  # noqa: E402
-from emulators.demo import free_port  # noqa: E402
-from emulators.demo_hooks import probe_status  # noqa: E402
+from emulators.demo.vm_side import probe_status  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
+from emulators.ports import reserve_port  # noqa: E402
 from emulators.processes import ChildProcess, forwarder, server  # noqa: E402
 
 IDLE_SCENARIO = ROOT / "benchmarks" / "idle-scenario.json"
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     work = Path(tempfile.mkdtemp(prefix="bench-probe-"))
-    port = free_port()
+    port = reserve_port()
     sim_process, url = server("imds-sim", "--scenario", str(IDLE_SCENARIO))
     sim = SimClient(url)
     fw = forwarder(

@@ -83,13 +83,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import percentile, summary  # noqa: E402
-from emulators.demo import GROUP, SUBSCRIPTION, app_settings_for_stand_ins, free_port  # noqa: E402
+from emulators.demo.world import GROUP, SUBSCRIPTION, app_settings_for_stand_ins  # noqa: E402
 from emulators.fakes.arm import FakeArm  # noqa: E402
 from emulators.fakes.identity import FakeIdentity  # noqa: E402
 from emulators.fakes.storage import FakeBlobStorage  # noqa: E402
 from emulators.fakes.teams import FakeTeams  # noqa: E402
 from emulators.functions_host import convert  # noqa: E402
 from emulators.functions_host.host import FunctionsHost, read_host_json  # noqa: E402
+from emulators.functions_host.http_server import listen  # noqa: E402
 from emulators.functions_host.logs import LOGGER_NAME  # noqa: E402
 from emulators.imds.testing import SimClient  # noqa: E402
 from emulators.processes import forwarder, server  # noqa: E402
@@ -337,13 +338,13 @@ def run_round(number: int, args: argparse.Namespace, host_config: Any, seed: int
         bus = emulator_cm.__enter__()
         stack.append(lambda: emulator_cm.__exit__(None, None, None))
 
-        http_port = free_port()
+        listener = listen()  # bound now: the Approve links name its port
         settings = {
             **app_settings_for_stand_ins(
                 bus.connection_string,
                 teams_url=teams.webhook_url,
                 arm_url=arm.url,
-                approval_base_url=f"http://127.0.0.1:{http_port}",
+                approval_base_url=f"http://127.0.0.1:{listener.getsockname()[1]}",
                 identity=identity.environ(),
             ),
             "APPROVAL_POLICY": json.dumps(AUTO_APPROVE),
@@ -354,7 +355,7 @@ def run_round(number: int, args: argparse.Namespace, host_config: Any, seed: int
             settings,
             host_config=host_config,
             logger=logging.getLogger(LOGGER_NAME),
-            port=http_port,
+            listener=listener,
         )
         host.start()
         stack.append(host.stop)

@@ -41,8 +41,8 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient  # noqa: E
 from azure.servicebus.exceptions import OperationTimeoutError  # noqa: E402
 
 from benchmarks.stats import percentile  # noqa: E402
-from emulators.demo import app_settings_for_stand_ins  # noqa: E402
-from emulators.demo_sources import webhook_url  # noqa: E402
+from emulators.demo.sources import webhook_url  # noqa: E402
+from emulators.demo.world import app_settings_for_stand_ins  # noqa: E402
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage  # noqa: E402
 from emulators.fakes.eventgrid import (  # noqa: E402
     EventGridPublisher,

@@ -16,4 +16,4 @@ FUNCTIONS_HOST = Subcommand(
     "emulators.functions_host.host", "run function_app.py locally against the emulator"
 )
 FAKES = Subcommand("emulators.fakes.__main__", "loopback ARM, Teams, identity and blob fakes")
-DEMO = Subcommand("emulators.demo", "the whole loop on 127.0.0.1, end to end")
+DEMO = Subcommand("emulators.demo.cli", "the whole loop on 127.0.0.1, end to end")

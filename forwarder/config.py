@@ -12,7 +12,7 @@ from typing import Any
 from sebridge.forwarder.delivery.outbox import DEFAULT_MAX_ROWS
 from sebridge.forwarder.delivery.publisher import STANDARD_MAX_MESSAGE_BYTES
 from sebridge.forwarder.imds.client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
-from sebridge.forwarder.local import actions as local_actions
+from sebridge.forwarder.local import settings as local_actions
 from sebridge.servicebus import add_connection_arguments, check_endpoint, check_transport
 from sebridge.values import parse_bool
 

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from sebridge import __version__, servicebus
 from sebridge.forwarder.config import ConfigError, ForwarderConfig, parse_config
@@ -29,13 +30,16 @@ from sebridge.forwarder.delivery.outbox import Outbox, OutboxError
 from sebridge.forwarder.delivery.publisher import DryRunPublisher, ServiceBusPublisher
 from sebridge.forwarder.imds.client import ImdsClient
 from sebridge.forwarder.imds.ratelimit import RequestLimit
-from sebridge.forwarder.local.actions import LocalActions, LocalActionsError, build_local_actions
+from sebridge.forwarder.local.settings import LocalActionsError
 from sebridge.forwarder.observability.systemd_notify import Notifier, NotifyError
 from sebridge.forwarder.observability.telemetry import MetricsError, Telemetry, install_telemetry
 from sebridge.forwarder.ports import Publisher
 from sebridge.forwarder.service import Forwarder
 from sebridge.forwarder.state import StateDirUnusable, StateStore, ensure_dir
 from sebridge.logs import setup_logging
+
+if TYPE_CHECKING:
+    from sebridge.forwarder.local.actions import LocalActions
 
 log = logging.getLogger("forwarder")
 
@@ -157,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                 log.warning("--once runs no hooks and serves no drain probe")
             return 0 if forwarder.run_once() else 1
         try:
-            local = build_local_actions(config.local, config.state_dir, forwarder.enqueue)
+            if config.local.enabled:  # hooks, journal and probe are imported only then
+                from sebridge.forwarder.local.actions import build_local_actions
+
+                local = build_local_actions(config.local, config.state_dir, forwarder.deliver)
         except LocalActionsError as exc:
             log.error("cannot start: %s", exc)
             print(f"sebridge forwarder: {exc}", file=sys.stderr)
@@ -171,10 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         workers += telemetry.workers
         if local is not None:
-            # Told of every transition by the poller; works on threads of its own.
-            local.current = lambda: (forwarder.state.events, forwarder.observer)
+            # Told of every document by the poller; works on threads of its own.
             forwarder.listeners.append(local)
-            local.resume()
+            local.start(fallback=forwarder.state)
             workers += local.workers(stop)
         if not config.dry_run:
             from sebridge.forwarder.approvals.receiver import approvals_worker

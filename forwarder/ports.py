@@ -27,12 +27,21 @@ if TYPE_CHECKING:
 
 
 class ImdsError(Exception):
-    """An IMDS request failed; ``transient`` says whether retrying can help."""
+    """An IMDS request failed; ``transient`` says whether retrying can help, ``status`` is the
+    HTTP status IMDS answered (None when it did not answer, or answered 200 with a bad body)."""
 
-    def __init__(self, message: str, *, transient: bool, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.transient = transient
         self.retry_after = retry_after
+        self.status = status
 
 
 class PublishError(Exception):
@@ -116,7 +125,10 @@ class LoopListener(Protocol):
     """What the loop tells anyone plugged into it (metrics, health endpoints, local hooks).
 
     Called on the poller's thread; a listener must return quickly and never raise (an
-    exception is logged and ignored)."""
+    exception is logged and ignored). A listener may also have
+    ``document_observed(document, observer, observed_at)``: every document a poll read, told
+    before anything of it is written (the local actions follow documents, not deliveries), and
+    ``command_settled(message_id, action, reason)``."""
 
     def transitions_recorded(self, envelopes: Sequence[Envelope]) -> None:
         """Transitions just derived from a poll and written to the outbox (held until their

@@ -22,6 +22,15 @@ What each fault does (README "Reliability"):
 
 Heartbeats are liveness only: the latest one waits in memory (never behind a full disk) and is
 sent after the pending transitions.
+
+A message never leaves the VM without its identity (instance metadata: vmId, resource id; the
+workflows' scope check refuses a message without them). Until the lookup succeeds, retried with
+backoff from 1 s up to :data:`OBSERVER_RETRY_SECONDS`, transitions wait in the outbox and no
+Heartbeat is built; the drain probe and the hooks go on under the host name. Then every message
+built under the host name is rebound to the VM's identity as it is sent (same message id), rows
+left in the outbox by an earlier run included. Only an IMDS that answers 404 (it serves no
+instance metadata at all: not Azure's, e.g. Microsoft's mock server) lets messages go out under
+the host name, said at ERROR.
 """
 
 from __future__ import annotations
@@ -34,11 +43,18 @@ from datetime import datetime
 from typing import Any
 
 from sebridge import __version__, lifecycle
-from sebridge.contract.events import Envelope, Observer, event_message, heartbeat_message
+from sebridge.contract.events import (
+    Envelope,
+    Observer,
+    event_message,
+    heartbeat_message,
+    observed_by,
+    with_observer,
+)
 from sebridge.forwarder.delivery.outbox import OutboxError
 from sebridge.forwarder.imds.client import hostname_observer
-from sebridge.forwarder.imds.diff import diff, index
-from sebridge.forwarder.observability.health import ConditionLog, Health
+from sebridge.forwarder.imds.diff import diff, remember
+from sebridge.forwarder.observability.health import ConditionLog, Health, OddValueLog
 from sebridge.forwarder.ports import (
     Clock,
     DocumentSource,
@@ -52,6 +68,7 @@ from sebridge.forwarder.ports import (
     SystemClock,
 )
 from sebridge.forwarder.state import ForwarderState, bounded_lives
+from sebridge.imds import Document
 from sebridge.retry import Backoff
 
 log = logging.getLogger("forwarder")
@@ -60,7 +77,10 @@ PEEK_ROWS = 100  # outbox rows handed to the publisher at a time (it sends what 
 # IMDS gives as little as 30 s notice (Preempt): a long backoff could miss an event whole.
 MAX_POLL_BACKOFF = 5.0
 MAX_SEND_BACKOFF = 30.0  # how late delivery can resume after the broker returns
-OBSERVER_RETRY_SECONDS = 60.0
+OBSERVER_RETRY_SECONDS = 60.0  # the longest wait between two instance metadata lookups
+# The VM's identity: looked up (instance metadata), not yet known (transitions wait for it), or
+# not served by this IMDS at all (404: messages go out under the host name).
+RESOLVED, UNKNOWN, ABSENT = "resolved", "unknown", "absent"
 MAX_UNSENT_APPROVED = 100
 # Seconds for every thread to end after stop (SIGTERM exits within 5 s). The poller and the
 # sender end within a quarter second; the approvals receiver may be inside a receive call that
@@ -110,8 +130,10 @@ class Forwarder:
         # The highest outbox row covered by the state on disk, and the highest released.
         self._saved_seq = self.state.outbox_seq
         self._released_seq = self.state.outbox_seq
-        self.observer: Observer = self._with_override(fallback_observer())
-        self.observer_resolved = False
+        self._fallback = self._with_override(fallback_observer())
+        self.observer: Observer = self._fallback
+        self.identity = UNKNOWN
+        self._observer_backoff = Backoff(1.0, OBSERVER_RETRY_SECONDS)
         self.last_successful_poll: datetime | None = None
         self.polls = 0
         # After a failure never retry faster than 1/s, whatever the poll interval (IMDS 429s).
@@ -121,6 +143,7 @@ class Forwarder:
         self._next_observer_try = 0.0
         self._observer_log = ConditionLog(log)
         self._outbox_log = ConditionLog(log, logging.ERROR)
+        self._odd_values = OddValueLog(log)
         self.save_failing_since: datetime | None = None
         self.save_failures = 0
         self.outbox_failing_since: datetime | None = None
@@ -142,22 +165,59 @@ class Forwarder:
             return replace(observer, vm_name=self.vm_name_override)
         return observer
 
+    @property
+    def observer_resolved(self) -> bool:
+        return self.identity == RESOLVED
+
+    @property
+    def identity_known(self) -> bool:
+        """Whether messages may go out: the VM's identity is known, or IMDS serves none."""
+        return self.identity != UNKNOWN
+
     def resolve_observer(self) -> Observer:
-        """Instance metadata; on failure the hostname, retried every minute. The failure is
-        logged when it starts and when it changes, not at every retry."""
+        """Instance metadata; on failure the host name meanwhile, looked up again with backoff
+        (1 s, doubling, up to OBSERVER_RETRY_SECONDS, with jitter). The failure is logged when
+        it starts and when it changes, not at every retry."""
         try:
-            observer = self.imds.instance_metadata()
-            self.observer_resolved = True
-            self._observer_log.clear(f"instance metadata available: VM name {observer.vm_name!r}")
+            found = self.imds.instance_metadata()
         except ImdsError as exc:
-            observer = self.fallback_observer()
-            self._next_observer_try = self.clock.monotonic() + OBSERVER_RETRY_SECONDS
-            self._observer_log.report(
-                f"instance metadata unavailable ({exc}): using hostname {observer.vm_name!r}; "
-                f"retried every {OBSERVER_RETRY_SECONDS:.0f} s"
-            )
-        self.observer = self._with_override(observer)
+            delay = self._observer_backoff.next_delay()
+            self._next_observer_try = self.clock.monotonic() + delay
+            self.observer = self._fallback
+            self.last_error = f"instance metadata: {exc}"
+            name = self._fallback.vm_name
+            if exc.status == 404:
+                self.identity = ABSENT
+                self._observer_log.report(
+                    f"instance metadata unavailable ({exc}): this IMDS serves none, so messages "
+                    f"go out as {name!r} without vmId or resource id, and the workflows' scope "
+                    f"check will refuse them; looked up again every {OBSERVER_RETRY_SECONDS:.0f} "
+                    "s at most",
+                    logging.ERROR,
+                )
+            else:
+                self.identity = UNKNOWN
+                self._observer_log.report(
+                    f"instance metadata unavailable ({exc}): transitions wait in the outbox until "
+                    f"the VM's identity is known (the drain probe and hooks go on as {name!r}); "
+                    f"looked up again with backoff, every {OBSERVER_RETRY_SECONDS:.0f} s at most"
+                )
+            return self.observer
+        self.observer = self._with_override(found)  # before the sender may see RESOLVED
+        self.identity = RESOLVED
+        self._observer_backoff.reset()
+        self._observer_log.clear(
+            f"instance metadata available: VM name {found.vm_name!r}; messages go out with it"
+        )
+        self.outbox_ready.set()  # what waited for the identity goes out now
         return self.observer
+
+    def _bound(self, envelope: Envelope) -> Envelope:
+        """``envelope`` with the VM's identity if it was built under the host name before the
+        identity was known (in this run or an earlier one)."""
+        if self.identity == RESOLVED and observed_by(envelope, self._fallback):
+            return with_observer(envelope, self.observer)
+        return envelope
 
     # -- polling ----------------------------------------------------------------------------
     def poll_once(self) -> float | None:
@@ -178,6 +238,10 @@ class Forwarder:
             return delay
         self._poll_backoff.reset()
         observed_at = self.clock.now()
+        self._odd_values.document(document)
+        # Before, and independently of, the outbox and the state file: the local actions follow
+        # what IMDS shows whatever the disk, the outbox or the broker do.
+        self._tell_document(document, observed_at)
         before = self.state
         changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
         lives = dict(before.lives)
@@ -221,7 +285,7 @@ class Forwarder:
             self._outbox_log.clear("outbox writable again")
         self.state = ForwarderState(
             document.incarnation,
-            index(document.events),
+            remember(before.events, document.events),
             max(before.outbox_seq, held_up_to),
             bounded_lives(lives, {e.key for e in document.events}),
             observed_at,
@@ -235,7 +299,7 @@ class Forwarder:
         self._release_saved()
         for change, envelope in zip(changes, envelopes, strict=True):
             log.info(
-                "%s %s (%s, %s) incarnation %d",
+                "%s %s (%s, %s) incarnation %s",
                 change.transition.value,
                 change.event.event_id,
                 change.event.event_type,
@@ -316,6 +380,8 @@ class Forwarder:
     def heartbeat_if_due(self) -> None:
         if self.heartbeat_interval <= 0 or self.clock.monotonic() < self._next_heartbeat:
             return
+        if not self.identity_known:
+            return  # the first one goes out as soon as the identity is known
         self._next_heartbeat = self.clock.monotonic() + self.heartbeat_interval
         health = self.health()
         envelope = heartbeat_message(
@@ -360,6 +426,29 @@ class Forwarder:
             return
         self.outbox_ready.set()
 
+    def deliver(self, envelope: Envelope) -> bool:
+        """A message of the forwarder's own that must not be lost nor re-sent under a new id
+        (the VM's Prepared): True once it is durably in the outbox; False when the outbox
+        cannot take it now (the caller keeps it and tries again later)."""
+        try:
+            self.outbox.put([envelope])
+        except OutboxError as exc:
+            log.debug("cannot write %s to the outbox: %s", envelope.message_id, exc)
+            return False
+        self.outbox_ready.set()
+        return True
+
+    def _tell_document(self, document: Document, observed_at: datetime) -> None:
+        """Hand the document to the listeners that follow documents (``document_observed``)."""
+        for listener in self.listeners:
+            follow = getattr(listener, "document_observed", None)
+            if follow is None:
+                continue
+            try:
+                follow(document, self.observer, observed_at)
+            except Exception:
+                log.exception("listener %r failed on a document; ignored", listener)
+
     def _flush_unsent(self) -> None:
         with self._lock:
             pending, self._unsent = self._unsent, []
@@ -395,7 +484,7 @@ class Forwarder:
     def tick(self) -> float | None:
         """poll_once plus housekeeping; never raises. None = on schedule, else a backoff."""
         try:
-            if not self.observer_resolved and self.clock.monotonic() >= self._next_observer_try:
+            if self.identity != RESOLVED and self.clock.monotonic() >= self._next_observer_try:
                 self.resolve_observer()
             delay = self.poll_once()
             self.heartbeat_if_due()
@@ -425,14 +514,15 @@ class Forwarder:
     # -- sending ----------------------------------------------------------------------------
     def send_pending(self) -> int:
         """Send everything pending, in order, then the latest Heartbeat; returns how many
-        transitions were sent. Raises PublishError (retry later) or OutboxError."""
+        transitions were sent. Raises PublishError (retry later) or OutboxError. Nothing goes
+        out while the VM's identity is unknown."""
         sent = 0
-        while not self.stop_event.is_set():
+        while not self.stop_event.is_set() and self.identity_known:
             rows = self.outbox.peek(PEEK_ROWS)
             if not rows:
                 break
             try:
-                count = self.publisher.publish([envelope for _, envelope in rows])
+                count = self.publisher.publish([self._bound(envelope) for _, envelope in rows])
             except MessageRefused as exc:
                 seq, envelope = rows[0]
                 self.outbox.set_aside(seq, exc.reason)
@@ -457,6 +547,8 @@ class Forwarder:
             heartbeat, self._heartbeat = self._heartbeat, None
         if heartbeat is None or self.stop_event.is_set():
             return
+        if self.identity == RESOLVED and observed_by(heartbeat, self._fallback):
+            return  # built under the host name (IMDS served no identity then): the next one
         try:
             self.publisher.publish([heartbeat])
         except MessageRefused as exc:
@@ -546,6 +638,12 @@ class Forwarder:
         polled = self.tick() is None and self.save_failing_since is None
         deadline = self.clock.monotonic() + send_timeout
         while self.clock.monotonic() < deadline and not self.stop_event.is_set():
+            if not self.identity_known:  # what was polled waits for it, within the deadline
+                left = min(self._next_observer_try, deadline) - self.clock.monotonic()
+                if self.stop_event.wait(max(0.0, left)) or self.clock.monotonic() >= deadline:
+                    break
+                self.resolve_observer()
+                continue
             try:
                 if not self.outbox.peek(1):
                     break
@@ -559,7 +657,8 @@ class Forwarder:
         except PublishError as exc:
             log.warning("Heartbeat not sent: %s", exc)
         if self.outbox.depth():
-            log.error("%d message(s) still pending in the outbox", self.outbox.depth())
+            waiting = "" if self.identity_known else ", waiting for the VM's identity"
+            log.error("%d message(s) still pending in the outbox%s", self.outbox.depth(), waiting)
         return polled and not self.outbox.depth()
 
     def stop(self) -> None:

@@ -1,7 +1,8 @@
 """Durable forwarder state: the last known events, so restarts and reboots still diff correctly.
 
-Written atomically (temp file in the same directory, fsync, rename, fsync of the directory), so a
-crash or power loss leaves either the old or the new state, never half of one. A missing file
+Written atomically (:func:`sebridge.forwarder.durable.atomic_write`: temp file in the same
+directory, fsync, rename, fsync of the directory), so a crash or power loss leaves either the old
+or the new state, never half of one. A missing file
 is a first start. A damaged one (not JSON, too deep, too large, absurd values) is moved aside
 with a warning and the forwarder starts fresh, as with a missing file: a restart loop under
 ``Restart=always`` can never come from the state file. Temp files left by interrupted saves are
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sebridge.forwarder.durable import atomic_write
 from sebridge.imds import InvalidDocument, ScheduledEvent
 from sebridge.lifecycle import Life
 
@@ -138,24 +140,6 @@ def ensure_dir(path: Path) -> None:
             log.warning("state directory %s is full (%s): saves are retried", path, exc.strerror)
             return
         raise StateDirUnusable(f"{exc.strerror or exc} ({path})") from exc
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 class StateStore:

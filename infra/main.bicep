@@ -128,6 +128,19 @@ param agentlessVmPatterns array = []
 @description('Existing VMs, scale sets and availability sets to opt in to scheduled events in Event Grid (scheduledEventsPolicy, Compute API 2025-04-01), one entry per resource group: {resourceGroup, vmNames, vmssNames, availabilitySetNames}. Register the preview features first (README, Deploy: Agentless mode).')
 param scheduledEventsPolicyTargets array = []
 
+@description('Deploy the fleet maintenance workbook (Azure Monitor) over the history\'s summary lines in Application Insights.')
+param workbookEnabled bool = true
+
+@description('Days an event stays in the history after its last entry (HISTORY_RETENTION_DAYS, 1-3650).')
+@minValue(1)
+@maxValue(3650)
+param historyRetentionDays int = 90
+
+@description('Days before and after now that the maintenance calendar feed covers (CALENDAR_WINDOW_DAYS, 1-366).')
+@minValue(1)
+@maxValue(366)
+param calendarWindowDays int = 30
+
 var abbrs = loadJsonContent('abbreviations.json')
 // Stable per resource group and environment, so redeployments update rather than duplicate.
 var resourceToken = toLower(uniqueString(subscription().id, resourceGroup().id, environmentName))
@@ -142,10 +155,12 @@ var teamsSubscriptionName = 'teams'
 var lbPoolsSubscriptionName = 'lb-pools'
 var approvalGateSubscriptionName = 'approval-gate'
 var webhooksSubscriptionName = 'webhooks'
+var historySubscriptionName = 'history'
 var builtInSubscriptionNames = [
   lbPoolsSubscriptionName
   approvalGateSubscriptionName
   webhooksSubscriptionName
+  historySubscriptionName
 ]
 // Without Teams the teams subscription is not deployed at all: nobody would read it, and its
 // messages would expire into the dead-letter queue (and fire the dead-letter alert) every week.
@@ -238,6 +253,9 @@ module functionApp 'modules/functionapp.bicep' = {
     lbPoolsSubscriptionName: lbPoolsSubscriptionName
     approvalGateSubscriptionName: approvalGateSubscriptionName
     webhooksSubscriptionName: webhooksSubscriptionName
+    historySubscriptionName: historySubscriptionName
+    historyRetentionDays: historyRetentionDays
+    calendarWindowDays: calendarWindowDays
     approvalsQueueName: serviceBus.outputs.approvalsQueueName
     drainMomentsQueueName: serviceBus.outputs.drainMomentsQueueName
     keyVaultUri: keyVault.outputs.vaultUri
@@ -305,6 +323,7 @@ module functionAppRoles 'modules/functionapp-roles.bicep' = {
   params: {
     functionAppPrincipalId: functionApp.outputs.principalId
     storageAccountName: storage.outputs.name
+    historyTableName: storage.outputs.historyTableName
     keyVaultName: keyVault.outputs.name
     appInsightsName: monitoring.outputs.appInsightsName
   }
@@ -349,6 +368,16 @@ module alerts 'modules/alerts.bicep' = if (alertsEnabled) {
   }
 }
 
+module workbook 'modules/workbook.bicep' = if (workbookEnabled) {
+  name: 'workbook'
+  params: {
+    location: location
+    appInsightsId: monitoring.outputs.appInsightsId
+    displayName: 'Scheduled Events Bridge: fleet maintenance (${environmentName})'
+    tags: allTags
+  }
+}
+
 @description('Fully qualified Service Bus namespace (SEBRIDGE_NAMESPACE on the VMs).')
 output serviceBusNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 
@@ -363,6 +392,15 @@ output functionAppName string = functionApp.outputs.name
 
 @description('Public base URL of the Function App (Approve links).')
 output functionAppUrl string = 'https://${functionApp.outputs.defaultHostName}'
+
+@description('The history\'s endpoints without their key: GET events (filters: state, vm, resourceGroup, from, to, limit), events/{eventId}, and the iCalendar feed. Append ?code=<function key> (calendarKeyCommand).')
+output historyEndpoints object = {
+  events: 'https://${functionApp.outputs.defaultHostName}/api/events'
+  calendar: 'https://${functionApp.outputs.defaultHostName}/api/calendar.ics'
+}
+
+@description('The Azure CLI command that prints the calendar function\'s default key (never the key itself: whoever may read it there may use it).')
+output calendarKeyCommand string = 'az functionapp function keys list --resource-group ${resourceGroup().name} --name ${functionApp.outputs.name} --function-name calendar --query default --output tsv'
 
 @description('Name of the Key Vault that holds the app\'s secrets.')
 output keyVaultName string = keyVault.outputs.name

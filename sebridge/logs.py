@@ -7,6 +7,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from sebridge.text import printable_lines
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
@@ -29,8 +31,16 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
+    """One line per record for people (a traceback or a multi-line message goes on indented
+    continuation lines). Text from outside (IMDS strings, hook output) is in messages: every
+    control, escape or bidi character is shown escaped (:mod:`sebridge.text`), so a record can
+    neither drive the terminal nor pass for another record."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable_lines(super().format(record))
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")

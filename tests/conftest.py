@@ -1,8 +1,16 @@
-"""Options for the whole suite."""
+"""Options and hooks for the whole suite."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Generator
+
 import pytest
+
+from tests.support.root import NEEDS_ROOT
+
+# tests/unit/test_suite_rules.py runs small pytest sessions with this file's hooks.
+pytest_plugins = ("pytester",)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -14,9 +22,111 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Parallel runs (make test: pytest-xdist, --dist loadgroup) take the tests in this order, so
+# that the long ones start first and the short ones fill the gaps at the end: tests marked
+# slow, then by directory, the real-process layers before the in-process ones.
+LAYERS = (
+    "reliability",
+    "e2e",
+    "integration",
+    "eventgrid",
+    "functions_host",
+    "contract",
+    "forwarder",
+    "infra",
+    "functions",
+    "unit",
+)
+# Tests that share one expensive session fixture run in one worker (xdist_group), so the
+# fixture runs once, not once per worker: checkov scans infra/ for 10-70 s of CPU.
+SHARED_SESSION_FIXTURES = {"checkov_report": "checkov", "checkov_reports": "checkov"}
+
+
+def _order(item: pytest.Item) -> tuple[int, int]:
+    parts = item.nodeid.split("/")
+    layer = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    rank = LAYERS.index(layer) if layer in LAYERS else len(LAYERS)
+    return (0 if item.get_closest_marker("slow") else 1, rank)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _shared_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_order)  # stable: within a rank, the collection order
+
+
+def _shared_group(item: pytest.Item) -> str | None:
+    """The worker group of a test that shares an expensive fixture with others: checkov's
+    session report, or a stand-in its module starts once (a module-scoped fixture: the
+    deliverables' wheel and virtual environments, a module's emulator or simulator), which
+    every worker taking some of the module's tests would otherwise start again."""
+    names = getattr(item, "fixturenames", ())
+    for fixture, group in SHARED_SESSION_FIXTURES.items():
+        if fixture in names:
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = getattr(info, "name2fixturedefs", {})
+    for name in names:
+        defs = definitions.get(name)
+        if defs and defs[-1].scope == "module":
+            return item.nodeid.split("::")[0]
+    return None
+
+
 @pytest.fixture
 def reliability_runs(request: pytest.FixtureRequest) -> int:
     runs: int = request.config.getoption("--reliability-runs")
     if runs < 1:
         raise pytest.UsageError("--reliability-runs must be at least 1")
     return runs
+
+
+def _encodable(text: str) -> str:
+    """``text`` with lone surrogates written as escapes (``\\ud800``): pytest-xdist sends
+    reports to the controller as UTF-8, and a surrogate there kills the worker
+    (pytest-dev/pytest-xdist#843). Several tests feed lone surrogates on purpose, and their
+    captured logs repeat them."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def in_ci() -> bool:
+    """CI=true, as CI services set it (and .ci/run does)."""
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    if isinstance(report.longrepr, tuple):  # (path, line, "Skipped: <reason>")
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    return str(report.longrepr or "")
+
+
+def _fail_a_root_skip_in_ci(report: pytest.TestReport) -> None:
+    """Under CI=true, a test that skips because it needs root fails instead: the full-disk and
+    read-only rows of the README's Reliability table and the hooks tests need root, and a CI
+    run that skipped them would pass without them."""
+    if not (report.skipped and in_ci()):
+        return
+    reason = _skip_reason(report)
+    if reason.startswith(NEEDS_ROOT):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped under CI=true, where every test must run: {reason} "
+            "(run the suite as root, as .ci/run does)"
+        )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    _fail_a_root_skip_in_ci(report)
+    report.sections = [(title, _encodable(text)) for title, text in report.sections]
+    if report.longrepr is not None:
+        text = str(report.longrepr)
+        if _encodable(text) != text:
+            report.longrepr = _encodable(text)
+    return report

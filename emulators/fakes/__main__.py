@@ -9,6 +9,12 @@ N+3, the blob store with ETags for agentless ingestion's records N+4) and with
 ``--identity-header`` the identity endpoint takes a fixed header, so that a settings file can
 name them: ``emulators/local.settings.demo.json`` does, for ``--port-base 17071
 --identity-header local-demo-identity-header``.
+
+With ``--azurite`` storage is Azurite instead (emulators/azurite: Microsoft's storage emulator,
+HTTPS on ports it picks and reports): the settings printed then point the pools' state, agentless
+ingestion's records and the history's table at it, turn the history on, and carry the
+``REQUESTS_CA_BUNDLE`` that trusts its certificate. Its ports are not fixed, so pass those
+settings to the functions host rather than the demo settings file.
 """
 
 from __future__ import annotations
@@ -71,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the X-IDENTITY-HEADER the identity fake expects (default: a random one)",
     )
+    parser.add_argument(
+        "--azurite",
+        action="store_true",
+        help="storage on Azurite (blobs and the history's table) instead of the blob fakes",
+    )
     parser.add_argument("--seconds", type=float, default=24 * 3600.0, help="stop after this long")
     args = parser.parse_args(argv)
     if not (args.port_base == 0 or 1024 <= args.port_base <= 65531):
@@ -83,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     servers = [fake.start(port) for fake, port in zip(fakes, ports, strict=True)]
     if args.demo_world:
         seed_demo_world(arm)
-    settings = {
+    azurite = None
+    settings: dict[str, str] = {
         "TEAMS_WEBHOOK_URL": teams.webhook_url,
         "ARM_ENDPOINT": arm.url,
         "HEARTBEAT_STORE_URL": storage.container_url("sebridge-heartbeats"),
@@ -92,6 +104,25 @@ def main(argv: list[str] | None = None) -> int:
         "EVENTGRID_STATE_URL": records.container_url("sebridge-eventgrid-state"),
         **identity.environ(),
     }
+    if args.azurite:
+        from emulators.azurite import Azurite
+
+        try:
+            azurite = Azurite().start()
+        except Exception:
+            for server in servers:
+                server.stop()
+            raise
+        settings.update(
+            {
+                "LB_POOL_STATE_URL": azurite.container_url("sebridge-pools"),
+                "HEARTBEAT_STORE_URL": azurite.container_url("sebridge-heartbeats"),
+                "EVENTGRID_STATE_URL": azurite.container_url("sebridge-eventgrid-state"),
+                "HistorySubscriptionName": "history",
+                "HISTORY_TABLE_URL": azurite.table_url("sebridgehistory"),
+                **azurite.environ(),
+            }
+        )
     print(json.dumps(settings, indent=2), flush=True)
     stop = threading.Event()
 
@@ -104,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if azurite is not None:
+            azurite.stop()
         for server in servers:
             server.stop()
     return 0

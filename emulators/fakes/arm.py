@@ -19,6 +19,8 @@ It answers the calls the lb-pools and approval-gate adapters make, the way ARM d
   sets (``set_probe``), a member that joined less than ``probe_lag`` seconds ago reporting Down
   (a probe needs time to see it), 202 + Location first when ``health_async`` is set;
 - ``slow(seconds, ...)``: matching requests wait before they are handled (outside the lock);
+  with ``until=<threading.Event>`` they wait until the test sets it (``seconds`` at most): a
+  request held at a chosen point, however fast or slow the machine;
 - paths are percent-decoded before they are matched, as ARM does (a client that quotes a
   resource group ``rg(web)`` as ``rg%28web%29`` reaches the same resource, and an id ARM returns
   is spelled without escapes);
@@ -38,6 +40,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -120,6 +123,7 @@ class Slow:
     method: str | None
     path_contains: str | None
     times: int
+    until: threading.Event | None = None  # held until set (``seconds`` at most)
 
 
 @dataclass
@@ -355,11 +359,13 @@ class FakeArm(LoopbackServer):
         method: str | None = None,
         path_contains: str | None = None,
         times: int = 1_000_000,
+        until: threading.Event | None = None,
     ) -> None:
         with self.lock:
-            self._slow.append(Slow(seconds, method, path_contains, times))
+            self._slow.append(Slow(seconds, method, path_contains, times, until))
 
     def delay(self, request: Request) -> float:
+        gate: Slow | None = None
         with self.lock:
             for slow in self._slow:
                 if slow.times <= 0 or (slow.method and slow.method != request.method):
@@ -367,7 +373,12 @@ class FakeArm(LoopbackServer):
                 if slow.path_contains and slow.path_contains.lower() not in request.path.lower():
                     continue
                 slow.times -= 1
-                return slow.seconds
+                if slow.until is None:
+                    return slow.seconds
+                gate = slow
+                break
+        if gate is not None and gate.until is not None:
+            gate.until.wait(gate.seconds)  # outside the lock: other requests go on
         return 0.0
 
     def _ip_configurations_of(self, resource_id: str) -> list[str]:

@@ -1,6 +1,11 @@
 """Blob storage with ETags and conditional writes, in memory: for the Event Grid ingestion's
 per-event records (and anything the plain blob fake serves: it is a superset of it).
 
+Why it stays beside Azurite (emulators/azurite, which the demo and the storage integration tests
+use, ETags included): the ingestion's tests need what Azurite cannot give, faults on demand
+(``fail``: 503, 429 with Retry-After) and every request recorded (the end-to-end test reads the
+envelopes each write held as pending, to prove which source published them).
+
 What the Blob REST API does and the ingestion relies on:
 - ``PUT /<container>?restype=container``: 201, or 409 ContainerAlreadyExists;
 - ``PUT /<container>/<blob>`` (``x-ms-blob-type: BlockBlob``): 201 with a new ``ETag`` and

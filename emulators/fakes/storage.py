@@ -1,6 +1,12 @@
 """Blob storage, just enough for the heartbeat store and the pool locks: block blobs in
 containers, in memory, with leases.
 
+Why it stays beside Azurite (emulators/azurite, which the demo, ``sebridge fakes --azurite`` and
+the storage integration tests use): the workflow unit tests and the functions loop need what
+Azurite cannot give, every request and every lease call recorded (``requests``, ``lease_log``:
+the capacity tests prove that two instances contended for a pool), a clock the tests move
+(``clock``: a lease that expires without waiting 15 s), and no node process per test.
+
 PUT/GET a blob, PUT ``?restype=container``; requires ``Authorization: Bearer`` and
 ``x-ms-version``; answers 404 with ``x-ms-error-code`` BlobNotFound / ContainerNotFound.
 ``If-None-Match: *`` on a PUT of an existing blob: 409 BlobAlreadyExists. Every blob has an

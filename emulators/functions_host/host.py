@@ -1,7 +1,11 @@
 """`sebridge functions-host`: run function_app.py locally against the Service Bus emulator.
 
     sebridge functions-host [--app PATH_OR_MODULE] [--settings FILE] [--host H] [--port P]
-                            [--functions NAME,...] [--log-format text|json]
+                            [--allow-remote] [--functions NAME,...] [--log-format text|json]
+
+``--host`` is held to loopback (127.0.0.1, ::1, localhost): the local host checks no function
+keys, so binding another address would serve every HTTP trigger to the network. A non-loopback
+address is refused (exit 2) unless ``--allow-remote`` says so explicitly.
 
 Start-up, in the order the Functions host and Python worker use:
 1. Locate the app (default ./function_app.py; a directory means its function_app.py; a dotted
@@ -26,10 +30,12 @@ run many hosts against many emulators.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -101,7 +107,9 @@ class FunctionsHost:
     """Index an app, serve its HTTP triggers and run its Service Bus triggers, in threads.
 
     `app` is a path or module name (imported after the settings are applied), an imported
-    module, or a FunctionApp. `settings` win over os.environ while the host runs.
+    module, or a FunctionApp. `settings` win over os.environ while the host runs. `listener`
+    (from :func:`http_server.listen`) serves HTTP on a socket bound beforehand, for settings
+    that must name the host's own URL (the Approve links): bind port 0, read the port, start.
     """
 
     def __init__(
@@ -118,12 +126,14 @@ class FunctionsHost:
         logger: logging.Logger | None = None,
         settings_win: bool = True,
         shutdown_grace: float = SHUTDOWN_GRACE_S,
+        listener: socket.socket | None = None,
     ) -> None:
         self._app = app
         self._settings = dict(settings or {})
         self._host_config = host_config
         self._functions = list(functions) if functions is not None else None
         self._bind = (host, port)
+        self._listener = listener  # bound by the caller (http_server.listen): its port is known
         self._app_directory = app_directory
         self._factory = client_factory
         self.logger = logger or host_logger()
@@ -230,7 +240,9 @@ class FunctionsHost:
             port=self._bind[1],
             status=status,
             webhooks={WEBHOOK_PATH: self._eventgrid.handle},
+            listener=self._listener,
         )
+        self._listener = None  # the HTTP host closes it from now on
         self._log_functions()
         self._http.start()
         self._dispatcher = Dispatcher(
@@ -323,6 +335,9 @@ class FunctionsHost:
         if self._eventgrid is not None:
             self._eventgrid.close()
             self._eventgrid = None
+        if self._listener is not None:  # never started
+            self._listener.close()
+            self._listener = None
         if self._outputs is not None:
             self._outputs.close()
             self._outputs = None
@@ -355,7 +370,17 @@ def _parser() -> argparse.ArgumentParser:
         help="local.settings.json ({'IsEncrypted': false, 'Values': {...}}); default: next to "
         "the app. Environment variables win over it, as with Core Tools.",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="HTTP bind address, loopback only unless --allow-remote (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --host: the local host checks no function keys, so every "
+        "HTTP trigger is then open to whoever reaches that address",
+    )
     parser.add_argument(
         "--port",
         type=int,
@@ -394,9 +419,28 @@ def _load_settings_file(
     return load_local_settings(path)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (an IP literal, or ``localhost``)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_format)
+    if not args.allow_remote and not is_loopback(args.host):
+        event(
+            host_logger(),
+            logging.ERROR,
+            "start_failed",
+            f"--host {args.host!r} is not a loopback address: the local host checks no "
+            "function keys. Pass --allow-remote to serve it there anyway.",
+        )
+        return 2
     # stdout carries exactly the listening line; anything the app prints goes to the log
     # stream instead, as the worker sends function output to the host log.
     announce = sys.stdout

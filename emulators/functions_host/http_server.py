@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -182,13 +183,17 @@ class HttpHost:
         port: int = 0,
         status: dict[str, Any] | None = None,
         webhooks: Mapping[str, Webhook] | None = None,
+        listener: socket.socket | None = None,
     ) -> None:
         self.functions = list(functions)
         self.webhooks = {path.lower().rstrip("/"): hook for path, hook in (webhooks or {}).items()}
         self.outputs = outputs
         self.logger = logger
         self.status = status or {}
-        self._server = _Server((host, port), _Handler)
+        if listener is None:
+            self._server = _Server((host, port), _Handler)
+        else:
+            self._server = _Server.on(listener)
         self._server.host = self
         self._thread: threading.Thread | None = None
 
@@ -258,9 +263,27 @@ class HttpHost:
         return response
 
 
+def listen(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening socket for :class:`HttpHost` (``listener=``), bound now: its port is known
+    (and taken) before the host starts, so settings that name the host's own URL can be made
+    from it, with no gap in which another process could take the port."""
+    return socket.create_server((host, port), backlog=_Server.request_queue_size)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     host: HttpHost
+
+    @classmethod
+    def on(cls, listener: socket.socket) -> _Server:
+        """A server on an already bound and listening socket (see :func:`listen`)."""
+        server = cls(listener.getsockname()[:2], _Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = listener
+        host, port = listener.getsockname()[:2]
+        server.server_address = (host, port)
+        server.server_name, server.server_port = str(host), int(port)
+        return server
 
 
 class _Handler(BaseHTTPRequestHandler):

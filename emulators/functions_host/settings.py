@@ -93,17 +93,42 @@ class MergedSettings:
     shadowed: tuple[str, ...] = field(default=())
 
 
+CA_BUNDLE = "REQUESTS_CA_BUNDLE"
+_PEM = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----")
+
+
+def _certificates(path: str) -> set[str] | None:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return {"".join(block.split()) for block in _PEM.findall(text)}
+
+
+def extends_bundle(candidate: str, current: str) -> bool:
+    """Whether the CA bundle file ``candidate`` holds every certificate of ``current`` (and so
+    can stand in for it without dropping any trust), as Azurite's combined bundle does."""
+    mine, theirs = _certificates(candidate), _certificates(current)
+    return bool(mine) and theirs is not None and theirs <= (mine or set())
+
+
 def merge_settings(
     file_values: Mapping[str, str], environ: Mapping[str, str], *, file_wins: bool = False
 ) -> MergedSettings:
     """Effective settings = environment plus file values, the environment winning by default.
 
     Core Tools skips a file value when the environment holds a non-empty value of that name;
-    an empty environment value does not shadow it.
+    an empty environment value does not shadow it. One exception, ours: a file's
+    ``REQUESTS_CA_BUNDLE`` that holds every certificate of the environment's bundle (the
+    combined bundle ``sebridge fakes --azurite`` prints) wins, since it drops no trust and the
+    Azurite settings would not work otherwise.
     """
     merged = dict(environ)
     shadowed: list[str] = []
     for name, value in file_values.items():
+        if name == CA_BUNDLE and environ.get(name) and extends_bundle(value, environ[name]):
+            merged[name] = value  # trusts all the environment's bundle does, and more
+            continue
         if not file_wins and environ.get(name):
             if environ[name] != value:
                 shadowed.append(name)

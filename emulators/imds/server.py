@@ -32,6 +32,9 @@ Test control, never under /metadata (no Metadata header needed, JSON in and out)
 ``POST /_sim/reset``      restart: scenario time 0, faults and first-call delay from the
                           command line, records cleared
 ``POST /_sim/advance?seconds=N``  jump scenario time forward by N seconds
+``POST /_sim/clock``      ``{"running": false}`` stops scenario time where it is (``true``
+                          lets it run on): a test holds the scenario still while a process it
+                          drives restarts, however long a loaded machine makes that take
 ``POST /_sim/event``      ``{"op": "add", "event": {IMDS fields}, "notBeforeIn": S,
                           "timeline": [steps, at = seconds from now]}``,
                           ``{"op": "update", "eventId": ..., "set": {...}, "notBeforeIn": S}``,
@@ -168,6 +171,7 @@ class SimulatorApp:
             self.sim = Simulation(scenario, speed=speed)
             self.speed = speed
             self.offset = 0.0
+            self.paused = False
             self.clock_started = not self.config.start_on_first_poll
             self.t0 = time.monotonic()
             # Fresh copies so that fired counters start again from zero.
@@ -185,7 +189,7 @@ class SimulatorApp:
         self._restart(scenario, self.speed if speed is None else speed)
 
     def scenario_time(self) -> float:
-        if not self.clock_started:
+        if not self.clock_started or self.paused:
             return self.offset
         return self.offset + (time.monotonic() - self.t0) * self.speed
 
@@ -262,6 +266,7 @@ class SimulatorApp:
             self._advance()
             out = self.sim.state()
             out["clockStarted"] = self.clock_started
+            out["clockHeld"] = self.paused
             out["requests"] = dict(self.counters)
             out["faults"] = [r.to_json() for r in self.rules]
             out["firstCallDelayPending"] = self.first_call_delay
@@ -289,6 +294,19 @@ class SimulatorApp:
                 "rules": [r.to_json() for r in self.rules],
                 "firstCallDelay": self.first_call_delay,
             }
+
+    def set_clock(self, running: bool) -> None:
+        """Stop scenario time where it is, or let it run on from there."""
+        with self.lock:
+            if running == (not self.paused):
+                return
+            if running:
+                self.paused = False
+                self.t0 = time.monotonic()
+            else:
+                self.offset = self.scenario_time()
+                self.paused = True
+            log.info("scenario clock %s at %.3f s", "running" if running else "held", self.offset)
 
     def advance(self, seconds: float) -> None:
         with self.lock:
@@ -543,6 +561,12 @@ class Handler(BaseHTTPRequestHandler):
                 if not 0 <= seconds <= 1e7:
                     return _json_reply(400, {"error": "seconds must be from 0 to 1e7"})
                 app.advance(seconds)
+                return _json_reply(200, app.state())
+            if (method, path) == ("POST", "/_sim/clock"):
+                running = payload.get("running") if isinstance(payload, Mapping) else None
+                if not isinstance(running, bool):
+                    return _json_reply(400, {"error": 'expected {"running": true|false}'})
+                app.set_clock(running)
                 return _json_reply(200, app.state())
             if (method, path) == ("POST", "/_sim/event"):
                 if not isinstance(payload, Mapping):

@@ -152,6 +152,15 @@ class SimClient:
         result: dict[str, Any] = self._call("POST", f"/_sim/advance?seconds={seconds}", {})
         return result
 
+    def hold_clock(self) -> dict[str, Any]:
+        """Stop scenario time where it is (events change no more until :meth:`run_clock`)."""
+        result: dict[str, Any] = self._call("POST", "/_sim/clock", {"running": False})
+        return result
+
+    def run_clock(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/_sim/clock", {"running": True})
+        return result
+
     def event(self, op: str, **fields: Any) -> dict[str, Any]:
         """``event("add", event={...}, notBeforeIn=30)``, ``event("start", eventId=...)``."""
         result: dict[str, Any] = self._call("POST", "/_sim/event", {"op": op, **fields})

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from sebridge.contract.events import Envelope, Transition
+from sebridge.forwarder.durable import transaction
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class Outbox:
         self.max_rows = max_rows
         self.dropped_total = 0
         self.set_aside_total = 0  # since start
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         # (pending rows, set-aside rows) as of the last write, or None: the forwarder asks
         # for both on every poll (status.json, metrics, /healthz), while an idle outbox does not
         # change; every write transaction forgets them.
@@ -162,23 +163,12 @@ class Outbox:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction under the lock; any failure rolls back and is re-raised as
-        :class:`OutboxError` carrying the original error (never the ROLLBACK's own)."""
+        """One write transaction (:func:`sebridge.forwarder.durable.transaction`); any failure
+        rolls back and is re-raised as :class:`OutboxError` carrying the original error."""
         with self._lock:
             self._counts = None  # whatever happens below, count again next time
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException as exc:
-                if self._db.in_transaction:  # SQLite may have rolled back already (disk full)
-                    try:
-                        self._db.execute("ROLLBACK")
-                    except sqlite3.Error as rollback_error:
-                        log.debug("ROLLBACK after %r failed too: %s", exc, rollback_error)
-                if isinstance(exc, sqlite3.Error):
-                    raise OutboxError(f"{type(exc).__name__}: {exc}") from exc
-                raise
+            with transaction(self._db, self._lock, "outbox", OutboxError) as db:
+                yield db
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:

@@ -9,12 +9,12 @@ stops. Every request first takes a slot of the shared :class:`RequestLimit` (IMD
 
 Every failure is turned into an :class:`ImdsError` whose ``transient`` flag tells the caller
 whether to retry; nothing here sleeps or retries itself, so the loops stay in charge of pacing.
-One keep-alive connection per client, no proxy, no redirects.
+One connection per client, kept alive while IMDS allows it (a server that closes after each
+answer, such as Microsoft's mock server, is read just as well), no proxy, no redirects.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import re
@@ -33,6 +33,7 @@ from sebridge.forwarder.net.client import (
     DeadlineExceeded,
     DeadlineHttp,
     RequestCancelled,
+    TransportError,
 )
 from sebridge.forwarder.ports import ImdsError
 from sebridge.imds import Document, InvalidDocument
@@ -149,11 +150,8 @@ class ImdsClient:
             raise ImdsError(f"IMDS request abandoned: stopping ({what})", transient=True) from exc
         except BodyTooLarge as exc:
             raise ImdsError(f"IMDS body refused: {exc} ({what})", transient=True) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            if isinstance(exc, socket.timeout | TimeoutError):
-                raise ImdsError(f"IMDS timed out ({what})", transient=True) from exc
-            raise ImdsError(f"IMDS unreachable ({what}): {detail}", transient=True) from exc
+        except TransportError as exc:
+            raise ImdsError(f"IMDS unreachable ({what}): {exc}", transient=True) from exc
 
     def _check_status(self, answer: Answer, what: str) -> None:
         status = answer.status
@@ -165,10 +163,10 @@ class ImdsClient:
                 f"IMDS throttled {what} (429)",
                 transient=True,
                 retry_after=parse_retry_after(answer.headers.get("retry-after"), time.time()),
+                status=status,
             )
-        if status >= 500:
-            raise ImdsError(f"IMDS answered {status} to {what}: {detail}", transient=True)
-        raise ImdsError(f"IMDS answered {status} to {what}: {detail}", transient=False)
+        text = f"IMDS answered {status} to {what}: {detail}"
+        raise ImdsError(text, transient=status >= 500, status=status)
 
     def get_document(self, *, read_timeout: float | None = None) -> Document:
         """The scheduled events document. ``read_timeout`` replaces the default deadline of

@@ -96,5 +96,21 @@ def diff(
 
 
 def index(events: Iterable[ScheduledEvent]) -> dict[str, ScheduledEvent]:
-    """Events by key, in document order: what the forwarder remembers between polls."""
+    """Events by key, in document order."""
     return {event.key: event for event in events}
+
+
+def remember(
+    known: Mapping[str, ScheduledEvent], events: Iterable[ScheduledEvent]
+) -> dict[str, ScheduledEvent]:
+    """What to remember after a document (by key, in document order): its events, except that
+    Started never goes back. An event last seen Started that reads Scheduled again (IMDS never
+    does it, but a garbled or replayed document can) is remembered Started, so that seeing it
+    Started again is no transition: remembered as Scheduled, it would be reported Started a
+    second time, under the id of the first."""
+    out: dict[str, ScheduledEvent] = {}
+    for event in events:
+        before = known.get(event.key)
+        regressed = before is not None and before.is_started and not event.is_started
+        out[event.key] = before if regressed and before is not None else event
+    return out

@@ -1,264 +1,166 @@
 """Actions on the VM itself, plugged into the forwarder's loop: hooks and the drain probe.
 
-:class:`LocalActions` is a loop listener: the poller hands it every batch of transitions it
-derived (``transitions_recorded``), and it passes each one that concerns this VM to the
-preparations, the hooks worker and the drain probe, in that order, under the preparations'
-lock. Nothing here waits for a hook or a client: hooks run on the hooks worker's threads, the
-probe on its own. ``Prepared`` goes through ``enqueue``, the forwarder's outbox.
+:class:`LocalActions` is a consumer of IMDS documents in its own right, not of the delivery
+path: the poller hands it every document it read (``document_observed``), before and
+independently of the outbox and the state file. It keeps its own view of the events (in
+memory and in its journal, :mod:`sebridge.forwarder.local.store`), diffs each document against
+it with the forwarder's own diff and message ids, and commits in one journal transaction the
+new view with the hook runs and preparation changes the transitions call for. A crash before
+that commit derives the same transitions (same ids) again after the restart; after it, the
+pending runs resume. The drain probe follows the document itself. Nothing here waits for a
+hook or a client: hooks run on the hooks worker's threads, the probe on its own. ``Prepared``
+goes through ``deliver``, the forwarder's outbox.
 
-Flags (each with its environment variable, like every forwarder flag; all off by default):
-``--hooks-file``, ``--drain-probe-port``, ``--drain-probe-address``, ``--drain-probe-upstream``,
-``--drain-seconds``, ``--drain-impactful-event-types``, ``--drain-freeze-threshold-seconds``.
+Their flags and settings are :mod:`sebridge.forwarder.local.settings`; the forwarder imports
+this module only when one of them is set.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sebridge.contract.events import Envelope, Observer, Transition
-from sebridge.forwarder.local.drain_probe import DrainProbe, ProbeError, check_upstream
+from sebridge import lifecycle
+from sebridge.contract.events import Envelope, Observer
+from sebridge.forwarder.imds.diff import diff, remember
+from sebridge.forwarder.local.drain_probe import DrainProbe, ProbeError
 from sebridge.forwarder.local.hooks_file import HooksFile, HooksFileError, load_hooks
 from sebridge.forwarder.local.journal import Journal, JournalError
 from sebridge.forwarder.local.preparation import Observed, Preparations
-from sebridge.forwarder.local.worker import HookWorker
-from sebridge.imds import ScheduledEvent
-from sebridge.impact import (
-    DEFAULT_FREEZE_THRESHOLD,
-    DEFAULT_IMPACTFUL,
-    DEFAULT_RULES,
-    KNOWN_EVENT_TYPES,
-    ImpactRules,
+from sebridge.forwarder.local.settings import (  # re-exported: the settings' old home
+    DEFAULT_DRAIN_SECONDS,
+    DEFAULT_PROBE_ADDRESS,
+    NO_LOCAL_ACTIONS,
+    LocalActionsError,
+    LocalSettings,
+    add_arguments,
+    settings_from_args,
 )
+from sebridge.forwarder.local.store import LocalStore, View
+from sebridge.forwarder.local.worker import HookWorker
+from sebridge.forwarder.state import ForwarderState, bounded_lives
+from sebridge.imds import Document, isoformat_utc
+
+__all__ = [
+    "DEFAULT_DRAIN_SECONDS",
+    "DEFAULT_PROBE_ADDRESS",
+    "NO_LOCAL_ACTIONS",
+    "LocalActions",
+    "LocalActionsError",
+    "LocalSettings",
+    "add_arguments",
+    "build_local_actions",
+    "settings_from_args",
+]
 
 log = logging.getLogger("forwarder.local")
 
-DEFAULT_PROBE_ADDRESS = "0.0.0.0"  # noqa: S104 - the load balancer probes the VM's own address
-DEFAULT_DRAIN_SECONDS = 30.0
-
-
-class LocalActionsError(ValueError):
-    """A local-action setting is wrong (the message names the flag)."""
-
-
-@dataclass(frozen=True)
-class LocalSettings:
-    hooks_file: Path | None = None
-    probe_port: int | None = None
-    probe_address: str = DEFAULT_PROBE_ADDRESS
-    probe_upstream: str | None = None
-    drain_seconds: float = DEFAULT_DRAIN_SECONDS
-    impact: ImpactRules = DEFAULT_RULES
-
-    @property
-    def enabled(self) -> bool:
-        return self.hooks_file is not None or self.probe_port is not None
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "hooksFile": str(self.hooks_file) if self.hooks_file else None,
-            "drainProbePort": self.probe_port,
-            "drainProbeAddress": self.probe_address if self.probe_port else None,
-            "drainProbeUpstream": self.probe_upstream,
-            "drainSeconds": self.drain_seconds,
-            "drainImpactfulEventTypes": sorted(self.impact.impactful_event_types),
-            "drainFreezeThresholdSeconds": self.impact.freeze_threshold_seconds,
-        }
-
-
-NO_LOCAL_ACTIONS = LocalSettings()
-
-
-def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    parser.add_argument(
-        "--hooks-file",
-        default=env.get("SEBRIDGE_HOOKS_FILE"),
-        help="run local commands on this VM's events, as this file says (root-owned, "
-        "e.g. /etc/sebridge/hooks.json) [SEBRIDGE_HOOKS_FILE] (default: no hooks)",
-    )
-    parser.add_argument(
-        "--drain-probe-port",
-        default=env.get("SEBRIDGE_DRAIN_PROBE_PORT"),
-        help="serve a load balancer health probe on this port that answers 503 while an "
-        "impactful event of this VM is on [SEBRIDGE_DRAIN_PROBE_PORT] (default: off)",
-    )
-    parser.add_argument(
-        "--drain-probe-address",
-        default=env.get("SEBRIDGE_DRAIN_PROBE_ADDRESS", DEFAULT_PROBE_ADDRESS),
-        help="address the drain probe binds [SEBRIDGE_DRAIN_PROBE_ADDRESS] (default %(default)s)",
-    )
-    parser.add_argument(
-        "--drain-probe-upstream",
-        default=env.get("SEBRIDGE_DRAIN_PROBE_UPSTREAM"),
-        help="the application's own health check URL: answered when not draining "
-        "[SEBRIDGE_DRAIN_PROBE_UPSTREAM]",
-    )
-    parser.add_argument(
-        "--drain-seconds",
-        default=env.get("SEBRIDGE_DRAIN_SECONDS", f"{DEFAULT_DRAIN_SECONDS:g}"),
-        help="seconds from the first 503 until the VM counts as drained (probe interval x "
-        "unhealthy threshold + connection drain time) [SEBRIDGE_DRAIN_SECONDS] (default "
-        "%(default)s)",
-    )
-    parser.add_argument(
-        "--drain-impactful-event-types",
-        default=env.get("SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES", DEFAULT_IMPACTFUL),
-        help="event types the probe drains for, like LB_IMPACTFUL_EVENT_TYPES "
-        "[SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES] (default %(default)s)",
-    )
-    parser.add_argument(
-        "--drain-freeze-threshold-seconds",
-        default=env.get("SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS", str(DEFAULT_FREEZE_THRESHOLD)),
-        help="a Freeze this long or longer (or of unknown length) is drained, like "
-        "LB_FREEZE_THRESHOLD_SECONDS [SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS] "
-        "(default %(default)s)",
-    )
-
-
-def _number(flag: str, value: str, minimum: float, maximum: float) -> float:
-    try:
-        number = float(value)
-    except ValueError as exc:
-        raise LocalActionsError(f"{flag} must be a number, not {value!r}") from exc
-    if not minimum <= number <= maximum:
-        raise LocalActionsError(f"{flag} must be between {minimum:g} and {maximum:g}")
-    return number
-
-
-def settings_from_args(args: argparse.Namespace) -> LocalSettings:
-    """Raises :class:`LocalActionsError` naming the flag."""
-    port: int | None = None
-    if args.drain_probe_port not in (None, ""):
-        number = _number("--drain-probe-port", str(args.drain_probe_port), 1, 65535)
-        if not number.is_integer():
-            raise LocalActionsError("--drain-probe-port must be a whole number")
-        port = int(number)
-    upstream = args.drain_probe_upstream or None
-    if upstream:
-        if port is None:
-            raise LocalActionsError("--drain-probe-upstream needs --drain-probe-port")
-        try:
-            check_upstream(upstream)
-        except ProbeError as exc:
-            raise LocalActionsError(str(exc)) from exc
-    types = [t.strip() for t in str(args.drain_impactful_event_types).split(",") if t.strip()]
-    known = {t.lower(): t for t in KNOWN_EVENT_TYPES}
-    unknown = [t for t in types if t.lower() not in known]
-    if unknown:
-        raise LocalActionsError(
-            f"--drain-impactful-event-types: unknown event types {unknown} "
-            f"(known: {', '.join(KNOWN_EVENT_TYPES)})"
-        )
-    threshold = _number(
-        "--drain-freeze-threshold-seconds", str(args.drain_freeze_threshold_seconds), 0, 86_400
-    )
-    address = str(args.drain_probe_address).strip()
-    if not address:
-        raise LocalActionsError("--drain-probe-address must not be empty")
-    return LocalSettings(
-        hooks_file=Path(args.hooks_file) if args.hooks_file else None,
-        probe_port=port,
-        probe_address=address,
-        probe_upstream=upstream,
-        drain_seconds=_number("--drain-seconds", str(args.drain_seconds), 0, 86_400),
-        impact=ImpactRules(frozenset(known[t.lower()] for t in types), int(threshold)),
-    )
-
 
 class LocalActions:
-    """The loop listener (``transitions_recorded``/``polled``) and the workers to run."""
+    """A consumer of IMDS documents in its own right (``document_observed``), with its own view
+    of the events in the store, and the workers to run."""
 
     def __init__(
         self,
-        journal: Journal,
+        store: LocalStore,
         preparations: Preparations,
         hooks: HookWorker | None,
         probe: DrainProbe | None,
     ) -> None:
-        self.journal = journal
+        self.store = store
+        self.journal = store.journal
         self.preparations = preparations
         self.hooks = hooks
         self.probe = probe
-        # What the forwarder knows now (its events and its observer), for :meth:`reconcile`
-        # after the first successful poll; set by the composition root.
-        self.current: Callable[[], tuple[Mapping[str, ScheduledEvent], Observer]] | None = None
-        self._reconciled = False
 
     # -- the listener -----------------------------------------------------------------------
+    def document_observed(
+        self, document: Document, observer: Observer, observed_at: datetime
+    ) -> list[Observed]:
+        """Every document a poll read, on the poller's thread, before the forwarder writes
+        anything: diff it against the local view (the forwarder's diff and message ids), and
+        in one journal transaction record the new view with the hook runs and preparation
+        changes its transitions call for; then run those hooks and let the probe follow the
+        document. Never waits on a hook; a journal that cannot be written delays nothing.
+        Returns the transitions derived (for tests)."""
+        observed: list[Observed] = []
+        jobs = []
+        with self.store.lock:
+            view = self.store.view
+            changes = diff(view.events, document, observed_at, last_seen=view.observed_at)
+            lives = dict(view.lives)
+            for change in changes:
+                key = change.event.key
+                life, message_id = lifecycle.advance(
+                    lives.pop(key, None), change.transition.value, change.event
+                )
+                lives[key] = life  # re-inserted: the most recently touched come last
+                observed.append(
+                    Observed(
+                        change.transition, change.event, message_id, observer, document.incarnation
+                    )
+                )
+            present = {event.key for event in document.events}
+            self.store.set_view(
+                View(
+                    remember(view.events, document.events),
+                    bounded_lives(lives, present),
+                    observed_at,
+                    document.incarnation,
+                    observer,
+                ),
+                # Like the forwarder's state file: written when something changed (and at stop).
+                persist=bool(changes) or document.incarnation != view.incarnation,
+            )
+            if self.probe is not None:
+                self.probe.follow(document.events, observer)
+            for item in observed:
+                self.preparations.observe(item)
+                if self.hooks is not None:
+                    for run in self.store.add_runs(self.hooks.runs_for(item)):
+                        jobs.append(self.hooks.job(run, item))
+            self.store.flush()  # the one transaction; on failure all of it stays dirty
+        for item in observed:
+            log.debug("local actions: %s %s", item.transition.value, item.message_id)
+        if self.hooks is not None:
+            self.hooks.queue(jobs)
+        self.preparations.check_all()
+        return observed
+
     def transitions_recorded(self, envelopes: Sequence[Envelope]) -> None:
-        for envelope in envelopes:
-            observed = Observed.from_envelope(envelope)
-            if observed is not None:
-                self.observe(observed)
+        """Not used: the local actions follow the documents, not the delivery path."""
 
     def polled(self, health: object) -> None:
-        """After the first successful poll: :meth:`reconcile` with what the forwarder knows."""
-        if self._reconciled or self.current is None:
-            return
-        if getattr(health, "last_successful_poll", None) is None:
-            return
-        self._reconciled = True
-        try:
-            events, observer = self.current()
-            self.reconcile(events, observer)
-        except Exception:
-            log.exception("reconciling the local actions failed; going on")
-
-    def reconcile(self, events: Mapping[str, ScheduledEvent], observer: Observer) -> None:
-        """Close the window between the forwarder's state file and the journal (a crash between
-        the two writes): an event the journal still has open but the forwarder no longer knows
-        ended unseen, and an impactful event of this VM the forwarder knows is drained for,
-        whatever the journal says."""
-        try:
-            open_keys = [p.event_key for p in self.journal.open_preparations()]
-        except JournalError as exc:
-            log.error("cannot read the journal: %s", exc)
-            open_keys = []
-        for key in open_keys:
-            if key not in events:
-                log.info("event %s ended while the forwarder was down: local actions end", key)
-                with self.preparations.observing():
-                    try:
-                        self.journal.end(key)
-                    except JournalError as exc:
-                        log.error("cannot journal the end of %s: %s", key, exc)
-                    if self.probe is not None:
-                        self.probe.forget(key)
-        if self.probe is not None:
-            self.probe.restore(
-                Observed(
-                    Transition.STARTED if event.is_started else Transition.SCHEDULED,
-                    event,
-                    "",
-                    observer,
-                )
-                for event in events.values()
-            )
-
-    def observe(self, observed: Observed) -> None:
-        """One transition, on the poller's thread. Never raises, never waits on a hook."""
-        try:
-            with self.preparations.observing():
-                try:
-                    self.preparations.observe(observed)
-                except JournalError as exc:
-                    log.error("cannot journal %s: %s", observed.message_id, exc)
-                if self.hooks is not None:
-                    self.hooks.observe(observed)
-                if self.probe is not None:
-                    self.probe.observe(observed)
-                if observed.transition in (Transition.SCHEDULED, Transition.UPDATED):
-                    self.preparations.check(observed.event.key)
-        except Exception:
-            log.exception("local actions for %s failed; going on", observed.message_id)
+        """After every poll tick: a journal that could not be written is tried again even
+        when IMDS did not answer."""
+        if self.store.behind_since is not None:
+            self.store.flush()
 
     # -- lifecycle --------------------------------------------------------------------------
+    def start(self, fallback: ForwarderState | None = None) -> None:
+        """At start, before the first poll: read the journal (a journal without a view takes
+        the forwarder's state as its view), drain again for what the view shows, queue the
+        hooks a crash cut short, and publish what was prepared but not yet published."""
+        if not self.store.load() and fallback is not None:
+            log.info(
+                "local actions: no view in the journal yet: starting from the forwarder's state"
+            )
+            self.store.set_view(View.of(fallback))
+            self.store.flush()
+        view = self.store.view
+        if self.probe is not None and view.observer is not None:
+            self.probe.follow(view.events.values(), view.observer)
+            if self.probe.draining:
+                log.info("draining again after a restart, from the journal's view")
+        if self.hooks is not None:
+            self.hooks.resume()
+        self.preparations.check_all()
+
     def workers(self, stop: threading.Event) -> tuple[Callable[[], None], ...]:
         """The threads to run beside the poller (each returns once ``stop`` is set)."""
         out: list[Callable[[], None]] = []
@@ -277,28 +179,6 @@ class LocalActions:
             out.append(drain_probe)
         return tuple(out)
 
-    def resume(self) -> None:
-        """At start, before the first poll: drain again, run again what was cut short, and
-        publish what was prepared but not yet published."""
-        if self.probe is not None:
-            restored = []
-            try:
-                for record in self.journal.open_preparations():
-                    try:
-                        restored.append(
-                            Observed.from_payload(
-                                Transition.SCHEDULED, record.cause or "", record.payload
-                            )
-                        )
-                    except ValueError as exc:
-                        log.error("damaged preparation record %s: %s", record.event_key, exc)
-            except JournalError as exc:
-                log.error("cannot read the journal: %s", exc)
-            self.probe.restore(restored)
-        if self.hooks is not None:
-            self.hooks.resume()
-        self.preparations.check_all()
-
     def heartbeat_health(self) -> dict[str, Any]:
         """What a Heartbeat carries about local actions: only what is wrong."""
         out: dict[str, Any] = {}
@@ -306,21 +186,28 @@ class LocalActions:
             out.update(self.hooks.health())
         if self.preparations.failed_count:
             out["notPrepared"] = self.preparations.failed_count
+        if self.store.behind_since is not None:
+            out["journalWriteFailing"] = True
+            out["journalWriteFailingSince"] = isoformat_utc(self.store.behind_since)
         return out
 
     def close(self) -> None:
+        """At stop: keep when the last poll was (the view), then close the journal."""
+        self.store.persist_view()
+        self.store.flush()
         self.journal.close()
 
 
 def build_local_actions(
     settings: LocalSettings,
     state_dir: Path,
-    enqueue: Callable[[Envelope], None],
+    deliver: Callable[[Envelope], bool],
     *,
     trusted_owners: Sequence[int] = (0,),
     base_env: Mapping[str, str] | None = None,
 ) -> LocalActions | None:
-    """The composition of the local actions; None when none is configured. Raises
+    """The composition of the local actions; None when none is configured. ``deliver`` hands
+    Prepared to the forwarder's outbox (True once it is durably there). Raises
     :class:`LocalActionsError` with what stops the start: a refused or invalid hooks file, a
     probe port that cannot be bound, a journal that cannot be opened."""
     if not settings.enabled:
@@ -337,8 +224,9 @@ def build_local_actions(
         journal = Journal(state_dir)
     except JournalError as exc:
         raise LocalActionsError(f"hook journal: {exc}") from exc
-    preparations = Preparations(journal, enqueue)
-    hooks = HookWorker(hooks_file, journal, preparations, base_env=base_env) if hooks_file else None
+    store = LocalStore(journal)
+    preparations = Preparations(store, deliver)
+    hooks = HookWorker(hooks_file, store, preparations, base_env=base_env) if hooks_file else None
     probe: DrainProbe | None = None
     if settings.probe_port is not None:
         probe = DrainProbe(
@@ -356,4 +244,4 @@ def build_local_actions(
     preparations.preparers = [p for p in (hooks, probe) if p is not None]
     if hooks_file is not None:
         log.info("hooks: %s", hooks_file.describe())
-    return LocalActions(journal, preparations, hooks, probe)
+    return LocalActions(store, preparations, hooks, probe)

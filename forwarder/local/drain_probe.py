@@ -6,10 +6,13 @@ standalone VM; Azure Load Balancer, Application Gateway, anything that probes ov
 - ``200`` normally; with ``--drain-probe-upstream URL`` the application's own health check is
   asked instead (any 2xx or 3xx is healthy; anything else, a timeout or a refused connection
   is ``503``), so this endpoint can replace an existing probe.
-- ``503`` from the Scheduled (or a first Started) of an event that affects this VM and is
+- ``503`` while the current IMDS document holds an event that affects this VM and is
   impactful by lb-pools' rules (:mod:`sebridge.impact`: ``--drain-impactful-event-types``,
-  ``--drain-freeze-threshold-seconds``) until its Completed or Cancelled; an Updated that
-  makes the event harmless, or drops this VM from its Resources, ends the drain early.
+  ``--drain-freeze-threshold-seconds``): from its Scheduled (or a first Started) until it is
+  gone; an Updated that makes the event harmless, or drops this VM from its Resources, ends
+  the drain early. The probe follows the document (:meth:`DrainProbe.follow`), not the
+  transitions the forwarder manages to record, so a full disk or a broker outage never keeps
+  it healthy; after a restart it drains from the local actions' journal until the first poll.
 - ``--drain-seconds`` after the drain began (probe interval x unhealthy threshold + the
   connection drain time: the balancer has stopped sending new connections and the open ones
   had their time), the drain counts as done, and :class:`~sebridge.forwarder.local.preparation.
@@ -19,35 +22,53 @@ The port answers the health status and nothing else: every GET or HEAD, whatever
 gets ``ok`` or ``unavailable`` (the same word while draining and while the upstream is down),
 never an event detail. It binds ``--drain-probe-address`` (default ``0.0.0.0``: the load
 balancer probes the VM's own address from 168.63.129.16; let only that source in, e.g. an NSG
-rule for the ``AzureLoadBalancer`` service tag). At most :data:`MAX_CONNECTIONS` requests are
-served at once and each has :data:`REQUEST_TIMEOUT` seconds, so a slow or hostile client
-cannot hold it.
+rule for the ``AzureLoadBalancer`` service tag). Any local user can reach it all the same, so it
+is served by :class:`~sebridge.forwarder.net.server.HttpServer`: slow, idle and resetting
+clients cannot keep the load balancer's probe from its answer.
 
-The state flips on the poller's thread right after the poll that saw the change, so the
-answer changes within one poll interval of IMDS (``benchmarks/drain_probe_flip.py``).
+The answer comes from state, never from a call in progress: the application's health check
+(``--drain-probe-upstream``) is asked by a worker of its own every :data:`UPSTREAM_EVERY` s,
+each time within :data:`UPSTREAM_TIMEOUT` s however its answer trickles in
+(:class:`~sebridge.forwarder.net.client.DeadlineHttp`), and the probe answers with the last
+verdict (503 until the first, or when the last is older than :data:`UPSTREAM_MAX_AGE` s).
+
+The state flips on the poller's thread as soon as a poll has read the document, before
+anything is written, so the answer changes within one poll interval of IMDS
+(``benchmarks/drain_probe_flip.py``).
 """
 
 from __future__ import annotations
 
-import http.client
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from sebridge.forwarder.local.preparation import ENDS, Observed, Preparations
-from sebridge.forwarder.net.server import BoundedHTTPServer
+from sebridge.contract.events import Observer
+from sebridge.forwarder.local.hooks_file import affects
+from sebridge.forwarder.local.preparation import Preparations
+from sebridge.forwarder.net.client import (
+    BodyTooLarge,
+    DeadlineExceeded,
+    DeadlineHttp,
+    RequestCancelled,
+    TransportError,
+)
+from sebridge.imds import ScheduledEvent
 from sebridge.impact import ImpactRules
+
+if TYPE_CHECKING:
+    # asyncio and a thread pool: imported when the probe is bound, not by every forwarder.
+    from sebridge.forwarder.net.server import HttpServer, Request, Response
 
 log = logging.getLogger("forwarder.drain-probe")
 
-MAX_CONNECTIONS = 8  # a load balancer probes once per interval; the forwarder has a TasksMax
-REQUEST_TIMEOUT = 5.0  # seconds a client has to send its request
-UPSTREAM_TIMEOUT = 3.0  # seconds the application's health check has to answer
+UPSTREAM_TIMEOUT = 3.0  # seconds the application's health check has to answer, all of it
+UPSTREAM_EVERY = 1.0  # seconds between two checks of the application's health
+UPSTREAM_MAX_BODY = 1024 * 1024
 HEALTHY = (200, b"ok\n")
 UNHEALTHY = (503, b"unavailable\n")
 
@@ -65,26 +86,69 @@ def check_upstream(url: str) -> str:
     return url
 
 
-def upstream_healthy(url: str, timeout: float = UPSTREAM_TIMEOUT) -> bool:
-    """GET the application's health check: 2xx and 3xx are healthy (redirects not followed),
-    anything else, a timeout or an error is not."""
-    parts = urlsplit(url)
-    connection_type = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    connection = connection_type(parts.hostname or "", parts.port, timeout=timeout)
-    try:
-        connection.request("GET", path, headers={"User-Agent": "sebridge-drain-probe"})
-        response = connection.getresponse()
-        response.read(64 * 1024)
-        return 200 <= response.status < 400
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        connection.close()
+class Upstream:
+    """The application's own health check, asked by :meth:`run` every ``every`` seconds; the
+    probe reads the last verdict (:meth:`healthy`), so a slow application never slows the
+    probe's answer. 2xx and 3xx are healthy (redirects not followed); anything else, a timeout
+    (of the whole exchange), a refused connection or a body over 1 MiB is not."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = UPSTREAM_TIMEOUT,
+        every: float = UPSTREAM_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        parts = urlsplit(check_upstream(url))
+        self.base = f"{parts.scheme}://{parts.netloc}"
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.timeout = timeout
+        self.every = every
+        self.max_age = every + timeout + 1.0
+        self.clock = clock
+        self._verdict: tuple[bool, float] | None = None  # (healthy, when)
+        self._lock = threading.Lock()
+
+    def healthy(self) -> bool:
+        """The last verdict, if it is recent; False before the first and when it is stale."""
+        with self._lock:
+            verdict = self._verdict
+        return verdict is not None and verdict[0] and self.clock() - verdict[1] <= self.max_age
+
+    def check(self, http: DeadlineHttp) -> bool:
+        try:
+            answer = http.request(
+                "GET",
+                self.target,
+                timeout=self.timeout,
+                headers={"User-Agent": "sebridge-drain-probe"},
+            )
+        except (DeadlineExceeded, RequestCancelled, BodyTooLarge, TransportError) as exc:
+            log.debug("upstream health check failed: %s", exc)
+            return False
+        return 200 <= answer.status < 400
+
+    def run(self, stop: threading.Event) -> None:
+        """Check every ``every`` seconds until ``stop`` (which also ends a check at once)."""
+        http = DeadlineHttp(
+            self.base,
+            max_body=UPSTREAM_MAX_BODY,
+            connect_timeout=min(2.0, self.timeout),
+            cancel=stop,
+        )
+        last: bool | None = None
+        try:
+            while not stop.is_set():
+                started = self.clock()
+                healthy = self.check(http)
+                with self._lock:
+                    self._verdict = (healthy, self.clock())
+                if healthy != last:
+                    log.info("upstream %s is %s", self.base, "healthy" if healthy else "unhealthy")
+                    last = healthy
+                stop.wait(max(0.0, started + self.every - self.clock()))
+        finally:
+            http.close()
 
 
 @dataclass
@@ -110,64 +174,45 @@ class DrainProbe:
         self.rules = rules
         self.drain_seconds = drain_seconds
         self.preparations = preparations
-        self.upstream = check_upstream(upstream) if upstream else None
-        self.upstream_timeout = upstream_timeout
+        self.upstream = Upstream(upstream, upstream_timeout) if upstream else None
         self.clock = clock
         self._drains: dict[str, _Drain] = {}
         self._cond = threading.Condition()
-        self._server: _Server | None = None
+        self._server: HttpServer | None = None
         self.answers = {200: 0, 503: 0}
 
     # -- state ------------------------------------------------------------------------------
-    def applies(self, observed: Observed) -> bool:
-        return observed.affects_this_vm and self.rules.is_impactful(observed.event)
+    def applies(self, event: ScheduledEvent, observer: Observer) -> bool:
+        """The event takes this VM out of service: drain while it is in the document."""
+        return affects(event.resources, observer.vm_name) and self.rules.is_impactful(event)
 
-    def observe(self, observed: Observed) -> None:
-        """A transition (on the poller's thread): start, keep or end the drain."""
-        key = observed.event.key
+    def follow(self, events: Iterable[ScheduledEvent], observer: Observer) -> None:
+        """Drain exactly for the events of the current document that apply (on the poller's
+        thread, at every successful poll, before anything is written anywhere): the level
+        IMDS shows, whatever the disk, the outbox or the broker do. A drain that goes on keeps
+        its start; one whose event is gone, or no longer applies (an Updated made it harmless
+        or dropped this VM), ends."""
+        wanted = {event.key: event for event in events if self.applies(event, observer)}
         with self._cond:
-            if observed.transition in ENDS or not self.applies(observed):
-                ended = self._drains.pop(key, None)
-                if ended is not None:
-                    log.info(
-                        "drain for %s over (%s): %s",
-                        observed.event.event_id,
-                        observed.transition.value,
-                        "probe healthy again"
-                        if not self._drains
-                        else f"{len(self._drains)} more drain(s) on",
-                    )
-            elif key not in self._drains:
-                self._drains[key] = _Drain(self.clock(), observed.event.event_id)
+            for key in [key for key in self._drains if key not in wanted]:
+                drain = self._drains.pop(key)
                 log.info(
-                    "draining for %s (%s, %s): the probe answers 503; done in %g s",
-                    observed.event.event_id,
-                    observed.event.event_type,
-                    observed.transition.value,
-                    self.drain_seconds,
+                    "drain for %s over: %s",
+                    drain.event_id,
+                    "probe healthy again"
+                    if not self._drains
+                    else f"{len(self._drains)} more drain(s) on",
                 )
-            self._cond.notify_all()
-
-    def restore(self, observed: Iterable[Observed]) -> int:
-        """At start: drain again for the events the journal shows open (the timer restarts,
-        to be safe: while the forwarder was down its port did not answer either)."""
-        count = 0
-        for item in observed:
-            if self.applies(item) and item.transition not in ENDS:
-                with self._cond:
-                    if item.event.key not in self._drains:
-                        self._drains[item.event.key] = _Drain(self.clock(), item.event.event_id)
-                        count += 1
-                    self._cond.notify_all()
-        if count:
-            log.info("draining again after a restart for %d event(s)", count)
-        return count
-
-    def forget(self, event_key: str) -> None:
-        """The event ended unseen (see LocalActions.reconcile)."""
-        with self._cond:
-            if self._drains.pop(event_key, None) is not None:
-                log.info("drain for %s over: it ended while the forwarder was down", event_key)
+            for key, event in wanted.items():
+                if key not in self._drains:
+                    self._drains[key] = _Drain(self.clock(), event.event_id)
+                    log.info(
+                        "draining for %s (%s, %s): the probe answers 503; done in %g s",
+                        event.event_id,
+                        event.event_type,
+                        event.status or "status unknown",
+                        self.drain_seconds,
+                    )
             self._cond.notify_all()
 
     @property
@@ -191,8 +236,7 @@ class DrainProbe:
         if self.draining:
             status = UNHEALTHY
         elif self.upstream is not None:
-            healthy = upstream_healthy(self.upstream, self.upstream_timeout)
-            status = HEALTHY if healthy else UNHEALTHY
+            status = HEALTHY if self.upstream.healthy() else UNHEALTHY
         else:
             status = HEALTHY
         with self._cond:
@@ -232,8 +276,10 @@ class DrainProbe:
     def bind(self, address: str, port: int) -> tuple[str, int]:
         """Open the listening socket now (so that a port in use fails the start, clearly);
         returns the address and port bound."""
+        from sebridge.forwarder.net.server import HttpServer
+
         try:
-            self._server = _Server(address, port, self)
+            self._server = HttpServer("drain-probe", address, port, self._handle, logger=log)
         except OSError as exc:
             raise ProbeError(f"drain probe cannot listen on {address}:{port}: {exc}") from exc
         return self.address
@@ -243,57 +289,39 @@ class DrainProbe:
         """The address and port bound (call :meth:`bind` first)."""
         if self._server is None:
             raise ProbeError("the drain probe is not bound")
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
+        return self._server.address
+
+    def http_errors(self) -> dict[str, int]:
+        """The probe server's errors by reason (for the metrics); empty until bound."""
+        return self._server.error_counts() if self._server is not None else {}
+
+    def _handle(self, request: Request) -> Response:
+        from sebridge.forwarder.net.server import Response
+
+        status, text = self.answer()
+        return Response(status, text)
 
     def serve(self, stop: threading.Event) -> None:
-        """Serve the probe and run the drain timer until ``stop`` (call :meth:`bind` first)."""
+        """Serve the probe, keep the upstream's verdict fresh and run the drain timer until
+        ``stop`` (call :meth:`bind` first)."""
         server = self._server
         if server is None:
             raise ProbeError("bind() the drain probe before serving it")
-        thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="drain-probe-http"
-        )
-        thread.daemon = True
-        thread.start()
+        threads = []
+        if self.upstream is not None:
+            threads.append(
+                threading.Thread(
+                    target=self.upstream.run, args=(stop,), name="drain-probe-upstream", daemon=True
+                )
+            )
+        for thread in threads:
+            thread.start()
+        server.start()
         try:
             self.run_timer(stop)
         finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=2.0)
+            server.close()
+            for thread in threads:
+                thread.join(timeout=2.0)
             with self._cond:
                 self._cond.notify_all()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "sebridge-drain-probe"
-    sys_version = ""
-    timeout = REQUEST_TIMEOUT
-
-    def _reply(self, body: bool) -> None:
-        status, text = self.server.probe.answer()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(text)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if body:
-            self.wfile.write(text)
-
-    def do_GET(self) -> None:
-        self._reply(body=True)
-
-    def do_HEAD(self) -> None:
-        self._reply(body=False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("probe %s: " + format, self.client_address[0], *args)
-
-
-class _Server(BoundedHTTPServer):
-    def __init__(self, address: str, port: int, probe: DrainProbe) -> None:
-        self.probe = probe
-        super().__init__(address, port, _Handler, max_connections=MAX_CONNECTIONS)

@@ -23,13 +23,18 @@ on Scheduled or Updated only, and when every prepare hook of a transition has su
 forwarder publishes ``Prepared`` for the event.
 
 The file decides what the forwarder runs, so a file that anyone but root could change is
-refused at start (:func:`check_ownership`): it and every directory above it must be owned by
-root and not writable by group or others (a directory with the sticky bit, like /tmp, may be
-world-writable: nobody but root can rename the root-owned entry in it).
+refused at start (:func:`read_checked`): it and every directory above it must be owned by root
+and not writable by group or others (a directory with the sticky bit, like /tmp, may be
+world-writable: nobody but root can rename the root-owned entry in it). The checks cannot be
+raced: the path is walked from ``/`` one component at a time, each opened relative to the one
+before without following a symbolic link (``O_NOFOLLOW``; a link anywhere is refused), each
+checked on its open descriptor (``fstat``), and the content is read from the very descriptor
+that was checked. Nothing is ever opened again by name.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -224,43 +229,86 @@ def _mode_problem(path: Path, st: os.stat_result, trusted: Collection[int], *, i
     return ""
 
 
-def check_ownership(path: Path, trusted: Collection[int] = (0,)) -> None:
-    """Refuse a hooks file that anyone but root could change: the file (after symlinks) and
-    every directory above it, and above the link itself, are owned by root and not writable
-    by group or others (a sticky directory may be: only root can rename its root entry)."""
-    real = Path(os.path.realpath(path))
-    checked: set[Path] = set()
-    for target in (real, Path(os.path.abspath(path))):
-        chain = [target, *target.parents]
-        for index, item in enumerate(chain):
-            if item in checked:
-                continue
-            checked.add(item)
-            try:
-                st = os.lstat(item)
-            except OSError as exc:
-                raise HooksFileError(f"hooks file {path}: cannot check {item}: {exc}") from exc
-            if stat.S_ISLNK(st.st_mode):
-                continue  # the link's target is checked through ``real``
-            if index == 0 and not stat.S_ISREG(st.st_mode):
-                raise HooksFileError(f"hooks file {path}: {item} is not a regular file")
-            problem = _mode_problem(item, st, trusted, is_dir=index > 0)
+def _refused(path: Path, problem: str) -> HooksFileError:
+    return HooksFileError(
+        f"hooks file {path} refused: {problem}. It decides what the forwarder runs, so only "
+        "root may be able to change it (chown root:root, chmod go-w on the file and its "
+        "directories)"
+    )
+
+
+def _open_in(directory: int | None, name: str, flags: int, path: Path, shown: Path) -> int:
+    try:
+        return os.open(name, flags, dir_fd=directory)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) or (
+            exc.errno == errno.ENOTDIR and os.path.islink(shown)
+        ):
+            raise _refused(
+                path,
+                f"{shown} is a symbolic link: give the real path of the file "
+                f"({os.path.realpath(path)}), so that nobody can point it elsewhere",
+            ) from exc
+        raise HooksFileError(f"hooks file {path}: cannot check {shown}: {exc}") from exc
+
+
+def read_checked(path: Path, trusted: Collection[int] = (0,)) -> bytes:
+    """The hooks file's content, read from a descriptor that was checked: every directory from
+    ``/`` and the file itself owned by a ``trusted`` uid and not writable by group or others
+    (a sticky directory may be), no symbolic link anywhere, a regular file. Raises
+    :class:`HooksFileError` with the reason."""
+    absolute = Path(os.path.abspath(path))
+    parts = absolute.parts  # ("/", "etc", "sebridge", "hooks.json")
+    if len(parts) < 2:
+        raise HooksFileError(f"hooks file {path}: not a file path")
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = _open_in(None, "/", dir_flags, path, Path("/"))
+    shown = Path("/")
+    try:
+        for index, name in enumerate(parts[1:], start=1):
+            problem = _mode_problem(shown, os.fstat(fd), trusted, is_dir=True)
             if problem:
-                raise HooksFileError(
-                    f"hooks file {path} refused: {problem}. It decides what the forwarder runs, "
-                    "so only root may be able to change it (chown root:root, chmod go-w on the "
-                    "file and its directories)"
-                )
+                raise _refused(path, problem)
+            last = index == len(parts) - 1
+            shown = shown / name
+            flags = (
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+                if last
+                else dir_flags
+            )
+            child = _open_in(fd, name, flags, path, shown)
+            os.close(fd)
+            fd = child
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise HooksFileError(f"hooks file {path}: {shown} is not a regular file")
+        problem = _mode_problem(shown, st, trusted, is_dir=False)
+        if problem:
+            raise _refused(path, problem)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise HooksFileError(f"hooks file {path}: cannot read {shown}: {exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def check_ownership(path: Path, trusted: Collection[int] = (0,)) -> None:
+    """Refuse a hooks file that anyone but root could change (see :func:`read_checked`)."""
+    read_checked(path, trusted)
 
 
 def load_hooks(path: Path, trusted: Collection[int] = (0,)) -> HooksFile:
-    """Check ownership, then read and validate; :class:`HooksFileError` says what is wrong."""
-    check_ownership(path, trusted)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise HooksFileError(f"hooks file {path}: cannot read it: {exc}") from exc
+    """Check, read (once, from the checked descriptor) and validate; :class:`HooksFileError`
+    says what is wrong."""
+    data = read_checked(path, trusted)
     if len(data) > MAX_FILE_BYTES:
         raise HooksFileError(f"hooks file {path}: larger than {MAX_FILE_BYTES} bytes")
     try:

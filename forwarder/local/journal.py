@@ -1,22 +1,27 @@
-"""The journal of the forwarder's actions on the VM itself (SQLite in the state directory).
+"""The journal of the forwarder's actions on the VM itself (SQLite in the state directory): the
+durable mirror of :class:`~sebridge.forwarder.local.store.LocalStore`.
 
-Two tables:
+Three tables:
 
-- ``hook_runs``: one row per (transition message id, hook). A row is written ``pending`` when
-  the transition is observed, ``running`` (attempt + 1) just before the process starts, and
-  ``succeeded``/``failed``/``timed-out``/``not-started`` when it ends. Message ids are
-  deterministic, so the same transition derived again after a restart finds its row and runs
-  nothing twice; a row still ``pending`` or ``running`` at start was cut short by a crash, a
+- ``view``: the local actions' own view of the events (the last document's events and what is
+  remembered of each EventId for its message ids), the base the next document is diffed
+  against. Because it is written in the same transaction as the hook runs and preparations
+  that the transitions since the previous view call for, a crash can never separate "seen"
+  from "acted on": before the commit, the same transitions (same ids) are derived again from
+  the older view after the restart; after it, the pending runs resume.
+- ``hook_runs``: one row per (transition message id, hook), ``pending``, ``running`` (with its
+  attempt) or how it ended (``succeeded``, ``failed``, ``timed-out``, ``not-started``,
+  ``skipped``). A row still ``pending`` or ``running`` at start was cut short by a crash, a
   reboot or a stop and runs again (at least once: hooks must be idempotent).
 - ``preparations``: per event that affects this VM, its latest snapshot (the event and the
-  observer as reported), the Scheduled/Updated the VM prepares for (its message id, the
-  ``cause`` of Prepared), the cause Prepared was published for, and whether the event ended
-  (Completed or Cancelled). The drain probe restores its draining from here after a restart.
+  observer), the Scheduled/Updated the VM prepares for (its message id, the ``cause`` of
+  Prepared), the cause Prepared was durably handed to the outbox for, and whether it ended.
 
-Every write is a committed transaction with ``synchronous=FULL``: a crash or a power loss
-leaves it before or after, never half. A file SQLite cannot open is moved aside and a fresh
-journal started (logged), so a damaged journal costs at most a re-run. Rows of finished runs
-are bounded (:data:`MAX_FINISHED`); unfinished ones are never dropped.
+Every write is :meth:`Journal.commit`: one transaction (:func:`sebridge.forwarder.durable.
+transaction`) with ``synchronous=FULL``. A file SQLite cannot open is moved aside and a fresh
+journal started (logged), so a damaged journal costs at most a re-run. Finished runs and ended
+preparations are bounded (:data:`MAX_FINISHED`, :data:`MAX_PREPARATIONS`); unfinished ones are
+never dropped.
 """
 
 from __future__ import annotations
@@ -26,16 +31,18 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sebridge.forwarder.durable import transaction
+
 log = logging.getLogger("forwarder.hooks")
 
 JOURNAL_FILE = "local-actions.sqlite"
+MEMORY = ":memory:"
 MAX_FINISHED = 5000  # finished hook runs kept (the newest); ~1 KB each
 MAX_PREPARATIONS = 1000  # ended preparations kept
 
@@ -57,9 +64,18 @@ class Run:
     event_key: str
     transition: str
     prepare: bool
-    payload: dict[str, Any]  # {"event": IMDS fields, "vmName": ...}
+    payload: dict[str, Any]  # {"event": IMDS fields, "observer": ..., "incarnation": n}
     status: str = "pending"
     attempts: int = 0
+    detail: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.message_id, self.hook)
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in UNFINISHED
 
 
 @dataclass(frozen=True)
@@ -67,43 +83,63 @@ class Preparation:
     event_key: str
     cause: str | None  # the message id of the Scheduled/Updated the VM prepares for
     payload: dict[str, Any]  # {"event": IMDS fields, "observer": ..., "incarnation": n}
-    published: str | None  # the cause Prepared was published for
+    published: str | None  # the cause Prepared was durably handed to the outbox for
     ended: bool
+
+
+@dataclass
+class Snapshot:
+    """Everything the journal holds, as read at start."""
+
+    view: dict[str, Any] | None = None
+    runs: list[Run] = field(default_factory=list)  # in the order they were first recorded
+    preparations: list[Preparation] = field(default_factory=list)
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
 class Journal:
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / JOURNAL_FILE
+    def __init__(self, directory: Path | str) -> None:
+        """The journal in ``directory`` (``":memory:"``: one that lives as long as this object,
+        for in-process tests)."""
+        self.path: Path | str = MEMORY if directory == MEMORY else Path(directory) / JOURNAL_FILE
         self._lock = threading.Lock()
         try:
             self._db = self._open()
         except sqlite3.DatabaseError as exc:
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-            aside = self.path.with_name(f"{JOURNAL_FILE}.corrupt-{stamp}")
-            for suffix in ("", "-wal", "-shm"):
-                try:
-                    os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
-                except FileNotFoundError:
-                    pass
-                except OSError as move:
-                    raise JournalError(f"cannot move {self.path} aside: {move}") from exc
-            log.warning(
-                "hook journal %s is unreadable (%s); kept as %s, starting a fresh one: hooks "
-                "that were cut short before are not run again",
-                self.path,
-                exc,
-                aside,
-            )
+            self._move_aside(exc)
             try:
                 self._db = self._open()
             except sqlite3.Error as again:
                 raise JournalError(f"cannot create {self.path}: {again}") from again
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open {self.path}: {exc}") from exc
+
+    def _move_aside(self, exc: sqlite3.Error) -> None:
+        if not isinstance(self.path, Path):
+            raise JournalError(f"cannot open the journal: {exc}") from exc
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = self.path.with_name(f"{JOURNAL_FILE}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
+            except FileNotFoundError:
+                pass
+            except OSError as move:
+                raise JournalError(f"cannot move {self.path} aside: {move}") from exc
+        log.warning(
+            "hook journal %s is unreadable (%s); kept as %s, starting a fresh one: hooks "
+            "that were cut short before are not run again",
+            self.path,
+            exc,
+            aside,
+        )
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -124,25 +160,19 @@ class Journal:
                 " event_key TEXT PRIMARY KEY, cause TEXT, payload TEXT NOT NULL,"
                 " published TEXT, ended INTEGER NOT NULL DEFAULT 0, updated_at TEXT NOT NULL)"
             )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS view ("
+                " id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL,"
+                " updated_at TEXT NOT NULL)"
+            )
             db.execute("SELECT count(*) FROM hook_runs").fetchone()  # a damaged file fails here
         except sqlite3.Error:
             db.close()
             raise
         return db
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise JournalError(f"{self.path}: {exc}") from exc
+    def _error(self, text: str) -> JournalError:
+        return JournalError(f"{self.path}: {text}")
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -151,175 +181,154 @@ class Journal:
             except sqlite3.Error as exc:
                 raise JournalError(f"{self.path}: {exc}") from exc
 
-    # -- hook runs ------------------------------------------------------------------------
-    def record(self, runs: Sequence[Run]) -> list[Run]:
-        """Write ``runs`` as pending; returns those that were new (the others ran, or are
-        queued, already)."""
-        new: list[Run] = []
-        with self._write() as db:
+    # -- the one write ----------------------------------------------------------------------
+    def commit(
+        self,
+        *,
+        view: dict[str, Any] | None = None,
+        runs: Sequence[Run] = (),
+        preparations: Sequence[Preparation] = (),
+    ) -> None:
+        """Write ``view`` (if given), and each run and preparation as it is now, in one
+        transaction: all of it or none. Raises JournalError (disk full, I/O error)."""
+        now = _now()
+        with transaction(self._db, self._lock, "journal", self._error) as db:
+            if view is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO view (id, body, updated_at) VALUES (1, ?, ?)",
+                    (_dumps(view), now),
+                )
             for run in runs:
-                cursor = db.execute(
-                    "INSERT OR IGNORE INTO hook_runs (message_id, hook, event_key, transition,"
-                    " prepare, payload, status, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                db.execute(
+                    "INSERT INTO hook_runs (message_id, hook, event_key, transition, prepare,"
+                    " payload, status, attempts, detail, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (message_id, hook) DO UPDATE SET status = excluded.status,"
+                    " attempts = excluded.attempts, detail = excluded.detail,"
+                    " updated_at = excluded.updated_at",
                     (
                         run.message_id,
                         run.hook,
                         run.event_key,
                         run.transition,
                         int(run.prepare),
-                        json.dumps(run.payload, separators=(",", ":")),
-                        "pending",
-                        _now(),
+                        _dumps(run.payload),
+                        run.status,
+                        run.attempts,
+                        run.detail[:1000],
+                        now,
                     ),
                 )
-                if cursor.rowcount:
-                    new.append(run)
-        return new
-
-    def start(self, message_id: str, hook: str) -> int:
-        """Mark the run as running; returns its attempt number (1 the first time)."""
-        with self._write() as db:
-            db.execute(
-                "UPDATE hook_runs SET status = 'running', attempts = attempts + 1, updated_at = ?"
-                " WHERE message_id = ? AND hook = ?",
-                (_now(), message_id, hook),
-            )
-            row = db.execute(
-                "SELECT attempts FROM hook_runs WHERE message_id = ? AND hook = ?",
-                (message_id, hook),
-            ).fetchone()
-        return int(row[0]) if row else 1
-
-    def finish(self, message_id: str, hook: str, status: str, detail: str) -> None:
-        with self._write() as db:
-            db.execute(
-                "UPDATE hook_runs SET status = ?, detail = ?, updated_at = ?"
-                " WHERE message_id = ? AND hook = ?",
-                (status, detail[:1000], _now(), message_id, hook),
-            )
-            finished = db.execute(
-                "SELECT count(*) FROM hook_runs WHERE status NOT IN ('pending', 'running')"
-            ).fetchone()[0]
-            if finished > MAX_FINISHED:
+            for item in preparations:
                 db.execute(
-                    "DELETE FROM hook_runs WHERE seq IN (SELECT seq FROM hook_runs"
-                    " WHERE status NOT IN ('pending', 'running') ORDER BY seq LIMIT ?)",
-                    (finished - MAX_FINISHED,),
+                    "INSERT OR REPLACE INTO preparations (event_key, cause, payload, published,"
+                    " ended, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        item.event_key,
+                        item.cause,
+                        _dumps(item.payload),
+                        item.published,
+                        int(item.ended),
+                        now,
+                    ),
                 )
+            if runs:
+                self._bound(
+                    db, "hook_runs", "seq", "status NOT IN ('pending', 'running')", MAX_FINISHED
+                )
+            if preparations:
+                self._bound(db, "preparations", "updated_at", "ended = 1", MAX_PREPARATIONS)
 
-    def unfinished(self) -> list[Run]:
-        """Runs a crash, reboot or stop cut short (or never started), in the order observed."""
+    @staticmethod
+    def _bound(db: sqlite3.Connection, table: str, order: str, where: str, keep: int) -> None:
+        (count,) = db.execute(f"SELECT count(*) FROM {table} WHERE {where}").fetchone()  # noqa: S608
+        if count > keep:
+            key = "seq" if table == "hook_runs" else "event_key"
+            db.execute(
+                f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table}"  # noqa: S608
+                f" WHERE {where} ORDER BY {order} LIMIT ?)",
+                (count - keep,),
+            )
+
+    # -- reading ------------------------------------------------------------------------------
+    def load(self) -> Snapshot:
+        """Everything, at start. A damaged record is left out (logged): a damaged view starts
+        the view afresh, a damaged run is not run again."""
+        snapshot = Snapshot()
+        rows = self._read("SELECT body FROM view WHERE id = 1")
+        if rows:
+            try:
+                view = json.loads(rows[0][0])
+            except ValueError:
+                view = None
+            if isinstance(view, dict):
+                snapshot.view = view
+            else:
+                log.error("the local actions' view in %s is damaged: started afresh", self.path)
+        snapshot.runs = self.runs()
+        snapshot.preparations = self.preparations()
+        return snapshot
+
+    def runs(self, message_id: str | None = None) -> list[Run]:
+        """Every recorded run (of one transition), oldest first."""
         rows = self._read(
-            "SELECT message_id, hook, event_key, transition, prepare, payload, status, attempts"
-            " FROM hook_runs WHERE status IN ('pending', 'running') ORDER BY seq"
+            "SELECT message_id, hook, event_key, transition, prepare, payload, status, attempts,"
+            " detail FROM hook_runs WHERE ? IS NULL OR message_id = ? ORDER BY seq",
+            (message_id, message_id),
         )
         out = []
-        for message_id, hook, event_key, transition, prepare, payload, status, attempts in rows:
+        for (
+            message_id_,
+            hook,
+            event_key,
+            transition,
+            prepare,
+            payload,
+            status,
+            attempts,
+            detail,
+        ) in rows:
             try:
                 data = json.loads(payload)
             except ValueError:
                 data = None
             if not isinstance(data, dict):
-                log.error("hook run %s/%s has a damaged record: dropped", message_id, hook)
-                self.finish(message_id, hook, "not-started", "damaged journal record")
+                log.error("hook run %s/%s has a damaged record: left out", message_id_, hook)
                 continue
             out.append(
-                Run(message_id, hook, event_key, transition, bool(prepare), data, status, attempts)
+                Run(
+                    message_id_,
+                    hook,
+                    event_key,
+                    transition,
+                    bool(prepare),
+                    data,
+                    status,
+                    attempts,
+                    detail,
+                )
             )
         return out
 
-    def runs(self, message_id: str | None = None) -> list[Run]:
-        """Every recorded run (of one transition), oldest first: for tests and diagnostics."""
-        rows = self._read(
-            "SELECT message_id, hook, event_key, transition, prepare, payload, status, attempts"
-            " FROM hook_runs WHERE ? IS NULL OR message_id = ? ORDER BY seq",
-            (message_id, message_id),
-        )
-        return [Run(m, h, k, t, bool(p), json.loads(d), s, a) for m, h, k, t, p, d, s, a in rows]
-
-    def prepare_status(self, event_key: str) -> str | None:
-        """The prepare hooks of the event's latest transition that had any: ``pending``,
-        ``failed`` or ``succeeded``; None when no prepare hook ever ran for it."""
-        rows = self._read(
-            "SELECT status FROM hook_runs WHERE prepare = 1 AND event_key = ? AND message_id ="
-            " (SELECT message_id FROM hook_runs WHERE prepare = 1 AND event_key = ?"
-            "  ORDER BY seq DESC LIMIT 1)",
-            (event_key, event_key),
-        )
-        if not rows:
-            return None
-        statuses = {row[0] for row in rows}
-        if statuses & set(UNFINISHED):
-            return "pending"
-        if statuses & set(FAILED):
-            return "failed"
-        return SUCCEEDED
-
-    # -- preparations ---------------------------------------------------------------------
-    def observe(self, event_key: str, cause: str | None, payload: dict[str, Any]) -> None:
-        """The event's latest snapshot; ``cause``: the VM now prepares for this Scheduled or
-        Updated (None keeps the cause it had: Started)."""
-        with self._write() as db:
-            db.execute(
-                "INSERT INTO preparations (event_key, cause, payload, published, ended,"
-                " updated_at) VALUES (?, ?, ?, NULL, 0, ?) ON CONFLICT (event_key) DO UPDATE SET"
-                " cause = COALESCE(excluded.cause, preparations.cause), payload = excluded.payload,"
-                " ended = 0, updated_at = excluded.updated_at",
-                (event_key, cause, json.dumps(payload, separators=(",", ":")), _now()),
-            )
-
-    def end(self, event_key: str) -> None:
-        """The event ended (Completed or Cancelled)."""
-        with self._write() as db:
-            db.execute(
-                "UPDATE preparations SET ended = 1, updated_at = ? WHERE event_key = ?",
-                (_now(), event_key),
-            )
-            ended = db.execute("SELECT count(*) FROM preparations WHERE ended = 1").fetchone()[0]
-            if ended > MAX_PREPARATIONS:
-                db.execute(
-                    "DELETE FROM preparations WHERE event_key IN (SELECT event_key FROM"
-                    " preparations WHERE ended = 1 ORDER BY updated_at LIMIT ?)",
-                    (ended - MAX_PREPARATIONS,),
-                )
-
-    def published(self, event_key: str, cause: str) -> None:
-        with self._write() as db:
-            db.execute(
-                "UPDATE preparations SET published = ?, updated_at = ? WHERE event_key = ?",
-                (cause, _now(), event_key),
-            )
-
-    def preparation(self, event_key: str) -> Preparation | None:
+    def preparations(self) -> list[Preparation]:
         rows = self._read(
             "SELECT event_key, cause, payload, published, ended FROM preparations"
-            " WHERE event_key = ?",
-            (event_key,),
-        )
-        return self._preparation(rows[0]) if rows else None
-
-    def open_preparations(self) -> list[Preparation]:
-        rows = self._read(
-            "SELECT event_key, cause, payload, published, ended FROM preparations"
-            " WHERE ended = 0 ORDER BY updated_at"
+            " ORDER BY updated_at"
         )
         out = []
-        for row in rows:
-            preparation = self._preparation(row)
-            if preparation is not None:
-                out.append(preparation)
+        for event_key, cause, payload, published, ended in rows:
+            try:
+                data = json.loads(payload)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                log.error("preparation of %s has a damaged record: left out", event_key)
+                continue
+            out.append(Preparation(event_key, cause, data, published, bool(ended)))
         return out
 
-    @staticmethod
-    def _preparation(row: tuple[Any, ...]) -> Preparation | None:
-        event_key, cause, payload, published, ended = row
-        try:
-            data = json.loads(payload)
-        except ValueError:
-            return None
-        if not isinstance(data, dict):
-            return None
-        return Preparation(event_key, cause, data, published, bool(ended))
+    def preparation(self, event_key: str) -> Preparation | None:
+        return next((p for p in self.preparations() if p.event_key == event_key), None)
 
     def close(self) -> None:
         with self._lock:

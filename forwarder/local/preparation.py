@@ -12,6 +12,12 @@ balancer still sends traffic.
 A failed preparer means no Prepared for that cause: the event starts at NotBefore as Azure
 schedules it, nobody approves it early, and the failure is logged and counted (Heartbeat).
 
+Prepared is marked published (in the store, then the journal) only once the outbox has durably
+taken it (``deliver`` returned True): an outbox that cannot be written (a full disk) is tried
+again at every poll until it can, and a crash between the outbox write and the mark publishes
+it again after the restart with the same message id (the topic's duplicate detection keeps
+one). Nothing is lost, nothing is sent under a new id.
+
 Ids: :func:`sebridge.contract.events.derived_message_id` of a cause that adds the method and
 the VM to the transition's message id. The transition's id alone is what lb-pools derives its
 Prepared from, and every VM of an availability set reports the same transition id: with it,
@@ -21,9 +27,8 @@ duplicate detection would keep only the first of lb-pools' and each VM's Prepare
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -32,57 +37,32 @@ from sebridge.contract.events import (
     Envelope,
     Observer,
     Transition,
-    parse_message,
     prepared_message,
 )
 from sebridge.forwarder.local.hooks_file import affects
-from sebridge.forwarder.local.journal import Journal, JournalError
+from sebridge.forwarder.local.journal import Preparation
+from sebridge.forwarder.local.store import LocalStore
 from sebridge.imds import InvalidDocument, ScheduledEvent
 
 log = logging.getLogger("forwarder.prepared")
 
 PREPARE_CAUSES = (Transition.SCHEDULED, Transition.UPDATED)
 ENDS = (Transition.COMPLETED, Transition.CANCELLED)
-OBSERVED = (
-    Transition.SCHEDULED,
-    Transition.UPDATED,
-    Transition.STARTED,
-    Transition.COMPLETED,
-    Transition.CANCELLED,
-)
 
 
 @dataclass(frozen=True)
 class Observed:
-    """One lifecycle transition the forwarder derived from IMDS, as the local actions see it."""
+    """One lifecycle transition the local actions derived from an IMDS document."""
 
     transition: Transition
     event: ScheduledEvent
     message_id: str
     observer: Observer
-    incarnation: int = 0
+    incarnation: int | None = None
 
     @property
     def affects_this_vm(self) -> bool:
         return affects(self.event.resources, self.observer.vm_name)
-
-    @classmethod
-    def from_envelope(cls, envelope: Envelope) -> Observed | None:
-        """The transition a contract message reports; None for anything else (Heartbeat,
-        Approved, Prepared...)."""
-        try:
-            message = parse_message(envelope.body, envelope.message_id)
-        except ContractError:
-            return None
-        if message.transition not in OBSERVED or message.event is None:
-            return None
-        return cls(
-            message.transition,
-            message.event,
-            envelope.message_id,
-            message.observer,
-            message.incarnation or 0,
-        )
 
     def payload(self) -> dict[str, Any]:
         return {
@@ -93,12 +73,14 @@ class Observed:
 
     @classmethod
     def from_payload(cls, transition: Transition, message_id: str, payload: Any) -> Observed:
-        """Raises ValueError for a damaged record."""
+        """Read back as tolerantly as the document it came from; ValueError for a damaged
+        record (no EventId, no observer name)."""
         if not isinstance(payload, dict):
             raise ValueError("not an object")
         try:
-            event = ScheduledEvent.from_imds(payload.get("event"))
-            observer = Observer.from_data(payload.get("observer") or {})
+            event = ScheduledEvent.from_imds(payload.get("event"), strict=False)
+            observer_data = payload.get("observer")
+            observer = Observer.from_data(observer_data if isinstance(observer_data, dict) else {})
         except (InvalidDocument, ContractError) as exc:
             raise ValueError(str(exc)) from exc
         incarnation = payload.get("incarnation")
@@ -107,7 +89,9 @@ class Observed:
             event,
             message_id,
             observer,
-            incarnation if isinstance(incarnation, int) else 0,
+            incarnation
+            if isinstance(incarnation, int) and not isinstance(incarnation, bool)
+            else None,
         )
 
 
@@ -120,57 +104,63 @@ class Preparer(Protocol):
 
 @dataclass
 class Preparations:
-    journal: Journal
-    enqueue: Callable[[Envelope], None]  # into the forwarder's outbox
+    store: LocalStore
+    # Hand Prepared to the forwarder's outbox: True once it is durably there, False when the
+    # outbox cannot take it now (tried again at the next check).
+    deliver: Callable[[Envelope], bool]
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     preparers: list[Preparer] = field(default_factory=list)
     published_count: int = 0
     failed_count: int = 0  # causes for which a preparer failed (no Prepared)
     _failed: set[tuple[str, str]] = field(default_factory=set)
-    # Held while a transition is handed to every preparer (see :meth:`observing`) and while a
-    # check decides: no preparer's quick success is seen before the others heard of the cause.
-    _lock: threading.RLock = field(default_factory=threading.RLock)
-
-    def observing(self) -> threading.RLock:
-        """``with preparations.observing(): ...`` around handing one transition to every
-        preparer, so that no check sees some of them told and others not."""
-        return self._lock
+    _waiting: set[str] = field(default_factory=set)  # Prepared messages the outbox refused
 
     def observe(self, observed: Observed) -> None:
-        """Called for every transition, before the preparers hear of it. An event that ends,
-        or that an Updated no longer lets affect this VM, has nothing more to prepare.
-        Raises JournalError."""
+        """Called for every transition, before the preparers hear of it (in memory; the caller
+        flushes). An event that ends, or that an Updated no longer lets affect this VM, has
+        nothing more to prepare."""
         key = observed.event.key
-        if observed.transition in ENDS or not observed.affects_this_vm:
-            if self.journal.preparation(key) is not None:
-                self.journal.end(key)
-        else:
+        with self.store.lock:
+            record = self.store.preparation(key)
+            if observed.transition in ENDS or not observed.affects_this_vm:
+                if record is not None and not record.ended:
+                    self.store.set_preparation(replace(record, ended=True))
+                return
             cause = observed.message_id if observed.transition in PREPARE_CAUSES else None
-            self.journal.observe(key, cause, observed.payload())
+            self.store.set_preparation(
+                Preparation(
+                    key,
+                    cause if cause is not None else (record.cause if record else None),
+                    observed.payload(),
+                    record.published if record else None,
+                    False,
+                )
+            )
 
     def check(self, event_key: str) -> Envelope | None:
         """Publish Prepared when the event's current cause is prepared; called by a preparer
-        whenever its status for the event changed (from any thread). Never raises."""
+        whenever its status for the event changed (from any thread), and at every poll for
+        what is not yet published. Never raises."""
         try:
-            with self._lock:
+            with self.store.lock:
                 return self._check(event_key)
-        except JournalError as exc:
-            log.error("cannot read the journal to decide Prepared for %s: %s", event_key, exc)
         except Exception:
             log.exception("deciding Prepared for %s failed", event_key)
         return None
 
     def check_all(self) -> int:
-        """At start: publish what was prepared before a crash but not yet published."""
-        try:
-            keys = [p.event_key for p in self.journal.open_preparations()]
-        except JournalError as exc:
-            log.error("cannot read the journal: %s", exc)
-            return 0
+        """Every open preparation not yet published (at start, and at every poll: what was
+        prepared before a crash, or while the outbox could not be written)."""
+        with self.store.lock:
+            keys = [
+                p.event_key
+                for p in self.store.open_preparations()
+                if p.cause is not None and p.published != p.cause
+            ]
         return sum(1 for key in keys if self.check(key) is not None)
 
     def _check(self, event_key: str) -> Envelope | None:
-        record = self.journal.preparation(event_key)
+        record = self.store.preparation(event_key)
         if record is None or record.ended or record.cause is None:
             return None
         if record.published == record.cause:
@@ -213,8 +203,19 @@ class Preparations:
             cause=f"{record.cause}|{prepared_by}|{vm.lower()}",
             prepared_by=prepared_by,
         )
-        self.enqueue(envelope)
-        self.journal.published(event_key, record.cause)
+        if not self.deliver(envelope):
+            if envelope.message_id not in self._waiting:
+                self._waiting.add(envelope.message_id)
+                log.error(
+                    "Prepared %s for %s cannot be written to the outbox yet: tried again at "
+                    "every poll",
+                    envelope.message_id,
+                    observed.event.event_id,
+                )
+            return None
+        self._waiting.discard(envelope.message_id)
+        self.store.set_preparation(replace(record, published=record.cause))
+        self.store.flush()  # if it fails, the mark goes with the next flush (the same id again)
         self.published_count += 1
         log.info(
             "Prepared %s by %s (after %s)",

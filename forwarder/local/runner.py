@@ -1,20 +1,24 @@
 """Run one hook: argv without a shell, the event in ``SEBRIDGE_EVENT_*`` variables and as JSON
-on stdin, bounded output capture, and a timeout that kills the hook's whole process group.
+on stdin, bounded output capture, and a timeout that kills the hook and all it started.
 
-The hook is started in a session of its own (``start_new_session``), so that on timeout (or
-when the forwarder stops) ``os.killpg`` reaches everything it started: SIGTERM, a grace period,
-then SIGKILL. One thread does all the I/O with a selector (stdin is written without blocking,
-stdout and stderr are read as they come), so a hook that never reads its input or writes
-without end can neither block nor exhaust the forwarder: the first
-:data:`MAX_CAPTURE` bytes of each stream are kept, the rest is counted and dropped.
+The hook is started contained (:mod:`sebridge.forwarder.local.containment`: a session of its
+own, a per-run marker, a cgroup where one can be made), so that on timeout (or when the
+forwarder stops) SIGTERM, a grace period, then SIGKILL reach it; and whatever the outcome,
+what it left running (a background or ``setsid`` child) is ended when it ends. One thread does
+all the I/O with a selector (stdin is written without blocking, stdout and stderr are read as
+they come), so a hook that never reads its input or writes without end can neither block nor
+exhaust the forwarder: the first :data:`MAX_CAPTURE` bytes of each stream are kept, the rest is
+counted and dropped.
 
 The environment is built from scratch (PATH, LANG, HOME, TZ of the forwarder and the event):
-the forwarder's own settings, a connection string among them, never reach a hook.
+the forwarder's own settings, a connection string among them, never reach a hook. It is bounded
+in bytes, each value cut at a UTF-8 character boundary (:data:`MAX_ENV_VALUE`,
+:data:`MAX_ENV_BYTES`; ``SEBRIDGE_ENV_TRUNCATED`` names the variables cut), so no value IMDS
+sends can keep a hook from starting; the whole event is on stdin.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import selectors
@@ -28,11 +32,21 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from sebridge.forwarder.local.containment import Contained, Containment, default_containment
 from sebridge.forwarder.local.hooks_file import Hook
 from sebridge.imds import ScheduledEvent, isoformat_utc
 
 MAX_CAPTURE = 64 * 1024  # bytes kept of each of stdout and stderr
-MAX_ENV_VALUE = 32 * 1024  # characters of one SEBRIDGE_EVENT_* value
+# The environment is bounded in bytes (what execve counts: Linux refuses one "NAME=value" string
+# over 128 KiB, and all of argv and the environment over a quarter of the stack limit with E2BIG,
+# "Argument list too long"), each value cut at a UTF-8 character boundary. The whole event is on
+# stdin either way.
+MAX_ENV_VALUE = 16 * 1024  # bytes of one variable's value
+MAX_ENV_BYTES = 64 * 1024  # bytes of the whole environment ("NAME=value\0" each)
+MAX_PASSED_VALUE = 4 * 1024  # bytes of PATH, LANG... passed through from the forwarder
+_NOTE_RESERVE = 1024  # bytes kept for SEBRIDGE_ENV_TRUNCATED
+# Cut last when the whole is over its bound: the two values IMDS does not bound.
+_CUT_FIRST = ("SEBRIDGE_EVENT_RESOURCES", "SEBRIDGE_EVENT_DESCRIPTION")
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL on timeout
 STOP_GRACE = 1.0  # the same when the forwarder stops (it has 5 s in all)
 PIPE_GRACE = 1.0  # how long output is still read after the hook exited (a background child)
@@ -76,10 +90,21 @@ class HookResult:
         return self.outcome is Outcome.SUCCEEDED
 
 
-def _clean(value: str, limit: int = MAX_ENV_VALUE) -> str:
-    """A value the OS takes in an environment: no NUL, no lone surrogate, bounded."""
-    text = value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-    return text[:limit]
+def _clean(value: str) -> str:
+    """A value the OS takes in an environment: no NUL, no lone surrogate."""
+    return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+
+
+def cut_utf8(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` bytes of UTF-8, cut at a character boundary."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[: max(0, limit)].decode("utf-8", "ignore")
+
+
+def _size(key: str, value: str) -> int:
+    return len(key.encode("utf-8")) + len(value.encode("utf-8")) + 2  # "=" and the NUL
 
 
 def seconds_until(event: ScheduledEvent, now: datetime) -> int | None:
@@ -115,7 +140,21 @@ def hook_environment(
         "SEBRIDGE_EVENT_SOURCE": event.event_source or "",
         "SEBRIDGE_EVENT_DESCRIPTION": event.description or "",
     }
-    env.update({key: _clean(value) for key, value in values.items()})
+    env = {key: cut_utf8(_clean(value), MAX_PASSED_VALUE) for key, value in env.items()}
+    budget = MAX_ENV_BYTES - _NOTE_RESERVE - sum(_size(key, value) for key, value in env.items())
+    cut: list[str] = []
+    # The small values first; Resources and Description get what is left, within their bound.
+    for key in sorted(
+        values, key=lambda name: _CUT_FIRST.index(name) + 1 if name in _CUT_FIRST else 0
+    ):
+        clean = _clean(values[key])
+        value = cut_utf8(clean, max(0, min(MAX_ENV_VALUE, budget - _size(key, ""))))
+        if value != clean:
+            cut.append(key)
+        env[key] = value
+        budget -= _size(key, value)
+    if cut:
+        env["SEBRIDGE_ENV_TRUNCATED"] = ",".join(cut)  # the full values are on stdin
     return env
 
 
@@ -154,26 +193,6 @@ class _Capture:
         return self.kept.decode("utf-8", "replace")
 
 
-def _kill_group(process: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM to the hook's process group, up to ``grace`` seconds, then SIGKILL to what is
-    left of it. The group id is the hook's pid: not reused while any member lives."""
-    pgid = process.pid
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            break  # nothing left of the group
-        try:
-            process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:
-            # The leader is gone; members that ignored SIGTERM go now.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-            break
-
-
 def run_hook(
     invocation: Invocation,
     *,
@@ -181,26 +200,46 @@ def run_hook(
     cancel: threading.Event | None = None,
     base_env: Mapping[str, str] | None = None,
     kill_grace: float = KILL_GRACE,
+    containment: Containment | None = None,
 ) -> HookResult:
-    """Run the hook to its end, its timeout, or ``cancel``; never raises for the hook's faults."""
+    """Run the hook to its end, its timeout, or ``cancel``; never raises for the hook's faults.
+    Whatever the outcome, nothing the hook started outlives the call (:mod:`sebridge.forwarder.
+    local.containment`)."""
     hook = invocation.hook
     cancel = cancel or threading.Event()
+    contain = containment or default_containment()
     started = time.monotonic()
     try:
-        process = subprocess.Popen(  # noqa: S603 - argv from the root-owned hooks file, no shell
-            list(hook.command),
+        run = contain.popen(
+            hook.command,
+            hook_environment(invocation, now, base_env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=hook_environment(invocation, now, base_env),
             cwd="/",
             close_fds=True,
-            start_new_session=True,
         )
     except (OSError, ValueError) as exc:
         return HookResult(
             Outcome.NOT_STARTED, None, time.monotonic() - started, detail=f"cannot start: {exc}"
         )
+    try:
+        return _supervise(invocation, run, now, cancel, kill_grace, contain, started)
+    finally:
+        contain.end(run)
+
+
+def _supervise(
+    invocation: Invocation,
+    run: Contained,
+    now: datetime,
+    cancel: threading.Event,
+    kill_grace: float,
+    contain: Containment,
+    started: float,
+) -> HookResult:
+    hook = invocation.hook
+    process = run.process
     assert process.stdin and process.stdout and process.stderr
     pending = memoryview(hook_input(invocation, now))
     captures = {process.stdout.fileno(): _Capture(), process.stderr.fileno(): _Capture()}
@@ -224,11 +263,11 @@ def run_hook(
                 break
             if exited_at is None and clock >= deadline:
                 outcome = Outcome.TIMED_OUT
-                _kill_group(process, kill_grace)
+                contain.terminate(run, kill_grace)
                 break
             if exited_at is None and cancel.is_set():
                 outcome = Outcome.INTERRUPTED
-                _kill_group(process, STOP_GRACE)
+                contain.terminate(run, STOP_GRACE)
                 break
             wait = 0.1 if exited_at is not None else max(0.0, min(0.1, deadline - clock))
             for key, _ in selector.select(timeout=wait):
@@ -263,15 +302,15 @@ def run_hook(
         process.stderr.close()
         if process.poll() is None:
             # A leak guard for an exception above: nothing of the hook outlives this call.
-            _kill_group(process, 0.0)
+            contain.terminate(run, 0.0)
     exit_code = process.wait()
     out, err = captures.values()
     if outcome is None:
         outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
     if outcome is Outcome.TIMED_OUT:
-        detail = f"timed out after {hook.timeout:g} s: its process group was killed"
+        detail = f"timed out after {hook.timeout:g} s: it and everything it started were killed"
     elif outcome is Outcome.INTERRUPTED:
-        detail = "the forwarder stopped while it ran: its process group was killed"
+        detail = "the forwarder stopped while it ran: it and everything it started were killed"
     elif exit_code < 0:
         try:
             detail = f"killed by signal {signal.Signals(-exit_code).name}"

@@ -1,17 +1,24 @@
-"""The hooks worker: which hooks a transition calls for, their durable queue, and the threads
-that run them, never the poller's.
+"""The hooks worker: which hooks a transition calls for, and the threads that run them, never
+the poller's.
 
-:meth:`HookWorker.observe` is called on the poller's thread with each transition: it picks the
-matching hooks, writes them to the journal as pending (one small SQLite transaction) and
-queues them; it never waits for a hook. Worker threads run the queue: the hooks of one event
-one after another, in the order of the transitions and of the hooks file; up to
-``max_parallel`` events at once, so a slow hook of one event never delays another event's
-(a Preempt gives 30 s notice). At start, :meth:`resume` queues again what the journal shows
-unfinished: hooks a crash, a reboot or a stop cut short run again (at least once); a hook that
-finished never runs again for the same transition.
+:meth:`HookWorker.runs_for` says which hooks a transition calls for (the local actions record
+them in the store, in the same journal transaction as the view that produced them), and
+:meth:`HookWorker.queue` hands them to the threads. The hooks of one event run one after
+another, in the order of the transitions and of the hooks file.
 
-A prepare hook whose event has started or ended by the time its turn comes is skipped (there
-is nothing left to prepare for), and recorded so.
+Scheduled by deadline, so that a Preempt's 30 s are never spent waiting:
+
+- an event that affects this VM (its own) gets a thread of its own as soon as it has work, up
+  to :data:`MAX_OWN_WORKERS` at once (only a few events can affect one VM): the neighbours'
+  hooks can never occupy them;
+- the neighbours' events (``allEvents`` hooks) share :data:`DEFAULT_PARALLEL` threads, each
+  taking the waiting event with the earliest NotBefore first (a Started event, or one whose
+  NotBefore is unknown, before any other).
+
+At start, :meth:`resume` queues again what the store (the journal) shows unfinished: hooks a
+crash, a reboot or a stop cut short run again (at least once); a hook that finished never runs
+again for the same transition. A prepare hook whose event has started or ended by the time its
+turn comes is skipped (there is nothing left to prepare for), and recorded so.
 """
 
 from __future__ import annotations
@@ -22,13 +29,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sebridge.contract.events import Transition
+from sebridge.forwarder.local.containment import reap_orphans
 from sebridge.forwarder.local.hooks_file import Hook, HooksFile
-from sebridge.forwarder.local.journal import Journal, JournalError, Run
+from sebridge.forwarder.local.journal import FAILED, SUCCEEDED, UNFINISHED, Run
 from sebridge.forwarder.local.preparation import Observed, Preparations
 from sebridge.forwarder.local.runner import (
     KILL_GRACE,
@@ -37,10 +45,25 @@ from sebridge.forwarder.local.runner import (
     Outcome,
     run_hook,
 )
+from sebridge.forwarder.local.store import LocalStore
 
 log = logging.getLogger("forwarder.hooks")
 
-DEFAULT_PARALLEL = 4
+DEFAULT_PARALLEL = 2  # threads the neighbours' events share
+MAX_OWN_WORKERS = 8  # threads for this VM's own events at once
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+
+
+class HookRunner(Protocol):
+    def __call__(
+        self,
+        invocation: Invocation,
+        *,
+        now: datetime,
+        cancel: threading.Event | None = None,
+        base_env: Mapping[str, str] | None = None,
+        kill_grace: float = KILL_GRACE,
+    ) -> HookResult: ...
 
 
 @dataclass(frozen=True)
@@ -49,6 +72,18 @@ class _Job:
     hook: Hook
     observed: Observed
 
+    @property
+    def own(self) -> bool:
+        return self.observed.affects_this_vm
+
+    @property
+    def deadline(self) -> datetime:
+        """When the event starts: NotBefore; a Started event or an unknown NotBefore is now."""
+        event = self.observed.event
+        if event.is_started or event.not_before is None:
+            return _EARLIEST
+        return event.not_before
+
 
 class HookWorker:
     name = "hooks"
@@ -56,25 +91,31 @@ class HookWorker:
     def __init__(
         self,
         hooks: HooksFile,
-        journal: Journal,
+        store: LocalStore,
         preparations: Preparations | None = None,
         *,
         max_parallel: int = DEFAULT_PARALLEL,
+        max_own: int = MAX_OWN_WORKERS,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         base_env: Mapping[str, str] | None = None,
         kill_grace: float = KILL_GRACE,
+        runner: HookRunner = run_hook,
     ) -> None:
         self.hooks = hooks
         self.by_name = {hook.name: hook for hook in hooks.hooks}
-        self.journal = journal
+        self.store = store
         self.preparations = preparations
         self.max_parallel = max(1, max_parallel)
+        self.max_own = max(1, max_own)
         self.now = now
         self.base_env = base_env
         self.kill_grace = kill_grace
+        self.runner = runner
         self._queues: dict[str, collections.deque[_Job]] = {}
         self._active: set[str] = set()
+        self._own_threads: dict[str, threading.Thread] = {}
         self._cond = threading.Condition()
+        self._stop: threading.Event | None = None
         self.succeeded = 0
         self.failed = 0
         self.last_failure: str | None = None
@@ -84,16 +125,13 @@ class HookWorker:
         self._outcomes: collections.Counter[tuple[str, str]] = collections.Counter()
 
     # -- on the poller's thread -------------------------------------------------------------
-    def observe(self, observed: Observed) -> int:
-        """Journal and queue the hooks this transition calls for; returns how many. Never
-        raises, never waits for a hook."""
+    def runs_for(self, observed: Observed) -> list[Run]:
+        """The runs this transition calls for, pending, in hooks-file order."""
         hooks = self.hooks.matching(
             observed.transition.value, observed.event.event_type, observed.affects_this_vm
         )
-        if not hooks:
-            return 0
         payload = observed.payload()
-        runs = [
+        return [
             Run(
                 observed.message_id,
                 hook.name,
@@ -104,30 +142,14 @@ class HookWorker:
             )
             for hook in hooks
         ]
-        try:
-            new = self.journal.record(runs)
-        except JournalError as exc:
-            # Run them anyway: a hook not run is worse than one run twice after a crash.
-            log.error("cannot journal hooks for %s (%s): run without a record", observed, exc)
-            new = runs
-        if len(new) < len(runs):
-            log.info(
-                "hooks for %s already recorded (ran or queued before a restart): %s",
-                observed.message_id,
-                sorted({r.hook for r in runs} - {r.hook for r in new}),
-            )
-        self._queue([_Job(run, self.by_name[run.hook], observed) for run in new])
-        return len(new)
+
+    def job(self, run: Run, observed: Observed) -> _Job:
+        return _Job(run, self.by_name[run.hook], observed)
 
     def resume(self) -> int:
-        """Queue what the journal shows unfinished (at start, before the first poll)."""
-        try:
-            runs = self.journal.unfinished()
-        except JournalError as exc:
-            log.error("cannot read the hook journal: %s; nothing resumed", exc)
-            return 0
+        """Queue what the store shows unfinished (at start, before the first poll)."""
         jobs = []
-        for run in runs:
+        for run in self.store.unfinished():
             hook = self.by_name.get(run.hook)
             try:
                 observed = Observed.from_payload(
@@ -150,10 +172,10 @@ class HookWorker:
                 "%d hook run(s) cut short by a stop, crash or reboot: running them again",
                 len(jobs),
             )
-        self._queue(jobs)
+        self.queue(jobs)
         return len(jobs)
 
-    def _queue(self, jobs: list[_Job]) -> None:
+    def queue(self, jobs: list[_Job]) -> None:
         if not jobs:
             return
         with self._cond:
@@ -166,11 +188,24 @@ class HookWorker:
             return sum(len(q) for q in self._queues.values()) + len(self._active)
 
     def preparation_status(self, event_key: str) -> str | None:
-        try:
-            return self.journal.prepare_status(event_key)
-        except JournalError as exc:
-            log.error("cannot read the hook journal: %s", exc)
-            return "pending"  # unknown is not prepared
+        """The prepare hooks of the event's current cause (its latest Scheduled or Updated):
+        ``pending``, ``failed`` or ``succeeded``; None when that cause called for none."""
+        with self.store.lock:
+            record = self.store.preparation(event_key)
+            if record is None or record.cause is None:
+                return None
+            statuses = {
+                run.status
+                for run in self.store.runs.values()
+                if run.prepare and run.message_id == record.cause and run.event_key == event_key
+            }
+        if not statuses:
+            return None
+        if statuses & set(UNFINISHED):
+            return "pending"
+        if statuses & set(FAILED):
+            return "failed"
+        return SUCCEEDED  # succeeded, or skipped: the event started or ended (nothing to do)
 
     def outcome_counts(self) -> dict[tuple[str, str], int]:
         """How many runs of each hook ended with each outcome so far (for the metrics)."""
@@ -183,25 +218,27 @@ class HookWorker:
             return {}
         return {"hooksFailed": self.failed, "lastHookFailure": (self.last_failure or "")[:300]}
 
-    # -- worker threads ---------------------------------------------------------------------
+    # -- threads ----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        """Run hooks until ``stop``; a hook running then is killed and stays unfinished."""
-        helpers = [
-            threading.Thread(target=self._loop, args=(stop,), name=f"hooks-{i}", daemon=True)
-            for i in range(1, self.max_parallel)
+        """Run hooks until ``stop``; a hook running then is killed and stays unfinished. This
+        thread hands each own event with work a thread of its own; the neighbours' pool runs
+        beside it."""
+        self._stop = stop
+        pool = [
+            threading.Thread(target=self._pool_loop, args=(stop,), name=f"hooks-{i}", daemon=True)
+            for i in range(1, self.max_parallel + 1)
         ]
-        helpers.append(
-            threading.Thread(target=self._wake_on, args=(stop,), name="hooks-stop", daemon=True)
-        )
-        for thread in helpers:
+        waker = threading.Thread(target=self._wake_on, args=(stop,), name="hooks-stop", daemon=True)
+        for thread in [*pool, waker]:
             thread.start()
         try:
-            self._loop(stop)
+            self._dispatch(stop)
         finally:
             with self._cond:
                 self._cond.notify_all()
+                own = list(self._own_threads.values())
             deadline = time.monotonic() + 2.0  # together: the forwarder stops within 5 s
-            for thread in helpers:
+            for thread in [*pool, *own]:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _wake_on(self, stop: threading.Event) -> None:
@@ -209,64 +246,140 @@ class HookWorker:
         with self._cond:
             self._cond.notify_all()
 
-    def _next(self, stop: threading.Event) -> _Job | None:
+    def _dispatch(self, stop: threading.Event) -> None:
         with self._cond:
             while not stop.is_set():
-                for key, queue in self._queues.items():
-                    if queue and key not in self._active:
-                        self._active.add(key)
-                        return queue.popleft()
+                waiting = sorted(
+                    (
+                        (queue[0].deadline, key)
+                        for key, queue in self._queues.items()
+                        if queue and key not in self._active and queue[0].own
+                    ),
+                )
+                for _, key in waiting[: max(0, self.max_own - len(self._own_threads))]:
+                    self._active.add(key)
+                    thread = threading.Thread(
+                        target=self._own_loop,
+                        args=(key, stop),
+                        name=f"hooks-own-{key[:8]}",
+                        daemon=True,
+                    )
+                    self._own_threads[key] = thread
+                    thread.start()
+                self._cond.wait(5.0)  # woken by new work, by an own thread ending and by stop
+                reap_orphans()  # zombies of what hooks orphaned, between runs too
+
+    def _own_loop(self, key: str, stop: threading.Event) -> None:
+        """Run one own event's queue to its end, then hand the event back."""
+        try:
+            while not stop.is_set():
+                with self._cond:
+                    queue = self._queues.get(key)
+                    if not queue:
+                        break
+                    job = queue.popleft()
+                self._run_job(job, stop)
+        finally:
+            with self._cond:
+                self._active.discard(key)
+                self._own_threads.pop(key, None)
+                if not self._queues.get(key):
+                    self._queues.pop(key, None)
+                self._cond.notify_all()
+
+    def _next_neighbour(self, stop: threading.Event) -> _Job | None:
+        with self._cond:
+            while not stop.is_set():
+                job = self._take(own=False)
+                if job is not None:
+                    return job
                 self._cond.wait(5.0)  # woken by new work and by stop (_wake_on)
         return None
 
-    def _loop(self, stop: threading.Event) -> None:
-        while (job := self._next(stop)) is not None:
+    def _take(self, *, own: bool | None) -> _Job | None:
+        """The head job of the waiting event with the earliest deadline (under the lock);
+        ``own``: only own events, only neighbours', or (None) any."""
+        candidates = [
+            (queue[0].deadline, key)
+            for key, queue in self._queues.items()
+            if queue and key not in self._active and (own is None or queue[0].own is own)
+        ]
+        if not candidates:
+            return None
+        _, key = min(candidates)
+        self._active.add(key)
+        return self._queues[key].popleft()
+
+    def _pool_loop(self, stop: threading.Event) -> None:
+        while (job := self._next_neighbour(stop)) is not None:
             try:
-                self._run(job, stop)
-            except Exception:
-                log.exception("hook %s for %s: worker failed", job.hook.name, job.run.message_id)
+                self._run_job(job, stop)
             finally:
-                with self._cond:
-                    self._active.discard(job.run.event_key)
-                    if not self._queues.get(job.run.event_key):
-                        self._queues.pop(job.run.event_key, None)
-                    self._cond.notify_all()
+                self._release(job.run.event_key)
+
+    def _release(self, key: str) -> None:
+        with self._cond:
+            self._active.discard(key)
+            if not self._queues.get(key):
+                self._queues.pop(key, None)
+            self._cond.notify_all()
+
+    def drain(self, stop: threading.Event | None = None) -> int:
+        """Run everything queued on the calling thread, earliest deadline first, until nothing
+        is left (a deterministic order, for in-process crash tests); returns how many ran."""
+        stop = stop or threading.Event()
+        count = 0
+        while not stop.is_set():
+            with self._cond:
+                job = self._take(own=None)
+            if job is None:
+                return count
+            try:
+                self._run_job(job, stop)
+            finally:
+                self._release(job.run.event_key)
+            count += 1
+        return count
+
+    def _run_job(self, job: _Job, stop: threading.Event) -> None:
+        try:
+            self._run(job, stop)
+        except Exception:
+            log.exception("hook %s for %s: worker failed", job.hook.name, job.run.message_id)
 
     def _too_late(self, job: _Job) -> str | None:
         if not job.hook.prepare:
             return None
-        try:
-            record = self.journal.preparation(job.run.event_key)
-        except JournalError:
-            return None
+        record = self.store.preparation(job.run.event_key)
         if record is None:
             return None
         if record.ended:
             return "the event ended before its turn came"
         status = record.payload.get("event", {}).get("EventStatus")
-        if isinstance(status, str) and status.lower() == "started":
+        if isinstance(status, str) and status.strip().lower() == "started":
             return "the event started before its turn came"
         return None
 
     def _run(self, job: _Job, stop: threading.Event) -> None:
-        run, hook = job.run, job.hook
+        hook = job.hook
+        run = self.store.run(job.run.key) or job.run
+        if run.finished:
+            return  # finished meanwhile (queued twice by a resume and a derivation)
         late = self._too_late(job)
         if late:
             log.warning("prepare hook %s for %s skipped: %s", hook.name, run.message_id, late)
             self._finish(run, "skipped", late)
             return
-        try:
-            attempt = self.journal.start(run.message_id, hook.name)
-        except JournalError as exc:
-            log.error("cannot journal the start of hook %s: %s", hook.name, exc)
-            attempt = run.attempts + 1
+        run = replace(run, status="running", attempts=run.attempts + 1)
+        self.store.update_run(run)
+        self.store.flush()  # when it fails, the run still goes: at least once
         invocation = Invocation(
             hook,
             run.transition,
             run.message_id,
             job.observed.event,
             job.observed.observer.vm_name,
-            attempt,
+            run.attempts,
         )
         me = threading.current_thread().name
         self.running[me] = f"{hook.name} for {run.message_id}"
@@ -274,11 +387,11 @@ class HookWorker:
             "hook %s starting for %s (attempt %d)",
             hook.name,
             run.message_id,
-            attempt,
+            run.attempts,
             extra={"hook": hook.name, "messageId": run.message_id},
         )
         try:
-            result = run_hook(
+            result = self.runner(
                 invocation,
                 now=self.now(),
                 cancel=stop,
@@ -290,7 +403,7 @@ class HookWorker:
         self._report(run, hook, result)
         if result.outcome is Outcome.INTERRUPTED:
             self._count(run.hook, result.outcome.value)
-            return  # left "running" in the journal: it runs again after the restart
+            return  # left "running": it runs again after the restart
         self._finish(run, result.outcome.value, result.detail)
         if hook.prepare and self.preparations is not None:
             self.preparations.check(run.event_key)
@@ -301,14 +414,12 @@ class HookWorker:
 
     def _finish(self, run: Run, status: str, detail: str) -> None:
         self._count(run.hook, status)
-        try:
-            self.journal.finish(run.message_id, run.hook, status, detail)
-        except JournalError as exc:
+        self.store.update_run(replace(run, status=status, detail=detail[:1000]))
+        if not self.store.flush():
             log.error(
-                "cannot journal the end of hook %s for %s (%s): it may run again after a restart",
+                "cannot journal the end of hook %s for %s: it may run again after a restart",
                 run.hook,
                 run.message_id,
-                exc,
             )
 
     def _report(self, run: Run, hook: Hook, result: HookResult) -> None:

@@ -1,49 +1,490 @@
-"""The forwarder's small HTTP servers (/metrics and /healthz, the drain probe), bounded.
+"""The one way the forwarder serves HTTP on the VM: the drain probe, /metrics and /healthz.
 
-Both answer a load balancer or a scraper on the VM itself: a request at a time is the norm, but
-nothing outside must be able to make the forwarder start a thread per connection (its systemd
-unit has a TasksMax). At most ``max_connections`` requests are served at once; one more is
-closed at once, unanswered (the prober or scraper retries at its next interval), and the
-listen backlog is as short.
+A local user (and, for the drain probe, anyone the network lets in) can reach these ports, so
+the server has to stay answerable under attack; the bind address is no defence (the load
+balancer must reach the probe). The design, and what each part defends against:
+
+- One event-loop thread (asyncio) per server, not a thread per connection: a thousand idle
+  connections cost memory, not threads (the unit has a TasksMax).
+- One deadline per request, from accept to the end of the answer (:data:`DEADLINE`): a client
+  that sends a byte every few seconds, or nothing, is dropped when it passes, however often
+  it sends. A load balancer's probe is a tiny request sent at once.
+- At most ``max_connections`` at once; one more and a connection still waiting for its request
+  is dropped to make room: first one the peer has already reset or closed, then the oldest one
+  open for at least :data:`SETTLE` s (slow or idle), then a fresh one that has sent part of a
+  request; never one whose whole request is in, read or waiting in the kernel's buffer
+  (peeked): a well-formed client sends it at once. When every one is fresh (a burst after the
+  machine stalled), up to twice as many are let in before the oldest is dropped.
+  A new connection is never refused unanswered, so neither slow clients nor a flood of new
+  connections can crowd a well-formed one out.
+- The answer is computed by ``handler`` on a small thread pool, within what is left of the
+  deadline: a slow handler delays nobody else's request, and its client gets 503.
+- Every error (timeout, eviction, a request that is not HTTP, a reset, a failing handler) is
+  counted by reason (:data:`ERROR_REASONS`, for the metrics) and logged through ``logging``
+  only, at most once per reason per :data:`LOG_EVERY` seconds with a count of the rest: a flood
+  cannot flood the journal, and nothing is ever printed to stderr past the log formatter.
+
+Each request gets one answer and the connection is closed (``Connection: close``). GET and HEAD
+reach the handler; any other method gets 501.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import re
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
+DEADLINE = 2.0  # seconds from accept to the end of the answer
+# Per server, at once (up to twice as many for a moment, when all are fresh): two servers stay
+# well within the 1,024 descriptors a service gets by default.
+MAX_CONNECTIONS = 128
+SETTLE = 0.25  # seconds: a connection younger than this is dropped to make room only if need be
+PEEK_AT_MOST = 16  # connections looked into to choose the one dropped
+MAX_HEAD = 8192  # bytes of request line and headers
+LOG_EVERY = 60.0  # seconds: at most one log line per error reason in this time
+HANDLER_THREADS = 2
+WRITE_RESERVE = 0.2  # seconds of the deadline kept for writing the answer
+ERROR_REASONS = ("timeout", "evicted", "bad-request", "reset", "handler", "internal")
+_DESCRIBE = {
+    "timeout": "a client did not send its request within the deadline (slow or idle)",
+    "evicted": "a client still sending its request was dropped to make room for a new one",
+    "bad-request": "a client sent something that is not an HTTP request",
+    "reset": "a client reset or closed its connection before the answer was out",
+    "handler": "the answer could not be computed in time, or failed (503 sent)",
+    "internal": "the server's event loop reported an error",
+}
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) (\S{1,4096}) HTTP/(\d)\.(\d)")
 
-class BoundedHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+
+@dataclass(frozen=True)
+class Request:
+    method: str  # GET or HEAD
+    target: str  # as sent (path and query)
+    client: str  # the peer's address
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+Handler = Callable[[Request], Response]
+
+
+class ErrorLog:
+    """Counts errors by reason; logs the first of each reason at once, then at most one line per
+    ``every`` seconds with how many more there were (see :meth:`flush`)."""
 
     def __init__(
         self,
+        logger: logging.Logger,
+        server: str,
+        *,
+        every: float = LOG_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.server = server
+        self.every = every
+        self.clock = clock
+        self.counts: Counter[str] = Counter({reason: 0 for reason in ERROR_REASONS})
+        self._pending: Counter[str] = Counter()
+        self._logged_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def record(
+        self, reason: str, detail: str = "", *, exc_info: BaseException | None = None
+    ) -> None:
+        now = self.clock()
+        with self._lock:
+            self.counts[reason] += 1
+            last = self._logged_at.get(reason)
+            if last is not None and now - last < self.every:
+                self._pending[reason] += 1
+                return
+            self._logged_at[reason] = now
+        self.logger.warning(
+            "%s: %s%s; more of these are summed up every %g s",
+            self.server,
+            _DESCRIBE[reason],
+            f" ({detail})" if detail else "",
+            self.every,
+            exc_info=exc_info,
+        )
+
+    def flush(self) -> None:
+        """Log how many errors of each reason came since its last line, once ``every`` seconds
+        have passed since that line."""
+        now = self.clock()
+        due: list[tuple[str, int]] = []
+        with self._lock:
+            for reason, count in list(self._pending.items()):
+                if count and now - self._logged_at.get(reason, -self.every) >= self.every:
+                    due.append((reason, count))
+                    self._logged_at[reason] = now
+                    del self._pending[reason]
+        for reason, count in due:
+            self.logger.warning(
+                "%s: %d more in the last %g s: %s",
+                self.server,
+                count,
+                self.every,
+                _DESCRIBE[reason],
+            )
+
+    @property
+    def pending(self) -> bool:
+        """Whether some errors wait to be summed up by :meth:`flush`."""
+        with self._lock:
+            return bool(self._pending)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+def _peek(transport: asyncio.BaseTransport) -> bytes | None:
+    """What waits in the kernel's buffer of a connection, not yet read (up to MAX_HEAD bytes);
+    None when the peer has reset or closed it."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        with sock.dup() as dup:
+            data: bytes = dup.recv(MAX_HEAD, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return b""
+    except OSError:
+        return None
+    return data or None
+
+
+class HttpServer:
+    """Binds at once (a port in use fails the start, clearly); :meth:`serve` or :meth:`start`
+    serves until :meth:`close`."""
+
+    def __init__(
+        self,
+        name: str,
         address: str,
         port: int,
-        handler: type[BaseHTTPRequestHandler],
+        handler: Handler,
         *,
-        max_connections: int,
+        logger: logging.Logger,
+        deadline: float = DEADLINE,
+        max_connections: int = MAX_CONNECTIONS,
+        log_every: float = LOG_EVERY,
     ) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self.request_queue_size = max_connections
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__((address, port), handler)
+        self.name = name
+        self.handler = handler
+        self.deadline = deadline
+        self.max_connections = max_connections
+        self.errors = ErrorLog(logger, name, every=log_every)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self._sock = socket.create_server(
+            (address, port), family=family, backlog=2 * max_connections
+        )
+        self._sock.setblocking(False)
+        host, bound, *_ = self._sock.getsockname()
+        self.address = (str(host), int(bound))
+        self.connections: dict[_Connection, None] = {}  # open ones, in accept order
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._closed = False
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # too many at once: the client retries
+    # -- lifecycle (any thread) -------------------------------------------------------------
+    def start(self) -> None:
+        """Serve on a thread of its own."""
+        if self._thread is not None:
             return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(started,), name=f"{self.name}-http", daemon=True
+        )
+        self._thread.start()
+        started.wait(5.0)
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def serve(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set."""
+        self.start()
         try:
-            super().process_request_thread(request, client_address)
+            stop.wait()
         finally:
-            self._slots.release()
+            self.close()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop serving: the listening socket and every connection are closed."""
+        loop, stopping, thread = self._loop, self._stopping, self._thread
+        if loop is not None and stopping is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop has just ended by itself
+                loop.call_soon_threadsafe(stopping.set)
+        if thread is not None:
+            thread.join(timeout)
+        if not self._closed:
+            self._closed = True
+            self._sock.close()
+
+    def error_counts(self) -> dict[str, int]:
+        """Errors so far by reason (every reason, zero or not)."""
+        return self.errors.snapshot()
+
+    # -- the loop thread --------------------------------------------------------------------
+    def _run(self, started: threading.Event) -> None:
+        try:
+            asyncio.run(self._main(started))
+        except Exception as exc:  # noqa: BLE001 - logged, never printed: the server just stops
+            self.errors.record("internal", f"{type(exc).__name__}: {exc}", exc_info=exc)
+        finally:
+            started.set()
+
+    async def _main(self, started: threading.Event) -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_error)
+        self._loop = loop
+        self._stopping = asyncio.Event()
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            HANDLER_THREADS, thread_name_prefix=f"{self.name}-answer"
+        )
+        server = await loop.create_server(
+            lambda: _Connection(self), sock=self._sock, backlog=2 * self.max_connections
+        )
+        started.set()
+        try:
+            await self._stopping.wait()
+        finally:
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            server.close()  # and the listening socket with it
+            self._closed = True
+            for conn in list(self.connections):
+                conn.drop()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def record(
+        self, reason: str, detail: str = "", *, exc_info: BaseException | None = None
+    ) -> None:
+        """Count and log an error (on the loop's thread); the rest of a flood is summed up by
+        a timer set only while something waits to be (an idle server never wakes up)."""
+        self.errors.record(reason, detail, exc_info=exc_info)
+        if self._flush_handle is None and self._loop is not None and self.errors.pending:
+            self._flush_handle = self._loop.call_later(self.errors.every, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        self.errors.flush()
+        if self.errors.pending and self._loop is not None:
+            self._flush_handle = self._loop.call_later(self.errors.every, self._flush)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        self.record(
+            "internal",
+            str(context.get("message", "")),
+            exc_info=exc if isinstance(exc, BaseException) else None,
+        )
+
+    def admit(self, conn: _Connection) -> bool:
+        """Make room for ``conn`` (see the module), then count it in; False when it was reset
+        before it could be (a flood of resets then costs one look each, and no room)."""
+        if len(self.connections) >= self.max_connections // 2 and _peek(conn.transport) is None:
+            return False
+        while len(self.connections) >= self.max_connections:
+            victim = self._victim(conn.accepted)
+            if victim is None:
+                if len(self.connections) < 2 * self.max_connections:
+                    break  # only fresh connections: let them have their chance, up to a point
+                victim = next(
+                    (c for c in self.connections if c.request is None), next(iter(self.connections))
+                )
+            victim.evicted = True
+            self.record("evicted")
+            victim.drop()
+        self.connections[conn] = None
+        return True
+
+    def _victim(self, now: float) -> _Connection | None:
+        """The connection to drop for a new one: among the oldest that have not sent their
+        whole request, one the peer has reset or closed, else one open for SETTLE seconds
+        (slow or idle), else a fresh one that has sent part of a request but not all of it.
+        Never one whose whole request waits in the kernel's buffer; None when there is none."""
+        fresh_partial = None
+        waiting = (c for c in self.connections if c.request is None)
+        for candidate in itertools.islice(waiting, PEEK_AT_MOST):
+            unread = _peek(candidate.transport)
+            if unread is None:
+                return candidate
+            sent = bytes(candidate.head) + unread
+            if b"\r\n\r\n" in sent:
+                continue
+            if candidate.accepted <= now - SETTLE:
+                return candidate
+            if sent and fresh_partial is None:
+                fresh_partial = candidate
+        return fresh_partial
+
+
+class _Connection(asyncio.Protocol):
+    """One connection: its request head is gathered as it arrives (so the server always knows
+    which connections have sent theirs), answered once, and the connection closed; at the
+    deadline it is dropped, whatever it is doing."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.accepted = time.monotonic()
+        self.head = bytearray()
+        self.request: Request | None = None  # once the whole head is in
+        self.evicted = False
+        self.done = False  # answered, or dropped
+        self.client = "?"
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set at once
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._flushed: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(
+            loop.time() + self.server.deadline - (time.monotonic() - self.accepted), self._expire
+        )
+        # Nothing is buffered above the kernel's: once the answer is handed over, it is out.
+        transport.set_write_buffer_limits(high=0)
+        if not self.server.admit(self):
+            self.server.record("reset", self.client)
+            self.drop()
+
+    def data_received(self, data: bytes) -> None:
+        if self.request is not None or self.done:
+            return  # a body, or a pipelined request: not read (one answer, then close)
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.head) > MAX_HEAD:
+                self._refuse(f"{self.client}: request head over {MAX_HEAD} bytes")
+            return
+        line = bytes(self.head[: self.head.find(b"\r\n")])
+        match = _REQUEST_LINE.fullmatch(line)
+        if match is None or match.group(3) != b"1":
+            self._refuse(self.client)
+            return
+        method, target = match.group(1).decode("ascii"), match.group(2).decode("latin-1")
+        self.request = Request(method, target, self.client)
+        self._task = asyncio.get_running_loop().create_task(self._respond(self.request))
+
+    def eof_received(self) -> bool:
+        # Half-closed after its whole request: the answer still goes out. Before: close (a
+        # connection that sent nothing at all is a TCP check, not an error).
+        return self.request is not None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done and not self.evicted and (self.head or exc is not None):
+            self.server.record("reset", self.client)  # before its answer was out
+        self.done = True
+        self._finish()
+        if self._flushed is not None and not self._flushed.done():
+            self._flushed.set_result(None)
+
+    def resume_writing(self) -> None:
+        if self._flushed is not None and not self._flushed.done():
+            self._flushed.set_result(None)
+
+    # -- the exchange -----------------------------------------------------------------------
+    async def _respond(self, request: Request) -> None:
+        if request.method not in ("GET", "HEAD"):
+            response = Response(501, b"not implemented\n", headers=(("Allow", "GET, HEAD"),))
+        else:
+            response = await self._answer(request)
+        if self.done:
+            return
+        self.transport.write(_encode(response, head_only=request.method == "HEAD"))
+        if self.transport.get_write_buffer_size():  # the client reads slowly: wait, up to the
+            self._flushed = asyncio.get_running_loop().create_future()  # deadline
+            await self._flushed
+        if not self.done:
+            self.done = True
+            self.transport.close()
+            self._finish()
+
+    async def _answer(self, request: Request) -> Response:
+        loop = asyncio.get_running_loop()
+        assert self.server.pool is not None
+        budget = self.accepted + self.server.deadline - WRITE_RESERVE - time.monotonic()
+        try:
+            future = loop.run_in_executor(self.server.pool, self.server.handler, request)
+            return await asyncio.wait_for(future, timeout=max(0.0, budget))
+        except TimeoutError:
+            self.server.record("handler", "no answer in time")
+        except Exception as exc:  # noqa: BLE001 - the handler's failure: logged, 503 sent
+            self.server.record("handler", f"{type(exc).__name__}: {exc}", exc_info=exc)
+        return Response(503, b"unavailable\n")
+
+    def _refuse(self, detail: str) -> None:
+        self.server.record("bad-request", detail)
+        self.done = True
+        self.transport.write(_encode(Response(400, b"bad request\n"), head_only=False))
+        self.transport.close()
+        self._finish()
+
+    def _expire(self) -> None:
+        if self.done:
+            return
+        self.server.record("timeout", self.client)
+        self.drop()
+
+    def drop(self) -> None:
+        """Abort the connection now (deadline, eviction, stop)."""
+        self.done = True
+        self.transport.abort()
+        self._finish()
+
+    def _finish(self) -> None:
+        self.server.connections.pop(self, None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
+
+def _encode(response: Response, *, head_only: bool) -> bytes:
+    try:
+        reason = HTTPStatus(response.status).phrase
+    except ValueError:
+        reason = "Status"
+    lines = [
+        f"HTTP/1.1 {response.status} {reason}",
+        f"Content-Type: {response.content_type}",
+        f"Content-Length: {len(response.body)}",
+        "Cache-Control: no-store",
+        "Connection: close",
+        "Server: sebridge",
+        *(f"{name}: {value}" for name, value in response.headers),
+    ]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if head_only else head + response.body

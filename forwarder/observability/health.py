@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sebridge.imds import isoformat_utc
+from sebridge.imds import Document, isoformat_utc
 
 
 @dataclass(frozen=True)
@@ -66,16 +66,53 @@ class ConditionLog:
         self.level = level
         self.current: str | None = None
 
-    def report(self, text: str) -> bool:
-        """True when the line was logged at ``level`` (the condition is new or changed)."""
+    def report(self, text: str, level: int | None = None) -> bool:
+        """True when the line was logged at ``level`` (this log's own unless given): the
+        condition is new or changed."""
         if text == self.current:
             self.logger.debug("%s (still)", text)
             return False
         self.current = text
-        self.logger.log(self.level, "%s", text)
+        self.logger.log(self.level if level is None else level, "%s", text)
         return True
 
     def clear(self, text: str) -> None:
         if self.current is not None:
             self.current = None
             self.logger.info("%s", text)
+
+
+class OddValueLog:
+    """Logs what reading a document normalised (``ScheduledEvent.warnings``), once per event
+    and field while the event is in the documents, not at every poll: one odd IMDS value is
+    said, and never floods the log."""
+
+    DOCUMENT = ""  # the key of the document's own warnings (DocumentIncarnation)
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._said: dict[str, frozenset[str]] = {}
+
+    def document(self, document: Document) -> int:
+        """Log the document's new warnings; returns how many lines were logged."""
+        logged = 0
+        present: dict[str, frozenset[str]] = {}
+        sources: list[tuple[str, str, tuple[str, ...]]] = [
+            (self.DOCUMENT, "IMDS document", document.warnings)
+        ]
+        sources += [
+            (event.key, f"IMDS event {event.event_id}", event.warnings) for event in document.events
+        ]
+        for key, what, warnings in sources:
+            if not warnings:
+                continue
+            said = self._said.get(key, frozenset())
+            for line in warnings:
+                if line not in said:
+                    self.logger.warning(
+                        "%s: odd value normalised: %s", what, line, extra={"eventId": key or None}
+                    )
+                    logged += 1
+            present[key] = said | frozenset(warnings)
+        self._said = present
+        return logged

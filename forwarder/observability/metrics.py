@@ -23,8 +23,7 @@ import logging
 import math
 import platform
 import threading
-from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -42,7 +41,7 @@ from prometheus_client.registry import Collector
 
 from sebridge import __version__
 from sebridge.contract.events import Transition
-from sebridge.forwarder.net.server import BoundedHTTPServer
+from sebridge.forwarder.net.server import ERROR_REASONS, HttpServer, Request, Response
 from sebridge.forwarder.observability.health import Health
 from sebridge.forwarder.observability.observations import (
     COMMAND_OUTCOMES,
@@ -76,8 +75,8 @@ POLLED_TRANSITIONS = tuple(
 # How a hook run can end (hook_runner.Outcome, and "skipped": a prepare hook whose event had
 # started or ended before its turn); every hook has a series for each from the start.
 HOOK_OUTCOMES = ("succeeded", "failed", "timed-out", "not-started", "interrupted", "skipped")
-MAX_CONNECTIONS = 8
-REQUEST_TIMEOUT = 5.0
+# The forwarder's HTTP servers, each with a series for every error reason from the start.
+HTTP_SERVERS = ("metrics", "drain-probe")
 
 
 def _seconds(moment: Any) -> float:
@@ -151,6 +150,12 @@ class Metrics:
         Info(f"{PREFIX}_build", "The forwarder's version", registry=r).info(
             {"version": __version__, "python": platform.python_version()}
         )
+        self._http_errors = _HttpErrors()
+        r.register(self._http_errors)
+
+    def watch_http(self, server: str, errors: Callable[[], dict[str, int]]) -> None:
+        """Count ``server``'s errors (one of :data:`HTTP_SERVERS`), read when scraped."""
+        self._http_errors.sources[server] = errors
 
     def watch_local(self, hooks: HookWorker | None, probe: DrainProbe | None) -> None:
         """The local actions' metrics (``--hooks-file``, ``--drain-probe-port``), read when
@@ -171,6 +176,7 @@ class Metrics:
                 registry=r,
             ).set_function(lambda: 1.0 if probe.draining else 0.0)
             r.register(_ProbeAnswers(probe))
+            self.watch_http("drain-probe", probe.http_errors)
 
     # -- LoopListener -----------------------------------------------------------------------
     def transitions_recorded(self, envelopes: Any) -> None:
@@ -237,6 +243,27 @@ class _ProbeAnswers(Collector):
         yield family
 
 
+class _HttpErrors(Collector):
+    def __init__(self) -> None:
+        self.sources: dict[str, Callable[[], dict[str, int]]] = {}
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            f"{PREFIX}_http_errors",
+            "Errors of the forwarder's HTTP servers (slow, idle, evicted or resetting clients, "
+            "requests that are not HTTP, answers not computed in time), by server and reason",
+            labels=["server", "reason"],
+        )
+        for server in HTTP_SERVERS:
+            source = self.sources.get(server)
+            if source is None:
+                continue
+            counts = source()
+            for reason in ERROR_REASONS:
+                family.add_metric([server, reason], float(counts.get(reason, 0)))
+        yield family
+
+
 def _depth(health: Health) -> float:
     return math.nan if health.outbox_depth is None else float(health.outbox_depth)
 
@@ -253,13 +280,13 @@ class MetricsServer:
                 address,
             )
         try:
-            self.server = _Server(address, port, self)
+            self.server = HttpServer("metrics", address, port, self._handle, logger=log)
         except (OSError, ValueError) as exc:
             raise MetricsError(
                 f"metrics endpoint cannot listen on {address}:{port}: {exc}"
             ) from exc
-        host, bound, *_ = self.server.server_address
-        self.address = (str(host), int(bound))
+        self.address = self.server.address
+        metrics.watch_http("metrics", self.server.error_counts)
 
     def healthz(self) -> tuple[int, bytes]:
         reasons = self.metrics.observations.assess()
@@ -268,67 +295,17 @@ class MetricsServer:
             body["reasons"] = reasons
         return (503 if reasons else 200), json.dumps(body).encode("utf-8")
 
+    def _handle(self, request: Request) -> Response:
+        if request.path == "/metrics":
+            return Response(200, self.metrics.exposition(), CONTENT_TYPE_LATEST)
+        if request.path == "/healthz":
+            status, body = self.healthz()
+            return Response(status, body, "application/json")
+        return Response(404, b"not found\n")
+
     def serve(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (a worker of :meth:`Forwarder.run`)."""
-        thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 1.0}, name="metrics-http"
-        )
-        thread.daemon = True
-        thread.start()
-        try:
-            stop.wait()
-        finally:
-            self.server.shutdown()
-            self.server.server_close()
-            thread.join(timeout=2.0)
+        self.server.serve(stop)
 
     def close(self) -> None:
-        self.server.server_close()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "sebridge-metrics"
-    sys_version = ""
-    timeout = REQUEST_TIMEOUT
-
-    def _reply(self, status: int, content_type: str, body: bytes, *, send_body: bool) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if send_body:
-            self.wfile.write(body)
-
-    def _answer(self, send_body: bool) -> None:
-        path = self.path.split("?", 1)[0]
-        owner = self.server.owner
-        try:
-            if path == "/metrics":
-                self._reply(
-                    200, CONTENT_TYPE_LATEST, owner.metrics.exposition(), send_body=send_body
-                )
-            elif path == "/healthz":
-                status, body = owner.healthz()
-                self._reply(status, "application/json", body, send_body=send_body)
-            else:
-                self._reply(404, "text/plain; charset=utf-8", b"not found\n", send_body=send_body)
-        except Exception:
-            log.exception("metrics request %s failed", path)
-            self._reply(500, "text/plain; charset=utf-8", b"error\n", send_body=send_body)
-
-    def do_GET(self) -> None:
-        self._answer(send_body=True)
-
-    def do_HEAD(self) -> None:
-        self._answer(send_body=False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("metrics %s: " + format, self.client_address[0], *args)
-
-
-class _Server(BoundedHTTPServer):
-    def __init__(self, address: str, port: int, owner: MetricsServer) -> None:
-        self.owner = owner
-        super().__init__(address, port, _Handler, max_connections=MAX_CONNECTIONS)
+        self.server.close()

@@ -33,6 +33,7 @@ from sebridge.forwarder.observability.observations import assess
 from sebridge.forwarder.observability.status_file import STATUS_FILE, WRITE_EVERY
 from sebridge.forwarder.state import MAX_STATE_BYTES, STATE_FILE, ForwarderState
 from sebridge.imds import isoformat_utc
+from sebridge.text import printable
 
 EXIT_HEALTHY, EXIT_DEGRADED, EXIT_NO_STATE = 0, 1, 2
 MAX_STATUS_BYTES = 1024 * 1024
@@ -251,12 +252,19 @@ def _ago(value: object, now: datetime) -> str:
 
 
 def render(report: Report, now: datetime) -> str:
+    """The report for a person: one field per line, and every line shown with its control,
+    escape and bidi characters escaped (event fields, errors and reasons come from IMDS, from
+    commands and from files anyone could have damaged)."""
+    return "\n".join(printable(line) for line in _lines(report, now))
+
+
+def _lines(report: Report, now: datetime) -> list[str]:
     data = report.to_json()
     fw = data["forwarder"]
     lines = [f"{report.verdict.upper()}  state directory {report.state_dir}"]
     lines += [f"  ! {reason}" for reason in data["reasons"]]
     if report.no_state:
-        return "\n".join(lines)
+        return lines
     running = {True: "running", False: "not running", None: "unknown"}[report.running]
     lines.append(f"forwarder: pid {fw['pid']} ({running}), version {fw['version']}")
     last_poll = fw.get("lastPoll") or {}
@@ -283,7 +291,7 @@ def render(report: Report, now: datetime) -> str:
             lines.append(
                 f"  {item.get('eventId')}: {item.get('outcome')}{reason} at {item.get('at')}"
             )
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,9 +54,11 @@ from functions.shared import scope as trust
 from functions.shared.drain_plan import DrainPlan
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
+    ActionRecorder,
     ArmClient,
     ArmDocument,
     MomentScheduler,
+    NoActions,
     PermissionDenied,
     PoolLease,
     PoolStore,
@@ -276,6 +278,8 @@ class LbPools:
     # drain at first sight) and when (APPROVAL_POLICY leadSeconds, functions.shared.drain_plan).
     scheduler: MomentScheduler | None = None
     plan: DrainPlan = field(default_factory=lambda: DrainPlan(Policy(rules=()), True))
+    # What reaches no topic, for the event's history (functions/history): the VMs put back.
+    actions: ActionRecorder = field(default_factory=NoActions)
 
     @property
     def guarded(self) -> bool:
@@ -905,6 +909,10 @@ class LbPools:
             failures = self._restore_all(vms, outcome, restored, event_id=event.key, now=now)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
+        if outcome.changed:
+            self.actions.record(
+                verified, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
+            )
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=event.key)
         self._report_not_restored(verified, outcome)

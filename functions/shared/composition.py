@@ -18,6 +18,13 @@ from typing import Any
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
+from functions.history.core import (
+    History,
+    HistoryStore,
+    PendingEntries,
+    PurgeSchedule,
+    StoreRecorder,
+)
 from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, PoolKey, Verdict
 from functions.lb_pools.guard import CapacityGuard
 from functions.shared import seal
@@ -25,17 +32,20 @@ from functions.shared.batching import Batcher, side_by_side
 from functions.shared.drain_plan import DrainPlan
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
+    ActionRecorder,
     ArmClient,
     Clock,
     CommandSender,
     HeartbeatStore,
     MomentScheduler,
+    NoActions,
     PoolStore,
     TeamsPoster,
     TopicPublisher,
 )
 from functions.shared.scope import TrustRules
 from functions.shared.settings import Settings, load_settings
+from functions.shared.transient import RetryWindow
 from functions.webhooks.ports import WebhookPoster
 
 log = logging.getLogger("sebridge.functions")
@@ -67,6 +77,13 @@ class Dependencies:
     # One per process: lb-pools decisions on the same pools, from concurrent invocations, are
     # taken together under one lease (functions.lb_pools.core, functions.shared.batching).
     pool_decisions: Batcher[PoolKey, DrainRequest, Verdict] = field(default_factory=Batcher)
+    history_store: HistoryStore | None = None  # only with HistorySubscriptionName
+    # One per process: the history's retention runs at most once per interval per process.
+    history_purges: PurgeSchedule = field(default_factory=PurgeSchedule)
+    # One per process: actions lb-pools could not record while the table was down.
+    history_pending: PendingEntries = field(default_factory=PendingEntries)
+    # How long one history write rides out storage faults (functions.shared.transient).
+    history_window: RetryWindow = field(default_factory=RetryWindow)
 
     @property
     def trust(self) -> TrustRules:
@@ -97,12 +114,32 @@ class Dependencies:
             alerts=self.teams,
             scheduler=self.moments,
             plan=self.drain_plan,
+            actions=self.actions,
         )
 
     @property
     def drain_plan(self) -> DrainPlan:
         """When lb-pools drains an event (it schedules by it; cards and webhooks say it)."""
         return DrainPlan(self.settings.policy, bool(self.settings.drain_moments_queue), self.impact)
+
+    @property
+    def history(self) -> History:
+        if self.history_store is None:
+            raise RuntimeError("the history is not enabled (HistorySubscriptionName)")
+        return History(
+            self.history_store,
+            timedelta(days=self.settings.history_retention_days),
+            self.history_purges,
+            window=self.history_window,
+            pending=self.history_pending,
+        )
+
+    @property
+    def actions(self) -> ActionRecorder:
+        """Where lb-pools records what reaches no topic: the history, when it is on."""
+        if self.history_store is None:
+            return NoActions()
+        return StoreRecorder(self.history, "lb-pools")
 
     @property
     def impact(self) -> ImpactRules:
@@ -212,6 +249,10 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         parts["event_state"] = BlobEventStateStore(
             config.eventgrid_state_url, credential, session=session
         )
+    if config.history_subscription and "history_store" not in overrides:
+        from functions.adapters.history_table import TableHistoryStore
+
+        parts["history_store"] = TableHistoryStore(config.history_table_url, credential)
     if config.pool_state_url and "pools" not in overrides:
         parts["pools"] = BlobPoolStore(config.pool_state_url, credential, session=session)
     parts.update(overrides)

@@ -10,10 +10,13 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sebridge.contract.commands import ApproveCommand
 from sebridge.contract.events import Envelope
+
+if TYPE_CHECKING:  # verified.py imports this module (ArmClient)
+    from functions.shared.verified import VerifiedMessage
 
 
 class Clock(Protocol):
@@ -181,3 +184,23 @@ class PoolStore(Protocol):
         """Change the event's record: ``change`` edits a copy in place and says whether it
         changed anything; written under the record's ETag (a concurrent write makes it read
         and change again), so no writer loses another's change."""
+
+
+class ActionRecorder(Protocol):
+    """What a workflow did that reaches no topic (lb-pools putting VMs back), for the event's
+    history (functions/history), in the verified scope of the message that caused it.
+    Recording never fails the caller: an adapter retries a storage fault for a while, then
+    keeps the action to write later and logs it."""
+
+    def record(
+        self, verified: VerifiedMessage, action: str, at: datetime, details: Mapping[str, Any]
+    ) -> None: ...
+
+
+class NoActions:
+    """The default :class:`ActionRecorder`: the history is off, nothing is recorded."""
+
+    def record(
+        self, verified: VerifiedMessage, action: str, at: datetime, details: Mapping[str, Any]
+    ) -> None:
+        return None

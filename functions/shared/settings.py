@@ -54,16 +54,20 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "LB_MIN_HEALTHY",
     "LB_MAX_UNAVAILABLE",
     "LB_POOL_BUDGETS",
+    "HistorySubscriptionName",
+    "HISTORY_RETENTION_DAYS",
+    "CALENDAR_WINDOW_DAYS",
 )
 # Read but never set by the Bicep: a local emulator connection string, and what the platform
 # sets by itself (WEBSITE_HOSTNAME for the approval link, the host storage account name for the
-# heartbeat store and pool state defaults); LB_POOL_STATE_URL only where there is no host
-# storage account to default to (local runs).
+# heartbeat store and pool state defaults); LB_POOL_STATE_URL and HISTORY_TABLE_URL only where
+# there is no host storage account to default to (local runs).
 LOCAL_OR_PLATFORM_SETTING_NAMES: tuple[str, ...] = (
     "ServiceBusConnection",
     "WEBSITE_HOSTNAME",
     "AzureWebJobsStorage__accountName",
     "LB_POOL_STATE_URL",
+    "HISTORY_TABLE_URL",
 )
 
 DEFAULT_ARM_ENDPOINT = "https://management.azure.com"
@@ -74,6 +78,9 @@ DEFAULT_MIN_HEALTHY = 1
 MIN_SIGNING_KEY_LENGTH = 32
 KNOWN_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 EVENTGRID_STATE_CONTAINER = "sebridge-eventgrid-state"
+HISTORY_TABLE = "sebridgehistory"
+DEFAULT_HISTORY_RETENTION_DAYS = 90
+DEFAULT_CALENDAR_WINDOW_DAYS = 30
 # AGENTLESS_VM_PATTERNS: shell-style patterns (fnmatch) over VM and scale-set names.
 _PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]!-]{1,80}")
 
@@ -122,6 +129,12 @@ class Settings:
     eventgrid_state_url: str = ""  # "" unless the ingestion is enabled
     agentless_resource_groups: tuple[str, ...] = ()
     agentless_vm_patterns: tuple[str, ...] = ()
+    # history (functions/history): registered when its subscription is set; the table of
+    # every event's entries and summary, how long they are kept, and the calendar's window.
+    history_subscription: str = ""
+    history_table_url: str = ""
+    history_retention_days: int = DEFAULT_HISTORY_RETENTION_DAYS
+    calendar_window_days: int = DEFAULT_CALENDAR_WINDOW_DAYS
 
     @property
     def teams_enabled(self) -> bool:
@@ -160,6 +173,9 @@ class Settings:
             "poolState": self.pool_state_url,
             "drainMoments": self.drain_moments_queue or "off (drain at first sight)",
             "leadSeconds": self.policy.leads.describe(),
+            "history": self.history_table_url if self.history_subscription else "off",
+            "historyRetentionDays": self.history_retention_days,
+            "calendarWindowDays": self.calendar_window_days,
         }
 
 
@@ -332,6 +348,35 @@ def load_settings(env: Mapping[str, str]) -> Settings:
             "AzureWebJobsStorage__accountName): each event's drain moment is kept there"
         )
 
+    history_subscription = get("HistorySubscriptionName")
+    history_url = get("HISTORY_TABLE_URL")
+    if not history_url and get("AzureWebJobsStorage__accountName"):
+        account = get("AzureWebJobsStorage__accountName")
+        history_url = f"https://{account}.table.core.windows.net/{HISTORY_TABLE}"
+    if history_subscription and not history_url:
+        problems.append(
+            "HISTORY_TABLE_URL: required when HistorySubscriptionName is set "
+            "(or set AzureWebJobsStorage__accountName)"
+        )
+    elif history_url:
+        history_url = _url("HISTORY_TABLE_URL", history_url, problems)
+        if not urlsplit(history_url).path.strip("/"):
+            problems.append("HISTORY_TABLE_URL: names no table (.../<table name>)")
+    retention = _int(
+        "HISTORY_RETENTION_DAYS",
+        get("HISTORY_RETENTION_DAYS", str(DEFAULT_HISTORY_RETENTION_DAYS)),
+        problems,
+        minimum=1,
+        maximum=3650,
+    )
+    window = _int(
+        "CALENDAR_WINDOW_DAYS",
+        get("CALENDAR_WINDOW_DAYS", str(DEFAULT_CALENDAR_WINDOW_DAYS)),
+        problems,
+        minimum=1,
+        maximum=366,
+    )
+
     settings = Settings(
         topic_name=required("TopicName"),
         teams_subscription=required("TeamsSubscriptionName")
@@ -365,6 +410,10 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         eventgrid_state_url=state_url if eventgrid else "",
         agentless_resource_groups=agentless_groups,
         agentless_vm_patterns=agentless_patterns,
+        history_subscription=history_subscription,
+        history_table_url=history_url if history_subscription else "",
+        history_retention_days=retention,
+        calendar_window_days=window,
     )
     settings = _with_webhooks(settings, env, problems)
     if not settings.teams_enabled and not settings.webhooks and not env.get("WEBHOOKS", "").strip():
@@ -452,6 +501,13 @@ def workflows(settings: Settings) -> tuple[Workflow, ...]:
             "eventgrid_ingest",
             settings.eventgrid_ingest_enabled,
             "" if settings.eventgrid_ingest_enabled else "EVENTGRID_INGEST_ENABLED is not true",
+        ),
+        Workflow(
+            "history",
+            bool(settings.history_subscription),
+            f"retention {settings.history_retention_days} days"
+            if settings.history_subscription
+            else "HistorySubscriptionName is not set: the subscription's name turns it on",
         ),
     )
 

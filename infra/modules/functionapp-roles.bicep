@@ -7,6 +7,9 @@ param functionAppPrincipalId string
 @description('Name of the host storage account.')
 param storageAccountName string
 
+@description('Name of the history table in the host storage account.')
+param historyTableName string
+
 @description('Name of the Key Vault.')
 param keyVaultName string
 
@@ -15,6 +18,8 @@ param appInsightsName string
 
 // Storage Blob Data Owner
 var storageBlobDataOwner = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
+// Storage Table Data Contributor
+var storageTableDataContributor = '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
 // Key Vault Secrets User
 var keyVaultSecretsUser = '4633458b-17de-408a-b874-0445c86b69e6'
 // Monitoring Metrics Publisher
@@ -22,6 +27,10 @@ var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
+}
+
+resource historyTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
+  name: '${storageAccountName}/default/${historyTableName}'
 }
 
 resource vault 'Microsoft.KeyVault/vaults@2023-07-01' existing = {
@@ -34,12 +43,24 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
 
 // Storage Blob Data Owner: the documented minimum for identity-based host storage (locks, keys,
 // containers it creates) and for reading the Flex deployment package. Only Service Bus and
-// HTTP triggers run here, so no queue or table role.
+// HTTP triggers run here, so no queue role; the history's table has its own grant below.
 resource appUsesHostStorage 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: storage
   name: guid(storage.id, functionAppPrincipalId, storageBlobDataOwner)
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataOwner)
+    principalId: functionAppPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Storage Table Data Contributor: the history reads, writes and deletes its entities, on its one
+// table only (not the account: nothing else of the app lives in tables).
+resource appKeepsHistory 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: historyTable
+  name: guid(historyTable.id, functionAppPrincipalId, storageTableDataContributor)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageTableDataContributor)
     principalId: functionAppPrincipalId
     principalType: 'ServicePrincipal'
   }

@@ -49,6 +49,19 @@ param approvalGateSubscriptionName string
 @description('Subscription the webhooks workflow reads.')
 param webhooksSubscriptionName string
 
+@description('Subscription the history workflow reads.')
+param historySubscriptionName string
+
+@description('Days an event stays in the history after its last entry (HISTORY_RETENTION_DAYS).')
+@minValue(1)
+@maxValue(3650)
+param historyRetentionDays int = 90
+
+@description('Days before and after now that the calendar feed covers (CALENDAR_WINDOW_DAYS).')
+@minValue(1)
+@maxValue(366)
+param calendarWindowDays int = 30
+
 @description('Webhook endpoints (WEBHOOKS, JSON); secrets only by the name of the app setting holding them.')
 param webhookEndpoints array = []
 
@@ -151,6 +164,11 @@ var requiredSettings = {
   LbPoolsSubscriptionName: lbPoolsSubscriptionName
   ApprovalGateSubscriptionName: approvalGateSubscriptionName
   WebhooksSubscriptionName: webhooksSubscriptionName
+  // HISTORY_TABLE_URL is left unset: the app uses the table sebridgehistory of its host storage
+  // account, created by storage.bicep.
+  HistorySubscriptionName: historySubscriptionName
+  HISTORY_RETENTION_DAYS: string(historyRetentionDays)
+  CALENDAR_WINDOW_DAYS: string(calendarWindowDays)
   ApprovalsQueueName: approvalsQueueName
   DrainMomentsQueueName: drainMomentsQueueName
   CustomSubscriptionName: customSubscriptionName

@@ -46,5 +46,8 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
 @description('Name of the Application Insights component.')
 output appInsightsName string = appInsights.name
 
+@description('Resource id of the Application Insights component.')
+output appInsightsId string = appInsights.id
+
 @description('Connection string of Application Insights (an endpoint and an id, not a credential once local auth is off).')
 output connectionString string = appInsights.properties.ConnectionString

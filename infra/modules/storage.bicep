@@ -26,6 +26,9 @@ param eventGridStateContainerName string = 'sebridge-eventgrid-state'
 @minValue(2)
 param eventGridStateRetentionDays int = 30
 
+@description('Table where the history workflow keeps every event\'s entries and summary (HISTORY_TABLE_URL defaults to it).')
+param historyTableName string = 'sebridgehistory'
+
 @description('Redundancy of the storage account.')
 @allowed([
   'Standard_LRS'
@@ -100,6 +103,18 @@ resource poolStateContainer 'Microsoft.Storage/storageAccounts/blobServices/cont
   }
 }
 
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
+  parent: storage
+  name: 'default'
+}
+
+// The history's table (functions/adapters/history_table.py); the app deletes events past
+// HISTORY_RETENTION_DAYS itself (tables have no lifecycle rules).
+resource historyTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+  parent: tableService
+  name: historyTableName
+}
+
 // The Event Grid ingestion keeps one small record per scheduled event and never deletes it
 // (a late redelivery must still find it): this rule does, once the event is long over.
 resource lifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = {
@@ -140,6 +155,9 @@ output name string = storage.name
 
 @description('URL of the heartbeat container (HEARTBEAT_STORE_URL).')
 output heartbeatContainerUrl string = '${storage.properties.primaryEndpoints.blob}${heartbeatContainer.name}'
+
+@description('Name of the history table.')
+output historyTableName string = historyTable.name
 
 @description('URL of the deployment container.')
 output deploymentContainerUrl string = '${storage.properties.primaryEndpoints.blob}${deploymentContainer.name}'

@@ -1,4 +1,4 @@
-"""CloudEvents 1.0 in the structured JSON format: a small builder and a strict reader (pure).
+"""CloudEvents 1.0 in the structured JSON format: a small builder and a reader (pure).
 
 The contract needs four required attributes (``specversion``, ``id``, ``source``, ``type``),
 four optional ones (``subject``, ``time``, ``datacontenttype``, ``dataschema``) and ``data`` as
@@ -54,7 +54,10 @@ class CloudEvent:
         return body
 
     @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> CloudEvent:
+    def from_dict(cls, obj: Mapping[str, Any], *, warnings: list[str] | None = None) -> CloudEvent:
+        """Strict by default. With ``warnings`` (a list), tolerant about the optional
+        attributes: one of the wrong type, or a ``time`` that is not an RFC 3339 timestamp, is
+        dropped and named there; the required ones stay strict either way."""
         for name in REQUIRED:
             value = obj.get(name)
             if not isinstance(value, str) or not value:
@@ -63,27 +66,40 @@ class CloudEvent:
                 raise CloudEventError(f"attribute {name!r} is longer than {MAX_ATTRIBUTE_LENGTH}")
         if obj["specversion"] != SPEC_VERSION:
             raise CloudEventError(f"specversion {obj['specversion']!r} is not {SPEC_VERSION}")
+        if "data_base64" in obj:
+            raise CloudEventError("binary data (data_base64) is not part of this contract")
+
+        def odd(problem: str) -> None:
+            if warnings is None:
+                raise CloudEventError(problem)
+            warnings.append(f"{problem}: dropped")
+
+        optional: dict[str, str | None] = {}
         for name in OPTIONAL_STRINGS:
             value = obj.get(name)
             if value is not None and not isinstance(value, str):
-                raise CloudEventError(f"attribute {name!r} is not a string")
+                odd(f"attribute {name!r} is not a string")
+                value = None
+            optional[name] = value
         time_text = obj.get("time")
         moment: datetime | None = None
         if time_text is not None:
             if not isinstance(time_text, str):
-                raise CloudEventError("attribute 'time' is not a string")
-            moment = parse_time(time_text)
-        if "data_base64" in obj:
-            raise CloudEventError("binary data (data_base64) is not part of this contract")
+                odd("attribute 'time' is not a string")
+            else:
+                try:
+                    moment = parse_time(time_text)
+                except CloudEventError as exc:
+                    odd(str(exc))
         return cls(
             id=obj["id"],
             source=obj["source"],
             type=obj["type"],
             data=obj.get("data"),
-            subject=obj.get("subject"),
+            subject=optional["subject"],
             time=moment,
-            datacontenttype=obj.get("datacontenttype"),
-            dataschema=obj.get("dataschema"),
+            datacontenttype=optional["datacontenttype"],
+            dataschema=optional["dataschema"],
         )
 
 

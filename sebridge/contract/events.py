@@ -24,7 +24,7 @@ from typing import Any
 
 from sebridge import lifecycle
 from sebridge.contract.cloudevents import CloudEvent, CloudEventError
-from sebridge.imds import InvalidDocument, ScheduledEvent, isoformat_utc
+from sebridge.imds import InvalidDocument, ScheduledEvent, isoformat_utc, read_incarnation, show
 
 SCHEMA_VERSION = 1
 TYPE_PREFIX = "Azure.VM.ScheduledEvent."
@@ -103,15 +103,24 @@ class Observer:
         }
 
     @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> Observer:
+    def from_data(cls, data: Mapping[str, Any], warnings: list[str] | None = None) -> Observer:
+        """Tolerant: a field that is not a string reads as ``""``, reported in ``warnings``
+        (``data.observer.<field>: ...``); only a missing vmName raises ContractError."""
+        notes = warnings if warnings is not None else []
+
         def text(key: str) -> str:
             value = data.get(key)
-            return value if isinstance(value, str) else ""
+            if isinstance(value, str):
+                return value
+            if value is not None:
+                notes.append(f'data.observer.{key}: {show(value)} is not a string: read as ""')
+            return ""
 
-        if not text("vmName"):
+        vm_name = data.get("vmName")
+        if not isinstance(vm_name, str) or not vm_name:
             raise ContractError("observer.vmName is missing")
         return cls(
-            vm_name=text("vmName"),
+            vm_name=vm_name,
             vm_id=text("vmId"),
             resource_id=text("resourceId"),
             subscription_id=text("subscriptionId"),
@@ -176,20 +185,28 @@ def derived_message_id(event: ScheduledEvent, transition: Transition, cause: str
     return f"{lifecycle.event_ref(event.event_id)}:{transition.value}:{digest}"
 
 
-def _event_properties(
-    transition: Transition, event: ScheduledEvent | None, observer: Observer
-) -> dict[str, str | int]:
-    props: dict[str, str | int] = {
-        "transition": transition.value,
-        "schemaVersion": SCHEMA_VERSION,
-        "vmName": property_text(observer.vm_name),
-    }
+OBSERVER_PROPERTIES = ("vmName", "resourceGroup", "subscriptionId", "vmScaleSetName")
+
+
+def _observer_properties(observer: Observer) -> dict[str, str | int]:
+    props: dict[str, str | int] = {"vmName": property_text(observer.vm_name)}
     if observer.resource_group:
         props["resourceGroup"] = property_text(observer.resource_group)
     if observer.subscription_id:
         props["subscriptionId"] = property_text(observer.subscription_id)
     if observer.vm_scale_set_name:
         props["vmScaleSetName"] = property_text(observer.vm_scale_set_name)
+    return props
+
+
+def _event_properties(
+    transition: Transition, event: ScheduledEvent | None, observer: Observer
+) -> dict[str, str | int]:
+    props: dict[str, str | int] = {
+        "transition": transition.value,
+        "schemaVersion": SCHEMA_VERSION,
+        **_observer_properties(observer),
+    }
     if event is not None:
         props["eventType"] = property_text(event.event_type)
         props["eventStatus"] = property_text(event.status)
@@ -300,6 +317,44 @@ def event_message(
             event, observer, incarnation, changes=changes, approval=approval, event_grid=event_grid
         ),
         properties=_event_properties(transition, event, observer),
+    )
+
+
+def observed_by(envelope: Envelope, observer: Observer) -> bool:
+    """Whether ``envelope`` was built with ``observer`` as its observer (``data.observer``)."""
+    data = envelope.body.get("data")
+    return isinstance(data, Mapping) and data.get("observer") == observer.to_data()
+
+
+def with_observer(envelope: Envelope, observer: Observer) -> Envelope:
+    """The same message as seen by ``observer``: ``data.observer``, the observer's application
+    properties (:data:`OBSERVER_PROPERTIES`) and the CloudEvent ``source``, when it was the old
+    observer's, are replaced; the message id, session id and everything else stay. For a
+    message the forwarder built before it knew the VM's identity (instance metadata), which
+    must not leave the VM without it. A body without an observer is returned unchanged."""
+    data = envelope.body.get("data")
+    if not isinstance(data, Mapping) or not isinstance(data.get("observer"), Mapping):
+        return envelope
+    try:
+        old = Observer.from_data(data["observer"])
+    except ContractError:
+        old = None
+    body = {**envelope.body, "data": {**data, "observer": observer.to_data()}}
+    if old is not None and body.get("source") == old.source:
+        body["source"] = observer.source
+    properties = {
+        key: value
+        for key, value in envelope.application_properties.items()
+        if key not in OBSERVER_PROPERTIES
+    }
+    properties.update(_observer_properties(observer))
+    return Envelope(
+        message_id=envelope.message_id,
+        session_id=envelope.session_id,
+        subject=envelope.subject,
+        application_properties=properties,
+        body=body,
+        content_type=envelope.content_type,
     )
 
 
@@ -425,6 +480,9 @@ class TransitionMessage:
     data: dict[str, Any]
     observer: Observer
     event: ScheduledEvent | None  # None for Heartbeat
+    # What the tolerant reader normalised, one line per field ("data.Resources[1]: 5 is not a
+    # string: dropped"); consumers log them at WARNING. ``data`` itself stays verbatim.
+    warnings: tuple[str, ...] = ()
 
     @property
     def event_id(self) -> str | None:
@@ -433,7 +491,7 @@ class TransitionMessage:
     @property
     def incarnation(self) -> int | None:
         value = self.data.get("documentIncarnation")
-        return value if isinstance(value, int) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -442,8 +500,12 @@ MAX_BODY_BYTES = 1024 * 1024
 def parse_message(
     body: bytes | str | Mapping[str, Any], message_id: str | None = None
 ) -> TransitionMessage:
-    """Read a topic message body back; :class:`ContractError` says what is wrong with it.
+    """Read a topic message body back: the one tolerant reader of the contract.
 
+    :class:`ContractError` only for what makes a message unusable: not JSON, not a CloudEvent
+    (its required attributes), an unknown transition, an unsupported schemaVersion, no usable
+    EventId, no observer name. Every other odd field is normalised or dropped (as a document's
+    are, :mod:`sebridge.imds`) and named in ``warnings``; the event itself is never dropped.
     Nothing else is raised, whatever the body holds: a consumer logs the reason and completes
     the message (no retry can repair it).
     """
@@ -453,6 +515,10 @@ def parse_message(
         raise
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
         raise ContractError(f"unreadable message: {type(exc).__name__}: {exc}") from exc
+
+
+# Optional parts of ``data`` that consumers read as objects when present.
+_DATA_OBJECTS = ("changes", "approval", "prepared", "held", "heartbeat", "eventGrid")
 
 
 def _parse(body: bytes | str | Mapping[str, Any], message_id: str | None) -> TransitionMessage:
@@ -467,8 +533,9 @@ def _parse(body: bytes | str | Mapping[str, Any], message_id: str | None) -> Tra
             raise ContractError(f"body is not JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise ContractError("body is not a JSON object")
+    warnings: list[str] = []
     try:
-        cloud_event = CloudEvent.from_dict(obj)
+        cloud_event = CloudEvent.from_dict(obj, warnings=warnings)
     except CloudEventError as exc:
         raise ContractError(f"body is not a CloudEvent: {exc}") from exc
     if not cloud_event.type.startswith(TYPE_PREFIX):
@@ -486,18 +553,22 @@ def _parse(body: bytes | str | Mapping[str, Any], message_id: str | None) -> Tra
     observer_data = data.get("observer")
     if not isinstance(observer_data, dict):
         raise ContractError("data.observer is missing")
-    observer = Observer.from_data(observer_data)
+    observer = Observer.from_data(observer_data, warnings)
     event: ScheduledEvent | None = None
     if transition is not Transition.HEARTBEAT:
         try:
-            event = ScheduledEvent.from_imds(data)
+            event = ScheduledEvent.from_imds(data, strict=False, prefix="data.")
         except InvalidDocument as exc:
             raise ContractError(f"data does not carry the IMDS event: {exc}") from exc
-    incarnation = data.get("documentIncarnation")
-    if incarnation is not None and (
-        isinstance(incarnation, bool) or not isinstance(incarnation, int)
-    ):
-        raise ContractError("documentIncarnation is not an integer")
+        warnings.extend(event.warnings)
+    read_incarnation(data.get("documentIncarnation"), warnings, "data.documentIncarnation")
+    not_before = data.get("notBefore")
+    if not_before is not None and not isinstance(not_before, str):
+        warnings.append(f"data.notBefore: {show(not_before)} is not a string: ignored")
+    for name in _DATA_OBJECTS:
+        value = data.get(name)
+        if value is not None and not isinstance(value, dict):
+            warnings.append(f"data.{name}: {show(value)} is not an object: ignored")
     return TransitionMessage(
         transition=transition,
         message_id=message_id or cloud_event.id,
@@ -506,4 +577,5 @@ def _parse(body: bytes | str | Mapping[str, Any], message_id: str | None) -> Tra
         data=data,
         observer=observer,
         event=event,
+        warnings=tuple(warnings),
     )

@@ -144,6 +144,7 @@ def test_project_and_contract_configs_load() -> None:
         "approval-gate",
         "webhooks",
         "audit",
+        "history",
     }
     assert load_config(CONFIG).queues
 

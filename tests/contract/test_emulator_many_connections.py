@@ -26,6 +26,7 @@ QUEUE = "contract-queue"
 IDLE_CONNECTIONS = 1100
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_client_beyond_1024_descriptors_is_served() -> None:
     with running_emulator(CONFIG) as emulator, contextlib.ExitStack() as idle:

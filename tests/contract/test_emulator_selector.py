@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -101,6 +102,7 @@ SelectorMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=40, deadline=None
 )
 TestSelector = SelectorMachine.TestCase
+TestSelector.pytestmark = [pytest.mark.slow]
 
 
 def test_the_emulator_installs_the_incremental_update() -> None:

@@ -102,6 +102,7 @@ def test_renew_lock_extends_locked_until(client: ServiceBusClient, drain) -> Non
         receiver.complete_message(message)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_lock_expiry_redelivers_then_dead_letters_at_max_delivery_count(
     client: ServiceBusClient, drain

@@ -22,6 +22,8 @@ from emulators.servicebus.testing import running_emulator
 from tests.support.bus import as_dict, receive_all
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 EVENT_ID = "614cb437-89a4-491a-a160-bf8dc81fe15a"  # user-reboot's event
@@ -97,6 +99,9 @@ def test_valid_approval_is_posted_once_and_the_lifecycle_goes_on(
             wait_until(lambda: sim.state()["document"]["Events"], 10, "the scenario to start")
             send(emulator, command(eventId=EVENT_ID.upper()), message_id=f"approve:{EVENT_ID}")
             wait_until(lambda: sim.posts(), 20, "the IMDS POST")
+            # The forwarder's next poll sees it Started; only then may it go away (moved on
+            # before that poll, as on a loaded machine, it would vanish unseen while Scheduled).
+            wait_until(lambda: f"Started {EVENT_ID}" in fw.stderr_text(), 30, "Started seen")
             sim.advance(11)  # the approved event has been Started for 10 s: it goes away
             audit = receive_all(emulator.connection_string, "audit", want=4, timeout=30)
             log = fw.stderr_text()

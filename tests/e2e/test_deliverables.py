@@ -93,6 +93,7 @@ def vm_python(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     yield python
 
 
+@pytest.mark.slow
 def test_the_vm_wheel_puts_only_sebridge_into_site_packages(dist: Path) -> None:
     wheel = dist / WHEEL
     with zipfile.ZipFile(wheel) as archive:
@@ -124,6 +125,7 @@ def test_the_vm_wheel_puts_only_sebridge_into_site_packages(dist: Path) -> None:
     assert "License-Expression: MIT" in metadata
 
 
+@pytest.mark.slow
 def test_the_installed_vm_package_has_no_functions_runtime_nor_local_tools(
     vm_python: Path,
 ) -> None:
@@ -169,6 +171,7 @@ def test_the_installed_forwarder_reads_the_simulator_once_in_dry_run(
     assert message["message_id"].endswith(":Scheduled:1")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_function_app_zip_imports_with_requirements_txt_alone(
     dist: Path, tmp_path: Path

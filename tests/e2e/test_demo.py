@@ -12,6 +12,7 @@ MILESTONES = [
     r"topic\s+Scheduled\s+Redeploy",
     r"arm\s+- web-1-nic/ipconfig1 left lb-web/pool-a",
     r"teams\s+card: .*Redeploy scheduled",
+    r"ics\s+VEVENT\s+Redeploy: web-1 \(3031162c\): .* SEQUENCE 0",
     r"topic\s+Prepared\s+Redeploy",
     r"imds\s+POST StartRequests \w+ -> 200",
     r"topic\s+Approved\s+Redeploy .*approval-gate",
@@ -21,6 +22,7 @@ MILESTONES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_default_demo_completes_the_loop_in_order() -> None:
     result = subprocess.run(
@@ -37,10 +39,18 @@ def test_the_default_demo_completes_the_loop_in_order() -> None:
         index = next((i for i, line in enumerate(lines) if re.search(milestone, line)), None)
         assert index is not None, f"missing {milestone!r} in:\n{result.stdout}"
         positions.append(index)
-    # Pool removal and the card race each other; everything else happens in this order.
-    assert positions[0] < positions[1] and positions[0] < positions[2]
-    assert positions[3:] == sorted(positions[3:]), result.stdout
-    assert max(positions[1], positions[2]) < positions[4]
+    # Pool removal, the card and the calendar entry race each other; everything else happens
+    # in this order, and the event is in the calendar feed before it starts.
+    assert positions[0] < min(positions[1:4])
+    assert positions[4:] == sorted(positions[4:]), result.stdout
+    assert max(positions[1], positions[2]) < positions[5]
+    assert positions[3] < positions[7]  # the VEVENT before Started
+    history = result.stdout.split("The history (GET /api/events/{eventId}):", 1)[1].splitlines()
+    assert history[1].endswith(
+        "history of Redeploy 3031162c (Completed): announced no duration, measured not measured"
+    )
+    rows = [line.split()[1] for line in history[2:] if line.startswith("    ")]
+    assert rows == ["Scheduled", "Prepared", "Approved", "Started", "Completed", "Restored"]
     elapsed = float(re.search(r"OK in ([\d.]+) s", result.stdout).group(1))  # type: ignore[union-attr]
     assert elapsed < 60
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from emulators.demo import CAPACITY_HOLD, load_packaged
+from emulators.demo.world import CAPACITY_HOLD, load_packaged
 from emulators.imds.scenario import parse_scenario
 
 MILESTONES = [
@@ -33,6 +33,7 @@ def test_the_scenario_is_valid_for_the_imds_simulator() -> None:
     assert [e.key[:8] for e in scenario.events] == ["a1a1a1a1", "b2b2b2b2"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_capacity_hold_shows_a_held_drain_and_ends_with_every_pool_as_it_was() -> None:
     result = subprocess.run(

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from emulators.demo import LONG_NOTICE, LONG_NOTICE_LEAD, load_packaged
+from emulators.demo.world import LONG_NOTICE, LONG_NOTICE_LEAD, load_packaged
 from emulators.imds.scenario import parse_scenario
 
 MILESTONES = [

@@ -7,12 +7,13 @@ pools in ARM, so the VM's own Prepared is what counts), before the event starts.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+from tests.support.root import requires_root
 
 MILESTONES = [
     r"probe\s+answers 200",
@@ -30,8 +31,9 @@ MILESTONES = [
 GATE_MILESTONE = r"imds\s+POST StartRequests \w+ -> 200"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(os.geteuid() != 0, reason="the hooks file must be root-owned: run as root")
+@requires_root("the hooks file must be root-owned")
 def test_the_vm_side_demo_prepares_the_vm_itself() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sebridge.cli", "demo", "--scenario", "vm-side"],
@@ -49,9 +51,11 @@ def test_the_vm_side_demo_prepares_the_vm_itself() -> None:
         )
         positions.append(index)
     # The Scheduled on the topic, the hook and the probe race each other (the timeline stamps
-    # log lines when it reads them); then Prepared, Started, Completed and the probe in order.
+    # log lines when it reads them); then Prepared, Started, Completed in order. The probe
+    # follows IMDS itself, so its healthy answer races the Completed on the topic.
     assert max(positions[1:6]) < min(positions[6:8])
-    assert max(positions[6:8]) < positions[8] < positions[9] < positions[10]
+    assert max(positions[6:8]) < positions[8] < positions[9]
+    assert positions[8] < positions[10]
     approval = next((i for i, line in enumerate(lines) if re.search(GATE_MILESTONE, line)), None)
     assert approval is not None, result.stdout[-3000:]
     assert result.returncode == 0, result.stdout[-3000:]

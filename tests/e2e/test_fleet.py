@@ -13,6 +13,8 @@ import pytest
 
 from benchmarks.fleet import EXPECTED, TRANSITIONS, report, run_fleet
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 FORWARDERS = 5
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -35,6 +36,8 @@ from sebridge.servicebus import message_body
 from tests.fixtures import golden
 from tests.support.bus import receive_all
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
 
 REPO = Path(__file__).resolve().parents[2]
 # One session per trigger and host (an app setting overriding host.json, as in Azure): the
@@ -242,10 +245,11 @@ def publish_many(bus: Any, envelopes: list[Any]) -> None:
 @pytest.mark.timeout(240)
 def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any]) -> None:
     """pool-p holds pair-1 and pair-2 (LB_MIN_HEALTHY 1). Two Scheduled events, one for each,
-    reach two functions-host processes at once; the health query (1 s) and the first drain's
-    NIC PUT (1.5 s, under the lease) are slowed down so both decisions overlap. The blob lease
-    serialises them: one is drained, one is held; when the drained one completes, the held one
-    is drained and the pool keeps a member throughout."""
+    reach two functions-host processes (one session at a time each); ARM holds the first
+    drain's NIC PUT, which happens under the pool's lease, until the other decision has found
+    the lease taken, so the two overlap however long each host takes to get going. The blob
+    lease serialises them: one is drained, one is held; when the drained one completes, the
+    held one is drained and the pool keeps a member throughout."""
     bus, arm, storage, vms = world["bus"], world["arm"], world["storage"], world["vms"]
     receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
     second, _ = server(
@@ -256,10 +260,11 @@ def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any])
         str(world["settings"]),
     )
     try:
-        arm.slow(1.0, path_contains="lb-pair/loadBalancingRules/http/health")
-        # The first drain's NIC PUT happens under the pool's lease: held that long, the other
-        # decision finds the lease taken even when a loaded machine starts it a little later.
-        arm.slow(1.5, method="PUT", path_contains="/networkInterfaces/", times=1)
+        # The first drain's NIC PUT happens under the pool's lease: held until the other
+        # decision has found the lease taken (the host busy with the first event takes no
+        # second session, so the other host must take it).
+        release = threading.Event()
+        arm.slow(90, method="PUT", path_contains="/networkInterfaces/", times=1, until=release)
         not_before = (datetime.now(UTC) + timedelta(minutes=10)).strftime(
             "%a, %d %b %Y %H:%M:%S GMT"
         )
@@ -279,6 +284,14 @@ def test_two_hosts_do_not_both_pass_the_guard_on_one_pool(world: dict[str, Any])
                 for _, e in events.values()
             ],
         )
+        try:
+            wait_until(
+                lambda: any(c.code == "LeaseAlreadyPresent" for c in storage.lease_log),
+                90,
+                "the second decision to find the pool's lease taken by the first",
+            )
+        finally:
+            release.set()
         audit = receive_all(bus.connection_string, "audit", want=4, timeout=90)
         subjects = sorted(m["subject"] for m in audit)
         assert subjects == ["Held", "Prepared", "Scheduled", "Scheduled"], subjects

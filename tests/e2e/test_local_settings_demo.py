@@ -2,17 +2,17 @@
 
 ``emulators/local.settings.demo.json`` names the ports the README's commands use
 (``servicebus-emulator`` on 5672, ``fakes --demo-world --port-base 17071``, the host's 7071).
-Here each process runs on a free port instead, and the file is used with only those port
-numbers rewritten; then a Scheduled for web-1 goes through the real function_app.py and reaches
-the Teams fake and the ARM fake.
+Here each process binds port 0 and reports the port it got, and the file is used with only
+those port numbers rewritten; then a Scheduled for web-1 goes through the real function_app.py
+and reaches the Teams fake and the ARM fake.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -27,25 +27,19 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "emulators" / "local.settings.demo.json"
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` consecutive free ports (the fakes take a base and the four above it)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65535:
-            continue
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as probe:
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return list(range(base, base + count))
-    raise RuntimeError("no run of free ports")
+def _printed_settings(fakes: ChildProcess) -> dict[str, str]:
+    """The app settings ``sebridge fakes`` printed (one JSON object): the URLs of the ports it
+    bound."""
+    fakes.wait_for_line("}", timeout=30)  # printed once every fake is serving
+    lines = [line.text for line in fakes.lines]
+    printed: dict[str, str] = json.loads("\n".join(lines[: lines.index("}") + 1]))
+    return printed
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None, url
+    return port
 
 
 def test_the_shipped_file_is_a_complete_valid_configuration() -> None:
@@ -57,39 +51,33 @@ def test_the_shipped_file_is_a_complete_valid_configuration() -> None:
     assert "sb://127.0.0.1:5672;" in values["ServiceBusConnection"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_functions_host_runs_the_app_against_the_demo_world_with_it(tmp_path: Path) -> None:
-    fakes_base, http_port = _free_ports(5)[0], _free_ports(1)[0]
-    with running_emulator() as bus:
+    # Every process binds port 0 and says which port it got; the file is rewritten to match.
+    fakes = ChildProcess(
+        "fakes",
+        ["--demo-world", "--port-base", "0", "--identity-header", "local-demo-identity-header"],
+    )
+    with running_emulator() as bus, fakes:
+        printed = _printed_settings(fakes)
         text = SHIPPED.read_text()
         for old, new in [
             ("127.0.0.1:5672", f"127.0.0.1:{bus.port}"),
-            *((f"127.0.0.1:{17071 + i}", f"127.0.0.1:{fakes_base + i}") for i in range(4)),
-            ("127.0.0.1:7071", f"127.0.0.1:{http_port}"),
-            ('"LocalHttpPort": 7071', f'"LocalHttpPort": {http_port}'),
+            ("127.0.0.1:17071", f"127.0.0.1:{_port(printed['TEAMS_WEBHOOK_URL'])}"),
+            ("127.0.0.1:17072", f"127.0.0.1:{_port(printed['ARM_ENDPOINT'])}"),
+            ("127.0.0.1:17073", f"127.0.0.1:{_port(printed['IDENTITY_ENDPOINT'])}"),
+            ("127.0.0.1:17074", f"127.0.0.1:{_port(printed['LB_POOL_STATE_URL'])}"),
         ]:
             assert old in text, old
             text = text.replace(old, new)
         settings_file = tmp_path / "local.settings.json"
         settings_file.write_text(text)
-        fakes = ChildProcess(
-            "fakes",
-            [
-                "--demo-world",
-                "--port-base",
-                str(fakes_base),
-                "--identity-header",
-                "local-demo-identity-header",
-            ],
+        host = ChildProcess(
+            "functions-host", ["--settings", str(settings_file), "--port", "0"], cwd=REPO
         )
-        host = ChildProcess("functions-host", ["--settings", str(settings_file)], cwd=REPO)
-        with fakes, host:
-            fakes.wait_for_line("}", timeout=30)  # the settings it printed: it is serving
-            assert (
-                host.wait_for_line("listening on", timeout=60)
-                .strip()
-                .endswith(f"127.0.0.1:{http_port}")
-            )
+        with host:
+            host.wait_for_line("listening on http://127.0.0.1:", timeout=60)
             client = servicebus.client(connection_string=bus.connection_string)
             with client, client.get_topic_sender("scheduled-events") as sender:
                 sender.send_messages(servicebus.envelope_message(golden.build()["scheduled"]))

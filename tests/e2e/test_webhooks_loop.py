@@ -35,6 +35,8 @@ from tests.fixtures import golden
 from tests.functions.support import pagerduty_dedup_key, web_vm
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 ROUTING_KEY = "E2eRoutingKey0000000000000000000"
 SLACK_TOKEN = "e2e-slack-token-0042"

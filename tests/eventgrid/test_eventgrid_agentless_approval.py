@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from emulators.demo_sources import webhook_url
+from emulators.demo.sources import webhook_url
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.eventgrid import EventGridPublisher
@@ -199,6 +199,7 @@ def test_an_event_grid_event_of_a_vm_with_a_live_forwarder_gets_the_command(
 
 
 # -- end to end: Event Grid in, ARM acknowledge out, no forwarder anywhere ------------------
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_agentless_end_to_end(tmp_path: Path) -> None:
     """Everything but Teams' rendering real on loopback: the ingestion, lb-pools and the gate in
@@ -294,6 +295,7 @@ def test_an_acknowledgement_arm_refuses_for_good_is_logged_not_retried(
     assert any("did not take the acknowledgement" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_a_transient_acknowledgement_failure_is_redelivered(
     make_app: Callable[..., App], world: dict[str, str]
 ) -> None:

@@ -282,6 +282,7 @@ class Deliveries(RuleBasedStateMachine):
 
 
 TestDeliveries = Deliveries.TestCase
+TestDeliveries.pytestmark = [pytest.mark.slow]
 TestDeliveries.settings = settings(max_examples=150, stateful_step_count=25, deadline=None)
 
 

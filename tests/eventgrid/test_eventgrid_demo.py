@@ -1,4 +1,4 @@
-"""`sebridge demo --source eventgrid|both` as a user runs it (see emulators/demo_sources.py)."""
+"""`sebridge demo --source eventgrid|both` as a user runs it (see emulators/demo/sources.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from emulators.demo_sources import one_message_per_transition
+from emulators.demo.sources import one_message_per_transition
 from sebridge.imds import ScheduledEvent
 
 
@@ -22,6 +22,7 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_agentless_demo_runs_with_no_forwarder_and_approves_through_arm() -> None:
     result = demo("--source", "eventgrid")
@@ -42,6 +43,7 @@ def test_agentless_demo_runs_with_no_forwarder_and_approves_through_arm() -> Non
     assert len(re.findall(r"topic\s+Scheduled", out)) == 1  # delivered twice, published once
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_both_sources_show_one_message_per_transition() -> None:
     result = demo("--source", "both", "--scenario", "multiple-events", "--timeout", "120")

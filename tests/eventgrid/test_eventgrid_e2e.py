@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from emulators.demo_sources import PlatformEventGrid, one_message_per_transition, webhook_url
+from emulators.demo.sources import PlatformEventGrid, one_message_per_transition, webhook_url
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.eventgrid import EventGridPublisher
 from emulators.fakes.identity import FakeIdentity
@@ -32,6 +32,8 @@ from tests.eventgrid.support import RG, SUB, documented_sample
 from tests.support.bus import receive_all
 from tests.support.waiting import wait_until
 from tests.unit.test_contract import DATA_SCHEMA, FORMATS
+
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
 
 REPO = Path(__file__).resolve().parents[2]
 SUBSCRIPTIONS = ("audit", "teams", "lb-pools", "approval-gate")

@@ -15,7 +15,7 @@ import pytest
 from azure.identity import ManagedIdentityCredential
 
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage
-from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.identity import FakeIdentity, jwt_claims
 from functions.adapters.event_state import BlobEventStateStore, EventStateError
 from functions.adapters.retry import RetryPolicy, TransientHttpError
 from functions.eventgrid_ingest.core import Ingestor, StateConflict
@@ -63,6 +63,11 @@ def test_create_read_update_with_etags(
     ]
     tokens = {r.headers["authorization"].removeprefix("Bearer ") for r in puts}
     assert tokens and tokens <= set(identity_fake.issued)
+    assert all(
+        jwt_claims(r.headers["authorization"].removeprefix("Bearer "))["aud"]
+        == "https://storage.azure.com"
+        for r in puts
+    )
 
 
 def test_transient_storage_faults_are_retried(

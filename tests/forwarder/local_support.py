@@ -11,8 +11,14 @@ from typing import Any
 
 from sebridge import lifecycle
 from sebridge.contract.events import Envelope, Observer, Transition
-from sebridge.forwarder.local.preparation import Observed
-from sebridge.imds import ScheduledEvent
+from sebridge.forwarder.local.actions import LocalActions
+from sebridge.forwarder.local.drain_probe import DrainProbe
+from sebridge.forwarder.local.hooks_file import HooksFile
+from sebridge.forwarder.local.journal import Journal
+from sebridge.forwarder.local.preparation import Observed, Preparations
+from sebridge.forwarder.local.store import LocalStore
+from sebridge.forwarder.local.worker import HookWorker
+from sebridge.imds import Document, ScheduledEvent
 
 VM = "web-1"
 OBSERVER = Observer(
@@ -30,7 +36,7 @@ def imds_event(
     *,
     event_type: str = "Reboot",
     status: str = "Scheduled",
-    resources: Sequence[str] = (VM,),
+    resources: Sequence[Any] = (VM,),
     duration: int = -1,
     not_before: str = "Sun, 22 Nov 2026 10:05:00 GMT",
 ) -> ScheduledEvent:
@@ -44,7 +50,8 @@ def imds_event(
             "NotBefore": "" if status == "Started" else not_before,
             "EventSource": "Platform",
             "DurationInSeconds": duration,
-        }
+        },
+        strict=False,
     )
 
 
@@ -69,13 +76,60 @@ def observed(
 
 
 class Recorder:
-    """What the forwarder's outbox would get (the ``enqueue`` of the preparations)."""
+    """The forwarder's outbox as the preparations see it (``deliver``): keeps each envelope and
+    says it is durably taken, or refuses while ``full`` (a full disk)."""
 
     def __init__(self) -> None:
         self.envelopes: list[Envelope] = []
+        self.full = False
+        self.refused = 0
 
-    def __call__(self, envelope: Envelope) -> None:
+    def __call__(self, envelope: Envelope) -> bool:
+        if self.full:
+            self.refused += 1
+            return False
         self.envelopes.append(envelope)
+        return True
+
+
+class Parts:
+    """The local actions' pieces as build_local_actions composes them, on a journal in
+    ``directory``, without a hooks file or a probe unless given (the worker is not started)."""
+
+    def __init__(
+        self,
+        directory: Path | str,
+        hooks: HooksFile | None = None,
+        probe: DrainProbe | None = None,
+        **worker: Any,
+    ) -> None:
+        self.outbox = Recorder()
+        self.journal = Journal(directory)
+        self.store = LocalStore(self.journal)
+        self.store.load()
+        self.preparations = Preparations(self.store, self.outbox)
+        self.worker = HookWorker(hooks, self.store, self.preparations, **worker) if hooks else None
+        self.probe = probe
+        if probe is not None:
+            probe.preparations = self.preparations
+        self.preparations.preparers = [p for p in (self.worker, probe) if p is not None]
+        self.actions = LocalActions(self.store, self.preparations, self.worker, probe)
+
+    def apply(self, *items: Observed) -> None:
+        """Record each transition as a document calling for it would (one flush each), queue
+        its hooks and decide Prepared: the worker's and the preparations' side of
+        LocalActions.document_observed, for tests that speak in transitions."""
+        for item in items:
+            with self.store.lock:
+                self.preparations.observe(item)
+                jobs = []
+                if self.worker is not None:
+                    runs = self.store.add_runs(self.worker.runs_for(item))
+                    jobs = [self.worker.job(run, item) for run in runs]
+                self.store.flush()
+            if self.worker is not None:
+                self.worker.queue(jobs)
+            self.preparations.check(item.event.key)
 
 
 def root_dir(base: Path, name: str = "etc") -> Path:
@@ -99,3 +153,9 @@ def script(directory: Path, name: str, body: str) -> str:
     path.write_text("#!/bin/sh\n" + body + "\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return str(path)
+
+
+def document(*events: ScheduledEvent, incarnation: int = 1) -> Document:
+    return Document.from_imds(
+        {"DocumentIncarnation": incarnation, "Events": [e.to_imds() for e in events]}
+    )

@@ -14,6 +14,8 @@ import pytest
 from sebridge.forwarder.local.hooks_file import Hook
 from sebridge.forwarder.local.runner import (
     MAX_CAPTURE,
+    MAX_ENV_BYTES,
+    MAX_ENV_VALUE,
     Invocation,
     Outcome,
     hook_environment,
@@ -39,7 +41,7 @@ def event(status: str = "Scheduled", **fields: object) -> ScheduledEvent:
         "DurationInSeconds": -1,
     }
     raw.update(fields)
-    return ScheduledEvent.from_imds(raw)
+    return ScheduledEvent.from_imds(raw, strict=False)
 
 
 def invocation(
@@ -136,10 +138,46 @@ def test_hostile_values_from_imds_still_start_the_hook(tmp_path: Path) -> None:
     assert result.outcome is Outcome.SUCCEEDED, result
     env = read_env(tmp_path / "env")
     assert env["SEBRIDGE_EVENT_DESCRIPTION"].startswith("ab?c")
-    assert len(env["SEBRIDGE_EVENT_DESCRIPTION"]) == 32 * 1024
+    assert len(env["SEBRIDGE_EVENT_DESCRIPTION"]) == MAX_ENV_VALUE
+    assert env["SEBRIDGE_ENV_TRUNCATED"] == "SEBRIDGE_EVENT_DESCRIPTION"
     assert env["SEBRIDGE_EVENT_DURATION_SECONDS"] == "" and env["SEBRIDGE_EVENT_SOURCE"] == ""
     assert env["PATH"].startswith("/usr/local/sbin")  # the default when the forwarder has none
     assert json.loads((tmp_path / "stdin").read_text())["event"]["Description"].startswith("a\x00b")
+
+
+def test_a_description_of_emoji_still_starts_the_hook(tmp_path: Path) -> None:
+    """Issue 22, item 9: 40,000 emoji are 40,000 characters but 160,000 bytes. The environment
+    was capped in characters (32,768: 131,072 bytes, over the 128 KiB execve takes in one
+    string), so the hook never started ("Argument list too long"). Now in bytes, at a
+    character boundary."""
+    emoji = "\N{GRINNING FACE}"
+    inv = invocation(dump_command(tmp_path), Description=emoji * 40_000)
+    result = run_hook(inv, now=NOW, base_env={})
+    assert result.outcome is Outcome.SUCCEEDED, result
+    value = read_env(tmp_path / "env")["SEBRIDGE_EVENT_DESCRIPTION"]
+    assert set(value) == {emoji} and len(value.encode()) == MAX_ENV_VALUE  # whole characters
+    stdin = json.loads((tmp_path / "stdin").read_text())
+    assert stdin["event"]["Description"] == emoji * 40_000
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"Description": "\N{GRINNING FACE}" * 100_000, "Resources": ["\u00e9" * 60] * 2_000},
+        {"Resources": ["web-1"] * 100_000},
+        {"Description": "x" * 10**6, "EventSource": "\u4e2d" * 10**5, "EventType": "y" * 10**5},
+    ],
+)
+def test_the_whole_environment_is_bounded_in_bytes(fields: dict[str, object]) -> None:
+    env = hook_environment(invocation(["/bin/true"], **fields), NOW, base={"PATH": "/p" * 10**5})
+    total = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())
+    assert total <= MAX_ENV_BYTES
+    assert all(len(v.encode()) <= MAX_ENV_VALUE for v in env.values())
+    assert env["SEBRIDGE_EVENT_ID"] == "9E1C6B52-7A44-4DA0-B1CA-6E8C3F0A1B2C"  # never starved
+    assert "SEBRIDGE_EVENT_DESCRIPTION" in env["SEBRIDGE_ENV_TRUNCATED"].split(",") or (
+        "SEBRIDGE_EVENT_RESOURCES" in env["SEBRIDGE_ENV_TRUNCATED"]
+    )
+    assert run_hook(invocation(["/bin/true"], **fields), now=NOW).outcome is Outcome.SUCCEEDED
 
 
 def alive(pid: int) -> bool:
@@ -167,7 +205,7 @@ def test_a_hook_that_times_out_is_killed_with_its_whole_process_group(tmp_path: 
     result = run_hook(inv, now=NOW, kill_grace=0.5)
     took = time.monotonic() - started
     assert result.outcome is Outcome.TIMED_OUT
-    assert "process group was killed" in result.detail
+    assert "everything it started were killed" in result.detail
     assert 1.0 <= took < 8, took
     leader, child = wait_pid_file(pids), wait_pid_file(Path(f"{pids}.child"))
     deadline = time.monotonic() + 5
@@ -175,6 +213,21 @@ def test_a_hook_that_times_out_is_killed_with_its_whole_process_group(tmp_path: 
         time.sleep(0.05)
     assert not alive(leader), "the hook survived its timeout"
     assert not alive(child), "the hook's background child survived its timeout"
+
+
+def test_nothing_a_hook_started_outlives_it(tmp_path: Path) -> None:
+    """Issue 22, item 8: a background child and a setsid child used to keep running after the
+    hook succeeded (tests/forwarder/test_hook_containment.py tries each net on its own)."""
+    out = tmp_path / "pids"
+    body = (
+        f"sleep 300 & echo $! >> {out}\n"
+        f"setsid sh -c 'echo $$ >> {out}; exec sleep 300' &\n"
+        f"while [ $(wc -l < {out}) -lt 2 ]; do sleep 0.02; done"
+    )
+    assert run_hook(invocation([SH, "-c", body]), now=NOW).outcome is Outcome.SUCCEEDED
+    background, detached = (int(p) for p in out.read_text().split())
+    assert not alive(background), "the background child outlived the hook"
+    assert not alive(detached), "the setsid child outlived the hook"
 
 
 def test_a_stop_of_the_forwarder_interrupts_and_kills_the_hook(tmp_path: Path) -> None:

@@ -13,9 +13,7 @@ import pytest
 from sebridge.contract.events import Transition, derived_message_id, parse_message
 from sebridge.forwarder.local.hooks_file import parse_hooks
 from sebridge.forwarder.local.journal import JOURNAL_FILE, Journal
-from sebridge.forwarder.local.preparation import Preparations
-from sebridge.forwarder.local.worker import HookWorker
-from tests.forwarder.local_support import OBSERVER, Recorder, observed, script
+from tests.forwarder.local_support import OBSERVER, Parts, observed, script
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,31 +22,26 @@ pytestmark = pytest.mark.timeout(120)
 class Running:
     """A worker on its threads, stopped at the end of the test."""
 
-    def __init__(self, tmp_path: Path, hooks: list[dict[str, Any]], parallel: int = 4) -> None:
+    def __init__(self, tmp_path: Path, hooks: list[dict[str, Any]], parallel: int = 2) -> None:
         self.tmp_path = tmp_path
         self.hooks = parse_hooks({"hooks": hooks})
-        self.outbox = Recorder()
         self.parallel = parallel
         self.start()
 
     def start(self) -> None:
-        self.journal = Journal(self.tmp_path)
-        self.preparations = Preparations(self.journal, self.outbox)
-        self.worker = HookWorker(
-            self.hooks, self.journal, self.preparations, max_parallel=self.parallel, kill_grace=0.5
-        )
-        self.preparations.preparers = [self.worker]
+        self.parts = Parts(self.tmp_path, self.hooks, max_parallel=self.parallel, kill_grace=0.5)
+        self.journal = self.parts.journal
+        self.store = self.parts.store
+        self.outbox = self.parts.outbox
+        self.preparations = self.parts.preparations
+        assert self.parts.worker is not None
+        self.worker = self.parts.worker
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.worker.run, args=(self.stop,), daemon=True)
         self.thread.start()
 
     def observe(self, *items: Any) -> None:
-        for item in items:
-            with self.preparations.observing():
-                self.preparations.observe(item)
-                self.worker.observe(item)
-                if item.transition in (Transition.SCHEDULED, Transition.UPDATED):
-                    self.preparations.check(item.event.key)
+        self.parts.apply(*items)
 
     def settle(self, timeout: float = 30) -> None:
         wait_until(lambda: self.worker.pending() == 0, timeout, "the hooks to finish")
@@ -275,7 +268,7 @@ def test_a_prepare_hook_whose_event_started_meanwhile_is_skipped(
 def test_a_damaged_journal_is_set_aside_and_a_fresh_one_started(tmp_path: Path) -> None:
     (tmp_path / JOURNAL_FILE).write_bytes(b"this is not a database" * 100)
     journal = Journal(tmp_path)
-    assert journal.unfinished() == []
+    assert journal.runs() == [] and journal.load().view is None
     assert list(tmp_path.glob(f"{JOURNAL_FILE}.corrupt-*"))
     journal.close()
 

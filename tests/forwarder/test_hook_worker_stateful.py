@@ -16,9 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from sebridge.forwarder.local.hooks_file import parse_hooks
 from sebridge.forwarder.local.journal import Journal
-from sebridge.forwarder.local.preparation import Preparations
-from sebridge.forwarder.local.worker import HookWorker
-from tests.forwarder.local_support import Recorder, observed, script
+from tests.forwarder.local_support import Parts, observed, script
 from tests.support.waiting import wait_until
 
 EVENTS = [f"{c * 8}-0000-4000-8000-00000000000{i}" for i, c in enumerate("abc")]
@@ -54,14 +52,10 @@ class HookRestarts(RuleBasedStateMachine):
         self._start()
 
     def _start(self) -> None:
-        self.journal = Journal(self.dir)
-        self.worker = HookWorker(
-            self.hooks,
-            self.journal,
-            Preparations(self.journal, Recorder()),
-            max_parallel=2,
-            kill_grace=0.2,
-        )
+        self.parts = Parts(self.dir, self.hooks, max_parallel=2, kill_grace=0.2)
+        self.journal = self.parts.journal
+        assert self.parts.worker is not None
+        self.worker = self.parts.worker
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.worker.run, args=(self.stop,), daemon=True)
         self.thread.start()
@@ -85,9 +79,9 @@ class HookRestarts(RuleBasedStateMachine):
     )
     def transition(self, event: str, transition: str, again: bool) -> None:
         item = observed(transition, event, appearance=self.appearance)
-        self.worker.observe(item)
+        self.parts.apply(item)
         if again:
-            self.worker.observe(item)  # derived again (e.g. after a crash before the save)
+            self.parts.apply(item)  # derived again (e.g. after a crash before the save)
         for hook in self.hooks.matching(transition, item.event.event_type, True):
             self.expected.add((item.message_id, hook.name))
 
@@ -134,3 +128,4 @@ HookRestarts.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_hook_restarts = pytest.mark.timeout(600)(HookRestarts.TestCase)
+test_hook_restarts.pytestmark = [pytest.mark.slow]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from sebridge.contract.events import Transition, event_message, heartbeat_message
+from sebridge.contract.events import Transition
+from sebridge.forwarder.durable import boundaries
 from sebridge.forwarder.local.actions import (
     LocalActions,
     LocalActionsError,
@@ -21,14 +22,17 @@ from sebridge.forwarder.local.actions import (
     build_local_actions,
     settings_from_args,
 )
+from sebridge.imds import Document
 from tests.forwarder.local_support import (
     OBSERVER,
     Recorder,
+    document,
     imds_event,
     root_dir,
     script,
     write_hooks,
 )
+from tests.support.root import skip_unless_root
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -104,8 +108,7 @@ def test_nothing_is_built_when_nothing_is_configured(tmp_path: Path) -> None:
 
 
 def test_a_refused_hooks_file_or_a_taken_port_stops_the_start(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned hooks file")
+    skip_unless_root("a hooks file must be root-owned")
     etc = root_dir(tmp_path)
     hooks = write_hooks(etc, [{"name": "x", "on": ["Scheduled"], "command": ["/bin/true"]}])
     os.chmod(hooks, 0o666)
@@ -123,8 +126,7 @@ def test_a_refused_hooks_file_or_a_taken_port_stops_the_start(tmp_path: Path) ->
 
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[tuple[LocalActions, Recorder, Path]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned hooks file")
+    skip_unless_root("a hooks file must be root-owned")
     etc = root_dir(tmp_path)
     log = etc / "ran.log"
     hook = script(etc, "mark.sh", f'echo "$SEBRIDGE_EVENT_TRANSITION $SEBRIDGE_EVENT_ID" >> {log}')
@@ -140,6 +142,7 @@ def local(tmp_path: Path) -> Iterator[tuple[LocalActions, Recorder, Path]]:
     state_dir.mkdir()
     actions = build_local_actions(settings, state_dir, outbox)
     assert actions is not None
+    actions.start()
     stop = threading.Event()
     threads = [threading.Thread(target=w, daemon=True) for w in actions.workers(stop)]
     for thread in threads:
@@ -151,53 +154,116 @@ def local(tmp_path: Path) -> Iterator[tuple[LocalActions, Recorder, Path]]:
     actions.close()
 
 
-def envelope(transition: Transition, event_id: str, **fields: object):  # type: ignore[no-untyped-def]
-    status = "Started" if transition in (Transition.STARTED, Transition.COMPLETED) else "Scheduled"
-    return event_message(
-        transition, imds_event(event_id, status=status, **fields), OBSERVER, 3, NOW
-    )  # type: ignore[arg-type]
-
-
-def test_the_listener_hands_each_transition_to_the_hooks_and_the_probe(
+def test_each_document_drives_the_hooks_the_probe_and_prepared(
     local: tuple[LocalActions, Recorder, Path],
 ) -> None:
     actions, outbox, log = local
     assert actions.probe is not None
-    heartbeat = heartbeat_message(
-        OBSERVER,
-        NOW,
-        forwarder_version="x",
-        last_incarnation=1,
-        outbox_depth=0,
-        last_successful_poll=NOW,
-    )
-    actions.transitions_recorded([heartbeat, envelope(Transition.SCHEDULED, A)])
+    derived = actions.document_observed(document(imds_event(A)), OBSERVER, NOW)
+    assert [(o.transition, o.message_id) for o in derived] == [
+        (Transition.SCHEDULED, f"{A}:Scheduled:1")  # the forwarder's id for the same transition
+    ]
     assert actions.probe.draining
     wait_until(lambda: log.exists() and f"Scheduled {A}" in log.read_text(), 10, "the hook")
     wait_until(lambda: outbox.envelopes, 10, "Prepared after the drain time")
     assert [e.subject for e in outbox.envelopes] == ["Prepared"]
-    actions.transitions_recorded([envelope(Transition.COMPLETED, A)])
+    assert actions.document_observed(document(imds_event(A)), OBSERVER, NOW) == []  # no change
+    actions.document_observed(document(imds_event(A, status="Started")), OBSERVER, NOW)
+    assert actions.probe.draining
+    actions.document_observed(document(), OBSERVER, NOW)
     assert not actions.probe.draining
     wait_until(lambda: f"Completed {A}" in log.read_text(), 10, "the Completed hook")
+    assert log.read_text().count(f"Scheduled {A}") == 1
     assert actions.heartbeat_health() == {}
 
 
-def test_reconcile_closes_the_window_between_state_file_and_journal(
+def test_an_odd_value_blinds_nothing(local: tuple[LocalActions, Recorder, Path]) -> None:
+    """Issue 22, item 3: Resources ["<this vm>", 5] and EventStatus 1 used to make the strict
+    reader refuse the transition: the probe stayed 200 and no hook ran, silently."""
+    actions, _, log = local
+    assert actions.probe is not None
+    odd = imds_event(A, resources=[OBSERVER.vm_name, 5])
+    actions.document_observed(document(odd), OBSERVER, NOW)
+    assert actions.probe.draining
+    wait_until(lambda: log.exists() and f"Scheduled {A}" in log.read_text(), 10, "the hook")
+    status = Document.from_imds(
+        {"DocumentIncarnation": 2, "Events": [imds_event(B).to_imds() | {"EventStatus": 1}]}
+    )
+    actions.document_observed(status, OBSERVER, NOW)
+    wait_until(lambda: f"Scheduled {B}" in log.read_text(), 10, "the hook of the second")
+    assert actions.probe.draining and actions.probe.preparation_status(B) is not None
+
+
+def disk_full(where: str) -> None:
+    if where == "journal:commit":
+        raise sqlite3.OperationalError("database or disk is full")
+
+
+def test_a_journal_that_cannot_be_written_delays_nothing_and_catches_up_whole(
     local: tuple[LocalActions, Recorder, Path],
 ) -> None:
-    actions, _, _ = local
+    """Issue 22, item 5 (in-process): with the journal's disk full, the probe still drains, the
+    hooks still run and Prepared still goes out; the first write that succeeds records the whole
+    current state (level, not edge)."""
+    actions, outbox, log = local
     assert actions.probe is not None
-    actions.transitions_recorded([envelope(Transition.SCHEDULED, A)])
-    assert actions.probe.draining
-    # The forwarder's state says A is gone and B (this VM's, impactful) is on, though the
-    # journal never heard of either change: a crash between the two writes.
-    b = imds_event(B, event_type="Redeploy")
-    actions.current = lambda: ({b.key: b}, OBSERVER)
-    actions.polled(SimpleNamespace(last_successful_poll=None))  # a failed poll: not yet
-    assert actions.probe.preparation_status(A.lower()) is not None
-    actions.polled(SimpleNamespace(last_successful_poll=NOW))
-    assert actions.probe.preparation_status(A.lower()) is None
-    assert actions.probe.preparation_status(B.lower()) is not None
-    assert actions.probe.draining
-    record = actions.journal.preparation(A.lower())
-    assert record is not None and record.ended
+    with boundaries(disk_full):
+        actions.document_observed(document(imds_event(A)), OBSERVER, NOW)
+        assert actions.probe.draining
+        wait_until(lambda: log.exists() and f"Scheduled {A}" in log.read_text(), 10, "the hook")
+        wait_until(lambda: outbox.envelopes, 10, "Prepared")
+        assert actions.store.behind_since is not None
+        assert actions.heartbeat_health()["journalWriteFailing"] is True
+        assert actions.journal.runs() == [] and actions.journal.load().view is None
+    actions.polled(object())  # the next tick: written again, everything at once
+    assert actions.store.behind_since is None
+    snapshot = actions.journal.load()
+    assert snapshot.view is not None and [e["EventId"] for e in snapshot.view["events"]] == [A]
+    assert [(r.hook, r.status) for r in snapshot.runs] == [("mark", "succeeded")]
+    (record,) = snapshot.preparations
+    assert record.published == record.cause == f"{A}:Scheduled:1"
+
+
+class Crash(BaseException):
+    """kill -9 at a write boundary."""
+
+
+def test_a_crash_before_the_journal_commit_derives_the_same_transitions_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 22, item 2 (in-process): the view and the hook runs it calls for are one
+    transaction, so a crash can only come before it (the same transitions, same ids, are
+    derived again from the older view) or after it (the runs are pending in the journal)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a root-owned hooks file")
+    etc = root_dir(tmp_path)
+    hooks = write_hooks(
+        etc, [{"name": "prep", "on": ["Scheduled"], "command": ["/bin/true"], "prepare": True}]
+    )
+    settings = LocalSettings(hooks_file=hooks)
+
+    def crash(where: str) -> None:
+        raise Crash(where)
+
+    first = build_local_actions(settings, tmp_path, Recorder())
+    assert first is not None and first.hooks is not None
+    first.start()
+    with boundaries(crash), pytest.raises(Crash):
+        first.document_observed(document(imds_event(A)), OBSERVER, NOW)
+    first.journal.close()
+    again = build_local_actions(settings, tmp_path, Recorder())
+    assert again is not None and again.hooks is not None
+    again.start()
+    assert again.hooks.pending() == 0  # nothing was recorded...
+    derived = again.document_observed(document(imds_event(A)), OBSERVER, NOW)
+    assert [o.message_id for o in derived] == [f"{A}:Scheduled:1"]  # ...so it comes again
+    assert [(r.message_id, r.status) for r in again.journal.runs()] == [
+        (f"{A}:Scheduled:1", "pending")
+    ]
+    again.journal.close()
+    after = build_local_actions(settings, tmp_path, Recorder())  # a crash after the commit
+    assert after is not None and after.hooks is not None
+    after.start()
+    assert after.hooks.pending() == 1  # the run resumes
+    assert after.document_observed(document(imds_event(A)), OBSERVER, NOW) == []
+    after.journal.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import threading
 import uuid
@@ -26,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from emulators.imds.testing import SimClient, in_process_simulator
 from sebridge.contract.commands import approve_command
-from sebridge.contract.events import Observer, Transition, event_message
+from sebridge.contract.events import Observer
 from sebridge.forwarder.approvals.handler import CommandHandler
 from sebridge.forwarder.config import ForwarderConfig
 from sebridge.forwarder.delivery.outbox import Outbox
@@ -41,23 +40,18 @@ from sebridge.forwarder.service import Forwarder
 from tests.forwarder.local_support import (
     OBSERVER,
     Recorder,
+    document,
     imds_event,
     root_dir,
     script,
     write_hooks,
 )
 from tests.support.forwarder_fakes import FakeBroker, FakeStore
+from tests.support.root import skip_unless_root
 from tests.support.waiting import wait_until
 
 IDLE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "idle-scenario.json")
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -135,7 +129,7 @@ class Rig:
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     with in_process_simulator(IDLE) as sim:
-        rig = Rig(sim, tmp_path, free_port())
+        rig = Rig(sim, tmp_path, 0)  # the server binds port 0 and reports the one it got
         try:
             yield rig
         finally:
@@ -302,8 +296,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
     the drain probe, wired by install_telemetry as main() wires them; /metrics counts each
     hook's runs by outcome (every outcome has a series from the start) and says when the probe
     drains."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned hooks file")
+    skip_unless_root("a hooks file must be root-owned")
     etc = root_dir(tmp_path)
     hooks = write_hooks(
         etc,
@@ -326,7 +319,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
     local = build_local_actions(settings, state_dir, Recorder())
     assert local is not None and local.probe is not None and local.hooks is not None
     with in_process_simulator(IDLE) as sim:
-        rig = Rig(sim, state_dir, free_port(), local)
+        rig = Rig(sim, state_dir, 0, local)
         try:
             port = rig.telemetry.server.address[1] if rig.telemetry.server else 0
             before = scrape(port)
@@ -341,9 +334,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
             assert value(before, "sebridge_forwarder_drain_probe_draining") == 0
             event = imds_event("aaaaaaaa-0000-4000-8000-00000000000a", event_type="Redeploy")
             now = datetime.now(UTC)
-            local.transitions_recorded(
-                [event_message(Transition.SCHEDULED, event, OBSERVER, 3, now)]
-            )
+            local.document_observed(document(event), OBSERVER, now)
             probe_port = local.probe.address[1]
             assert get(probe_port, "/")[0] == 503
             wait_until(lambda: local.hooks is not None and local.hooks.pending() == 0, 20, "hooks")
@@ -366,9 +357,7 @@ def test_hook_runs_and_the_drain_probe_are_counted_when_local_actions_run(tmp_pa
             assert value(after, "sebridge_forwarder_hooks_pending") == 0
             assert value(after, "sebridge_forwarder_drain_probe_draining") == 1
             assert value(after, "sebridge_forwarder_drain_probe_answers_total", status="503") == 1
-            local.transitions_recorded(
-                [event_message(Transition.COMPLETED, event, OBSERVER, 3, now)]
-            )
+            local.document_observed(document(), OBSERVER, now)
             assert get(probe_port, "/")[0] == 200
             done = scrape(port)
             assert value(done, "sebridge_forwarder_drain_probe_draining") == 0

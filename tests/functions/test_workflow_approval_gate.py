@@ -12,7 +12,7 @@ import azure.functions as func
 import pytest
 
 from emulators.fakes.arm import FakeArm
-from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.identity import FakeIdentity, jwt_claims
 from emulators.fakes.storage import FakeBlobStorage
 from functions.approval_gate import tokens
 from functions.shared.settings import HEARTBEAT_CONTAINER
@@ -203,6 +203,11 @@ def test_heartbeats_are_kept_in_a_blob_per_vm(
     assert puts[0].query.get("restype") is None and puts[1].query == {"restype": "container"}
     tokens = {r.headers["authorization"].removeprefix("Bearer ") for r in storage_fake.requests}
     assert tokens and tokens <= set(identity_fake.issued)  # azure-identity's, from the fake
+    assert all(
+        jwt_claims(r.headers["authorization"].removeprefix("Bearer "))["aud"]
+        == "https://storage.azure.com"
+        for r in storage_fake.requests
+    )
 
 
 def test_a_silent_forwarder_is_approved_through_arm(

@@ -74,6 +74,7 @@ class Model:
     active: dict[str, Event] = field(default_factory=dict)  # event id -> event
 
 
+@pytest.mark.slow
 def test_the_guard_holds_under_generated_histories(
     arm_fake: FakeArm, storage_fake: FakeBlobStorage, identity_fake: FakeIdentity
 ) -> None:

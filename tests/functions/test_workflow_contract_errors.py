@@ -3,7 +3,8 @@ never an exception the runtime would retry ten times. Through the real trigger f
 
 The named cases come from the issue; the generated ones put values of every JSON type where the
 contract expects something else, and require that no trigger raises (an exception here would
-be a retry loop in Azure) whatever the body holds.
+be a retry loop in Azure) whatever the body holds, and that a body the contract refuses changes
+nothing anywhere: no card, no ARM write, no approve command, nothing published.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import copy
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emulators.fakes.arm import FakeArm
+from sebridge.contract.events import ContractError, Envelope, parse_message
 from tests.fixtures import golden
 from tests.functions.support import RG, SUB, App, envelope, sb_message, web_vm
 
@@ -46,6 +49,48 @@ def deliver_raw(app: App, body: dict[str, Any] | bytes, name: str = "scheduled")
         app.call(function, sb_message(golden.build()[name], body=raw))
 
 
+@dataclass(frozen=True)
+class Effects:
+    """What the workflows have done so far, as counts of the fakes' records."""
+
+    cards: int
+    arm_writes: int
+    commands: int
+    published: int
+
+    @classmethod
+    def of(cls, app: App) -> Effects:
+        return cls(
+            len(app.teams.cards),
+            len(app.arm.writes()),
+            len(app.commands.sent),
+            len(app.publisher.published),
+        )
+
+
+NONE_MORE = "a body the contract refuses changed something"
+
+
+def refused(raw: bytes, message_id: str) -> bool:
+    try:
+        parse_message(raw, message_id)
+    except ContractError:
+        return True
+    return False
+
+
+def deliver_and_check(app: App, raw: bytes, template: Envelope, where: str) -> None:
+    """Through all three triggers: none raises, and a refused body has no effect at all."""
+    before = Effects.of(app)
+    for function in FUNCTIONS:
+        try:
+            app.call(function, sb_message(template, body=raw))
+        except Exception as exc:
+            raise AssertionError(f"{function} raised on {where}") from exc
+    if refused(raw, template.message_id):
+        assert Effects.of(app) == before, f"{NONE_MORE}: {where}"
+
+
 def with_data(**changes: Any) -> dict[str, Any]:
     body = body_of()
     body["data"].update(changes)
@@ -56,17 +101,17 @@ CONTRACT_ERRORS = [
     pytest.param(with_data(), "", id="control-valid"),
     pytest.param({**body_of(), "type": 7}, "attribute 'type'", id="type-not-a-string"),
     pytest.param({**body_of(), "type": ["x"]}, "attribute 'type'", id="type-a-list"),
-    pytest.param(
-        {**body_of(), "time": "9999-12-31T23:59:59-01:00"}, "out of range", id="time-out-of-range"
-    ),
+    # Normalised by the one tolerant reader (issue 22, item 3): read, named in the message's
+    # warnings, and handed to the workflows.
+    pytest.param({**body_of(), "time": "9999-12-31T23:59:59-01:00"}, "", id="time-out-of-range"),
     pytest.param({**body_of(), "specversion": 1.0}, "specversion", id="specversion-number"),
     pytest.param(with_data(schemaVersion=True), "schemaVersion", id="schema-version-bool"),
     pytest.param(with_data(observer=["web-1"]), "observer", id="observer-a-list"),
-    pytest.param(with_data(Resources="web-1"), "Resources", id="resources-a-string"),
-    pytest.param(with_data(Resources=[1, 2]), "Resources", id="resources-of-numbers"),
+    pytest.param(with_data(Resources="web-1"), "", id="resources-a-string"),
+    pytest.param(with_data(Resources=["web-1", 2]), "", id="resources-with-a-number"),
     pytest.param(with_data(EventId=None), "EventId", id="event-id-null"),
-    pytest.param(with_data(EventStatus=5), "EventStatus", id="status-a-number"),
-    pytest.param(with_data(documentIncarnation="11"), "documentIncarnation", id="incarnation"),
+    pytest.param(with_data(EventStatus=5), "", id="status-a-number"),
+    pytest.param(with_data(documentIncarnation="11"), "", id="incarnation"),
     pytest.param(b"\xff\xfe not json", "not JSON", id="not-utf8"),
     pytest.param(b"[" * 100_000, "not JSON", id="deep-nesting"),
 ]
@@ -78,12 +123,12 @@ def test_a_body_that_breaks_the_contract_is_completed_not_raised(
 ) -> None:
     deliver_raw(app, body)  # none of the three raises
     if not reason:
-        assert app.teams.cards  # the control: a valid body does reach the workflows
+        assert app.teams.cards  # a valid (or normalised) body does reach the workflows
         return
     broken = [r for r in caplog.records if "breaks contract v1" in r.getMessage()]
     assert len(broken) == len(FUNCTIONS)
     assert all(reason in str(getattr(r, "reason", "")) for r in broken)
-    assert not app.teams.cards and not app.arm.writes() and not app.commands.sent
+    assert Effects.of(app) == Effects(0, 0, 0, 0)
 
 
 NOT_BEFORE_OUT_OF_RANGE = "9999-12-31T23:59:59-01:00"
@@ -227,8 +272,7 @@ def test_no_body_makes_a_trigger_raise(
     else:
         body[ENVELOPE_FIELDS[field_index % len(ENVELOPE_FIELDS)]] = value
     raw = json.dumps(body).encode()
-    for function in FUNCTIONS:
-        app.call(function, sb_message(golden.build()[name], body=raw))  # must not raise
+    deliver_and_check(app, raw, golden.build()[name], f"{where} of {name} = {value!r}")
 
 
 ODD_VALUES: list[Any] = [
@@ -253,6 +297,7 @@ ODD_VALUES: list[Any] = [
 @pytest.mark.parametrize(
     "name", ["scheduled", "updated", "started", "completed", "held", "prepared", "approved"]
 )
+@pytest.mark.slow
 def test_every_field_with_every_odd_value(
     make_app: Callable[..., App], world: None, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -261,6 +306,7 @@ def test_every_field_with_every_odd_value(
     app = make_app(APPROVAL_POLICY=MANUAL)
     caplog.set_level(logging.CRITICAL, logger="sebridge")
     template = golden.build()[name]
+    refusals = 0
     places = (
         [("data", f) for f in DATA_FIELDS]
         + [("observer", f) for f in OBSERVER_FIELDS]
@@ -276,8 +322,6 @@ def test_every_field_with_every_odd_value(
             }[where]
             target[field] = value
             raw = json.dumps(body).encode()
-            for function in FUNCTIONS:
-                try:
-                    app.call(function, sb_message(template, body=raw))
-                except Exception as exc:
-                    raise AssertionError(f"{function} raised on {where}.{field}={value!r}") from exc
+            deliver_and_check(app, raw, template, f"{where}.{field}={value!r}")
+            refusals += refused(raw, template.message_id)
+    assert refusals, "no odd value was refused: the check above never ran"

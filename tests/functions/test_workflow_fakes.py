@@ -3,6 +3,9 @@ ARM refuses requests without a token or api-version, Teams rejects what is not a
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 import requests
 from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
@@ -38,6 +41,60 @@ def test_a_token_names_the_identity_it_was_issued_to(identity_fake: FakeIdentity
     assert claims["appid"] == client_id
     assert claims["oid"] == FakeIdentity.object_id(client_id) != FakeIdentity.object_id()
     assert FakeIdentity.object_id(client_id) == FakeIdentity.object_id(client_id.upper())
+
+
+@pytest.mark.parametrize("credential_type", [ManagedIdentityCredential, DefaultAzureCredential])
+def test_a_vm_gets_its_token_from_imds_unchanged(
+    identity_fake: FakeIdentity, monkeypatch: pytest.MonkeyPatch, credential_type: type
+) -> None:
+    """As on a VM (no App Service settings): azure-identity asks IMDS's token endpoint, here
+    the fake's, and gets a token shaped like Entra ID's: three base64url parts, JSON claims."""
+    for name in identity_fake.environ():
+        monkeypatch.delenv(name)
+    for name, value in identity_fake.vm_environ().items():
+        monkeypatch.setenv(name, value)
+    token = credential_type().get_token("https://servicebus.azure.net/.default")
+    assert identity_fake.issued[token.token] == "https://servicebus.azure.net"
+    (request,) = identity_fake.requests
+    assert request.path == "/metadata/identity/oauth2/token"
+    assert request.headers["metadata"] == "true"
+    header, claims, signature = token.token.split(".")
+    padded = claims + "=" * (-len(claims) % 4)
+    decoded = json.loads(base64.urlsafe_b64decode(padded))
+    assert decoded["aud"] == "https://servicebus.azure.net"
+    assert decoded["exp"] == token.expires_on and header and signature
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "headers", "status"),
+    [
+        ("/metadata/identity/oauth2/token", {"api-version": "2018-02-01"}, {}, 400),
+        (
+            "/metadata/identity/oauth2/token",
+            {"api-version": "2019-08-01", "resource": "https://servicebus.azure.net"},
+            {"Metadata": "true"},
+            400,
+        ),
+        (
+            "/metadata/identity/oauth2/token",
+            {"api-version": "2018-02-01"},
+            {"Metadata": "true"},
+            400,
+        ),
+        ("/metadata/instance", {"api-version": "2018-02-01"}, {"Metadata": "true"}, 404),
+    ],
+    ids=["no-metadata-header", "wrong-api-version", "no-resource", "another-path"],
+)
+def test_the_vm_token_endpoint_refuses_what_imds_refuses(
+    identity_fake: FakeIdentity,
+    path: str,
+    params: dict[str, str],
+    headers: dict[str, str],
+    status: int,
+) -> None:
+    response = requests.get(identity_fake.url + path, params=params, headers=headers, timeout=5)
+    assert response.status_code == status
+    assert not identity_fake.issued
 
 
 def test_the_identity_endpoint_checks_its_header(identity_fake: FakeIdentity) -> None:

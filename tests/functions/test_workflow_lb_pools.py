@@ -8,7 +8,7 @@ import time
 import pytest
 
 from emulators.fakes.arm import FakeArm, simulator_vm_id
-from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.identity import FakeIdentity, jwt_claims
 from functions.adapters.arm import ArmError
 from functions.adapters.retry import TransientHttpError
 from functions.lb_pools import nic_pools
@@ -74,6 +74,10 @@ def test_scheduled_drains_every_affected_vm_and_publishes_prepared(
     # ARM saw a bearer token that azure-identity fetched from the managed-identity endpoint
     tokens = {r.headers["authorization"].removeprefix("Bearer ") for r in app.arm.requests}
     assert tokens and tokens <= set(identity_fake.issued)
+    assert all(
+        jwt_claims(r.headers["authorization"].removeprefix("Bearer "))["aud"] == app.arm.url
+        for r in app.arm.requests
+    )
     assert app.arm.url in identity_fake.issued.values()  # the token's audience is ARM_ENDPOINT
     assert {r.query["api-version"] for r in app.arm.requests} == {"2024-07-01", "2024-05-01"}
     assert before["web-2"] == [world["pool-a"]]

@@ -231,6 +231,7 @@ def test_the_start_up_line_says_which_workflows_are_on_and_why_any_is_off() -> N
     assert "custom_example off (CUSTOM_SUBSCRIBER_ENABLED is not true)" in line
     assert "eventgrid_ingest off (EVENTGRID_INGEST_ENABLED is not true)" in line
     assert "drain_moments off (DrainMomentsQueueName is not set: " in line
+    assert "history off (HistorySubscriptionName is not set: " in line
     everything = load_settings(
         {
             **GOOD,
@@ -240,6 +241,8 @@ def test_the_start_up_line_says_which_workflows_are_on_and_why_any_is_off() -> N
             "EVENTGRID_INGEST_ENABLED": "true",
             "EVENTGRID_STATE_URL": "https://st.blob.core.windows.net/sebridge-eventgrid-state",
             "DrainMomentsQueueName": "drain-moments",
+            "HistorySubscriptionName": "history",
+            "HISTORY_TABLE_URL": "https://st.table.core.windows.net/sebridgehistory",
         }
     )
     assert all(w.on for w in workflows(everything))
@@ -260,3 +263,41 @@ def test_drain_moments_need_the_pool_state_and_a_lead_must_be_readable() -> None
     leads = load_settings({**GOOD, "APPROVAL_POLICY": policy}).policy.leads
     assert leads.lead("Reboot") == 600 and leads.lead("Freeze") is None
     assert leads.lead("Redeploy") == 300  # not listed: the default
+
+
+def test_the_history_settings() -> None:
+    off = load_settings(GOOD)
+    assert off.history_subscription == "" and off.history_table_url == ""
+    assert off.history_retention_days == 90 and off.calendar_window_days == 30
+    on = load_settings(
+        {
+            **GOOD,
+            "HistorySubscriptionName": "history",
+            "AzureWebJobsStorage__accountName": "stsebridge",
+            "HISTORY_RETENTION_DAYS": "30",
+            "CALENDAR_WINDOW_DAYS": "7",
+        }
+    )
+    assert on.history_table_url == "https://stsebridge.table.core.windows.net/sebridgehistory"
+    assert (on.history_retention_days, on.calendar_window_days) == (30, 7)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"HistorySubscriptionName": "history"}, "HISTORY_TABLE_URL: required"),
+        (
+            {"HistorySubscriptionName": "history", "HISTORY_TABLE_URL": "http://10.0.0.1/t"},
+            "HISTORY_TABLE_URL: must use https",
+        ),
+        (
+            {"HistorySubscriptionName": "history", "HISTORY_TABLE_URL": "https://a.example/"},
+            "HISTORY_TABLE_URL: names no table",
+        ),
+        ({"HISTORY_RETENTION_DAYS": "0"}, "HISTORY_RETENTION_DAYS: 0 is outside"),
+        ({"CALENDAR_WINDOW_DAYS": "many"}, "CALENDAR_WINDOW_DAYS: 'many' is not an integer"),
+    ],
+)
+def test_bad_history_settings_are_named(change: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        load_settings({**GOOD, **change})

@@ -18,6 +18,7 @@ from conftest import APPS
 
 from emulators.functions_host.host import FunctionsHost, HostStartError
 from emulators.functions_host.hostconfig import HostConfig
+from emulators.functions_host.http_server import listen
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,6 +92,28 @@ def test_route_prefix_from_host_config() -> None:
     with FunctionsHost(http_app, {}, host_config=HostConfig(route_prefix=""), port=0) as host:
         assert _request(f"{host.url}/plain")[0] == 200
         assert _request(f"{host.url}/api/plain")[0] == 404
+
+
+@pytest.mark.timeout(30)
+def test_a_host_serves_on_the_socket_bound_before_its_settings_were_made() -> None:
+    """The demo's pattern: bind port 0, put the port into a setting, start the host on that
+    socket (no port picked, released and bound again later)."""
+    listener = listen()
+    port = listener.getsockname()[1]
+    settings = {"APPROVAL_BASE_URL": f"http://127.0.0.1:{port}"}
+    with FunctionsHost(
+        http_app, settings, host_config=HostConfig(route_prefix=""), listener=listener
+    ) as host:
+        assert host.port == port and host.url == settings["APPROVAL_BASE_URL"]
+        assert _request(f"{host.url}/plain")[0] == 200
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/plain", timeout=5)  # closed on stop
+
+
+def test_a_listener_of_a_host_that_never_started_is_closed() -> None:
+    listener = listen()
+    FunctionsHost(http_app, {}, listener=listener).stop()
+    assert listener.fileno() == -1
 
 
 def test_unsupported_app_fails_to_start_with_every_reason() -> None:
@@ -192,3 +215,22 @@ def test_cli_refuses_an_app_it_cannot_run(tmp_path: Path) -> None:
     assert process.returncode == 2
     assert out == ""
     assert "timerTrigger" in err and "connection 'FhServiceBus' is not configured" in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "192.0.2.10", "example.invalid"])
+def test_cli_refuses_a_non_loopback_host(address: str) -> None:
+    """The local host checks no function keys: `--host 0.0.0.0` used to serve every HTTP
+    trigger to the network (attack 26a, noted). Refused before anything binds."""
+    process = _start_cli("--host", address, "--port", "0")
+    out, err = process.communicate(timeout=50)
+    assert process.returncode == 2
+    assert "listening on" not in out
+    assert "not a loopback address" in err and "--allow-remote" in err
+
+
+def test_loopback_names_are_loopback() -> None:
+    from emulators.functions_host.host import is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "local.host", ""))

@@ -239,6 +239,7 @@ def test_host_survives_an_emulator_restart(caplog: pytest.LogCaptureFixture) -> 
     assert any("reconnecting" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_cli_runs_service_bus_triggers_and_stops_on_sigterm(tmp_path: Path) -> None:
     # Its own emulator: the module's shared host would otherwise take the message.

@@ -59,6 +59,7 @@ class AcceptCounter:
         monkeypatch.setattr(ServiceBusClient, "get_subscription_receiver", counting)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_idle_session_threads_wait_in_one_accept_and_stop_at_once(
     emulator: Any, monkeypatch: pytest.MonkeyPatch

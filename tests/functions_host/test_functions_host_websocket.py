@@ -50,6 +50,7 @@ def _peek(emulator: Any, queue: str) -> list[ServiceBusReceivedMessage]:
         return list(receiver.peek_messages(max_message_count=10))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_trigger_and_output_binding_over_websockets(emulator: Any) -> None:
     endpoint = f"sb://127.0.0.1:{emulator.websocket_port}"

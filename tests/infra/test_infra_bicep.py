@@ -129,6 +129,7 @@ def test_pool_roles_are_deployed_per_managed_resource_group() -> None:
 # --- checkov -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkov_parsed_every_file(checkov_report: dict[str, Any]) -> None:
     assert checkov_report["results"].get("parsing_errors", []) == []
     assert checkov_report["summary"]["parsing_errors"] == 0

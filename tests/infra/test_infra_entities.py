@@ -62,13 +62,14 @@ SUBSCRIPTION_PROPERTIES = {
 # must be the emulator's value.
 TOPIC_WINDOW_PARAM = "topicDuplicateDetectionWindow"
 
-# The subscriptions the bridge itself relies on, each with its one filter: the four functions
-# bind to the first four, and audit takes everything. Others are allowed (your own subscriber).
+# The subscriptions the bridge itself relies on, each with its one filter: the functions bind to
+# all but the last, and audit takes everything. Others are allowed (your own subscriber).
 BUILT_IN_SUBSCRIPTIONS = {
     "teams": "transition <> 'Heartbeat'",
     "lb-pools": "transition IN ('Scheduled', 'Updated', 'Started', 'Completed', 'Cancelled')",
     "approval-gate": "transition IN ('Scheduled', 'Updated', 'Prepared', 'Heartbeat')",
     "webhooks": "transition <> 'Heartbeat'",
+    "history": "transition <> 'Heartbeat'",
     "audit": "1=1",
 }
 # Service Bus subscription names: 1-50 letters, digits, periods, hyphens and underscores,

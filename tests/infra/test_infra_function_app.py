@@ -364,3 +364,20 @@ def test_the_worker_threads_are_what_the_burst_benchmark_measured() -> None:
     host = json.loads((INFRA.parent / "host.json").read_text())
     sessions = host["extensions"]["serviceBus"]["maxConcurrentSessions"]
     assert settings["PYTHON_THREADPOOL_THREAD_COUNT"] == str(sessions)
+
+
+def test_the_history_table_is_the_one_the_app_defaults_to() -> None:
+    from functions.shared.settings import (
+        DEFAULT_CALENDAR_WINDOW_DAYS,
+        DEFAULT_HISTORY_RETENTION_DAYS,
+        HISTORY_TABLE,
+    )
+
+    storage = module("storage.bicep")
+    assert storage["parameters"]["historyTableName"]["default"] == HISTORY_TABLE
+    tables = resources_of_type(storage, "Microsoft.Storage/storageAccounts/tableServices/tables")
+    assert [unwrap(t)["name"] for t in tables.values()] == ["historyTableName"]
+    params = module("functionapp.bicep")["parameters"]
+    assert params["historyRetentionDays"]["default"] == DEFAULT_HISTORY_RETENTION_DAYS
+    assert params["calendarWindowDays"]["default"] == DEFAULT_CALENDAR_WINDOW_DAYS
+    assert "HISTORY_TABLE_URL" not in app_settings()  # defaults to the host storage account

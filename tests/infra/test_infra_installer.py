@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from infra_helpers import INFRA, REPO, parse
 
+from tests.support.root import NEEDS_ROOT
+
 SCRIPT = INFRA / "scripts" / "install-forwarder.sh"
 UNIT = INFRA / "scripts" / "sebridge-forwarder.service"
 UNIT_PATH = "etc/systemd/system/sebridge-forwarder.service"
@@ -130,7 +132,7 @@ def test_installer_knows_every_setting_the_forwarder_reads() -> None:
     config_module = REPO / "forwarder" / "config.py"
     # The flags of the local actions (hooks, drain probe) are declared beside them, and the
     # Service Bus connection flags (shared with sebridge approve) in the Service Bus module.
-    local_flags = REPO / "forwarder" / "local" / "actions.py"
+    local_flags = REPO / "forwarder" / "local" / "settings.py"
     connection_flags = REPO / "sebridge" / "servicebus.py"
     sources = config_module.read_text() + local_flags.read_text() + connection_flags.read_text()
     read = set(re.findall(r'"(SEBRIDGE_[A-Z_]+|AZURE_CLIENT_ID)"', sources))
@@ -464,7 +466,7 @@ def test_package_source_has_no_default() -> None:
 SYSTEM_PATH = f"{os.environ.get('PATH', '/usr/bin:/bin')}:/usr/sbin:/sbin"
 needs_useradd = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd", path=SYSTEM_PATH) is None,
-    reason="useradd --root needs root and useradd",
+    reason=f"{NEEDS_ROOT}: useradd --root needs root and useradd",
 )
 HOST_ACCOUNT_FILES = [Path("/etc") / name for name in ("passwd", "group", "shadow", "gshadow")]
 

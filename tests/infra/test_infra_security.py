@@ -29,6 +29,7 @@ MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 NETWORK_CONTRIBUTOR = "4d97b98b-1d4f-4787-a291-c67834d212e7"
 SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+STORAGE_TABLE_DATA_CONTRIBUTOR = "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3"
 SCALE_SET_INSTANCE_READER = "custom:scaleSetInstanceReader"  # defined in managed-group-roles
 ROLE_NAMES = {
     SCALE_SET_INSTANCE_READER: "Scale-set instance reader (custom)",
@@ -41,6 +42,7 @@ ROLE_NAMES = {
     NETWORK_CONTRIBUTOR: "Network Contributor",
     SCHEDULED_EVENTS_CONTRIBUTOR: "Scheduled Events Contributor",
     STORAGE_BLOB_DATA_CONTRIBUTOR: "Storage Blob Data Contributor",
+    STORAGE_TABLE_DATA_CONTRIBUTOR: "Storage Table Data Contributor",
 }
 # Broad roles nobody here may get.
 FORBIDDEN_ROLES = {
@@ -63,6 +65,11 @@ EXPECTED_ROLES = {
         SERVICE_BUS_DATA_RECEIVER,
     ],
     ("functionAppPrincipalId", "Microsoft.Storage/storageAccounts"): STORAGE_BLOB_DATA_OWNER,
+    # The history's entities, on its one table.
+    (
+        "functionAppPrincipalId",
+        "Microsoft.Storage/storageAccounts/tableServices/tables",
+    ): STORAGE_TABLE_DATA_CONTRIBUTOR,
     ("functionAppPrincipalId", "Microsoft.KeyVault/vaults"): KEY_VAULT_SECRETS_USER,
     ("functionAppPrincipalId", "Microsoft.Insights/components"): MONITORING_METRICS_PUBLISHER,
     # Managed resource groups only: NIC pool membership; reading VMs and acknowledging events.

@@ -23,6 +23,8 @@ from emulators.servicebus.testing import running_emulator
 from sebridge import servicebus
 from sebridge.forwarder.approvals.receiver import RECEIVE_WAIT, open_receiver
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 VM = "vm-latency"

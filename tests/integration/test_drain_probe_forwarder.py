@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from emulators.imds.testing import RunningSimulator, running_simulator
+from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract.events import parse_message
 
@@ -33,13 +34,6 @@ pytestmark = pytest.mark.timeout(180)
 def sim() -> Iterator[RunningSimulator]:
     with running_simulator(IDLE) as running:
         yield running
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def status(port: int) -> int | None:
@@ -125,7 +119,7 @@ def subjects(fw: ChildProcess, event_id: str) -> list[str]:
 def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
-    port = free_port()
+    port = reserve_port()  # the forwarder takes a port number, not 0
     with running(sim, tmp_path / "state", port, "--drain-seconds", "300") as fw:
         other = add_event(sim, resources=["vmss_vm2"])  # another VM's: stays healthy
         short = add_event(sim, event_type="Freeze", duration=5)  # too short to drain
@@ -137,8 +131,8 @@ def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
         assert fw.wait_for(lambda _: "Started" in subjects(fw, event_id), 20)
         assert status(port) == 503
         sim.event("remove", eventId=event_id)
-        wait_status(port, 200)
-        assert "Completed" in subjects(fw, event_id)
+        wait_status(port, 200)  # the probe follows the document: it may flip before the send
+        assert fw.wait_for(lambda _: "Completed" in subjects(fw, event_id), 20)
         # A cancelled event ends the drain too.
         again = add_event(sim, event_type="Redeploy")
         wait_status(port, 503)
@@ -148,8 +142,9 @@ def test_503_from_scheduled_to_completed_of_an_impactful_event_of_this_vm(
         sim.event("remove", eventId=short)
 
 
+@pytest.mark.slow
 def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_path: Path) -> None:
-    port = free_port()
+    port = reserve_port()  # the forwarder takes a port number, not 0
     with running(sim, tmp_path / "state", port, "--drain-seconds", "3") as fw:
         event_id = add_event(sim)
         wait_status(port, 503)
@@ -169,19 +164,21 @@ def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_p
         assert len(prepared(fw, event_id)) == 1
 
 
+@pytest.mark.slow
 def test_a_restart_while_draining_drains_again_at_once_and_publishes_prepared_once(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
-    port = free_port()
+    port = reserve_port()  # the forwarder takes a port number, not 0
     state = tmp_path / "state"
     with running(sim, state, port, "--drain-seconds", "1") as fw:
         event_id = add_event(sim)
         wait_status(port, 503)
         assert fw.wait_for(lambda _: prepared(fw, event_id), 30)
         first_id = prepared(fw, event_id)[0]["message_id"]
-        # Killed once the journal has marked it published (the log line comes after the mark):
-        # a kill between the outbox write and that mark publishes the same message id again
-        # after the restart, which the topic's duplicate detection drops (not tested here).
+        # Killed once the journal has marked it published (the log line comes after the mark).
+        # The outbox removes its row only after the print, so a kill in between prints the
+        # same message (same id) again after the restart: at least once, and the topic's
+        # duplicate detection drops the copy. What may never happen is a second Prepared.
         assert fw.wait_for(lambda _: f"Prepared {event_id} by" in fw.stderr_text(), 30)
         fw.kill()
     again = forwarder(
@@ -204,10 +201,14 @@ def test_a_restart_while_draining_drains_again_at_once_and_publishes_prepared_on
                 answers.append(answer)
             time.sleep(0.05)
         assert answers and set(answers) == {503}, answers
-        # Prepared went into the durable outbox before the crash: not published again.
+        # Prepared went into the durable outbox before the crash: not derived again. At most
+        # the outbox's copy of the same message goes out once more (a kill between its print
+        # and the row's removal: seen on a loaded machine).
         assert again.wait_for(lambda _: "drain time of 1 s over" in again.stderr_text(), 30)
         time.sleep(1.0)
-        assert prepared(again, event_id) == [], first_id
+        again_ids = [m["message_id"] for m in prepared(again, event_id)]
+        assert again_ids in ([], [first_id]), (first_id, again_ids)
+        assert f"Prepared {event_id} by" not in again.stderr_text()  # not decided again
         sim.event("remove", eventId=event_id)
         wait_status(port, 200)
     finally:
@@ -242,7 +243,7 @@ def test_with_an_upstream_the_applications_health_counts_and_down_is_503(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
     upstream = Upstream()
-    port = free_port()
+    port = reserve_port()  # the forwarder takes a port number, not 0
     try:
         with running(sim, tmp_path / "state", port, "--drain-probe-upstream", upstream.url) as fw:
             upstream.status = 500

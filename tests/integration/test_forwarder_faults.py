@@ -33,9 +33,10 @@ from typing import Any
 
 import pytest
 
+from emulators.ports import refused_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract import commands
-from sebridge.contract.events import ContractError, Observer, parse_message
+from sebridge.contract.events import Observer, parse_message
 from sebridge.forwarder.approvals.handler import CommandHandler
 from sebridge.forwarder.delivery.outbox import OUTBOX_FILE, Outbox
 from sebridge.forwarder.imds.client import ImdsClient
@@ -43,6 +44,7 @@ from sebridge.forwarder.imds.ratelimit import RequestLimit
 from sebridge.forwarder.main import EXIT_STATE_DIR
 from sebridge.forwarder.state import STATE_FILE
 from tests.support.imds_stub import ImdsStub, max_in_any_window
+from tests.support.root import skip_needing_root
 from tests.support.waiting import wait_until
 
 STOP_WITHIN = 5.0  # seconds from SIGTERM to exit, in every state
@@ -116,7 +118,7 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
     """A tmpfs mounted at ``path`` for the block (a real small or read-only file system)."""
     path.mkdir(parents=True, exist_ok=True)
     if shutil.which("mount") is None:
-        pytest.skip("no mount command: cannot make a real full or read-only file system")
+        skip_needing_root("no mount command: cannot make a real full or read-only file system")
     result = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
         capture_output=True,
@@ -124,7 +126,7 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
         check=False,
     )
     if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {result.stderr.strip()}")
+        skip_needing_root(f"cannot mount a tmpfs (CAP_SYS_ADMIN): {result.stderr.strip()}")
     try:
         yield path
     finally:
@@ -241,21 +243,48 @@ def test_out_of_range_and_odd_values_never_blind_the_forwarder(
     assert got[genuine["EventId"].lower()]["body"]["data"]["notBefore"] is not None
     props = got[odd[5]["EventId"].lower()]["application_properties"]
     assert "durationInSeconds" not in props  # outside int32: left out, not sent broken
-    # Published with the IMDS values verbatim; a consumer reads each, and refuses (with a
-    # reason, ContractError) only the events whose type, status or Resources it cannot read.
-    unreadable = {odd[i]["EventId"].lower() for i in (4, 5)}
+    # Published with the IMDS values verbatim; a consumer reads every one (issue 22, item 3:
+    # the one tolerant reader), and names each value it normalised in the message's warnings.
+    odd_fields = {
+        odd[4]["EventId"].lower(): ["data.EventType: 42", 'data.Resources: "stub-vm"'],
+        odd[5]["EventId"].lower(): ["data.EventStatus: missing"],
+        odd[6]["EventId"].lower(): ['data.EventSource: ["x"] is not a string: dropped'],
+    }
+    odd_fields |= {e["EventId"].lower(): ["data.NotBefore: "] for e in odd[:4]}
     for key, message in got.items():
-        body = json.dumps(message["body"]).encode()
-        if key in unreadable:
-            with pytest.raises(ContractError):
-                parse_message(body)
-        else:
-            parse_message(body)
+        parsed = parse_message(json.dumps(message["body"]).encode())
+        assert parsed.event is not None and parsed.event.key == key
+        for expected in odd_fields.get(key, []):
+            assert any(w.startswith(expected) for w in parsed.warnings), (expected, parsed.warnings)
+    assert parse_message(json.dumps(got[genuine["EventId"].lower()]["body"])).warnings == ()
+    # The forwarder says each odd value once (not at every poll), naming the event and field.
+    for expected in ("EventType: 42 is not a string", 'Resources: "stub-vm" is not a list'):
+        assert log.count(expected) == 1, log[-3000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_document_incarnation_that_is_not_an_integer_hides_no_event(
+    imds: ImdsStub, tmp_path: Path
+) -> None:
+    """Issue 22, item 14: one odd DocumentIncarnation used to refuse the whole document (every
+    poll failed, no event was reported); now it reads as null, said once, and nothing is lost."""
+    event = reboot()
+    imds.incarnation_as = "seven"
+    imds.set_events([event])
+    with forwarder(imds.url, tmp_path) as fw:
+        wait_for_message(fw, event["EventId"], 20, "Scheduled")
+        wait_until(lambda: len(imds.gets()) >= 4, 20, "more polls")
+        log = fw.stderr_text()
+        (message,) = messages(fw)
+    assert message["body"]["data"]["documentIncarnation"] is None
+    assert "poll failed" not in log and "Traceback" not in log
+    assert log.count('DocumentIncarnation: "seven" is not an integer: read as null') == 1, log
 
 
 # -- item 6: bounded IMDS requests and a bounded stop -------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_trickling_body_ends_by_the_deadline_and_polling_goes_on(
     imds: ImdsStub, tmp_path: Path
@@ -276,6 +305,7 @@ def test_a_trickling_body_ends_by_the_deadline_and_polling_goes_on(
     assert took <= 10 + 5, took  # one 10 s deadline (and the poll interval before it)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", ["endless", "huge"])
 def test_an_endless_or_huge_body_is_refused_at_the_cap(
@@ -303,6 +333,7 @@ STOP_STATES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("mode", "after_first_poll"), STOP_STATES)
 def test_sigterm_ends_the_process_within_5_seconds(
@@ -325,17 +356,18 @@ def test_sigterm_ends_the_process_within_5_seconds(
     assert "stopping" in log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_sigterm_ends_the_process_while_service_bus_is_unreachable(
     imds: ImdsStub, tmp_path: Path
 ) -> None:
     """Not dry-run: the sender and the approvals receiver keep trying a broker that is not
     there (a closed loopback port), with an event pending."""
-    import socket
+    with refused_port() as port:
+        _sigterm_while_unreachable(imds, tmp_path, port)
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+
+def _sigterm_while_unreachable(imds: ImdsStub, tmp_path: Path, port: int) -> None:
     connection = (
         f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey=x;"
         "UseDevelopmentEmulator=true"
@@ -382,6 +414,7 @@ def test_a_command_spends_at_most_its_budget_on_a_trickling_imds(imds: ImdsStub)
     assert took <= 3.0 + 0.5, took  # the whole budget, however slowly IMDS answers
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_flood_of_commands_never_drives_imds_above_5_per_second(imds: ImdsStub) -> None:
     """The poller and the approvals handler share one limit (as main.py wires them): 60

@@ -83,6 +83,7 @@ def expected_message_ids(messages: list[dict[str, Any]]) -> list[str]:
     return ids
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("scenario", scenario_names())
 def test_every_scenario_yields_exactly_its_transitions(scenario: str, tmp_path: Path) -> None:
@@ -114,6 +115,7 @@ def test_every_scenario_yields_exactly_its_transitions(scenario: str, tmp_path: 
         ("canceled-maintenance", "Scheduled", 30, "Cancelled"),
     ],
 )
+@pytest.mark.slow
 def test_restart_reports_what_vanished_while_down(
     scenario: str, seen: str, advance_to_gone: float, then: str, tmp_path: Path
 ) -> None:
@@ -159,6 +161,7 @@ def fault_rule(spec: str) -> dict[str, Any]:
         ("hang:seconds=3,count=1", 0),
     ],
 )
+@pytest.mark.slow
 def test_imds_faults_are_waited_out(fault: str, failures: int, tmp_path: Path) -> None:
     """Faults strike while an event is Scheduled; the scenario clock is slowed down and moved
     on by hand, so only the forwarder's handling of the fault is under test, not a race."""
@@ -246,6 +249,7 @@ def iso(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_heartbeats_come_once_a_second_and_say_how_the_forwarder_is(tmp_path: Path) -> None:
     with (
@@ -441,6 +445,7 @@ def test_imds_failing_or_hanging_abandons_within_the_budget(
         assert posted and all(p["status"] == rule.get("status", 429) for p in posted)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_handler_never_waits_for_the_slow_first_call(
     idle_sim: RunningSimulator, scheduled: str

@@ -19,6 +19,8 @@ from emulators.servicebus.testing import running_emulator
 from sebridge.contract.events import parse_message
 from tests.support.bus import receive_all
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 TOPIC = "scheduled-events"

@@ -44,6 +44,7 @@ def _nowhere(connection_string: str, port: int) -> str:
     return refused
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_the_forwarder_publishes_and_takes_approvals_over_websockets(
     emulator: Any, tmp_path: Path

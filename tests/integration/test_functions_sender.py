@@ -126,6 +126,7 @@ def test_a_message_too_large_fails_only_its_own_send(
     assert sorted(received_ids(emulator, 9)) == sorted(f"small-{n}" for n in range(9))
 
 
+@pytest.mark.slow
 def test_a_send_after_the_broker_restarted_goes_through(
     emulator: EmulatorProcess, sender: ServiceBusSender
 ) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,15 +19,17 @@ from typing import Any
 import pytest
 
 from emulators.imds.testing import RunningSimulator, running_simulator
+from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from tests.forwarder.local_support import root_dir, script, write_hooks
+from tests.support.root import requires_root
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
 VM = "vmss_vm1"  # the simulator's VM
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.skipif(os.geteuid() != 0, reason="a hooks file must be root-owned: run as root"),
+    requires_root("a hooks file must be root-owned"),
 ]
 
 
@@ -185,6 +186,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_a_hook_that_times_out_is_killed_with_its_process_group(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
@@ -325,6 +327,7 @@ def test_hooks_never_delay_detection(sim: RunningSimulator, tmp_path: Path) -> N
         ("dir-writable", "is writable by group and others"),
         ("invalid", "absolute path"),
         ("missing", "cannot check"),
+        ("symlink", "is a symbolic link"),  # issue 22, item 6: it could be pointed elsewhere
     ],
 )
 def test_a_hooks_file_anyone_but_root_could_change_is_refused_at_start(
@@ -344,6 +347,11 @@ def test_a_hooks_file_anyone_but_root_could_change_is_refused_at_start(
         )
     elif damage == "missing":
         hooks = etc / "nothing.json"
+    elif damage == "symlink":
+        link = etc / "link.json"
+        link.symlink_to(hooks)
+        os.lchown(link, 65534, 65534)
+        hooks = link
     fw = make(sim, tmp_path / "state", hooks).start()
     try:
         assert fw.process is not None
@@ -381,6 +389,8 @@ def test_a_failed_prepare_hook_publishes_no_prepared_and_heartbeats_say_so(
                 for m in fw.json_lines()
                 if m.get("subject") == "Heartbeat"
                 and m["body"]["data"]["heartbeat"].get("health", {}).get("hooksFailed")
+                # counted a moment later (the hook's end, then the Prepared decision)
+                and m["body"]["data"]["heartbeat"].get("health", {}).get("notPrepared")
             ]
 
         assert fw.wait_for(lambda _: reported(), 30), fw.stderr_text()[-3000:]
@@ -408,9 +418,7 @@ def test_hooks_and_probe_together_publish_one_prepared_when_both_are_done(
             },
         ],
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = reserve_port()  # the forwarder takes a port number, not 0
     with make(
         sim,
         tmp_path / "state",

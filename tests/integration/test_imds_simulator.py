@@ -22,6 +22,7 @@ from emulators.imds.testing import (
     in_process_simulator,
     running_simulator,
 )
+from tests.support.waiting import wait_until
 
 API = "api-version=2020-07-01"
 H = {"Metadata": "true"}
@@ -169,6 +170,29 @@ def test_advance_jumps_scenario_time(fresh: RunningSimulator) -> None:
     assert fresh.document()["Events"] == []
     with pytest.raises(RuntimeError, match="400"):
         fresh.advance(-1)
+
+
+def test_a_held_clock_keeps_the_scenario_still_until_it_runs_again(
+    fresh: RunningSimulator,
+) -> None:
+    fresh.advance(10)
+    assert fresh.run_clock()["clockHeld"] is False  # running already: nothing changes
+    held = fresh.hold_clock()
+    assert held["clockHeld"] is True
+    assert fresh.hold_clock()["elapsed"] == held["elapsed"]  # held already: nothing changes
+    fresh.advance(4.5)  # a jump still moves a held clock (Started is due at 15)
+    before = fresh.state()["elapsed"]
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # scenario time stands still while held
+        assert fresh.state()["elapsed"] == before
+        assert fresh.document()["Events"][0]["EventStatus"] == "Scheduled"
+    assert fresh.run_clock()["clockHeld"] is False
+    wait_until(
+        lambda: fresh.document()["Events"][0]["EventStatus"] == "Started", 10, "time to run on"
+    )
+    assert fresh.state()["elapsed"] >= 15
+    with pytest.raises(RuntimeError, match="400"):
+        fresh._call("POST", "/_sim/clock", {"running": "no"})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ def notify() -> Iterator[NotifySocket]:
         sock.close()
 
 
+@pytest.mark.slow
 def test_watchdog_is_fed_only_while_the_poll_loop_turns(
     sim: RunningSimulator, notify: NotifySocket, tmp_path: Path
 ) -> None:
@@ -129,6 +130,7 @@ def test_watchdog_is_fed_only_while_the_poll_loop_turns(
         assert fw.process.wait(10) == 0
 
 
+@pytest.mark.slow
 def test_failing_polls_are_a_live_loop_and_keep_the_watchdog_fed(
     sim: RunningSimulator, notify: NotifySocket, tmp_path: Path
 ) -> None:

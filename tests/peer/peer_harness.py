@@ -84,10 +84,15 @@ _REAL_CERTIFI_WHERE = certifi.where
 
 
 def _closed_port() -> int:
-    """A loopback port nothing listens on (connections to it are refused at once)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port nothing listens on (connections to it are refused at once): bound and
+    never listening for the rest of the run, so no other process can take it meanwhile."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    _HELD.append(holder)
+    return int(holder.getsockname()[1])
+
+
+_HELD: list[socket.socket] = []
 
 
 def _getaddrinfo(

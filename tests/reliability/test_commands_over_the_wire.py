@@ -23,6 +23,8 @@ from emulators.servicebus.testing import running_emulator
 from sebridge.contract import commands
 from tests.reliability.test_generated_input import command_bodies
 
+pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
+
 REPO = Path(__file__).resolve().parents[2]
 VM = "vmss_vm1"
 COMMANDS = 600

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -104,6 +105,7 @@ def poll(known: dict[str, ScheduledEvent], body: object) -> tuple[dict[str, Sche
     return index(document.events), envelopes
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(documents, min_size=1, max_size=6))
 def test_any_sequence_of_bodies_is_handled_without_crashing(bodies: list[object]) -> None:
@@ -122,6 +124,7 @@ def test_any_sequence_of_bodies_is_handled_without_crashing(bodies: list[object]
                 assert after in ("Completed",)
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.lists(plausible_event, max_size=4), st.integers(0, 10_000))
 def test_state_round_trips_whatever_imds_sent(
@@ -173,6 +176,7 @@ command_bodies = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=3000, deadline=None)
 @given(command_bodies)
 def test_every_command_is_either_valid_or_rejected_with_a_known_reason(body: bytes) -> None:

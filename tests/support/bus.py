@@ -39,7 +39,9 @@ def receive_all(
     sub_queue: Any = None,
 ) -> list[dict[str, Any]]:
     """Complete and return messages from every session of a subscription until ``want`` are in
-    (then one more empty round, so that extras would be caught) or ``timeout`` passes."""
+    (then one more empty round, so that extras would be caught). Fewer than ``want`` when
+    ``timeout`` passes is a failure: a test that asks for more than it expects would otherwise
+    pass slowly, waiting out its whole timeout every run."""
     out: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     idle_rounds = 0
@@ -58,4 +60,9 @@ def receive_all(
                     idle_rounds = 0 if got else idle_rounds + 1
             except OperationTimeoutError:
                 idle_rounds += 1  # no session with messages waiting
+    if len(out) < want:
+        raise AssertionError(
+            f"{len(out)} of {want} messages on {topic}/{subscription} within {timeout:g} s: "
+            f"{[(m['session_id'], m['subject']) for m in out]}"
+        )
     return out

@@ -53,6 +53,8 @@ class FakeImds:
         self.fail_next = 0
         self.instance_error: ImdsError | None = None
         self.gets = 0
+        self.lookups: list[float] = []  # when instance metadata was asked (set by the test's clock)
+        self.clock: FakeClock | None = None
 
     def set(self, events: Sequence[dict[str, Any]]) -> None:
         self.events = [dict(e) for e in events]
@@ -71,6 +73,8 @@ class FakeImds:
             raise ImdsError(f"not a valid document: {exc}", transient=True) from exc
 
     def instance_metadata(self) -> Observer:
+        if self.clock is not None:
+            self.lookups.append(self.clock.monotonic())
         if self.instance_error is not None:
             raise self.instance_error
         return OBSERVER
@@ -214,9 +218,12 @@ class World:
     outbox: FaultyOutbox = field(default_factory=FaultyOutbox)
     broker: FakeBroker = field(default_factory=FakeBroker)
     heartbeat_interval: float = 0.0
+    # The forwarder's identity from the host name, while instance metadata fails.
+    host_name: str = "fallback"
     forwarder: Forwarder = field(init=False)
 
     def __post_init__(self) -> None:
+        self.imds.clock = self.clock
         self.forwarder = self.start()
 
     def start(self) -> Forwarder:
@@ -228,7 +235,7 @@ class World:
             clock=self.clock,
             poll_interval=1.0,
             heartbeat_interval=self.heartbeat_interval,
-            fallback_observer=lambda: Observer(vm_name="fallback"),
+            fallback_observer=lambda: Observer(vm_name=self.host_name),
         )
         forwarder.resolve_observer()
         return forwarder

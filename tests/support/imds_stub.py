@@ -44,10 +44,13 @@ class ImdsStub:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
         self.incarnation = 1
+        # Served instead of the incarnation number when set (an odd DocumentIncarnation).
+        self.incarnation_as: Any = None
         self.mode = "normal"
         self.trickle_every = 3.0  # seconds between the bytes of a trickling body
         self.stall_for = 120.0  # seconds a stalled request is held (or until the server stops)
         self.instance_status = 404  # instance metadata: 404 with an HTML page, or 200
+        self.error_body = b'{"error": "Internal server error"}'  # what mode "500" answers
         self.requests: list[Request] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -62,9 +65,8 @@ class ImdsStub:
 
     def document_bytes(self) -> bytes:
         with self._lock:
-            return json.dumps(
-                {"DocumentIncarnation": self.incarnation, "Events": self.events}
-            ).encode()
+            incarnation = self.incarnation if self.incarnation_as is None else self.incarnation_as
+            return json.dumps({"DocumentIncarnation": incarnation, "Events": self.events}).encode()
 
     def gets(self) -> list[float]:
         with self._lock:
@@ -157,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "normal":
             self._send(200, body)
         elif mode == "500":
-            self._send(500, b'{"error": "Internal server error"}')
+            self._send(500, imds.error_body)
         elif mode == "stall":
             imds.stopping.wait(imds.stall_for)  # not a byte, not even the status line
             self.close_connection = True

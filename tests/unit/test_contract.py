@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 from sebridge.contract import commands
 from sebridge.contract.events import (
     ContractError,
+    Observer,
     Transition,
     event_message,
+    observed_by,
     parse_message,
+    with_observer,
 )
 from tests.fixtures import golden
 
@@ -93,6 +96,37 @@ def test_application_properties_carry_the_filter_fields() -> None:
         "resources": "web-1,web-2",
         "schemaVersion": 1,
     }
+
+
+@pytest.mark.parametrize("name", sorted(golden.build()))
+def test_a_message_built_under_the_host_name_is_rebound_to_the_vm_whole(name: str) -> None:
+    """Issue 22 item 13: what the forwarder built before it knew the VM's identity is sent
+    with it: the same message as the VM itself would have built (the golden one), observer,
+    filter properties and source, with the id and session of the original."""
+    host = Observer(vm_name="web-1-host", resource_group="stale-rg")
+    identified = golden.build()[name]
+    if not observed_by(identified, golden.OBSERVER):
+        pytest.skip("not the VM's own message (a workflow's, or another observer's)")
+    under_host = with_observer(identified, host)
+    assert observed_by(under_host, host) and under_host.application_properties["vmName"] == (
+        "web-1-host"
+    )
+    rebound = with_observer(under_host, golden.OBSERVER)
+    if identified.subject == "Heartbeat":
+        assert rebound.session_id == under_host.session_id  # a Heartbeat's is its VM: rebuilt
+        return
+    assert rebound.message_id == identified.message_id
+    assert rebound.session_id == identified.session_id
+    assert rebound.application_properties == identified.application_properties
+    assert rebound.body == identified.body
+    parse_message(rebound.body_bytes())
+
+
+def test_rebinding_keeps_a_source_that_was_not_the_observers() -> None:
+    prepared = golden.build()["prepared"]
+    rebound = with_observer(prepared, Observer(vm_name="other", resource_id="/x/other"))
+    assert rebound.body["source"] == prepared.body["source"]  # the workflow's URN
+    assert rebound.body["data"]["observer"]["vmName"] == "other"
 
 
 def test_dry_run_line_has_exactly_five_keys() -> None:

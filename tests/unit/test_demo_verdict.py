@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from emulators.demo import demo_world, load_packaged, rehome, scenario_names
-from emulators.demo_verdict import GONE_FOR_GOOD, MANUAL_POLICY, judge, plan_for
+from emulators.demo.verdict import GONE_FOR_GOOD, MANUAL_POLICY, judge, plan_for
+from emulators.demo.world import demo_world, load_packaged, rehome, scenario_names
 from sebridge.imds import Document, ScheduledEvent
 
 POOL = (

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sebridge.contract.events import Transition
-from sebridge.forwarder.imds.diff import STARTED_HIDDEN_BY_GAP, diff, index
+from sebridge.forwarder.imds.diff import STARTED_HIDDEN_BY_GAP, diff, index, remember
 from sebridge.imds import Document, InvalidDocument
 
 A = "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f"
@@ -205,9 +205,7 @@ def test_duration_minus_one_is_kept() -> None:
     "body",
     [
         [],
-        {"Events": []},
-        {"DocumentIncarnation": "1", "Events": []},
-        {"DocumentIncarnation": True, "Events": []},
+        {"DocumentIncarnation": 1},
         {"DocumentIncarnation": 1, "Events": {}},
         {"DocumentIncarnation": 1, "Events": ["x"]},
         {"DocumentIncarnation": 1, "Events": [{"EventType": "Reboot", "EventStatus": "Scheduled"}]},
@@ -329,10 +327,38 @@ def test_the_gap_threshold_is_shorter_than_started_lasts_and_longer_than_polling
     "fields", [{"EventType": 42}, {"EventStatus": None}, {"Resources": "vm1"}, {"Resources": [1]}]
 )
 def test_a_single_event_read_on_its_own_is_strict_by_default(fields: dict[str, Any]) -> None:
-    """A message's data and an Event Grid notification are one event each: a consumer refuses
-    what it cannot read, with a reason. Only documents (and the forwarder's state) tolerate."""
+    """An Event Grid notification is one event: its ingestion refuses what it cannot read, with
+    a reason. Documents, the forwarder's state and a message's data (parse_message) tolerate,
+    and name what they normalised (tests/unit/test_tolerant_reader.py)."""
     from sebridge.imds import ScheduledEvent
 
     with pytest.raises(InvalidDocument):
         ScheduledEvent.from_imds(ev(**fields))
     assert ScheduledEvent.from_imds(ev(**fields), strict=False).key == A.lower()
+
+
+def _follow(*documents: Document) -> list[tuple[str, str]]:
+    """Every transition over a sequence of documents, remembering between them as the
+    forwarder and its local actions do."""
+    known: dict[str, Any] = {}
+    out: list[tuple[str, str]] = []
+    for document in documents:
+        out += [(c.transition.value, c.event.key) for c in diff(known, document)]
+        known = remember(known, document.events)
+    return out
+
+
+def test_started_never_goes_back_so_it_is_reported_once() -> None:
+    """Found by the state machine: Started, then the same event Scheduled again (IMDS never
+    does it; a garbled or replayed document can), then Started. Remembered as Scheduled, the
+    event was reported Started twice under one id (``<ref>:Started:1``)."""
+    started, scheduled = ev(status="Started"), ev()
+    assert _follow(doc(1, started), doc(2, scheduled), doc(3, started)) == [("Started", A)]
+    assert _follow(doc(1, started), doc(2, scheduled), doc(3)) == [
+        ("Started", A),
+        ("Completed", A),
+    ]
+    assert _follow(doc(1, scheduled), doc(2, ev(NotBefore="Mon, 11 Apr 2022 23:00:00 GMT"))) == [
+        ("Scheduled", A),
+        ("Updated", A),
+    ]

@@ -4,16 +4,17 @@ sequences of all of them is tests/reliability/test_forwarder_state_machine.py.""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 
 import pytest
 
-from sebridge.contract.events import Envelope, parse_message
+from sebridge.contract.events import Envelope, Observer, parse_message
 from sebridge.forwarder.observability.health import Health
 from sebridge.forwarder.ports import ImdsError
 from sebridge.forwarder.service import OBSERVER_RETRY_SECONDS
-from tests.support.forwarder_fakes import World, scheduled, started
+from tests.support.forwarder_fakes import OBSERVER, World, scheduled, started
 
 A = "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f"
 B = "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a"
@@ -194,12 +195,12 @@ def test_instance_metadata_failures_are_logged_once_and_again_only_when_they_cha
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     world = World()
-    world.forwarder.observer_resolved = False
     html = "<html><body>" + "<p>Not Found</p>" * 40 + "</body></html>"
     world.imds.instance_error = ImdsError(
-        f"IMDS answered 404 to GET instance: {html}", transient=False
+        f"IMDS answered 404 to GET instance: {html}", transient=False, status=404
     )
     with caplog.at_level(logging.DEBUG, logger="forwarder"):
+        world.restart()
         for _ in range(10):
             world.clock.advance(OBSERVER_RETRY_SECONDS)
             world.forwarder.tick()
@@ -218,6 +219,82 @@ def test_instance_metadata_failures_are_logged_once_and_again_only_when_they_cha
     assert world.forwarder.observer.vm_name == "vm1"
     assert any("instance metadata available" in r.getMessage() for r in caplog.records)
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 2
+
+
+# -- issue 22 item 13: a message never leaves without the VM's identity ----------------------
+
+FALLBACK = Observer(vm_name="fallback")  # World's host-name identity
+
+
+def unknown_identity(world: World) -> None:
+    """Instance metadata fails (500) from the forwarder's start on."""
+    world.imds.instance_error = ImdsError("IMDS answered 500 to GET instance", transient=True)
+    world.restart()
+
+
+def test_transitions_wait_for_the_identity_then_go_out_with_it_under_their_own_ids() -> None:
+    world = World(heartbeat_interval=1.0)
+    unknown_identity(world)
+    world.imds.set([scheduled(A)])
+    for _ in range(10):
+        world.clock.advance(1)
+        poll_and_send(world)
+    assert world.broker.accepted == []  # no transition, and no Heartbeat either
+    waiting = [envelope for _, envelope in world.outbox.peek(10)]
+    assert [e.subject for e in waiting] == ["Scheduled"]
+    assert parse_message(waiting[0].body_bytes()).observer == FALLBACK  # the probe's, hooks'
+    world.imds.instance_error = None
+    for _ in range(61):  # the next lookup comes within the backoff's cap
+        world.clock.advance(1)
+        poll_and_send(world)
+        if world.broker.transitions():
+            break
+    (sent,) = world.broker.transitions()
+    assert sent.message_id == waiting[0].message_id and sent.session_id == A
+    message = parse_message(sent.body_bytes())
+    assert message.observer == OBSERVER and message.source == OBSERVER.source
+    assert sent.application_properties["vmName"] == "vm1"
+    assert sent.application_properties["resourceGroup"] == "rg"
+    world.clock.advance(1)
+    poll_and_send(world)
+    beats = [parse_message(e.body_bytes()) for e in world.broker.heartbeats()]
+    assert beats and all(b.observer == OBSERVER for b in beats)
+
+
+def test_rows_an_earlier_run_left_under_the_host_name_are_sent_with_the_identity() -> None:
+    world = World()
+    unknown_identity(world)
+    world.imds.set([scheduled(A)])
+    poll_and_send(world)
+    assert world.outbox.depth() == 1
+    world.imds.instance_error = None
+    world.restart()  # a crash: the next run finds instance metadata at once
+    poll_and_send(world)
+    (sent,) = world.broker.transitions()
+    assert parse_message(sent.body_bytes()).observer == OBSERVER
+
+
+def test_an_imds_that_serves_no_instance_metadata_sends_under_the_host_name() -> None:
+    world = World()
+    world.imds.instance_error = ImdsError("IMDS answered 404", transient=False, status=404)
+    world.restart()
+    world.imds.set([scheduled(A)])
+    poll_and_send(world)
+    (sent,) = world.broker.transitions()
+    assert parse_message(sent.body_bytes()).observer == FALLBACK
+
+
+def test_the_identity_lookup_backs_off_from_one_second_to_a_minute() -> None:
+    world = World()
+    unknown_identity(world)
+    del world.imds.lookups[:-1]  # from the restart's on
+    for _ in range(900):
+        world.clock.advance(1)
+        world.forwarder.tick()
+    gaps = [b - a for a, b in itertools.pairwise(world.imds.lookups)]
+    assert 1 <= gaps[0] <= 2 and max(gaps) <= OBSERVER_RETRY_SECONDS + 1
+    assert max(gaps) > OBSERVER_RETRY_SECONDS / 2  # it grew
+    assert len(world.imds.lookups) < 60  # not once a second for 15 minutes
 
 
 # -- what issue 14 and 16 plug in ------------------------------------------------------------

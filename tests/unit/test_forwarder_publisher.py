@@ -199,6 +199,7 @@ observers = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(odd_events, observers, st.sampled_from(list(Transition)[:5]))
 def test_whatever_imds_sends_makes_a_message_the_sdk_encodes(

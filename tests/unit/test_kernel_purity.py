@@ -26,6 +26,7 @@ PURE_MODULES = (
     "sebridge.lifecycle",
     "sebridge.retry",
     "sebridge.values",
+    "sebridge.text",
     "sebridge.impact",
     "sebridge.timing",
     "sebridge.contract.cloudevents",
@@ -44,6 +45,9 @@ PURE_MODULES = (
     "functions.lb_pools.core",
     "functions.teams.cards",
     "functions.teams.core",
+    "functions.history.core",
+    "functions.history.calendar",
+    "functions.history.endpoints",
 )
 # Standard-library modules that reach outside the process (or start threads to do so).
 IO_MODULES = frozenset(

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,6 +179,7 @@ def as_imds_does(documents: list[list[dict[str, Any]]]) -> list[list[dict[str, A
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.lists(steps, min_size=1, max_size=12).map(as_imds_does))
 def test_distinct_transitions_never_share_an_id(documents: list[list[dict[str, Any]]]) -> None:

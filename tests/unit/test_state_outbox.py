@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from sebridge.contract.events import Observer, Transition, event_message, heartbeat_message
 from sebridge.forwarder.delivery.outbox import MEMORY, OUTBOX_FILE, Outbox, OutboxError
+from sebridge.forwarder.durable import boundaries
 from sebridge.forwarder.state import STATE_FILE, ForwarderState, StateStore
 from sebridge.imds import Document
 
@@ -408,3 +409,56 @@ def test_the_cached_counts_are_the_database_counts(steps: list[tuple[str, int]])
             assert (outbox.depth(), outbox.aside_count()) == (fresh.depth(), fresh.aside_count())
             fresh.close()
         outbox.close()
+
+
+# -- write boundaries (sebridge.forwarder.durable): a crash at each leaves before or after --------
+
+
+class Crash(BaseException):
+    """kill -9 at a write boundary: nothing after it happens (no cleanup either)."""
+
+
+def crash_at(name: str) -> Any:
+    def hook(where: str) -> None:
+        if where == name:
+            raise Crash(where)
+
+    return hook
+
+
+def test_a_crash_at_each_state_file_boundary_leaves_the_old_or_the_new_state(
+    tmp_path: Path,
+) -> None:
+    document = Document.from_imds({"DocumentIncarnation": 7, "Events": [EVENT]})
+    old, new = ForwarderState(6), ForwarderState(7, {e.key: e for e in document.events})
+    names: list[str] = []
+    StateStore(tmp_path).save(old)
+    with boundaries(names.append):
+        StateStore(tmp_path).save(new)
+    assert names == [f"{STATE_FILE}:write", f"{STATE_FILE}:rename", f"{STATE_FILE}:dirsync"]
+    for name, expected in zip(names, (6, 6, 7), strict=True):
+        StateStore(tmp_path).save(old)
+        with boundaries(crash_at(name)), pytest.raises(Crash):
+            StateStore(tmp_path).save(new)
+        assert StateStore(tmp_path).load().incarnation == expected, name
+        assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE], name  # leftovers removed
+
+
+def test_a_crash_at_an_outbox_commit_leaves_nothing_of_the_transaction(tmp_path: Path) -> None:
+    envelope = heartbeat_message(
+        OBSERVER,
+        NOW,
+        forwarder_version="x",
+        last_incarnation=1,
+        outbox_depth=0,
+        last_successful_poll=None,
+    )
+    outbox = Outbox(tmp_path)
+    with boundaries(crash_at("outbox:commit")), pytest.raises(Crash):
+        outbox.put([envelope])
+    outbox.close()
+    reopened = Outbox(tmp_path)
+    assert reopened.depth() == 0
+    reopened.put([envelope])
+    assert reopened.depth() == 1
+    reopened.close()

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.eventgrid import (
     EventGridDeliveryError,
     EventGridPublisher,
@@ -40,20 +39,15 @@ def webhook_url(host_url: str) -> str:
     return f"{host_url}/runtime/webhooks/EventGrid?functionName={FUNCTION}"
 
 
-def state_storage() -> FakeConditionalBlobStorage:
-    """The blob fake for the ingestion's per-event records (not started)."""
-    return FakeConditionalBlobStorage()
-
-
-def app_settings(source: str, storage: FakeConditionalBlobStorage, group: str) -> dict[str, str]:
-    """What the Function App needs for ``source``: the ingestion and its store; with Event Grid
-    alone, the demo's resource group runs without forwarders (the gate acknowledges through
-    ARM)."""
+def app_settings(source: str, blob_endpoint: str, group: str) -> dict[str, str]:
+    """What the Function App needs for ``source``: the ingestion and its records (a container
+    at ``blob_endpoint``, Azurite in the demo); with Event Grid alone, the demo's resource group
+    runs without forwarders (the gate acknowledges through ARM)."""
     if source == "forwarder":
         return {}
     settings = {
         "EVENTGRID_INGEST_ENABLED": "true",
-        "EVENTGRID_STATE_URL": storage.container_url(STATE_CONTAINER),
+        "EVENTGRID_STATE_URL": f"{blob_endpoint}/{STATE_CONTAINER}",
     }
     if source == "eventgrid":
         settings["AGENTLESS_RESOURCE_GROUPS"] = group

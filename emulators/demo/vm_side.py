@@ -34,14 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulators.demo import (
-    GROUP,
-    SUBSCRIPTION,
-    DemoStack,
-    Timeline,
-    free_port,
-    watch_list,
-)
+from emulators.demo.stack import DemoStack, watch_list
+from emulators.demo.timeline import Timeline
+from emulators.demo.world import GROUP, SUBSCRIPTION
+from emulators.ports import reserve_port
 
 NAME = "vm-side"
 DESCRIPTION = (
@@ -199,7 +195,7 @@ def run_vm_side(speed: float, timeout: float, verbose: bool) -> tuple[list[str],
         hooks_path, checkpoints = write_hooks(work)
         _, sim_url = stack.start_simulator(scenario_file, speed)
 
-        probe_port = free_port()
+        probe_port = reserve_port()  # the forwarder takes a port number, not 0
         fw = forwarder(
             sim_url,
             work / "state",

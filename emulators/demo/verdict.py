@@ -124,3 +124,16 @@ def _short(pool_id: str) -> str:
     """``lb/pool`` of a backend pool id."""
     parts = pool_id.rstrip("/").split("/")
     return "/".join(parts[-3::2]) if len(parts) >= 3 else pool_id
+
+
+def approved_event_ids(posts: list[dict[str, Any]]) -> set[str]:
+    """The EventIds IMDS took a StartRequests for (answered 200)."""
+    approved: set[str] = set()
+    for post in list(posts):
+        if post.get("status") != 200:
+            continue
+        try:
+            approved.add(json.loads(post["body"])["StartRequests"][0]["EventId"].lower())
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            continue
+    return approved

@@ -1,0 +1,43 @@
+"""Ports for programs that must be told a port before they start (tests, demo, benchmarks).
+
+The stand-ins bind port 0 and report the port they got (``listening on ...``, ``.port``); that
+is the rule. The forwarder cannot: ``--metrics-port`` and ``--drain-probe-port`` take a real
+port, as on a VM. Picking a free port by binding and closing a probe socket leaves a gap in
+which any other process (another pytest worker, another checkout's suite) may be handed the
+same port. :func:`reserve_port` closes that gap the way Yelp's ``ephemeral-port-reserve`` does:
+it leaves the port in TIME_WAIT after a real connection, so for about a minute the kernel hands
+it to no ``bind(("", 0))`` and no outgoing connection, while a server that sets SO_REUSEADDR
+(the forwarder's, like every Python ``http.server``) can still bind it.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def reserve_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` that only a SO_REUSEADDR listener can bind for the next minute."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen(1)
+        address = listener.getsockname()[:2]
+        with socket.create_connection(address, timeout=5) as client:
+            accepted, _ = listener.accept()
+            # The accepted side closes first, so the TIME_WAIT is on the listening port.
+            accepted.close()
+            client.recv(1)
+    port: int = address[1]
+    return port
+
+
+@contextmanager
+def refused_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A port where every connection is refused while the block runs: bound, never listening,
+    so no other process can take it meanwhile (a broker that is not there)."""
+    with socket.socket() as holder:
+        holder.bind((host, 0))
+        port: int = holder.getsockname()[1]
+        yield port

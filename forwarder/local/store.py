@@ -1,0 +1,260 @@
+"""What the local actions know, in memory, and its durable mirror (the journal).
+
+The local actions follow IMDS whatever the disk does: every change is made here, in memory,
+first (the view of the events, the hook runs, the preparations), marked *dirty*, and then
+:meth:`LocalStore.flush` writes everything dirty in one journal transaction. When the journal
+cannot be written (a full disk), nothing is lost from memory and nothing waits on the disk: the
+probe still drains and the hooks still run (unrecorded, so at least once), and the dirty items
+stay dirty, so the first flush that succeeds writes the whole current state at once (level,
+not edge). A crash while behind restarts from the older journal: the transitions since are
+derived again with the same ids and their hooks run again (at least once), never lost.
+
+One lock (:attr:`LocalStore.lock`, re-entrant) guards the memory; the poller holds it while it
+applies a document and flushes, so that no flush from another thread (a hook that ended) can
+write half of what one document called for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sebridge.contract.events import ContractError, Observer
+from sebridge.forwarder.local.journal import (
+    MAX_FINISHED,
+    MAX_PREPARATIONS,
+    Journal,
+    JournalError,
+    Preparation,
+    Run,
+)
+from sebridge.forwarder.observability.health import ConditionLog
+from sebridge.forwarder.state import MAX_LIVES, ForwarderState
+from sebridge.imds import InvalidDocument, ScheduledEvent
+from sebridge.lifecycle import Life
+
+log = logging.getLogger("forwarder.local")
+
+
+@dataclass
+class View:
+    """The local actions' own view of the events: what the next document is diffed against
+    (the same diff and message ids as the forwarder's, :mod:`sebridge.lifecycle`)."""
+
+    events: dict[str, ScheduledEvent] = field(default_factory=dict)
+    lives: dict[str, Life] = field(default_factory=dict)
+    observed_at: datetime | None = None
+    incarnation: int | None = None
+    observer: Observer | None = None  # this VM, as the last document was observed by
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "observer": self.observer.to_data() if self.observer else None,
+            "incarnation": self.incarnation,
+            "observedAt": self.observed_at.isoformat() if self.observed_at else None,
+            "events": [event.to_imds() for event in self.events.values()],
+            "lives": {key: life.to_json() for key, life in self.lives.items()},
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> View:
+        """Strict: a damaged view raises ValueError (the caller starts afresh)."""
+        incarnation = obj.get("incarnation")
+        if incarnation is not None and (
+            isinstance(incarnation, bool) or not isinstance(incarnation, int)
+        ):
+            raise ValueError("incarnation is not an integer")
+        raw_events = obj.get("events")
+        raw_lives = obj.get("lives")
+        if not isinstance(raw_events, list) or not isinstance(raw_lives, dict):
+            raise ValueError("events or lives missing")
+        if len(raw_lives) > 10 * MAX_LIVES:
+            raise ValueError("lives is larger than expected")
+        try:
+            events = [ScheduledEvent.from_imds(raw, strict=False) for raw in raw_events]
+        except InvalidDocument as exc:
+            raise ValueError(str(exc)) from exc
+        observed_at = None
+        text = obj.get("observedAt")
+        if isinstance(text, str) and len(text) <= 64:
+            try:
+                moment = datetime.fromisoformat(text)
+                observed_at = moment.astimezone(UTC) if moment.tzinfo else None
+            except (ValueError, OverflowError):
+                observed_at = None
+        observer_data = obj.get("observer")
+        try:
+            observer = (
+                Observer.from_data(observer_data) if isinstance(observer_data, dict) else None
+            )
+        except ContractError:
+            observer = None
+        return cls(
+            events={event.key: event for event in events},
+            lives={str(key): Life.from_json(life) for key, life in raw_lives.items()},
+            observed_at=observed_at,
+            incarnation=incarnation,
+            observer=observer,
+        )
+
+    @classmethod
+    def of(cls, state: ForwarderState) -> View:
+        """The forwarder's own state as a view (a journal from before views were kept)."""
+        return cls(dict(state.events), dict(state.lives), state.observed_at, state.incarnation)
+
+
+class LocalStore:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.lock = threading.RLock()
+        self.view = View()
+        self.runs: dict[tuple[str, str], Run] = {}  # in the order first recorded
+        self.preparations: dict[str, Preparation] = {}
+        self._view_dirty = False
+        self._dirty_runs: set[tuple[str, str]] = set()
+        self._dirty_preparations: set[str] = set()
+        self.behind_since: datetime | None = None  # the journal could not be written since
+        self.flush_failures = 0
+        self.views_written = 0  # how many times the view reached the journal (diagnostics)
+        self._log = ConditionLog(log, logging.ERROR)
+
+    # -- start -------------------------------------------------------------------------------
+    def load(self) -> bool:
+        """Read the journal (at start); False when it holds no view yet (a first start, or a
+        journal from before views were kept). A journal that cannot be read starts empty."""
+        try:
+            snapshot = self.journal.load()
+        except JournalError as exc:
+            log.error("cannot read the local actions' journal (%s): starting empty", exc)
+            return False
+        with self.lock:
+            self.runs = {run.key: run for run in snapshot.runs}
+            self.preparations = {p.event_key: p for p in snapshot.preparations}
+            if snapshot.view is None:
+                return False
+            try:
+                self.view = View.from_json(snapshot.view)
+            except ValueError as exc:
+                log.error("the local actions' view is damaged (%s): started afresh", exc)
+                return False
+        return True
+
+    # -- changes (in memory; flushed by flush) -----------------------------------------------
+    def set_view(self, view: View, *, persist: bool = True) -> None:
+        with self.lock:
+            self.view = view
+            self._view_dirty = self._view_dirty or persist
+
+    def add_runs(self, runs: Iterable[Run]) -> list[Run]:
+        """Record ``runs`` as pending; returns those that are new (a run already known, running
+        or finished, is never queued twice)."""
+        new = []
+        with self.lock:
+            for run in runs:
+                if run.key in self.runs:
+                    continue
+                self.runs[run.key] = run
+                self._dirty_runs.add(run.key)
+                new.append(run)
+        return new
+
+    def update_run(self, run: Run) -> None:
+        with self.lock:
+            if run.key not in self.runs:
+                return  # forgotten meanwhile (bounded): nothing to record
+            self.runs[run.key] = run
+            self._dirty_runs.add(run.key)
+            self._bound_runs()
+
+    def run(self, key: tuple[str, str]) -> Run | None:
+        with self.lock:
+            return self.runs.get(key)
+
+    def unfinished(self) -> list[Run]:
+        with self.lock:
+            return [run for run in self.runs.values() if not run.finished]
+
+    def set_preparation(self, preparation: Preparation) -> None:
+        with self.lock:
+            self.preparations[preparation.event_key] = preparation
+            self._dirty_preparations.add(preparation.event_key)
+            self._bound_preparations()
+
+    def preparation(self, event_key: str) -> Preparation | None:
+        with self.lock:
+            return self.preparations.get(event_key)
+
+    def open_preparations(self) -> list[Preparation]:
+        with self.lock:
+            return [p for p in self.preparations.values() if not p.ended]
+
+    def _bound_runs(self) -> None:
+        finished = [key for key, run in self.runs.items() if run.finished]
+        for key in finished[: max(0, len(finished) - MAX_FINISHED)]:
+            del self.runs[key]
+            self._dirty_runs.discard(key)
+
+    def _bound_preparations(self) -> None:
+        ended = [key for key, p in self.preparations.items() if p.ended]
+        for key in ended[: max(0, len(ended) - MAX_PREPARATIONS)]:
+            del self.preparations[key]
+            self._dirty_preparations.discard(key)
+
+    # -- the journal ---------------------------------------------------------------------------
+    @property
+    def dirty(self) -> bool:
+        with self.lock:
+            return self._view_dirty or bool(self._dirty_runs or self._dirty_preparations)
+
+    def persist_view(self) -> None:
+        """Write the view at the next flush even if no event changed (at stop: a restart then
+        measures its observation gap from the last poll, as the forwarder's state does)."""
+        with self.lock:
+            self._view_dirty = True
+
+    def flush(self) -> bool:
+        """Write everything dirty in one journal transaction. True when the journal holds what
+        memory holds; False (logged once while it lasts) when it could not be written: it all
+        stays dirty and goes with the next flush."""
+        with self.lock:
+            if not self.dirty:
+                return True
+            runs = [self.runs[key] for key in self.runs if key in self._dirty_runs]
+            preparations = [
+                self.preparations[key]
+                for key in self.preparations
+                if key in self._dirty_preparations
+            ]
+            try:
+                self.journal.commit(
+                    view=self.view.to_json() if self._view_dirty else None,
+                    runs=runs,
+                    preparations=preparations,
+                )
+            except JournalError as exc:
+                self.flush_failures += 1
+                if self.behind_since is None:
+                    self.behind_since = datetime.now(UTC)
+                self._log.report(
+                    f"cannot write the local actions' journal ({exc}): the probe and the hooks "
+                    "go on from memory (a hook may run again after a crash); the whole current "
+                    "state is written at the first flush that succeeds"
+                )
+                return False
+            if self._view_dirty:
+                self.views_written += 1
+            self._view_dirty = False
+            self._dirty_runs.clear()
+            self._dirty_preparations.clear()
+            if self.behind_since is not None:
+                self._log.clear(
+                    f"local actions' journal written again after {self.flush_failures} failed "
+                    "attempt(s): it holds the whole current state"
+                )
+                self.behind_since = None
+                self.flush_failures = 0
+            return True

@@ -1,0 +1,180 @@
+"""Everything a hook started is gone when it ends (issue 22, item 8), with real processes.
+
+A background child and a ``setsid`` child used to keep running after the hook succeeded or
+timed out, counting against the unit's task limit. Each net of
+:mod:`sebridge.forwarder.local.containment` is tried on its own: the cgroup (where one can be
+made: root here), and without it the process group, the marker and the subreaper.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from sebridge.forwarder.local.containment import Containment
+from sebridge.forwarder.local.hooks_file import Hook
+from sebridge.forwarder.local.runner import Invocation, Outcome, run_hook
+from sebridge.imds import ScheduledEvent
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+EVENT = ScheduledEvent.from_imds(
+    {
+        "EventId": "9e1c6b52-7a44-4da0-b1ca-6e8c3f0a1b2c",
+        "EventType": "Reboot",
+        "EventStatus": "Scheduled",
+        "Resources": ["web-1"],
+        "NotBefore": "Sun, 22 Nov 2026 10:05:00 GMT",
+    }
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def zombie_children() -> list[int]:
+    me = os.getpid()
+    out = []
+    for task in os.listdir(f"/proc/{me}/task"):
+        for pid in Path(f"/proc/{me}/task/{task}/children").read_text().split():
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] == "Z" and int(stat[3]) != os.getsid(0):
+                out.append(int(pid))
+    return out
+
+
+@pytest.fixture(params=["cgroup", "group-marker-subreaper"])
+def containment(request: pytest.FixtureRequest) -> Iterator[Containment]:
+    contain = Containment(cgroups=request.param == "cgroup")
+    if request.param == "cgroup" and contain.cgroup_base is None:
+        pytest.skip("no cgroup v2 this process may write (needs root or a delegated cgroup)")
+    yield contain
+
+
+def run(
+    contain: Containment, body: str, *, timeout: float = 10, cancel: threading.Event | None = None
+) -> Outcome:
+    hook = Hook("contain", frozenset({"Scheduled"}), ("/bin/sh", "-c", body), timeout)
+    invocation = Invocation(hook, "Scheduled", "x:Scheduled:1", EVENT, "web-1")
+    result = run_hook(
+        invocation, now=NOW, base_env={}, kill_grace=0.5, containment=contain, cancel=cancel
+    )
+    return result.outcome
+
+
+def pids(path: Path, count: int) -> list[int]:
+    wait_until(
+        lambda: path.exists() and len(path.read_text().split()) >= count, 10, f"{count} pid(s)"
+    )
+    return [int(p) for p in path.read_text().split()]
+
+
+def escapees(tmp_path: Path) -> str:
+    """A background child, and a setsid child that leaves the session and the group."""
+    out = tmp_path / "pids"
+    return (
+        f"sleep 300 & echo $! >> {out}\n"
+        f"setsid sh -c 'echo $$ >> {out}; exec sleep 300' &\n"
+        f"while [ $(wc -l < {out}) -lt 2 ]; do sleep 0.02; done\n"
+    )
+
+
+def test_a_background_and_a_setsid_child_of_a_hook_that_succeeded_are_gone(
+    containment: Containment, tmp_path: Path
+) -> None:
+    assert run(containment, escapees(tmp_path) + "exit 0") is Outcome.SUCCEEDED
+    background, detached = pids(tmp_path / "pids", 2)
+    assert not alive(background), "the background child outlived the hook"
+    assert not alive(detached), "the setsid child outlived the hook"
+    assert zombie_children() == []
+
+
+def test_they_are_gone_when_the_hook_fails_or_times_out(
+    containment: Containment, tmp_path: Path
+) -> None:
+    assert run(containment, escapees(tmp_path) + "exit 3") is Outcome.FAILED
+    (tmp_path / "pids").rename(tmp_path / "failed")
+    assert run(containment, escapees(tmp_path) + "sleep 300", timeout=1) is Outcome.TIMED_OUT
+    for pid in pids(tmp_path / "failed", 2) + pids(tmp_path / "pids", 2):
+        assert not alive(pid)
+    assert zombie_children() == []
+
+
+def test_they_are_gone_when_the_forwarder_stops(containment: Containment, tmp_path: Path) -> None:
+    cancel = threading.Event()
+    timer = threading.Timer(1.0, cancel.set)
+    timer.start()
+    try:
+        assert run(containment, escapees(tmp_path) + "sleep 300", cancel=cancel) is (
+            Outcome.INTERRUPTED
+        )
+    finally:
+        timer.cancel()
+    for pid in pids(tmp_path / "pids", 2):
+        assert not alive(pid)
+
+
+def test_a_child_that_clears_its_environment_and_leaves_the_session_is_found_too(
+    containment: Containment, tmp_path: Path
+) -> None:
+    """No marker, another session and group: the cgroup holds it, and without one the
+    subreaper brings it back to the forwarder as an orphan."""
+    out = tmp_path / "pids"
+    body = (
+        f"env -i setsid sh -c 'echo $$ >> {out}; exec sleep 300' &\n"
+        f"while [ ! -s {out} ]; do sleep 0.02; done\nexit 0"
+    )
+    assert run(containment, body) is Outcome.SUCCEEDED
+    (pid,) = pids(out, 1)
+    assert not alive(pid)
+    assert zombie_children() == []
+
+
+def test_ending_one_run_leaves_another_running_hook_alone(
+    containment: Containment, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    release = tmp_path / "release"
+    body = (
+        f"sleep 300 & echo $! >> {other}\n"
+        f"setsid sh -c 'echo $$ >> {other}; exec sleep 300' &\n"
+        f"while [ ! -e {release} ]; do sleep 0.05; done"
+    )
+    outcomes: list[Outcome] = []
+    long = threading.Thread(target=lambda: outcomes.append(run(containment, body, timeout=60)))
+    long.start()
+    try:
+        its = pids(other, 2)
+        assert run(containment, escapees(tmp_path) + "exit 0") is Outcome.SUCCEEDED
+        assert all(alive(pid) for pid in its), "ending one run killed another's processes"
+    finally:
+        release.touch()
+        long.join(timeout=30)
+    assert outcomes == [Outcome.SUCCEEDED]
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in its) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in its)
+
+
+def test_the_run_cgroup_is_removed(tmp_path: Path) -> None:
+    contain = Containment()
+    if contain.cgroup_base is None:
+        pytest.skip("no cgroup v2 this process may write")
+    before = set(contain.cgroup_base.glob("sebridge-hook-*"))
+    marker = tmp_path / "cgroup"
+    assert run(contain, f"cat /proc/self/cgroup > {marker}; sleep 300 &") is Outcome.SUCCEEDED
+    assert "sebridge-hook-" in marker.read_text()  # it ran inside its own cgroup
+    assert set(contain.cgroup_base.glob("sebridge-hook-*")) == before

@@ -1,0 +1,189 @@
+"""The one HTTP client (sebridge.forwarder.net.client) against loopback servers that answer in
+every way a conforming server may, and in the hostile ways (issue 22, item 12).
+
+Before this client, a server that closed the connection after its answer (HTTP/1.0, or
+``Connection: close``, as Microsoft's IMDS mock server does) failed the request with
+``OSError [Errno 9] Bad file descriptor`` whenever the body came in a write of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from sebridge.forwarder.net.client import (
+    BodyTooLarge,
+    DeadlineExceeded,
+    DeadlineHttp,
+    RequestCancelled,
+    TransportError,
+)
+from tests.support.http_peers import HttpPeer, Request, Style
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+DOCUMENT = json.dumps({"DocumentIncarnation": 7, "Events": []}).encode()
+SLACK = 2.0  # seconds past a deadline within which the request must have ended
+
+
+def document(request: Request) -> tuple[int, bytes]:
+    if request.method == "POST":
+        return 200, b""
+    return 200, DOCUMENT
+
+
+CONFORMING = [
+    Style(version="HTTP/1.0", close=True),
+    Style(version="HTTP/1.0", close=True, writes="many"),
+    Style(version="HTTP/1.0", framing="eof"),
+    Style(version="HTTP/1.0", framing="eof", writes="many"),
+    Style(version="HTTP/1.1", close=True),
+    Style(version="HTTP/1.1", close=True, writes="many"),
+    Style(version="HTTP/1.1", close=True, framing="chunked", writes="many"),
+    Style(version="HTTP/1.1"),
+    Style(version="HTTP/1.1", writes="many"),
+    Style(version="HTTP/1.1", framing="chunked"),
+    Style(version="HTTP/1.1", framing="chunked", writes="many"),
+    Style(version="HTTP/1.0", writes="many"),  # HTTP/1.0 with Connection: keep-alive
+]
+
+
+@pytest.mark.parametrize("style", CONFORMING, ids=str)
+def test_every_conforming_server_is_read_right_every_time(style: Style) -> None:
+    with HttpPeer(document, style) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024 * 1024)
+        try:
+            for i in range(20):
+                answer = client.request("GET", f"/get/{i}", timeout=5)
+                assert (answer.status, answer.body) == (200, DOCUMENT), i
+                answer = client.request(
+                    "POST", f"/post/{i}", timeout=5, body=b'{"StartRequests": []}'
+                )
+                assert (answer.status, answer.body) == (200, b""), i
+        finally:
+            client.close()
+        # Each request reached the server once, in order: nothing was sent twice.
+        expected = [p for i in range(20) for p in (f"/get/{i}", f"/post/{i}")]
+        assert [r.target for r in peer.requests] == expected
+        assert [r.body for r in peer.requests if r.method == "POST"] == [
+            b'{"StartRequests": []}'
+        ] * 20
+        closes = style.close or style.framing == "eof"
+        assert peer.connections == (40 if closes else 1)
+
+
+def test_a_server_that_closes_after_answering_without_saying_so_is_read_right() -> None:
+    """HTTP/1.1 without "Connection: close", then the close: the next request sees the closed
+    connection and opens a fresh one (it does not send into the dead one)."""
+    style = Style(version="HTTP/1.1", close=True, announce_close=False)
+    with HttpPeer(document, style) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        try:
+            for i in range(10):
+                assert client.request("GET", f"/{i}", timeout=5).body == DOCUMENT
+                wait_until(lambda i=i: peer.closed > i, 10, "the server to close")
+        finally:
+            client.close()
+        assert peer.connections == 10 and len(peer.requests) == 10
+
+
+def test_a_kept_alive_connection_the_server_dropped_while_idle_is_replaced() -> None:
+    with HttpPeer(document, Style(close_idle_after=0.2)) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        try:
+            for i in range(3):
+                assert client.request("GET", "/", timeout=5).body == DOCUMENT
+                wait_until(lambda i=i: peer.closed_idle > i, 10, "the server to drop it")
+            assert client.request("GET", "/", timeout=5).body == DOCUMENT
+        finally:
+            client.close()
+        assert peer.connections == 4 and len(peer.requests) == 4
+
+
+@pytest.mark.parametrize(
+    "style",
+    [
+        Style(trickle_headers=0.5),
+        Style(trickle_body=0.5),
+        Style(trickle_body=0.5, framing="chunked"),
+        Style(version="HTTP/1.0", framing="eof", trickle_body=0.5),  # no length: the close ends it
+        Style(answer=False),
+    ],
+    ids=str,
+)
+def test_a_peer_that_trickles_or_never_answers_ends_by_the_deadline(style: Style) -> None:
+    """Never a cut body taken as complete: without Content-Length, the watchdog's shutdown
+    looks like the server's close, and must still be a DeadlineExceeded."""
+    with HttpPeer(document, style) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            client.request("GET", "/", timeout=1.5)
+        assert time.monotonic() - started < 1.5 + SLACK
+        client.close()
+        assert len(peer.requests) == 1
+
+
+def test_cancel_ends_a_request_at_once() -> None:
+    cancel = threading.Event()
+    with HttpPeer(document, Style(answer=False)) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024, cancel=cancel)
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.request("GET", "/", timeout=60)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        wait_until(lambda: peer.requests, 10, "the request to arrive")
+        cancel.set()
+        thread.join(timeout=SLACK)
+        assert not thread.is_alive(), "a cancelled request still waits for the peer"
+        assert [type(e) for e in outcome] == [RequestCancelled]
+        with pytest.raises(RequestCancelled):  # and none starts once cancelled
+            client.request("GET", "/", timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("style", "size"),
+    [
+        (Style(), 1025),  # Content-Length above the cap: refused before reading
+        (Style(framing="chunked"), 5000),
+        (Style(version="HTTP/1.0", framing="eof"), 5000),
+    ],
+    ids=["sized", "chunked", "until-close"],
+)
+def test_a_body_above_the_cap_is_refused(style: Style, size: int) -> None:
+    with HttpPeer(lambda _: (200, b" " * size), style) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        with pytest.raises(BodyTooLarge):
+            client.request("GET", "/", timeout=5)
+        client.close()
+
+
+@pytest.mark.parametrize(
+    "style",
+    [Style(truncate_body=10), Style(version="HTTP/1.0", close=True, truncate_body=10)],
+    ids=["1.1", "1.0"],
+)
+def test_a_sized_body_the_peer_cuts_short_is_an_error_not_an_answer(style: Style) -> None:
+    with HttpPeer(document, style) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        with pytest.raises(TransportError, match="IncompleteRead"):
+            client.request("GET", "/", timeout=5)
+        client.close()
+
+
+def test_a_refused_connection_is_a_transport_error() -> None:
+    with socket.socket() as bound:  # bound, not listening: the connection is refused
+        bound.bind(("127.0.0.1", 0))
+        client = DeadlineHttp(f"http://127.0.0.1:{bound.getsockname()[1]}", max_body=1024)
+        with pytest.raises(TransportError, match="refused"):
+            client.request("GET", "/", timeout=5)

@@ -1,0 +1,268 @@
+"""A crash at every write boundary of the forwarder, in turn, not sampled (issue 22, part B).
+
+The forwarder's durable stores are the state file, the outbox and the local actions' journal;
+each durable step is a named write boundary (:mod:`sebridge.forwarder.durable`): the state
+file's temp write, rename and directory fsync, each outbox commit (the held transitions, their
+release, Prepared, the removal of what was sent), each journal commit (the view with its hook
+runs and preparations, a run's start and end, Prepared's published mark).
+
+The process model is the real loop, the real stores on a real directory and the real local
+actions; hooks run in-process through a recording runner (what they did survives a crash, as
+a real hook's effect would), and the probe drains at once. One scenario (an event of this VM
+scheduled, updated, started and completed; a neighbour's event scheduled and cancelled; a
+Preempt of this VM) is run once to count its N boundaries, then N + 1 times more, the k-th
+ending the process at boundary k (everything after it is lost: no write, no cleanup). The
+process is then rebuilt from the directory alone, the interrupted step is run again (IMDS still
+shows its document) and the scenario finishes. Each time, against the run without a crash:
+
+- every transition reaches the broker, per event in order, with the same ids (none lost, none
+  under a new id);
+- every hook run happens at least once, and none with an id the run without a crash did not
+  have (a repeat is the same run again: hooks are idempotent);
+- the same Prepared messages, with the same ids.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sebridge.forwarder.delivery.outbox import Outbox
+from sebridge.forwarder.durable import boundaries
+from sebridge.forwarder.local.actions import LocalActions
+from sebridge.forwarder.local.drain_probe import DrainProbe
+from sebridge.forwarder.local.hooks_file import parse_hooks
+from sebridge.forwarder.local.journal import Journal
+from sebridge.forwarder.local.preparation import Preparations
+from sebridge.forwarder.local.runner import HookResult, Invocation, Outcome
+from sebridge.forwarder.local.store import LocalStore
+from sebridge.forwarder.local.worker import HookWorker
+from sebridge.forwarder.service import Forwarder
+from sebridge.forwarder.state import StateStore
+from sebridge.impact import DEFAULT_RULES
+from tests.support.forwarder_fakes import T0, FakeBroker, FakeClock, FakeImds, scheduled, started
+
+pytestmark = pytest.mark.timeout(600)
+
+HOOKS = parse_hooks(
+    {
+        "hooks": [
+            {
+                "name": "checkpoint",
+                "on": ["Scheduled", "Updated"],
+                "command": ["/x"],
+                "prepare": True,
+            },
+            {
+                "name": "log-all",
+                "on": ["Scheduled", "Started", "Completed", "Cancelled"],
+                "command": ["/x"],
+                "allEvents": True,
+            },
+        ]
+    }
+)
+A = "aaaaaaaa-0000-4000-8000-000000000001"
+N = "bbbbbbbb-0000-4000-8000-000000000002"  # a neighbour's
+P = "cccccccc-0000-4000-8000-000000000003"
+LATER = "Mon, 23 Nov 2026 11:00:00 GMT"
+
+
+class Crash(BaseException):
+    """The process died at a write boundary."""
+
+
+@dataclass
+class Outside:
+    """What outlives the process: IMDS, the clock, the broker, and what hooks did."""
+
+    directory: Path
+    clock: FakeClock = field(default_factory=FakeClock)
+    imds: FakeImds = field(default_factory=FakeImds)
+    broker: FakeBroker = field(default_factory=FakeBroker)
+    hook_runs: list[tuple[str, str]] = field(default_factory=list)
+
+    def runner(self, invocation: Invocation, **_: Any) -> HookResult:
+        self.hook_runs.append((invocation.message_id, invocation.hook.name))
+        return HookResult(Outcome.SUCCEEDED, 0, 0.0, detail="exit code 0")
+
+
+class Process:
+    """The forwarder with its local actions, built from the directory alone."""
+
+    def __init__(self, outside: Outside) -> None:
+        self.outbox = Outbox(outside.directory)
+        self.forwarder = Forwarder(
+            imds=outside.imds,
+            store=StateStore(outside.directory),
+            outbox=self.outbox,
+            publisher=outside.broker,
+            clock=outside.clock,
+            heartbeat_interval=0,
+        )
+        self.forwarder.resolve_observer()
+        self.journal = Journal(outside.directory)
+        store = LocalStore(self.journal)
+        self.preparations = Preparations(store, self.forwarder.deliver, now=outside.clock.now)
+        self.hooks = HookWorker(
+            HOOKS, store, self.preparations, runner=outside.runner, now=outside.clock.now
+        )
+        self.probe = DrainProbe(
+            DEFAULT_RULES, 0, preparations=self.preparations, clock=outside.clock.monotonic
+        )
+        self.preparations.preparers = [self.hooks, self.probe]
+        self.local = LocalActions(store, self.preparations, self.hooks, self.probe)
+        self.forwarder.listeners.append(self.local)
+        self.local.start(fallback=self.forwarder.state)
+
+    def step(self) -> None:
+        """One round of what the threads do: a poll, the hooks, the drain timer, a send."""
+        self.forwarder.tick()
+        self.hooks.drain()
+        self.preparations.check_all()
+        self.forwarder.send_pending()
+
+    def close(self) -> None:
+        self.outbox.close()
+        self.journal.close()
+
+
+def document(*events: dict[str, Any]) -> Callable[[Outside], None]:
+    def serve(outside: Outside) -> None:
+        outside.imds.set(list(events))
+
+    return serve
+
+
+def later(seconds: float) -> Callable[[Outside], None]:
+    def tick(outside: Outside) -> None:
+        outside.clock.advance(seconds)
+
+    return tick
+
+
+neighbour = scheduled(N, Resources=["vm2"])
+SCENARIO: list[Callable[[Outside], None]] = [
+    document(scheduled(A), neighbour),
+    later(1),
+    document(scheduled(A, NotBefore=LATER), neighbour),
+    later(1),
+    document(started(A)),  # and the neighbour's is cancelled
+    later(1),
+    document(
+        scheduled(
+            P,
+            EventType="Preempt",
+            NotBefore=(T0 + timedelta(seconds=30)).strftime("%a, %d %b %Y %H:%M:%S GMT"),
+        )
+    ),  # A completed
+    later(1),
+    document(),
+]
+
+
+@dataclass
+class Outcome_:
+    transitions: dict[str, list[str]]
+    prepared: list[str]
+    hook_runs: list[tuple[str, str]]
+    boundaries: list[str]
+
+
+@contextmanager
+def a_directory() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="crash-every-write-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def run(crash_at: int | None) -> Outcome_:
+    """The scenario, with the process ended at boundary ``crash_at`` (1-based) if given."""
+    seen: list[str] = []
+    dead = threading.Event()
+
+    def boundary(name: str) -> None:
+        if dead.is_set():
+            raise Crash(name)
+        seen.append(name)
+        if crash_at is not None and len(seen) == crash_at:
+            dead.set()
+            raise Crash(name)
+
+    with a_directory() as directory:
+        outside = Outside(directory)
+        process = Process(outside)
+        index = 0
+        with boundaries(boundary):
+            while index < len(SCENARIO):
+                try:
+                    SCENARIO[index](outside)
+                    process.step()
+                except Crash:
+                    process.close()  # kill -9: nothing more is written
+                    dead.clear()
+                    process = Process(outside)
+                    continue  # IMDS still shows the step's document: the step again
+                index += 1
+            for _ in range(3):
+                process.step()
+        process.close()
+    transitions: dict[str, list[str]] = {}
+    for envelope in outside.broker.transitions():
+        if envelope.subject != "Prepared":
+            transitions.setdefault(envelope.session_id, []).append(envelope.message_id)
+    prepared = [e.message_id for e in outside.broker.accepted if e.subject == "Prepared"]
+    return Outcome_(transitions, prepared, outside.hook_runs, seen)
+
+
+def test_the_scenario_without_a_crash_does_what_it_should() -> None:
+    """The control: every transition, hook run and Prepared the scenario calls for."""
+    clean = run(None)
+    assert clean.transitions == {
+        A: [f"{A}:Scheduled:1", clean.transitions[A][1], f"{A}:Started:1", f"{A}:Completed:1"],
+        N: [f"{N}:Scheduled:1", f"{N}:Cancelled:1"],
+        P: [f"{P}:Scheduled:1", f"{P}:Cancelled:1"],
+    }
+    assert clean.transitions[A][1].startswith(f"{A}:Updated:1:")
+    updated = clean.transitions[A][1]
+    assert sorted(set(clean.hook_runs)) == sorted(
+        [
+            (f"{A}:Scheduled:1", "checkpoint"),
+            (f"{A}:Scheduled:1", "log-all"),
+            (updated, "checkpoint"),
+            (f"{A}:Started:1", "log-all"),
+            (f"{A}:Completed:1", "log-all"),
+            (f"{N}:Scheduled:1", "log-all"),
+            (f"{N}:Cancelled:1", "log-all"),
+            (f"{P}:Scheduled:1", "checkpoint"),
+            (f"{P}:Scheduled:1", "log-all"),
+            (f"{P}:Cancelled:1", "log-all"),
+        ]
+    )
+    assert len(clean.hook_runs) == len(set(clean.hook_runs))
+    assert len(clean.prepared) == 3  # A's Scheduled and Updated, P's Scheduled
+    kinds = {name.split(":")[0] for name in clean.boundaries}
+    assert kinds == {"state.json", "outbox", "journal"}, kinds
+
+
+def test_a_crash_at_every_write_boundary_loses_nothing_and_renames_nothing() -> None:
+    clean = run(None)
+    count = len(clean.boundaries)
+    assert count > 40, clean.boundaries
+    for k in range(1, count + 2):
+        crashed = run(k)
+        where = f"crash at boundary {k} of {count} ({[*clean.boundaries, 'end'][k - 1]})"
+        assert crashed.transitions == clean.transitions, where
+        assert set(crashed.hook_runs) == set(clean.hook_runs), where
+        assert sorted(set(crashed.prepared)) == sorted(clean.prepared), where

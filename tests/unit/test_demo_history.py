@@ -1,0 +1,47 @@
+"""The demo's history verdict fails when the calendar did not show an event before it started."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from emulators.demo.history import CalendarWatch, verdict, vevents
+from tests.functions.support import event
+
+KEY = event().key
+
+
+def _watch(*seen: tuple[str, float], shown: float | None = None) -> CalendarWatch:
+    topic: list[dict[str, Any]] = [
+        {"transition": t, "event": event(), "message_id": t, "at": at} for t, at in seen
+    ]
+    watch = CalendarWatch("http://127.0.0.1:9", topic, lambda *_: None, threading.Event())
+    if shown is not None:
+        watch.first_seen[KEY] = shown
+    return watch
+
+
+def test_an_event_never_shown_or_shown_too_late_fails_the_demo() -> None:
+    expected = {KEY: {}}
+    never = verdict(_watch(("Scheduled", 0.0), ("Started", 5.0)), expected)
+    late = verdict(_watch(("Scheduled", 0.0), ("Started", 5.0), shown=6.0), expected)
+    assert never == late == [f"the calendar feed did not show event {KEY[:8]} before it started"]
+    assert verdict(_watch(("Scheduled", 0.0), ("Started", 5.0), shown=3.0), expected) == []
+    # started within the grace: shown before it ends is enough
+    assert verdict(_watch(("Scheduled", 0.0), ("Started", 0.5), shown=3.0), expected) == []
+    # first seen Started (a hardware failure): nothing to show beforehand
+    assert verdict(_watch(("Started", 0.0)), expected) == []
+
+
+def test_vevents_unfolds_and_reads_properties() -> None:
+    text = (
+        "BEGIN:VCALENDAR\r\nBEGIN:VEVENT\r\nUID:a-1@sebridge\r\nSUMMARY:Reboot: web-1\\, we\r\n"
+        " b-2\r\nSEQUENCE:2\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+    )
+    assert vevents(text) == {
+        "a-1@sebridge": {
+            "UID": "a-1@sebridge",
+            "SUMMARY": "Reboot: web-1\\, web-2",
+            "SEQUENCE": "2",
+        }
+    }

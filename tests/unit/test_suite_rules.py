@@ -1,0 +1,93 @@
+"""The suite's own rules (tests/conftest.py), checked on small pytest sessions (pytester)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SESSION = """
+import pytest
+
+from tests.support.root import requires_root, skip_needing_root
+
+
+@pytest.mark.skipif(True, reason="needs root: a marker's skip")
+def test_marked():
+    pass
+
+
+def test_mount_refused():
+    skip_needing_root("cannot mount a tmpfs (CAP_SYS_ADMIN): permission denied")
+
+
+def test_other_reason():
+    pytest.skip("tests the local emulator itself; the suite runs against another namespace")
+
+
+@requires_root("a hooks file must be root-owned")
+def test_root_only():
+    import os
+
+    assert os.geteuid() == 0
+"""
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_a_skip_for_want_of_root_fails_under_ci_and_only_there(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    pytester.makepyfile(test_session=SESSION)
+    result = pytester.runpytest("-p", "tests.conftest", "-p", "no:cacheprovider", "-rfs")
+    outcomes = result.parseoutcomes()
+    not_root = 0 if os.geteuid() == 0 else 1  # as root, test_root_only runs and passes
+    failed = outcomes.get("failed", 0) + outcomes.get("errors", 0)  # a marker's: at setup
+    if ci:
+        assert failed == 2 + not_root
+        assert outcomes.get("skipped", 0) == 1  # another reason: skipped as before
+        result.stdout.fnmatch_lines(["*skipped under CI=true, where every test must run*"])
+        assert result.ret != 0
+    else:
+        assert failed == 0
+        assert outcomes.get("skipped", 0) == 3 + not_root
+        assert result.ret == 0
+
+
+SHARED = """
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    return object()
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_uses_the_module_stand_in(stand_in, n):
+    with open(os.environ["WORKERS_FILE"], "a") as out:
+        out.write(os.environ.get("PYTEST_XDIST_WORKER", "none") + "\\n")
+"""
+
+
+def test_tests_sharing_a_module_stand_in_run_in_one_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make test's --dist loadgroup with tests/conftest.py's groups: a module-scoped fixture
+    is set up once, in one worker, not once in every worker that takes some of its tests
+    (pytest 9.2 silently broke this: pytest-dev/pytest-xdist#1386)."""
+    workers = pytester.path / "workers.txt"
+    monkeypatch.setenv("WORKERS_FILE", str(workers))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the subprocess imports tests.conftest
+    pytester.makepyfile(test_shared=SHARED)
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup"
+    )
+    assert result.parseoutcomes().get("passed") == 6
+    seen = workers.read_text().split()
+    assert len(seen) == 6 and len(set(seen)) == 1, seen
