@@ -1,5 +1,5 @@
 // Scheduled Events Bridge: everything in Azure except the VMs.
-// Deploy at resource-group scope (README, Deploy). Installing the forwarder on existing VMs and
+// Deploy at resource-group scope (docs/deploy.md). Installing the forwarder on existing VMs and
 // scale sets is a separate deployment: infra/forwarder.bicep.
 
 targetScope = 'resourceGroup'
@@ -125,7 +125,7 @@ param agentlessResourceGroups array = []
 @description('VM and scale-set name patterns (shell-style, e.g. batch-*) that run no forwarder (AGENTLESS_VM_PATTERNS).')
 param agentlessVmPatterns array = []
 
-@description('Existing VMs, scale sets and availability sets to opt in to scheduled events in Event Grid (scheduledEventsPolicy, Compute API 2025-04-01), one entry per resource group: {resourceGroup, vmNames, vmssNames, availabilitySetNames}. Register the preview features first (README, Deploy: Agentless mode).')
+@description('Existing VMs, scale sets and availability sets to opt in to scheduled events in Event Grid (scheduledEventsPolicy, Compute API 2025-04-01), one entry per resource group: {resourceGroup, vmNames, vmssNames, availabilitySetNames}. Register the preview features first (docs/deploy.md: Agentless mode).')
 param scheduledEventsPolicyTargets array = []
 
 @description('Deploy the fleet maintenance workbook (Azure Monitor) over the history\'s summary lines in Application Insights.')

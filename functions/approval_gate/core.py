@@ -60,7 +60,7 @@ log = logging.getLogger("sebridge.functions.approval_gate")
 
 REQUESTED_BY = "approval-gate"
 DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
-# How far ahead of the gate's clock a Heartbeat's time may be (README: Approval policy).
+# How far ahead of the gate's clock a Heartbeat's time may be (docs/configuration.md).
 CLOCK_SKEW = timedelta(minutes=5)
 
 

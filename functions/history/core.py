@@ -29,7 +29,7 @@ whose JSON form fits one Azure Table string property (32,767 UTF-16 units) whate
 characters, every list is bounded, nothing is kept twice (:func:`summary_properties`), and a
 summary read back equals the one derived, so a redelivery writes nothing.
 
-**Bounds** (README, Event history): :data:`MAX_VMS` VM names per entry and per summary,
+**Bounds** (docs/monitoring.md): :data:`MAX_VMS` VM names per entry and per summary,
 :data:`MAX_APPEARANCES` appearances per summary (the most recently recorded), entries read per
 event scope bounded by the store with the lifecycle rows never crowded out by the bulk ones,
 :data:`MAX_TEXT` characters of Description and reasons.
