@@ -20,7 +20,7 @@ param forwarderIdentityClientId string
 @description('Fully qualified Service Bus namespace (output serviceBusNamespace), written as SEBRIDGE_NAMESPACE.')
 param serviceBusNamespace string
 
-@description('What pip installs on the VMs, as root. Required: this project is not published on PyPI, so the bare name there could be anyone\'s package. Give the https URL of a wheel you host (e.g. https://pkgs.example.com/sebridge/scheduled_events_bridge-0.1.0-py3-none-any.whl), or a pinned requirement (scheduled-events-bridge==0.1.0) only if the VMs\' pip index-url (/etc/pip.conf) is your own index. No http://, no credentials: the value is logged in the extension\'s status.')
+@description('What pip installs on the VMs, as root. Required: this project is not published on PyPI, so the bare name there could be anyone\'s package. Give the https URL of a wheel you host (e.g. https://pkgs.example.com/sebridge/scheduled_events_bridge-0.3.0-py3-none-any.whl), or a pinned requirement (scheduled-events-bridge==0.3.0) only if the VMs\' pip index-url (/etc/pip.conf) is your own index. No http://, no credentials: the value is logged in the extension\'s status.')
 @minLength(1)
 param packageSource string
 

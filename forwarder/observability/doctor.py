@@ -337,9 +337,9 @@ class Doctor:
         assert self.config is not None
         config = self.config
         fix = (
-            f"IMDS ({config.imds_endpoint}) must be reachable from this VM: no proxy for it "
-            "(NO_PROXY=169.254.169.254), no firewall rule or route dropping it; this must be an "
-            "Azure VM"
+            f"IMDS ({config.imds_endpoint}) must be reachable from this VM (the forwarder connects "
+            "directly, never through a proxy): no firewall rule or route dropping it; this must "
+            "be an Azure VM"
         )
         notice(
             "imds: asking IMDS for scheduled events; the first call after 24 h without one may "

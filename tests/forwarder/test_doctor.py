@@ -351,7 +351,8 @@ def test_imds_that_does_not_answer_is_a_failure_with_the_fix(tmp_path: Path) -> 
     )  # fmt: skip
     assert code == 1
     assert checks["imds"]["status"] == "FAIL"
-    assert "NO_PROXY=169.254.169.254" in checks["imds"]["fix"]
+    assert "must be reachable from this VM" in checks["imds"]["fix"]
+    assert "never through a proxy" in checks["imds"]["fix"]
 
 
 def test_a_configuration_the_forwarder_would_refuse(sim: RunningSimulator) -> None:
