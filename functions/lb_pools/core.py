@@ -138,12 +138,14 @@ def _change_nic(
     raise PreconditionFailed(f"{nic_id}: still changing after {MAX_ETAG_RETRIES} attempts")
 
 
-def claim_of(message: TransitionMessage, now: datetime) -> nic_pools.Claim:
-    """The claim a drain for ``message`` puts on each NIC it takes out: its event, until the
+def claim_of(verified: VerifiedMessage, now: datetime) -> nic_pools.Claim:
+    """The claim a drain for ``verified`` puts on each NIC it takes out: its event in its
+    verified scope (VerifiedMessage.scoped_key: another scope's end never drops it), until the
     event ends at the latest (from the message's own time, so a replay claims the same)."""
+    message = verified.message
     event = message.event
     assert event is not None
-    return nic_pools.Claim(event.key, held.maintenance_until(event, message.time or now))
+    return nic_pools.Claim(verified.scoped_key, held.maintenance_until(event, message.time or now))
 
 
 def dropped_resources(message: TransitionMessage) -> list[str]:
@@ -185,9 +187,8 @@ class DrainRequest:
 
     @property
     def key(self) -> str:
-        event = self.message.event
-        assert event is not None
-        return event.key
+        """The event in its verified scope: what the pools keep of it is kept under this."""
+        return self.verified.scoped_key
 
 
 @dataclass
@@ -348,16 +349,15 @@ class LbPools:
             trust.log_refusal("lb_pools", message, resolved)
             return
         restored: Restored = {}
-        assert message.event is not None
         failures = self._restore_all(
             self._allowed(message, list(resolved), outcome),
             outcome,
             restored,
-            event_id=message.event.key,
+            event_id=verified.scoped_key,
             now=now,
         )
         if restored and self.guarded:
-            self._resume(restored, outcome, now, skip=message.event.key)
+            self._resume(restored, outcome, now, skip=verified.scoped_key)
         self._report_not_restored(verified, outcome)
         if failures:
             raise failures[0]
@@ -407,7 +407,7 @@ class LbPools:
         resume_pool: str | None = None,
     ) -> None:
         changeable = [vm for vm in vms if self._drainable(vm, outcome)]
-        claim = claim_of(verified.message, now)
+        claim = claim_of(verified, now)
         if self.pools is None:
             for vm in changeable:
                 self._drain_vm(vm, outcome, claim=claim)
@@ -421,7 +421,7 @@ class LbPools:
             if not wanted:
                 for vm in changeable:  # in no pool: nothing to decide, nothing to lock
                     self._drain_vm(vm, outcome, claim=claim)  # out already: claim it too
-                self._unhold_elsewhere(verified.message, set(), now)
+                self._unhold_elsewhere(verified, set(), now)
                 return
             # The probe verdicts are asked for before the locks are taken (the health API is a
             # long-running operation in Azure: it must not lengthen the time a pool is locked);
@@ -446,7 +446,7 @@ class LbPools:
                 return
             if not outcome.reason:
                 keep = {verdict.held.pool_id.lower()} if verdict.held else set()
-                self._unhold_elsewhere(verified.message, keep, now)
+                self._unhold_elsewhere(verified, keep, now)
             return
         raise PreconditionFailed("pool membership kept changing while the pools were locked")
 
@@ -508,7 +508,9 @@ class LbPools:
                     blocked = decision.blocked
                     if blocked is not None:
                         pool_key = blocked.pool_id.lower()
-                        lists[pool_key][request.key] = held.entry_for(request.message, request.now)
+                        lists[pool_key][request.key] = held.entry_for(
+                            request.message, request.now, key=request.key
+                        )
                         changed.add(pool_key)
                         for other in pools:  # held in one pool: the one that blocks it now
                             if other == pool_key:
@@ -588,11 +590,11 @@ class LbPools:
         assert self.pools is not None
 
         def change(record: dict[str, Any]) -> bool:
-            known = {p.lower() for p in event_record.held_pools(record)}
+            known = {p.lower() for p in event_record.held_pools(record, event_id)}
             wanted = (known - {p.lower() for p in released}) | {p.lower() for p in holding}
             return event_record.with_held_pools(record, event_id, wanted)
 
-        self.pools.update_event(event_id, change)
+        self.pools.update_event(event_record.event_of(event_id), change)
 
     def _drain_all(
         self, lease: PoolLease, drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]]
@@ -602,7 +604,7 @@ class LbPools:
 
         def drain(request: DrainRequest, fresh: dict[str, ArmDocument]) -> Callable[[], None]:
             def run() -> None:
-                claim = claim_of(request.message, request.now)
+                claim = claim_of(request.verified, request.now)
                 for vm in request.vms:
                     lease.check()
                     self._drain_vm(vm, request.outcome, fresh, claim=claim)
@@ -771,6 +773,7 @@ class LbPools:
     ) -> None:
         event = verified.message.event
         assert event is not None
+        key = verified.scoped_key  # what this scope keeps of the event: never another's
         restored: Restored = {}
         if self.pools is not None:
             # Forget before restoring: a resume of this event that races us either drained
@@ -780,11 +783,11 @@ class LbPools:
             # left its pool for another event meanwhile: the entry must go all the same).
             changeable = [vm for vm in vms if vm.kind is VmKind.VM]
             pools = set(self._memberships(changeable, skip_forbidden=True))
-            pools |= {p.lower() for p in self.pools.held_pools(event.key)}
-            restored = self._forget_unlocked(pools, event.key, now)
+            pools |= {p.lower() for p in self.pools.held_pools(key)}
+            restored = self._forget_unlocked(pools, key, now)
         failures: list[BaseException] = []
         if restore:
-            failures = self._restore_all(vms, outcome, restored, event_id=event.key, now=now)
+            failures = self._restore_all(vms, outcome, restored, event_id=key, now=now)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
         if outcome.changed:
@@ -792,38 +795,38 @@ class LbPools:
                 verified, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
             )
         if restored and self.guarded:
-            self._resume(restored, outcome, now, skip=event.key)
+            self._resume(restored, outcome, now, skip=key)
         self._report_not_restored(verified, outcome)
         if failures:
             raise failures[0]
 
-    def _unhold_elsewhere(self, message: TransitionMessage, keep: set[str], now: datetime) -> None:
+    def _unhold_elsewhere(self, verified: VerifiedMessage, keep: set[str], now: datetime) -> None:
         """The event was just decided for the VMs it names now (drained, or held in ``keep``):
         a held entry of it in any other pool is stale (an Updated moved its Resources), and
         would drain VMs the event no longer names when that pool gets members back. Drop those
         entries (under their pools' leases), and say so in the index of held events."""
-        event = message.event
-        if self.pools is None or event is None:
+        if self.pools is None or verified.message.event is None:
             return
-        hinted = {p.lower() for p in self.pools.held_pools(event.key)} - keep
-        stale = sorted(p for p in hinted if event.key in held.read(self.pools.peek(p)))
+        key = verified.scoped_key
+        hinted = {p.lower() for p in self.pools.held_pools(key)} - keep
+        stale = sorted(p for p in hinted if key in held.read(self.pools.peek(p)))
         if not stale:
             if hinted:
-                self.pools.index_held(event.key, sorted(keep))
+                self.pools.index_held(key, sorted(keep))
             return
         with self.pools.hold(stale) as lease:
             for pool_id in stale:
                 state = held.PoolState.load(lease.state(pool_id))
-                if state.held.pop(event.key, None) is None:
+                if state.held.pop(key, None) is None:
                     continue
                 lease.save(pool_id, state.dump())
                 log.info(
                     "held event %s dropped from %s: it is decided for other VMs now",
-                    event.key,
+                    key,
                     capacity.short_pool(pool_id),
-                    extra={"eventId": event.key, "pool": pool_id},
+                    extra={"eventId": key, "pool": pool_id},
                 )
-            self.pools.index_held(event.key, sorted(keep))
+            self.pools.index_held(key, sorted(keep))
 
     def _forget_unlocked(self, pools: Iterable[str], event_id: str, now: datetime) -> Restored:
         assert self.pools is not None
@@ -1064,7 +1067,7 @@ class LbPools:
                 elif result.refused:
                     self._forget_unlocked([pool_id], entry.event_id, now)
                 elif not result.reason:
-                    outcome.resumed.append(entry.event_id)
+                    outcome.resumed.append(entry.event)
         return sorted(set(still) & set(pools))
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from functions.shared.event_record import event_of
 from sebridge.contract.cloudevents import CloudEvent
 from sebridge.contract.events import DATA_SCHEMA, TransitionMessage
 from sebridge.imds import ScheduledEvent, isoformat_utc
@@ -77,6 +78,11 @@ class HeldEvent:
     not_before: datetime | None
     observer: str = ""  # "<resource group>/<VM>" (lower case) whose message asked for the drain
 
+    @property
+    def event(self) -> str:
+        """The EventId (``event_id`` is the event in its verified scope: ``<event>.<digest>``)."""
+        return event_of(self.event_id)
+
     def expired(self, now: datetime) -> bool:
         if self.not_before is not None and self.not_before <= now:
             return True
@@ -105,11 +111,13 @@ def body_of(message: TransitionMessage) -> dict[str, Any]:
     ).to_dict()
 
 
-def entry_for(message: TransitionMessage, now: datetime) -> HeldEvent:
+def entry_for(message: TransitionMessage, now: datetime, *, key: str = "") -> HeldEvent:
+    """The held entry of ``message``, under ``key`` (the event in its verified scope,
+    VerifiedMessage.scoped_key; default: the bare EventId)."""
     event = message.event
     assert event is not None
     return HeldEvent(
-        event_id=event.key,
+        event_id=key or event.key,
         message_id=message.message_id or event.key,
         body=body_of(message),
         held_at=now,

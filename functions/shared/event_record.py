@@ -23,6 +23,7 @@ an Approve link that names only its event can be checked for a hold.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -50,6 +51,26 @@ class ScopeView:
     observed_at: datetime
     transition: str
     members: frozenset[str]  # lower-case ARM ids of the VMs verified in this scope
+
+
+def placement_digest(placement: str) -> str:
+    """A short, stable digest of a placement (lower case), for keys with a length limit."""
+    return hashlib.sha256(placement.lower().encode("utf-8")).hexdigest()[:16]
+
+
+def scoped_event_key(event_key: str, placement: str) -> str:
+    """``<event>.<placement digest>``: one event in one verified scope (the history keys its
+    summaries the same way). lb-pools' held lists, leaving members, index of held events and
+    NIC claims, and the guard's early approvals, all use it."""
+    return f"{event_key.strip().lower()}.{placement_digest(placement)}"
+
+
+def event_of(scoped_key: str) -> str:
+    """The EventId part of a :func:`scoped_event_key` (a key without a scope: itself)."""
+    event, dot, digest = scoped_key.rpartition(".")
+    if dot and len(digest) == 16 and all(c in "0123456789abcdef" for c in digest):
+        return event
+    return scoped_key
 
 
 def rank(transition: str) -> int:
@@ -157,14 +178,50 @@ def _bound(scopes: dict[str, Any]) -> None:
         del scopes[min(scopes, key=written)]
 
 
-def held_pools(record: Mapping[str, Any]) -> list[str]:
-    pools = record.get("pools")
+def held_pools(record: Mapping[str, Any], key: str = "") -> list[str]:
+    """The pools that hold the event in the scope ``key`` names (the event in its verified
+    scope, functions.shared.verified.scoped_event_key); without ``key``, the record's own list
+    (kept before holds were kept per scope)."""
+    if key and key != record.get("eventId"):
+        held = record.get("held")
+        pools = held.get(key) if isinstance(held, Mapping) else None
+    else:
+        pools = record.get("pools")
     return [p for p in pools if isinstance(p, str)] if isinstance(pools, list) else []
 
 
+def held_by_scope(record: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Every scope's pools that hold the event: the scoped key -> its pools (and the record's own
+    list, from before holds were kept per scope, under the EventId)."""
+    result: dict[str, list[str]] = {}
+    held = record.get("held")
+    for key in sorted(held) if isinstance(held, Mapping) else []:
+        pools = held_pools(record, str(key))
+        if pools:
+            result[str(key)] = pools
+    own = record.get("eventId")
+    if isinstance(own, str) and held_pools(record):
+        result[own] = held_pools(record)
+    return result
+
+
 def with_held_pools(record: dict[str, Any], event_id: str, pools: Iterable[str]) -> bool:
-    """Set the pools that hold the event; whether that changed anything."""
+    """Set the pools that hold the event in the scope ``event_id`` names (a scoped key, whose
+    EventId is the record's: one record per EventId holds every scope's holds), or the record's
+    own list for a key without a scope; whether that changed anything."""
     wanted = sorted({p.lower() for p in pools})
+    bare = event_of(event_id)
+    if bare != event_id:
+        if held_pools(record, event_id) == wanted:
+            return False
+        held = record.get("held")
+        if not isinstance(held, dict):
+            held = record["held"] = {}
+        if wanted:
+            held[event_id] = wanted
+        else:
+            held.pop(event_id, None)
+        return True
     if held_pools(record) == wanted and (record.get("eventId") == event_id or not record):
         return False
     record["eventId"] = event_id

@@ -43,8 +43,9 @@ def world(arm_fake: FakeArm) -> dict[str, str]:
 
 
 def held_now(storage: FakeBlobStorage, pool: str) -> dict[str, held.HeldEvent]:
+    """The pool's held events by EventId (the state keys them by event and scope)."""
     raw = storage.blobs.get(POOL_CONTAINER, {}).get(blob_name(pool))
-    return held.read(json.loads(raw)) if raw else {}
+    return {e.event: e for e in held.read(json.loads(raw)).values()} if raw else {}
 
 
 def test_a_flood_of_invented_events_never_evicts_an_honest_held_event(
