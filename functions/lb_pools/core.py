@@ -47,7 +47,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from functions.lb_pools import capacity, held, nic_pools
-from functions.shared import event_record, write_window
+from functions.shared import deliveries, event_record, write_window
 from functions.shared import scope as trust
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
@@ -62,6 +62,7 @@ from functions.shared.ports import (
     ReferenceMissing,
     TeamsPoster,
     TopicPublisher,
+    WriteRefused,
 )
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
@@ -106,11 +107,14 @@ class LbOutcome:
     # (VM, ip configuration, pool id) not put back: the NIC no longer has that configuration
     vanished: list[tuple[str, str, str]] = field(default_factory=list)
     kept_out: list[str] = field(default_factory=list)  # VMs another event still has out
+    # (VM, NIC id, ARM's error code) not put back: ARM refused the NIC's restore for good (a
+    # lasting 4xx); the NIC keeps its record, for an operator to put it back by hand
+    refused_restores: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def not_restored_count(self) -> int:
         """Everything recorded that could not be put back (the invocation line's notRestored)."""
-        return len(self.not_restored) + len(self.vanished)
+        return len(self.not_restored) + len(self.vanished) + len(self.refused_restores)
 
 
 def _change_nic(
@@ -794,6 +798,8 @@ class LbPools:
             self.actions.record(
                 verified, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
             )
+        if outcome.not_restored_count:
+            self.actions.record(verified, "NotRestored", now, _not_restored_details(outcome))
         if restored and self.guarded:
             self._resume(restored, outcome, now, skip=key)
         self._report_not_restored(verified, outcome)
@@ -902,6 +908,24 @@ class LbPools:
                     extra={"vm": vm.name, "nic": nic_id, "reason": "PermissionDenied"},
                 )
                 continue
+            except WriteRefused as exc:
+                if not deliveries.is_last():
+                    failures.append(exc)  # redelivered: ARM may take it yet
+                    continue
+                # The last delivery: said loudly, once, and the message completes (the NIC
+                # keeps its record, for the operator the card and the ERROR line tell).
+                log.error(
+                    "VM %s not restored: ARM refused the restore of NIC %s (%s): %s; %s: put "
+                    "it back by hand",
+                    vm.name,
+                    nic_id,
+                    exc.code,
+                    exc,
+                    restore_by_hand,
+                    extra={"vm": vm.name, "nic": nic_id, "reason": exc.code},
+                )
+                outcome.refused_restores.append((vm.name, nic_id, exc.code))
+                continue
             except Exception as exc:  # noqa: BLE001 - raised once the other NICs were tried
                 failures.append(exc)
                 continue
@@ -971,10 +995,14 @@ class LbPools:
             except PreconditionFailed:
                 log.info("NIC changed while we wrote it, re-reading", extra={"nic": nic_id})
                 continue
-            except ReferenceMissing:
+            except ReferenceMissing as exc:
                 found = self._missing_pools(nic_pools.recorded_pools(nic.body, nic_id))
                 if not found - gone_pools:
-                    raise  # ARM misses something else: the message is redelivered
+                    # ARM misses something that is not a pool the record names (an inbound NAT
+                    # rule, say): no retry of this restore repairs it.
+                    raise WriteRefused(
+                        400, "InvalidResourceReference", str(exc), what="restore NIC"
+                    ) from exc
                 gone_pools |= found
                 continue
             log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
@@ -993,12 +1021,13 @@ class LbPools:
             return
         missing = sorted(set(outcome.not_restored))
         vanished = sorted(set(outcome.vanished))
+        refused = sorted(set(outcome.refused_restores))
         vms_back = sorted(
             ({vm for vm, _ in missing} | {vm for vm, _, _ in vanished})
             & {vm.name for vm in verified.scope.vms if vm.kind is VmKind.VM}
         )
         try:
-            card = not_restored_card(verified.message, missing, vms_back, vanished)
+            card = not_restored_card(verified.message, missing, vms_back, vanished, refused)
             self.alerts.post(card)
         except Exception as exc:  # noqa: BLE001 - the restore is done; the log line says it all
             log.error("the not-restored card could not be posted: %s", type(exc).__name__)
@@ -1069,6 +1098,22 @@ class LbPools:
                 elif not result.reason:
                     outcome.resumed.append(entry.event)
         return sorted(set(still) & set(pools))
+
+
+def _not_restored_details(outcome: LbOutcome) -> dict[str, Any]:
+    """The history's NotRestored action: how many, which VMs, ARM's codes for refused ones."""
+    names = sorted(
+        {vm for vm, _ in outcome.not_restored}
+        | {vm for vm, _, _ in outcome.vanished}
+        | {vm for vm, _, _ in outcome.refused_restores}
+    )
+    codes = sorted({code for _, _, code in outcome.refused_restores})
+    return {
+        "by": "lb-pools",
+        "count": outcome.not_restored_count,
+        "vms": ", ".join(names),
+        "codes": ", ".join(codes),
+    }
 
 
 def _held_order(entry: held.HeldEvent) -> datetime:

@@ -26,7 +26,7 @@ from typing import Any, Literal, overload
 
 import azure.functions as func
 
-from functions.shared import composition
+from functions.shared import composition, deliveries
 from functions.shared.invocations import REFUSED, Trigger, log_invocation, note
 from functions.shared.invocations import remember as _remember
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
@@ -80,6 +80,16 @@ def decode(message: func.ServiceBusMessage, function: str) -> TransitionMessage 
     return parsed
 
 
+def _delivery_count(message: func.ServiceBusMessage) -> int | None:
+    """Which delivery of the message this is (functions.shared.deliveries), when the worker
+    says."""
+    try:
+        count = message.delivery_count
+    except Exception:  # noqa: BLE001 - a worker that does not set it
+        return None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
 @overload
 def service_bus_function(
     bp: func.Blueprint, name: str, subscription: str
@@ -114,7 +124,8 @@ def service_bus_function(
                 note(REFUSED, refusal=kind)
                 if not unverified:
                     return
-            handler(checked)
+            with deliveries.delivery(_delivery_count(msg)):
+                handler(checked)
 
         trigger.__name__ = trigger.__qualname__ = name
         trigger.__doc__ = handler.__doc__
