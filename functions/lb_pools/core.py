@@ -503,6 +503,8 @@ class LbPools:
                 pools, [r for _, r, _, _ in ready if r.check], states, requests[0].now
             )
             drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
+            # per request: the pools it reserved members in, and what they said of it before
+            reservations: dict[int, dict[str, held.Leaving | None]] = {}
             for index, request, members, fresh in ready:
                 if request.check and health is not None:
                     decision = capacity.decide(health, members, self.min_healthy)
@@ -527,16 +529,33 @@ class LbPools:
                         continue
                     assert not isinstance(health, capacity.Unreadable)
                     health = capacity.after_leaving(health, members)
+                    reservations[index] = self._reserve(states, request, members)
+                    changed |= set(reservations[index])
                 drains.append((index, request, fresh))
+            # What the drains take down is in the pools' state before the first write: a slow
+            # write that lands after the leases lapsed still counts as gone for the decision
+            # another instance takes under the next lease.
+            for pool in sorted(changed):
+                lease.check()
+                lease.save(pool, states[pool].dump())
+            changed = set()
             # Every NIC write attempt (and every retry ARM asks for) goes out only while the
-            # leases are provably held: a throttled PUT never lands after they lapsed.
+            # leases are provably held: a throttled PUT never lands after they lapsed, and an
+            # attempt starts only if it ends (its whole timeout) while they are held.
             with write_window.lease_window(lease.allowance):
                 failures = self._drain_all(lease, drains)
             for index, error in failures.items():
                 verdicts[index] = error
             for index, request, _ in drains:
                 if isinstance(verdicts[index], BaseException):
-                    continue
+                    continue  # its reservation stays: its write may still land
+                # Out of the pools now: the reservation has done its work.
+                for pool, before in reservations.get(index, {}).items():
+                    if before is None:
+                        states[pool].leaving.pop(request.key, None)
+                    else:
+                        states[pool].leaving[request.key] = before
+                    changed.add(pool)
                 for pool in pools:
                     if lists[pool].pop(request.key, None) is not None:
                         changed.add(pool)
@@ -559,6 +578,30 @@ class LbPools:
                     except Exception as exc:  # noqa: BLE001 - this event's own failure
                         verdicts[index] = exc
         return verdicts
+
+    @staticmethod
+    def _reserve(
+        states: dict[str, held.PoolState], request: DrainRequest, members: dict[str, set[str]]
+    ) -> dict[str, held.Leaving | None]:
+        """Write the members ``request`` drains into its pools' leaving members (until its
+        event ends at the latest), before any NIC write: the pools that changed, with what
+        they said of the event before (put back once the drain is done)."""
+        event = request.message.event
+        assert event is not None
+        until = held.maintenance_until(event, request.message.time or request.now)
+        changed: dict[str, held.Leaving | None] = {}
+        for pool, ipcs in members.items():
+            state = states.get(pool)
+            if state is None or not ipcs:
+                continue
+            before = state.leaving.get(request.key)
+            going = frozenset(i.lower() for i in ipcs) | (
+                before.ip_configurations if before else frozenset()
+            )
+            if before is None or before.ip_configurations != going or before.until < until:
+                state.leaving[request.key] = held.Leaving(request.key, going, until)
+                changed[pool] = before
+        return changed
 
     def _batch_health(
         self,
@@ -612,6 +655,9 @@ class LbPools:
                 for vm in request.vms:
                     lease.check()
                     self._drain_vm(vm, request.outcome, fresh, claim=claim)
+                # Still held once the writes returned, or no Prepared goes out on their
+                # strength: the message comes back and is decided under a fresh lease.
+                lease.check()
 
             return run
 
@@ -788,6 +834,7 @@ class LbPools:
             changeable = [vm for vm in vms if vm.kind is VmKind.VM]
             pools = set(self._memberships(changeable, skip_forbidden=True))
             pools |= {p.lower() for p in self.pools.held_pools(key)}
+            pools |= self._recorded_pools(changeable)
             restored = self._forget_unlocked(pools, key, now)
         failures: list[BaseException] = []
         if restore:
@@ -833,6 +880,20 @@ class LbPools:
                     extra={"eventId": key, "pool": pool_id},
                 )
             self.pools.index_held(key, sorted(keep))
+
+    def _recorded_pools(self, vms: Iterable[ResolvedVm]) -> set[str]:
+        """The pools the NICs of ``vms`` were drained from (their records, lower case): where a
+        drain whose lease lapsed before its write returned left what it reserved."""
+        pools: set[str] = set()
+        for vm in vms:
+            for nic_id in vm.nic_ids:
+                try:
+                    nic = self.arm.get_nic(nic_id)
+                except PermissionDenied:
+                    continue  # the restore says so
+                if nic is not None:
+                    pools |= nic_pools.recorded_pools(nic.body, nic_id)
+        return pools
 
     def _forget_unlocked(self, pools: Iterable[str], event_id: str, now: datetime) -> Restored:
         assert self.pools is not None
