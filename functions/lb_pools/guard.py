@@ -204,6 +204,7 @@ class CapacityGuard:
                 transition=message.transition,
                 members=members,
                 now=now,
+                message_id=message.message_id,
             ),
         )
 
@@ -273,9 +274,9 @@ class CapacityGuard:
 
 
 def _newer(view: event_record.ScopeView, message: TransitionMessage) -> bool:
-    """Is the record's view newer than what ``message`` says of the event? A message that is
+    """Is the record's view newer than what ``message`` says of the event (by their places in
+    the event's life, never the observers' clocks: event_record.position)? A message that is
     not a lifecycle transition (a Prepared) only repeats what it was caused by."""
-    if message.transition not in event_record.NOTED or message.time is None:
+    if message.transition not in event_record.NOTED:
         return True
-    mine = event_record.rank(message.transition.value)
-    return (view.observed_at, event_record.rank(view.transition)) > (message.time, mine)
+    return view.newer_than(event_record.position(message.transition.value, message.message_id))
