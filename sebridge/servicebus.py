@@ -183,6 +183,8 @@ def command_message(command: ApproveCommand, session_id: str) -> ServiceBusMessa
         session_id=session_id,
         content_type=COMMAND_CONTENT_TYPE,
         subject=COMMAND_SUBJECT,
+        # The event's trace, back to the forwarder (sebridge.contract.tracecontext).
+        application_properties=cast("dict[str | bytes, Any]", command.trace_context().properties()),
     )
 
 

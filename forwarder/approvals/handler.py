@@ -23,6 +23,7 @@ from typing import Protocol
 
 from sebridge import lifecycle
 from sebridge.contract import commands as contract
+from sebridge.contract import tracecontext
 from sebridge.contract.events import Envelope, Observer, Transition, event_message
 from sebridge.forwarder.approvals.decision import Action, decide
 from sebridge.forwarder.imds.client import READ_TIMEOUT, ImdsClient, ImdsError
@@ -102,12 +103,20 @@ class CommandHandler:
                 )
                 self.sleep(delay)
 
-    def handle(self, body: bytes, message_id: str | None = None) -> Outcome:
+    def handle(
+        self,
+        body: bytes,
+        message_id: str | None = None,
+        trace: tracecontext.TraceContext | None = None,
+    ) -> Outcome:
+        """``trace``: the command message's ``traceparent`` (the event's trace), named in the
+        log lines about it (``trace_id``, ``span_id``), the IMDS POST's above all."""
         now = datetime.now(UTC)
+        traced = tracecontext.log_fields(trace)
         try:
             command = contract.parse_command(body, now)
         except contract.CommandError as exc:
-            log.warning("invalid command %s: %s", message_id, exc)
+            log.warning("invalid command %s: %s", message_id, exc, extra=traced)
             return Outcome("dead-letter", exc.reason, exc.description)
         deadline = self.clock() + self.budget
         try:
@@ -118,6 +127,7 @@ class CommandHandler:
                 message_id,
                 command.event_id,
                 exc,
+                extra=traced,
             )
             return Outcome("abandon", "ImdsUnavailable", str(exc))
         observer = self.forwarder.observer
@@ -134,10 +144,17 @@ class CommandHandler:
                 message_id,
                 command.event_id,
                 decision.description,
+                extra=traced,
             )
             return Outcome("dead-letter", decision.reason, decision.description)
         if decision.action is Action.COMPLETE:
-            log.info("command %s for %s: %s", message_id, command.event_id, decision.description)
+            log.info(
+                "command %s for %s: %s",
+                message_id,
+                command.event_id,
+                decision.description,
+                extra=traced,
+            )
             return Outcome("complete", description=decision.description)
         event = decision.event
         assert event is not None
@@ -145,7 +162,13 @@ class CommandHandler:
             # The EventId exactly as IMDS spells it.
             answer = self.imds.approve(event.event_id, read_timeout=self._request_timeout(deadline))
         except ImdsError as exc:
-            log.warning("command %s: approving %s failed: %s", message_id, event.event_id, exc)
+            log.warning(
+                "command %s: approving %s failed: %s",
+                message_id,
+                event.event_id,
+                exc,
+                extra=traced,
+            )
             return Outcome("abandon", "ImdsUnavailable", str(exc))
         if not answer.accepted:
             description = f"IMDS answered {answer.status}: {answer.body}"
@@ -154,6 +177,7 @@ class CommandHandler:
                 message_id,
                 event.event_id,
                 description,
+                extra=traced,
             )
             return Outcome("dead-letter", contract.IMDS_REJECTED, description)
         self.approved.add(command.event_id)
@@ -178,5 +202,6 @@ class CommandHandler:
             event.event_type,
             command.requested_by,
             command.reason or "no reason given",
+            extra=traced,
         )
         return Outcome("complete", description="approved")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sebridge import servicebus
+from sebridge.contract import tracecontext
 from sebridge.forwarder.approvals.handler import CommandHandler, Outcome
 from sebridge.forwarder.imds.client import ImdsClient
 from sebridge.forwarder.imds.ratelimit import RequestLimit
@@ -149,7 +150,9 @@ def approvals_worker(
                             )
                             lock.keep()
                             outcome = handler.handle(
-                                servicebus.message_body(message), message.message_id
+                                servicebus.message_body(message),
+                                message.message_id,
+                                tracecontext.from_properties(message.application_properties),
                             )
                             settle(receiver, message, outcome)
                             forwarder.command_settled(

@@ -665,7 +665,7 @@ class Doctor:
                 "unit",
                 FAIL,
                 f"{unit} is not installed",
-                "install it: install-forwarder.sh (forwarder.bicep runs it), README Deploy",
+                "install it: install-forwarder.sh (forwarder.bicep runs it), docs/deploy.md",
             )
         active, sub = state.get("ActiveState", "?"), state.get("SubState", "?")
         restarts = state.get("NRestarts", "0")
@@ -738,7 +738,7 @@ class Doctor:
             else:
                 fix = (
                     f"correct the file; python -m sebridge.forwarder.local.hooks_file {path} "
-                    "checks it as the forwarder does (README, Act on the VM itself)"
+                    "checks it as the forwarder does (docs/vm-actions.md)"
                 )
             return Check("hooks", FAIL, f"the forwarder would refuse it: {exc}", fix)
         names = ", ".join(h.name for h in hooks.hooks) or "none"

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
-from functions.shared import names, write_window
+from functions.shared import names, tracing, write_window
 from functions.shared.ports import (
     AcknowledgeRefused,
     ArmDocument,
@@ -187,19 +187,25 @@ class ArmRestClient:
         if urlsplit(url).netloc.lower() != self._host:
             # Never hand the bearer token to a host other than ARM's.
             raise ArmError(f"{what}: refusing to follow a URL outside {self._host}")
-        headers = {**self._headers(), **kwargs.pop("headers", {})}
-        params = {"api-version": api_version} if api_version else None
-        return send(
-            self._session,
-            method,
-            url,
-            policy=self._policy,
-            what=f"ARM {what}",
-            sleep=self._sleep,
-            headers=headers,
-            params=params,
-            **kwargs,
-        )
+        # One span per ARM call (retries included), in the trace of the event being handled.
+        with tracing.client_span(
+            f"ARM {what}", **{"http.request.method": method, "server.address": self._host}
+        ) as span:
+            headers = {**self._headers(), **kwargs.pop("headers", {})}
+            params = {"api-version": api_version} if api_version else None
+            response = send(
+                self._session,
+                method,
+                url,
+                policy=self._policy,
+                what=f"ARM {what}",
+                sleep=self._sleep,
+                headers=headers,
+                params=params,
+                **kwargs,
+            )
+            span.set_attribute("http.response.status_code", response.status_code)
+            return response
 
     def _get_json(
         self, path: str, api_version: str, what: str, action: str

@@ -12,8 +12,12 @@ from typing import Any
 
 import azure.functions as func
 
-from functions.eventgrid_ingest.notification import RawNotification
-from functions.shared import composition, invocations
+from functions.eventgrid_ingest.notification import (
+    InvalidNotification,
+    RawNotification,
+    parse_notification,
+)
+from functions.shared import composition, invocations, tracing
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
@@ -40,12 +44,28 @@ def raw_notification(event: Any) -> RawNotification:
     )
 
 
+def _event_id(raw: RawNotification) -> str | None:
+    """The EventId the notification is about (its trace: one per event, whichever source saw
+    it), or None for one that cannot be read (the core logs why)."""
+    try:
+        return parse_notification(raw).event.event_id
+    except InvalidNotification:
+        return None
+
+
 @bp.function_name("eventgrid_ingest")
 @bp.event_grid_trigger(arg_name="event")
 @invocations.log_invocation
 def eventgrid_ingest(event: func.EventGridEvent) -> None:
     deps = composition.dependencies()
-    outcome = deps.eventgrid_ingest.handle_raw(raw_notification(event))
+    raw = raw_notification(event)
+    with tracing.invocation_span(
+        "eventgrid_ingest",
+        properties=None,
+        event_id=_event_id(raw),
+        message_id=f"eventgrid:{str(raw.id)[:256]}",
+    ):
+        outcome = deps.eventgrid_ingest.handle_raw(raw)
     # The invocation line: "dropped" for a notification that cannot be read (as a Service Bus
     # message that breaks the contract), else "ok"; the verdict and what was published beside.
     invocations.note(

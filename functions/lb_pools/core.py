@@ -21,7 +21,7 @@ members than the minimum.
 Otherwise the VMs stay in their pools, the event is remembered in the blocking pool's state
 (functions.lb_pools.held) and a ``Held`` transition is published (the card says why; the gate
 sees the VMs still in their pools and does not approve early). When an event completes and its
-VMs go back into their pools, the held events of those pools are tried again, oldest first; a
+VMs go back into their pools, the held events of those pools are tried again in NotBefore order; a
 restored member that the probe does not report Up yet is waited for (bounded), because the
 held event needs it healthy. A held event's Started stays held while its VM is a healthy
 member: a VM that is really going down is probed Down soon, and a Down member leaves without
@@ -39,21 +39,25 @@ pool's lease.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from functions.lb_pools import capacity, held, nic_pools
+from functions.approval_gate.policy import Policy
+from functions.lb_pools import capacity, held, moments, nic_pools
 from functions.shared import deliveries, event_record, write_window
 from functions.shared import scope as trust
+from functions.shared.drain_plan import DrainPlan
 from functions.shared.impact import ImpactRules, restores_afterwards
 from functions.shared.ports import (
     ActionRecorder,
     ArmClient,
     ArmDocument,
+    MomentScheduler,
     NoActions,
     PermissionDenied,
     PoolLease,
@@ -94,7 +98,7 @@ Restored = dict[str, set[str]]  # lower-case pool id -> ip configuration ids put
 
 @dataclass
 class LbOutcome:
-    action: str  # "drain", "restore" or "ignore"
+    action: str  # "drain", "defer" (drained at ``drain_at``), "restore" or "ignore"
     changed: list[str] = field(default_factory=list)  # NIC ids that were PUT
     not_ready: list[str] = field(default_factory=list)  # VMs still in a pool
     published_prepared: bool = False
@@ -110,6 +114,7 @@ class LbOutcome:
     # (VM, NIC id, ARM's error code) not put back: ARM refused the NIC's restore for good (a
     # lasting 4xx); the NIC keeps its record, for an operator to put it back by hand
     refused_restores: list[tuple[str, str, str]] = field(default_factory=list)
+    drain_at: datetime | None = None  # "defer": the drain moment scheduled
 
     @property
     def not_restored_count(self) -> int:
@@ -262,6 +267,8 @@ class LbPools:
     rules: trust.TrustRules = field(default_factory=trust.TrustRules)
     pools: PoolStore | None = None  # None: no capacity guard (LB_MIN_HEALTHY=0)
     min_healthy: int = 0
+    # Disruption budgets (LB_MAX_UNAVAILABLE, LB_POOL_BUDGETS); None: LB_MIN_HEALTHY alone.
+    budgets: capacity.Budgets | None = None
     sleep: Callable[[float], None] = time.sleep
     monotonic: Callable[[], float] = time.monotonic
     settle_seconds: float | None = None  # None: SETTLE_SECONDS
@@ -272,12 +279,22 @@ class LbPools:
     decisions: DecisionBatches = field(default_factory=OneAtATime)
     side_by_side: SideBySide = one_after_another
     alerts: TeamsPoster | None = None  # a card for what could not be restored
+    # Drain at the moment (functions.lb_pools.moments): the drain-moments queue (None: every
+    # drain at first sight) and when (APPROVAL_POLICY leadSeconds, functions.shared.drain_plan).
+    scheduler: MomentScheduler | None = None
+    plan: DrainPlan = field(default_factory=lambda: DrainPlan(Policy(rules=()), True))
     # What reaches no topic, for the event's history (functions/history): the VMs put back.
     actions: ActionRecorder = field(default_factory=NoActions)
 
     @property
     def guarded(self) -> bool:
-        return self.pools is not None and self.min_healthy > 0
+        active = self.budgets.active if self.budgets is not None else self.min_healthy > 0
+        return self.pools is not None and active
+
+    @property
+    def minimum(self) -> int | capacity.Budgets:
+        """What the capacity decision keeps in each pool."""
+        return self.budgets if self.budgets is not None else self.min_healthy
 
     # ---- entry ---------------------------------------------------------------------------
     @staticmethod
@@ -295,23 +312,34 @@ class LbPools:
         return "ignore", f"{message.transition.value} needs nothing"
 
     def handle(
-        self, message: TransitionMessage, now: datetime, *, resume_pool: str | None = None
+        self,
+        message: TransitionMessage,
+        now: datetime,
+        *,
+        resume_pool: str | None = None,
+        due: bool = False,
     ) -> LbOutcome:
         """Verify ``message`` (the trigger layer does this before :meth:`handle_verified`;
         a held event tried again is verified anew), then handle it.
 
         ``resume_pool``: this is a held event tried again because that pool got members
-        back; it is drained only if that pool still lists it as held (under the pool's lock)."""
+        back; it is drained only if that pool still lists it as held (under the pool's lock).
+        ``due``: its drain moment arrived (:meth:`fire`): drained now."""
         action, reason = self._action(message, self.impact)
         if action == "ignore":
             return LbOutcome(action, reason=reason)
         checked = verify_and_log("lb_pools", self.arm, message, self.rules, records=self.pools)
         if isinstance(checked, UnverifiedMessage):
             return LbOutcome(action, refused=checked.reason)
-        return self.handle_verified(checked, now, resume_pool=resume_pool)
+        return self.handle_verified(checked, now, resume_pool=resume_pool, due=due)
 
     def handle_verified(
-        self, verified: VerifiedMessage, now: datetime, *, resume_pool: str | None = None
+        self,
+        verified: VerifiedMessage,
+        now: datetime,
+        *,
+        resume_pool: str | None = None,
+        due: bool = False,
     ) -> LbOutcome:
         message = verified.message
         action, reason = self._action(message, self.impact)
@@ -324,6 +352,10 @@ class LbPools:
         if outcome.refused:
             return outcome
         if action == "drain":
+            if not due and resume_pool is None and self._deferred(verified, outcome, now):
+                if message.transition is Transition.UPDATED:
+                    self._restore_dropped(verified, outcome, now)
+                return outcome
             self._drain(verified, vms, outcome, now, resume_pool)
             if outcome.reason:
                 return outcome
@@ -334,8 +366,85 @@ class LbPools:
                 self._restore_dropped(verified, outcome, now)
             return outcome
         # A cancelled Terminate or Preempt never happened: the VM is still there, put it back.
+        self._drop_moment(event.key)
         restore = message.transition is Transition.CANCELLED or restores_afterwards(event)
         self._end(verified, vms, outcome, now, restore=restore)
+        return outcome
+
+    # ---- the drain moment (functions.lb_pools.moments) --------------------------------------
+    def drain_at(self, message: TransitionMessage, seen: datetime) -> datetime:
+        """When the event of ``message``, seen at ``seen``, is drained (the drain plan)."""
+        assert message.event is not None
+        return self.plan.moment(message.event, message.observer, seen)
+
+    def _book(self, key: str = moments.KEY) -> moments.MomentBook | None:
+        """The event records' moments of ``key`` (None: no drain-moments queue)."""
+        if self.scheduler is None or self.pools is None:
+            return None
+        command = moments.DUE_COMMAND if key == moments.KEY else moments.DECIDE_COMMAND
+        return moments.MomentBook(self.pools, self.scheduler, key, command)
+
+    def _deferred(self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime) -> bool:
+        """Whether the drain waits for its moment (scheduled, or already scheduled); False:
+        drain now (the moment has come, or there is no drain-moments queue). A drain now is
+        remembered as spent, so a later Updated never undoes it."""
+        message = verified.message
+        event = message.event
+        assert event is not None
+        book = self._book()
+        if book is None:
+            return False
+        entry = book.read(event.key)
+        if message.transition is Transition.STARTED:
+            if entry is not None and not entry.fired:
+                book.spend(event.key, now)
+            return False
+        if entry is not None and entry.fired:
+            return False  # drained already: this drains again (idempotent), Prepared again
+        at = self.drain_at(message, min(message.time or now, now))
+        body, message_id = held.body_of(message), message.message_id or event.key
+        if at <= now:
+            book.spend(event.key, at, message_id, body)
+            return False
+        book.set(event.key, at, message_id, body)
+        log.info(
+            "event %s: %s drained at %s (its drain moment), not now",
+            event.key,
+            event.event_type,
+            at.isoformat(),
+            extra={"eventId": event.key, "drainAt": at.isoformat()},
+        )
+        outcome.action, outcome.drain_at = "defer", at
+        return True
+
+    def _drop_moment(self, event_id: str) -> None:
+        """The event ended (Completed, Cancelled): its moments go (the drain's and the gate's
+        decision at a window's start), and their scheduled messages."""
+        for key in (moments.KEY, moments.DECIDE_KEY):
+            book = self._book(key)
+            if book is not None:
+                book.drop(event_id)
+
+    def fire(self, event_id: str, tok: str, now: datetime) -> LbOutcome:
+        """A scheduled drain arrived: drain the event if ``tok`` is still its moment and has
+        not fired (verified again, like a held event); otherwise nothing. Faults propagate
+        (the message is redelivered)."""
+        book = self._book()
+        if book is None:
+            return LbOutcome("ignore", reason="no drain moments configured")
+        entry = book.due(event_id, tok)
+        if isinstance(entry, str):
+            log.info("scheduled drain not done: %s", entry, extra={"eventId": event_id})
+            return LbOutcome("ignore", reason=entry)
+        try:
+            message = parse_message(_json_bytes(entry.body), entry.message_id)
+        except ContractError as exc:
+            log.error("scheduled drain dropped: its message is unreadable: %s", exc)
+            book.records.update_event(event_id, moments.without)
+            return LbOutcome("ignore", reason="unreadable")
+        log.info("drain moment of event %s has come", event_id, extra={"eventId": event_id})
+        outcome = self.handle(message, now, due=True)
+        book.fired(event_id, tok)
         return outcome
 
     def _restore_dropped(
@@ -505,9 +614,10 @@ class LbPools:
             drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
             # per request: the pools it reserved members in, and what they said of it before
             reservations: dict[int, dict[str, held.Leaving | None]] = {}
+            drained_from: dict[int, dict[str, set[str]]] = {}
             for index, request, members, fresh in ready:
                 if request.check and health is not None:
-                    decision = capacity.decide(health, members, self.min_healthy)
+                    decision = capacity.decide(health, members, self.minimum)
                     if decision.unreadable:
                         verdicts[index] = Verdict(unreadable=decision.unreadable)
                         continue
@@ -532,6 +642,7 @@ class LbPools:
                     reservations[index] = self._reserve(states, request, members)
                     changed |= set(reservations[index])
                 drains.append((index, request, fresh))
+                drained_from[index] = members
             # What the drains take down is in the pools' state before the first write: a slow
             # write that lands after the leases lapsed still counts as gone for the decision
             # another instance takes under the next lease.
@@ -556,6 +667,16 @@ class LbPools:
                     else:
                         states[pool].leaving[request.key] = before
                     changed.add(pool)
+                # What it took out counts in the pools' size until the event ends (budgets of
+                # maximum unavailable members only: otherwise nothing reads it).
+                until = claim_of(request.verified, request.now).until
+                sized = self.budgets is not None and self.budgets.sized
+                for pool, ipcs in drained_from[index].items() if sized else ():
+                    if pool in states and ipcs:
+                        entry = held.Leaving(request.key, frozenset(ipcs), until)
+                        if states[pool].out.get(request.key) != entry:
+                            states[pool].out[request.key] = entry
+                            changed.add(pool)
                 for pool in pools:
                     if lists[pool].pop(request.key, None) is not None:
                         changed.add(pool)
@@ -619,7 +740,8 @@ class LbPools:
             return None
         freshest = max(checked, key=lambda r: r.probed_at)
         reserved = {pool: states[pool].reserved(now) for pool in pools}
-        return capacity.measured(self.arm, pools, freshest.probes, reserved)
+        absent = {pool: states[pool].absent(now) for pool in pools}
+        return capacity.measured(self.arm, pools, freshest.probes, reserved, absent)
 
     def _index(
         self, pools: Iterable[str], states: dict[str, held.PoolState], events: set[str]
@@ -1177,5 +1299,11 @@ def _not_restored_details(outcome: LbOutcome) -> dict[str, Any]:
     }
 
 
-def _held_order(entry: held.HeldEvent) -> datetime:
-    return entry.held_at
+def _json_bytes(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def _held_order(entry: held.HeldEvent) -> tuple[datetime, datetime]:
+    """Held events go in NotBefore order (the one Azure starts first drains first), then the
+    oldest hold; one without a NotBefore last."""
+    return (entry.not_before or datetime.max.replace(tzinfo=UTC), entry.held_at)

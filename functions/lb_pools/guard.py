@@ -68,10 +68,16 @@ class CapacityGuard:
     pools: PoolStore | None = None  # None: no guard (LB_MIN_HEALTHY=0, or no pool store)
     min_healthy: int = 0
     monotonic: Callable[[], float] = time.monotonic  # how old probe verdicts are
+    budgets: capacity.Budgets | None = None  # LB_MAX_UNAVAILABLE, LB_POOL_BUDGETS
 
     @property
     def guarded(self) -> bool:
-        return self.pools is not None and self.min_healthy > 0
+        active = self.budgets.active if self.budgets is not None else self.min_healthy > 0
+        return self.pools is not None and active
+
+    @property
+    def minimum(self) -> int | capacity.Budgets:
+        return self.budgets if self.budgets is not None else self.min_healthy
 
     def clear(
         self,
@@ -121,14 +127,15 @@ class CapacityGuard:
         # freshness rule allows are asked for again (capacity.Probes).
         early = capacity.measured(self.arm, pools, probes)
         if isinstance(early, capacity.Unreadable):
-            decision = capacity.decide(early, members, self.min_healthy)
+            decision = capacity.decide(early, members, self.minimum)
             return self._refused(event_id, decision.describe(), decision)
         with self.pools.hold(pools) as lease:
             states = {pool: held.PoolState.load(lease.state(pool)) for pool in pools}
             held_in = next((p for p in pools if event_id in states[p].held), "")
             reserved = {p: states[p].reserved(now, besides=event_id) for p in pools}
-            health = capacity.measured(self.arm, pools, probes, reserved)
-            decision = capacity.decide(health, members, self.min_healthy, held_in=held_in)
+            absent = {p: states[p].absent(now) for p in pools}
+            health = capacity.measured(self.arm, pools, probes, reserved, absent)
+            decision = capacity.decide(health, members, self.minimum, held_in=held_in)
             if not decision.allowed:
                 return self._refused(event_id, decision.describe(), decision)
             assert not isinstance(health, capacity.Unreadable)

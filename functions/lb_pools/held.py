@@ -5,7 +5,7 @@ When the capacity guard refuses to drain an event's VMs, lb-pools writes the eve
 state of the pool that blocked it, under that pool's lock: the contract message that asked for
 the drain, as it came (so that draining it later is exactly the drain that was held, scope check
 and all), when it was held, and its NotBefore. When an event completes and its VMs go back into
-a pool, lb-pools reads the pool's held events and tries each again, oldest first.
+a pool, lb-pools reads the pool's held events and tries each again, in NotBefore order.
 
 Why a blob per pool (functions.adapters.pool_state) and not process memory or a NIC tag: the
 decision must survive restarts and be seen by every instance of the app; the pool's blob is the
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -250,8 +250,8 @@ class Leaving:
         }
 
 
-def _read_leaving(state: Mapping[str, Any]) -> dict[str, Leaving]:
-    raw = state.get("leaving")
+def _read_leaving(state: Mapping[str, Any], key: str = "leaving") -> dict[str, Leaving]:
+    raw = state.get(key)
     if not isinstance(raw, Mapping):
         return {}
     result: dict[str, Leaving] = {}
@@ -269,14 +269,17 @@ def _read_leaving(state: Mapping[str, Any]) -> dict[str, Leaving]:
 
 @dataclass
 class PoolState:
-    """Everything the pool's blob remembers: its held events and its leaving members."""
+    """Everything the pool's blob remembers: its held events, its leaving members, and the
+    members the bridge drained out of it (``out``, per event: the pool's size for a budget of
+    maximum unavailable members counts them, functions.lb_pools.capacity.Budget)."""
 
     held: dict[str, HeldEvent]
     leaving: dict[str, Leaving]
+    out: dict[str, Leaving] = field(default_factory=dict)
 
     @classmethod
     def load(cls, state: Mapping[str, Any]) -> PoolState:
-        return cls(read(state), _read_leaving(state))
+        return cls(read(state), _read_leaving(state), _read_leaving(state, "out"))
 
     def dump(self) -> dict[str, Any]:
         kept = bounded(self.held.values())
@@ -286,7 +289,18 @@ class PoolState:
         }
         if self.leaving:
             state["leaving"] = {e.event_id: e.to_json() for e in self.leaving.values()}
+        if self.out:
+            state["out"] = {e.event_id: e.to_json() for e in self.out.values()}
         return state
+
+    def absent(self, now: datetime) -> frozenset[str]:
+        """The members the bridge has out of the pool for events not ended, as of ``now``."""
+        return frozenset(
+            ipc
+            for entry in self.out.values()
+            if entry.until > now
+            for ipc in entry.ip_configurations
+        )
 
     def reserved(self, now: datetime, *, besides: str = "") -> frozenset[str]:
         """The members other events (not ``besides``) take down, as of ``now``."""
@@ -299,14 +313,17 @@ class PoolState:
 
     def forget(self, event_id: str, now: datetime) -> bool:
         """Drop ``event_id`` (held or leaving) and what has expired; whether anything changed."""
-        before = (len(self.held), len(self.leaving))
+        before = (len(self.held), len(self.leaving), len(self.out))
         self.held.pop(event_id, None)
         self.leaving = {
             key: entry
             for key, entry in self.leaving.items()
             if key != event_id and entry.until > now
         }
-        return (len(self.held), len(self.leaving)) != before
+        self.out = {
+            key: entry for key, entry in self.out.items() if key != event_id and entry.until > now
+        }
+        return (len(self.held), len(self.leaving), len(self.out)) != before
 
     def mentions(self, event_id: str) -> bool:
-        return event_id in self.held or event_id in self.leaving
+        return event_id in self.held or event_id in self.leaving or event_id in self.out

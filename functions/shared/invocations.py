@@ -1,5 +1,5 @@
 """One structured log line per invocation, so one event can be followed through every workflow
-in Application Insights (README, "Telemetry").
+in Application Insights (docs/monitoring.md, "Telemetry").
 
 Every Service Bus trigger, and the Event Grid trigger of agentless ingestion, is decorated with
 :func:`log_invocation`; :func:`decode` (in
@@ -8,7 +8,8 @@ of its own with :func:`note`. When the trigger returns or raises, one line is lo
 logger ``sebridge.functions.invocation``::
 
     sebridge.invocation {"deliveryCount":1,"durationMs":12.5,"eventId":"8b95...","function":
-    "teams","messageId":"8b95...:Scheduled:1","outcome":"ok","transition":"Scheduled",...}
+    "teams","messageId":"8b95...:Scheduled:1","outcome":"ok","traceId":"21c4...",
+    "transition":"Scheduled",...}
 
 The text after the prefix is JSON, so a KQL query can ``parse_json`` it whatever carries the log
 to Application Insights (the Functions host keeps only the message text; with OpenTelemetry the
@@ -29,6 +30,7 @@ from typing import Any
 
 import azure.functions as func
 
+from sebridge.contract import tracecontext
 from sebridge.contract.events import TransitionMessage
 
 INVOCATION_PREFIX = "sebridge.invocation "
@@ -116,6 +118,9 @@ def invocation_fields(
     for key, value in record.details.items():
         if fields.get(key) is None:  # a detail fills in what no message said (Event Grid)
             fields[key] = _text(value) if isinstance(value, str) else value
+    # The event's trace (operation_Id of its spans in Application Insights): from logs to spans.
+    about = event.key if event is not None else fields.get("eventId")
+    fields["traceId"] = tracecontext.trace_id(about) if isinstance(about, str) and about else None
     return fields
 
 

@@ -136,6 +136,17 @@ class TopicPublisher(Protocol):
     def publish(self, envelope: Envelope) -> None: ...
 
 
+class MomentScheduler(Protocol):
+    """Messages lb-pools schedules to itself for an event's drain moment (Service Bus scheduled
+    messages on the drain-moments queue: functions.lb_pools.moments)."""
+
+    def schedule(self, body: bytes, at: datetime, message_id: str) -> int:
+        """Schedule ``body`` to arrive at ``at``; the broker's sequence number for it."""
+
+    def cancel(self, sequence: int) -> None:
+        """Cancel a scheduled message; one already delivered or cancelled is no error."""
+
+
 class HeartbeatStore(Protocol):
     def record(self, vm_name: str, at: datetime) -> None: ...
 

@@ -13,20 +13,21 @@ Every Service Bus-triggered function of the app (built-in or your own) is declar
    ``unverified=True`` (the Teams cards, the webhooks' audit endpoints) is also called for a
    refused message, with an :class:`UnverifiedMessage`, and marks its output as unverified.
 
-Every such trigger is also decorated with :func:`log_invocation` (one structured line per
-invocation, functions/shared/invocations.py). A guard test checks that every Service Bus function
-of ``function_app.py`` was declared this way.
+Steps 3 and 4 run in the invocation's span, a child of the message's ``traceparent`` in the
+event's trace (functions.shared.tracing). Every such trigger is also decorated with
+:func:`log_invocation` (one structured line per invocation, functions/shared/invocations.py). A
+guard test checks that every Service Bus function of ``function_app.py`` was declared this way.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, overload
 
 import azure.functions as func
 
-from functions.shared import composition, deliveries
+from functions.shared import composition, deliveries, tracing
 from functions.shared.invocations import REFUSED, Trigger, log_invocation, note
 from functions.shared.invocations import remember as _remember
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
@@ -90,6 +91,15 @@ def _delivery_count(message: func.ServiceBusMessage) -> int | None:
     return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
+def _application_properties(message: func.ServiceBusMessage) -> Mapping[Any, Any] | None:
+    """The message's application properties (the carrier of its trace), or None."""
+    try:
+        properties = message.application_properties
+    except Exception:  # noqa: BLE001 - a worker that does not set them
+        return None
+    return properties if isinstance(properties, Mapping) else None
+
+
 @overload
 def service_bus_function(
     bp: func.Blueprint, name: str, subscription: str
@@ -113,19 +123,26 @@ def service_bus_function(
     def register(handler: Callable[[Any], None]) -> object:
         def trigger(msg: func.ServiceBusMessage) -> None:
             message = decode(msg, name)
-            if message is None:
-                return
-            deps = composition.dependencies()
-            checked = verify_and_log(name, deps.arm, message, deps.trust, records=deps.pools)
-            if isinstance(checked, UnverifiedMessage):
-                # Its own outcome in the invocation line, not "ok": nothing acted on it. A
-                # function that shows unverified messages may still name a finer one.
-                kind = "security" if checked.refusal.security else "permission"
-                note(REFUSED, refusal=kind)
-                if not unverified:
+            with tracing.invocation_span(
+                name,
+                properties=_application_properties(msg),
+                event_id=message.event_id if message is not None else None,
+                message_id=msg.message_id,
+                attributes={"sebridge.transition": message.transition.value} if message else None,
+            ):
+                if message is None:
                     return
-            with deliveries.delivery(_delivery_count(msg)):
-                handler(checked)
+                deps = composition.dependencies()
+                checked = verify_and_log(name, deps.arm, message, deps.trust, records=deps.pools)
+                if isinstance(checked, UnverifiedMessage):
+                    # Its own outcome in the invocation line, not "ok": nothing acted on it. A
+                    # function that shows unverified messages may still name a finer one.
+                    kind = "security" if checked.refusal.security else "permission"
+                    note(REFUSED, refusal=kind)
+                    if not unverified:
+                        return
+                with deliveries.delivery(_delivery_count(msg)):
+                    handler(checked)
 
         trigger.__name__ = trigger.__qualname__ = name
         trigger.__doc__ = handler.__doc__

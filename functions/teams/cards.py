@@ -153,9 +153,11 @@ def build_card(
     *,
     approve_url: str | None = None,
     unverified: str | None = None,
+    drain: str | None = None,
 ) -> dict[str, Any]:
     """``unverified``: why the message did not pass the scope check (marked, no Approve
-    button)."""
+    button). ``drain``: when lb-pools takes the VMs out of their pools ("now", "at 01:30
+    UTC"; functions.shared.drain_plan), shown as a fact."""
     event = message.event
     if event is None:
         raise ValueError("a card needs an event (Heartbeat messages have none)")
@@ -173,6 +175,7 @@ def build_card(
         ("Event", f"{event.event_type} ({event.status})"),
         ("Transition", message.transition.value),
         ("Not before (UTC)", not_before),
+        *([("Drain from pools", drain)] if drain else []),
         ("Duration", duration_text(event.duration_in_seconds)),
         ("Source", event.event_source or "unknown"),
         ("Observed by", f"{observer.vm_name} ({where})" if where else observer.vm_name),

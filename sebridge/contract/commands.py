@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+from sebridge.contract.tracecontext import TraceContext, for_message
 from sebridge.imds import isoformat_utc
 
 SCHEMA_VERSION = 1
@@ -60,10 +61,17 @@ class ApproveCommand:
     requested_by: str
     reason: str
     expires_at: datetime
+    # Not in the body: the sender's span, carried as the ``traceparent`` application property
+    # (None: the event's trace with a span named by the message id, see :meth:`trace_context`).
+    trace: TraceContext | None = None
 
     @property
     def message_id(self) -> str:
         return f"approve:{self.event_id}"
+
+    def trace_context(self) -> TraceContext:
+        """The context the command message carries: always the event's trace."""
+        return self.trace or for_message(self.event_id, self.message_id)
 
     def to_body(self) -> dict[str, Any]:
         return {

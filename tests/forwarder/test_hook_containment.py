@@ -173,8 +173,10 @@ def test_the_run_cgroup_is_removed(tmp_path: Path) -> None:
     contain = Containment()
     if contain.cgroup_base is None:
         pytest.skip("no cgroup v2 this process may write")
-    before = set(contain.cgroup_base.glob("sebridge-hook-*"))
+    # Only this process's runs: other test workers make and remove theirs meanwhile.
+    ours = f"sebridge-hook-{os.getpid()}-*"
+    before = set(contain.cgroup_base.glob(ours))
     marker = tmp_path / "cgroup"
     assert run(contain, f"cat /proc/self/cgroup > {marker}; sleep 300 &") is Outcome.SUCCEEDED
-    assert "sebridge-hook-" in marker.read_text()  # it ran inside its own cgroup
-    assert set(contain.cgroup_base.glob("sebridge-hook-*")) == before
+    assert f"sebridge-hook-{os.getpid()}-" in marker.read_text()  # it ran in its own cgroup
+    assert set(contain.cgroup_base.glob(ours)) == before

@@ -139,12 +139,21 @@ class App:
     teams: FakeTeams
     arm: FakeArm
     storage: FakeBlobStorage | None = None
+    scheduler: RecordingScheduler | None = None  # with DrainMomentsQueueName
 
     def call(self, name: str, *args: Any) -> Any:
         return self.functions[name].get_user_function()(*args)
 
     def deliver(self, name: str, message: Envelope, *, delivery_count: int = 1) -> Any:
         return self.call(name, sb_message(message, delivery_count=delivery_count))
+
+    def fire_due(self) -> int:
+        """Deliver the drain moments due at the clock's time to drain_moment; how many."""
+        assert self.scheduler is not None, "make_app(DrainMomentsQueueName=...)"
+        ready = self.scheduler.due(self.clock.now)
+        for entry in ready:
+            self.call("drain_moment", due_message(entry))
+        return len(ready)
 
 
 def at_once(*calls: Callable[[], object]) -> list[BaseException]:
@@ -188,3 +197,58 @@ def pagerduty_dedup_key(event_id: str = EVENT_ID, placement: str = AVAILABILITY_
     scale set's or VM's ARM id): the webhooks preset's, worked out independently."""
     digest = hashlib.sha256(placement.lower().encode("utf-8")).hexdigest()[:16]
     return f"sebridge:{lifecycle.event_ref(event_id)}:{digest}"
+
+
+@dataclass
+class Scheduled:
+    """One message lb-pools scheduled on the drain-moments queue."""
+
+    sequence: int
+    body: bytes
+    at: datetime
+    message_id: str
+
+
+@dataclass
+class RecordingScheduler:
+    """The drain-moments queue, with the test's clock: what is scheduled and cancelled; the
+    messages that are due at a time (the broker's own behaviour is tested against the Service
+    Bus emulator, tests/contract and tests/e2e)."""
+
+    pending: dict[int, Scheduled] = field(default_factory=dict)
+    cancelled: list[int] = field(default_factory=list)
+    scheduled: list[Scheduled] = field(default_factory=list)
+    _next: int = 1
+
+    def schedule(self, body: bytes, at: datetime, message_id: str) -> int:
+        entry = Scheduled(self._next, body, at, message_id)
+        self._next += 1
+        self.pending[entry.sequence] = entry
+        self.scheduled.append(entry)
+        return entry.sequence
+
+    def cancel(self, sequence: int) -> None:
+        self.cancelled.append(sequence)
+        self.pending.pop(sequence, None)
+
+    def due(self, now: datetime) -> list[Scheduled]:
+        """The messages the broker enqueues by ``now`` (taken off the schedule), by time."""
+        ready = sorted(
+            (e for e in self.pending.values() if e.at <= now), key=lambda e: (e.at, e.sequence)
+        )
+        for entry in ready:
+            del self.pending[entry.sequence]
+        return ready
+
+
+def due_message(entry: Scheduled) -> ServiceBusMessage:
+    """A drain-moments message as the Functions worker hands it to the queue trigger."""
+    return ServiceBusMessage(
+        body=entry.body,
+        message_id=entry.message_id,
+        content_type="application/json",
+        application_properties={},
+        user_properties={},
+        delivery_count=1,
+        enqueued_time_utc=entry.at,
+    )

@@ -31,6 +31,7 @@ FIELDS = {
     "deliveryCount",
     "outcome",
     "durationMs",
+    "traceId",
 }
 
 
@@ -114,6 +115,8 @@ def test_one_event_can_be_followed_through_every_workflow(
         )
         assert set(fields) == FIELDS | counts
         assert fields["eventId"] == EVENT_ID and fields["messageId"] == scheduled.message_id
+        # The trace the forwarder's message names: from a log line to the event's spans.
+        assert fields["traceId"] == str(scheduled.application_properties["traceparent"])[3:35]
         assert (fields["transition"], fields["eventType"], fields["vmName"]) == (
             "Scheduled",
             "Reboot",
@@ -131,6 +134,7 @@ def test_heartbeats_name_their_forwarder(app: App, caplog: pytest.LogCaptureFixt
     (fields,) = lines(caplog)
     assert fields["transition"] == "Heartbeat" and fields["vmName"] == "web-1"
     assert fields["eventId"] is None and fields["messageId"] == heartbeat.message_id
+    assert fields["traceId"] is None
 
 
 @pytest.mark.timeout(30)

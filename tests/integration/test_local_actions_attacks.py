@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
+from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract.events import parse_message
 from sebridge.forwarder.local.journal import JOURNAL_FILE
 from sebridge.forwarder.state import STATE_FILE
 from tests.forwarder.local_support import root_dir, script, write_hooks
-from tests.integration.test_drain_probe_forwarder import free_port, status, wait_status
+from tests.integration.test_drain_probe_forwarder import status, wait_status
 from tests.integration.test_forwarder_faults import fill, tmpfs
 from tests.support.imds_stub import ImdsStub
 from tests.support.waiting import wait_until
@@ -46,10 +47,16 @@ def imds() -> Iterator[ImdsStub]:
         yield stub
 
 
+# 4 minutes: shorter than the default leads (Reboot and Redeploy 5 min) and the probe's bound,
+# so the event is acted on at first sight (when a lead applies: tests/forwarder/
+# test_drain_moments.py).
+NOTICE = timedelta(minutes=4)
+
+
 def event(
     kind: str = "Reboot", resources: list[Any] | None = None, **fields: Any
 ) -> dict[str, Any]:
-    not_before = datetime.now(UTC) + timedelta(minutes=10)
+    not_before = datetime.now(UTC) + NOTICE
     return {
         "EventId": str(uuid.uuid4()),
         "EventType": kind,
@@ -155,7 +162,7 @@ def test_an_odd_value_drains_runs_the_prepare_hook_and_is_said_once(
     only log line was the Scheduled itself."""
     etc = root_dir(tmp_path)
     hooks = write_hooks(etc, [marking_hook(etc, "checkpoint", ["Scheduled"], prepare=True)])
-    port = free_port()
+    port = reserve_port()
     odd_resources = event(resources=[VM, 5])
     odd_status = event(EventStatus=1)
     probe = ("--drain-probe-port", str(port), "--drain-probe-address", "127.0.0.1")
@@ -233,7 +240,7 @@ def test_a_full_disk_never_switches_off_the_probe_or_the_hooks(
     go out when the disk can take them."""
     etc = root_dir(tmp_path)
     hooks = write_hooks(etc, [marking_hook(etc, "checkpoint", ["Scheduled"], prepare=True)])
-    port = free_port()
+    port = reserve_port()
     probe = ("--drain-probe-port", str(port), "--drain-probe-address", "127.0.0.1")
     with tmpfs(tmp_path / "state", "size=4m,mode=0700") as state:
         with start(imds, state, hooks, *probe, "--drain-seconds", "1") as fw:
@@ -273,11 +280,21 @@ def test_a_description_of_emoji_still_starts_the_hook(imds: ImdsStub, tmp_path: 
     with start(imds, tmp_path / "state", hooks) as fw:
         imds.set_events([event(Description=description)])
         wait_until(lambda: Path(f"{out}.stdin").exists(), 20, "the hook")
-        wait_until(lambda: Path(f"{out}.stdin").stat().st_size > 160_000, 10, "its stdin")
+        # The whole document, not the bytes `cat` has written so far (read too early, it is cut).
+        wait_until(lambda: whole_json(Path(f"{out}.stdin")) is not None, 10, "its stdin")
         assert "not-started" not in fw.stderr_text()
     value = Path(f"{out}.env").read_bytes().decode("utf-8")  # cut at a character boundary
     assert 0 < len(value) < 40_000 and set(value) == {"\N{GRINNING FACE}"}
-    assert json.loads(Path(f"{out}.stdin").read_text())["event"]["Description"] == description
+    document = whole_json(Path(f"{out}.stdin"))
+    assert document is not None and document["event"]["Description"] == description
+
+
+def whole_json(path: Path) -> Any:
+    """The JSON document in ``path``, or None while it is not whole yet."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return None
 
 
 # -- item 8: what a hook started ---------------------------------------------------------------

@@ -95,6 +95,9 @@ def test_application_properties_carry_the_filter_fields() -> None:
         "subscriptionId": golden.SUBSCRIPTION,
         "resources": "web-1,web-2",
         "schemaVersion": 1,
+        # One trace per event (README "Message contract v1"): optional for consumers.
+        "traceparent": "00-21c4f74798af482d41e76a8393873ccd-f3a7c7575422b473-01",
+        "Diagnostic-Id": "00-21c4f74798af482d41e76a8393873ccd-f3a7c7575422b473-01",
     }
 
 

@@ -94,6 +94,19 @@ def _properties(transition: str, status: str, *, with_place: bool = True) -> dic
     }
 
 
+# README "Message contract v1": printf %s <ref> | sha256sum | cut -c1-32
+TRACE_ID = "21c4f74798af482d41e76a8393873ccd"
+
+
+def _trace(message_id: str) -> dict[str, str]:
+    """traceparent and Diagnostic-Id of a message about the event: the event's trace, the
+    span named by the first 8 bytes of SHA-256 of the message id."""
+    assert hashlib.sha256(REF.encode()).hexdigest()[:32] == TRACE_ID
+    span = hashlib.sha256(message_id.encode()).hexdigest()[:16]
+    value = f"00-{TRACE_ID}-{span}-01"
+    return {"traceparent": value, "Diagnostic-Id": value}
+
+
 def _envelope(
     name: str,
     transition: str,
@@ -116,6 +129,7 @@ def _envelope(
     }
     if subject is not None:
         body["subject"] = subject
+        properties = {**properties, **_trace(MESSAGE_IDS[name])}
     return {
         "application_properties": properties,
         "body": body,
