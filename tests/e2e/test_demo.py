@@ -23,13 +23,16 @@ MILESTONES = [
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(200)
 def test_the_default_demo_completes_the_loop_in_order() -> None:
+    # The default scenario at its own pace (--speed 1, 15 s of notice): beside the rest of
+    # make test on 2 cores, speed 2's 7.5 s was sometimes shorter than Prepared -> gate ->
+    # command -> IMDS POST, and the event started unapproved (seen twice under load).
     result = subprocess.run(
-        [sys.executable, "-m", "sebridge.cli", "demo"],
+        [sys.executable, "-m", "sebridge.cli", "demo", "--speed", "1", "--timeout", "120"],
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=180,
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -40,19 +43,26 @@ def test_the_default_demo_completes_the_loop_in_order() -> None:
         assert index is not None, f"missing {milestone!r} in:\n{result.stdout}"
         positions.append(index)
     # Pool removal, the card and the calendar entry race each other; everything else happens
-    # in this order, and the event is in the calendar feed before it starts.
+    # in this order, and the event is in the calendar feed before it ends.
     assert positions[0] < min(positions[1:4])
     assert positions[4:] == sorted(positions[4:]), result.stdout
     assert max(positions[1], positions[2]) < positions[5]
-    assert positions[3] < positions[7]  # the VEVENT before Started
+    # The VEVENT before the event ended: approved early, the Redeploy may start within a
+    # second or two of its Scheduled, before the feed is read again (the demo's verdict allows
+    # that, emulators/demo/history.py GRACE; a slower start must show it before Started).
+    assert positions[3] < positions[8]
     history = result.stdout.split("The history (GET /api/events/{eventId}):", 1)[1].splitlines()
-    assert history[1].endswith(
-        "history of Redeploy 3031162c (Completed): announced no duration, measured not measured"
-    )
+    # What the forwarder measured depends on whether a poll fell inside Started: either way
+    # the story says so plainly (the simulator pauses nothing, so never a made-up figure).
+    assert re.search(
+        r"history of Redeploy 3031162c \(Completed\): announced no duration, measured "
+        r"(not measured|0\.0 s \(freeze-pause: no pause or gap seen from inside the VM\))$",
+        history[1],
+    ), history[1]
     rows = [line.split()[1] for line in history[2:] if line.startswith("    ")]
     assert rows == ["Scheduled", "Prepared", "Approved", "Started", "Completed", "Restored"]
     elapsed = float(re.search(r"OK in ([\d.]+) s", result.stdout).group(1))  # type: ignore[union-attr]
-    assert elapsed < 60
+    assert elapsed < 120
 
 
 @pytest.mark.timeout(30)
