@@ -145,3 +145,38 @@ def test_drops_assertions():
 def test_the_root_rule_finds_each_way_round_it() -> None:
     found = root_rule_violations(BREAKS_THE_ROOT_RULE, "t.py")
     assert [line.split(": ", 1)[0] for line in found] == ["t.py:8", "t.py:17", "t.py:25"], found
+
+
+CONTRACT = """
+import os
+
+import pytest
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_on_the_namespace(n):
+    with open(os.environ["WORKERS_FILE"], "a") as out:
+        out.write(os.environ.get("PYTEST_XDIST_WORKER", "none") + "\\n")
+"""
+
+
+def test_contract_tests_on_one_shared_namespace_run_in_one_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With SEBRIDGE_CONTRACT_CONNECTION_STRING every worker would use the same fixed entities
+    and receive, or drain, the others' messages (8-11 of 24 failed with -n 3 against one
+    emulator): all of tests/contract runs in one worker then."""
+    workers = pytester.path / "workers.txt"
+    monkeypatch.setenv("WORKERS_FILE", str(workers))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("SEBRIDGE_CONTRACT_CONNECTION_STRING", "Endpoint=sb://127.0.0.1:1/")
+    contract = pytester.mkdir("tests").joinpath("contract")
+    contract.mkdir()
+    for name in ("test_one.py", "test_two.py"):
+        contract.joinpath(name).write_text(CONTRACT)
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup"
+    )
+    assert result.parseoutcomes().get("passed") == 12
+    seen = workers.read_text().split()
+    assert len(seen) == 12 and len(set(seen)) == 1, seen
