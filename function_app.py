@@ -19,6 +19,7 @@ from functions.approval_gate.blueprint import bp as approval_gate
 from functions.eventgrid_ingest.blueprint import bp as eventgrid_ingest
 from functions.history.blueprint import bp as history
 from functions.lb_pools.blueprint import bp as lb_pools
+from functions.lb_pools.moments_blueprint import bp as drain_moments
 from functions.shared import composition, tracing
 from functions.shared.settings import workflows, workflows_line
 from functions.teams.blueprint import bp as teams
@@ -32,6 +33,7 @@ BLUEPRINTS = {
     "teams": teams,
     "lb_pools": lb_pools,
     "approval_gate": approval_gate,  # and the approve link (HTTP)
+    "drain_moments": drain_moments,  # lb-pools' scheduled drains
     "webhooks": webhooks,
     "custom_example": custom_example.bp,
     "eventgrid_ingest": eventgrid_ingest,

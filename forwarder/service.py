@@ -6,7 +6,7 @@ Service Bus and the sender never waits on IMDS, so an outage of one never delays
 Every tick catches and logs what went wrong and goes on; only ``stop`` ends the loops. The loop
 sees only ports (:mod:`sebridge.forwarder.ports`), so it runs in-process against fakes.
 
-What each fault does (README "Reliability"):
+What each fault does (docs/reliability.md, "Reliability"):
 
 - IMDS fails: the poll is retried with backoff (1 to 5 s); nothing else changes.
 - The outbox cannot be written (disk full): the poll's transitions are not recorded and the
@@ -47,6 +47,7 @@ from sebridge.contract import tracecontext
 from sebridge.contract.events import (
     Envelope,
     Observer,
+    Transition,
     event_message,
     heartbeat_message,
     observed_by,
@@ -55,6 +56,7 @@ from sebridge.contract.events import (
 from sebridge.forwarder.delivery.outbox import OutboxError
 from sebridge.forwarder.imds.client import hostname_observer
 from sebridge.forwarder.imds.diff import diff, remember
+from sebridge.forwarder.imds.impact import ImpactMeter
 from sebridge.forwarder.observability.health import ConditionLog, Health, OddValueLog
 from sebridge.forwarder.ports import (
     Clock,
@@ -131,6 +133,8 @@ class Forwarder:
         # The highest outbox row covered by the state on disk, and the highest released.
         self._saved_seq = self.state.outbox_seq
         self._released_seq = self.state.outbox_seq
+        # What maintenance costs this VM, measured from its polls (docs/monitoring.md).
+        self.impact = ImpactMeter(self.state.impacts, last_observed=self.state.observed_at)
         self._fallback = self._with_override(fallback_observer())
         self.observer: Observer = self._fallback
         self.identity = UNKNOWN
@@ -224,11 +228,13 @@ class Forwarder:
     def poll_once(self) -> float | None:
         """One poll; returns None when it is on schedule, else the backoff before the next."""
         self._flush_unsent()
+        self.impact.poll_started(self.clock.monotonic(), self.clock.now())
         try:
             document = self.imds.get_document()
         except ImdsError as exc:
             self._save_if_failing()  # a failed save is retried on every tick, IMDS or not
             delay = self._poll_backoff.next_delay(at_least=exc.retry_after or 0.0)
+            self.impact.expect(delay)
             self.last_error = str(exc)
             log.warning(
                 "poll failed (%d in a row): %s; next poll in %.1f s",
@@ -238,6 +244,7 @@ class Forwarder:
             )
             return delay
         self._poll_backoff.reset()
+        self.impact.expect(self.poll_interval)  # fixed rate: the next poll starts one interval on
         observed_at = self.clock.now()
         self._odd_values.document(document)
         # Before, and independently of, the outbox and the state file: the local actions follow
@@ -245,6 +252,7 @@ class Forwarder:
         self._tell_document(document, observed_at)
         before = self.state
         changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
+        self.impact.observed(before.events, document.events, self.observer.vm_name, observed_at)
         lives = dict(before.lives)
         envelopes: list[Envelope] = []
         for change in changes:
@@ -252,6 +260,11 @@ class Forwarder:
                 lives.pop(change.event.key, None), change.transition.value, change.event
             )
             lives[change.event.key] = life  # re-inserted: the most recently touched come last
+            measured = (
+                self.impact.measurement(change.event.key)
+                if change.transition is Transition.COMPLETED
+                else None
+            )
             envelopes.append(
                 event_message(
                     change.transition,
@@ -261,6 +274,7 @@ class Forwarder:
                     observed_at,
                     message_id=message_id,
                     changes=change.changes,
+                    impact=measured.to_data() if measured is not None else None,
                 )
             )
         held_up_to = 0
@@ -284,17 +298,22 @@ class Forwarder:
         if self.outbox_failing_since is not None:
             self.outbox_failing_since = None
             self._outbox_log.clear("outbox writable again")
+        events = remember(before.events, document.events)
         self.state = ForwarderState(
             document.incarnation,
-            remember(before.events, document.events),
+            events,
             max(before.outbox_seq, held_up_to),
             bounded_lives(lives, {e.key for e in document.events}),
             observed_at,
+            self.impact.keep_only(events),
         )
         if (
             changes
             or document.incarnation != before.incarnation
             or self.save_failing_since is not None
+            or self.impact.wants_save(
+                events.values(), self.observer.vm_name, observed_at, self.clock.monotonic()
+            )
         ):
             self._save()
         self._release_saved()
@@ -348,6 +367,7 @@ class Forwarder:
             self.save_failing_since = None
             self.save_failures = 0
         self._saved_seq = self.state.outbox_seq
+        self.impact.saved(self.clock.monotonic())
         return True
 
     def _save_if_failing(self) -> None:

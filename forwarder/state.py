@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sebridge.forwarder.durable import atomic_write
+from sebridge.forwarder.imds.impact import Impact
 from sebridge.imds import InvalidDocument, ScheduledEvent
 from sebridge.lifecycle import Life
 
@@ -56,6 +57,10 @@ class ForwarderState:
     # When the document these events come from was observed: the start of the observation gap
     # of an event that has vanished by the next observation (sebridge.forwarder.imds.diff).
     observed_at: datetime | None = None
+    # Measured impact of the events still present (sebridge.forwarder.imds.impact), so that a
+    # restart before their Completed keeps what was measured. Optional: an older forwarder
+    # ignores it, and a record that is not readable is dropped, not taken as damage.
+    impacts: dict[str, Impact] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +70,7 @@ class ForwarderState:
             "observedAt": self.observed_at.isoformat() if self.observed_at else None,
             "events": [event.to_imds() for event in self.events.values()],
             "lives": {key: life.to_json() for key, life in self.lives.items()},
+            "impacts": {key: impact.to_data() for key, impact in self.impacts.items()},
             "savedAt": datetime.now(UTC).isoformat(),
         }
 
@@ -93,12 +99,20 @@ class ForwarderState:
         if not isinstance(raw_lives, dict) or len(raw_lives) > 10 * MAX_LIVES:
             raise ValueError("lives is not an object of the expected size")
         lives = {str(key): Life.from_json(life) for key, life in raw_lives.items()}
+        keys = {e.key for e in events}
+        raw_impacts = obj.get("impacts")
+        impacts = {
+            key: impact
+            for key, value in (raw_impacts.items() if isinstance(raw_impacts, dict) else ())
+            if key in keys and (impact := Impact.from_data(value)) is not None
+        }
         return cls(
             incarnation=incarnation,
             events={e.key: e for e in events},
             outbox_seq=outbox_seq,
             lives=lives,
             observed_at=_moment(obj.get("observedAt")),
+            impacts=impacts,
         )
 
 

@@ -1,6 +1,6 @@
 // Install the forwarder on existing Linux VMs and scale sets of one resource group: attach the
 // forwarders' user-assigned identity and run infra/scripts/install-forwarder.sh through the
-// Custom Script Extension. Deploy once per resource group that holds VMs (README, Deploy);
+// Custom Script Extension. Deploy once per resource group that holds VMs (docs/deploy.md);
 // the values come from the outputs of main.bicep.
 
 targetScope = 'resourceGroup'
@@ -20,7 +20,7 @@ param forwarderIdentityClientId string
 @description('Fully qualified Service Bus namespace (output serviceBusNamespace), written as SEBRIDGE_NAMESPACE.')
 param serviceBusNamespace string
 
-@description('What pip installs on the VMs, as root. Required: this project is not published on PyPI, so the bare name there could be anyone\'s package. Give the https URL of a wheel you host (e.g. https://pkgs.example.com/sebridge/scheduled_events_bridge-0.1.0-py3-none-any.whl), or a pinned requirement (scheduled-events-bridge==0.1.0) only if the VMs\' pip index-url (/etc/pip.conf) is your own index. No http://, no credentials: the value is logged in the extension\'s status.')
+@description('What pip installs on the VMs, as root. Required: this project is not published on PyPI, so the bare name there could be anyone\'s package. Give the https URL of a wheel you host (e.g. https://pkgs.example.com/sebridge/scheduled_events_bridge-0.3.0-py3-none-any.whl), or a pinned requirement (scheduled-events-bridge==0.3.0) only if the VMs\' pip index-url (/etc/pip.conf) is your own index. No http://, no credentials: the value is logged in the extension\'s status.')
 @minLength(1)
 param packageSource string
 
@@ -30,11 +30,11 @@ param attachIdentity bool = true
 @description('Change to rerun the installer with unchanged settings (e.g. to pick up a new build behind the same packageSource).')
 param forceUpdateTag string = ''
 
-@description('The hooks file (JSON text, README "Act on the VM itself") installed on every VM as /etc/sebridge/hooks.json, root-owned, and given to the forwarder. Empty: no hooks. It names commands the forwarder runs: they must already be on the VMs (your image, or your own extension).')
+@description('The hooks file (JSON text, docs/vm-actions.md, "Act on the VM itself") installed on every VM as /etc/sebridge/hooks.json, root-owned, and given to the forwarder. Empty: no hooks. It names commands the forwarder runs: they must already be on the VMs (your image, or your own extension).')
 @maxLength(65536)
 param hooksJson string = ''
 
-@description('Port of the drain probe (README "Act on the VM itself"): a load balancer health probe that answers 503 while an impactful event of the VM is on. 0: off.')
+@description('Port of the drain probe (docs/vm-actions.md, "Act on the VM itself"): a load balancer health probe that answers 503 while an impactful event of the VM is on. 0: off.')
 @minValue(0)
 @maxValue(65535)
 param drainProbePort int = 0
@@ -44,6 +44,15 @@ param drainProbePort int = 0
 @maxValue(86400)
 param drainSeconds int = 30
 
+@description('When the drain probe drains and the prepare hooks run: seconds before NotBefore per event type, or first-sight, e.g. Reboot=600,Freeze=first-sight (docs/vm-actions.md, "Act on the VM itself", --drain-lead). Empty: the defaults (Reboot and Redeploy 300, Freeze 120, Preempt and Terminate at first sight).')
+@maxLength(1024)
+param drainLead string = ''
+
+@description('Longest run of 503 the drain probe answers before the event starts (then 200 until it starts): below the 600 s of the shortest grace period of a scale set\'s automatic instance repairs. Must be above drainSeconds.')
+@minValue(1)
+@maxValue(599)
+param drainProbeMaxUnhealthySeconds int = 510
+
 // The script and the unit travel inside the command, base64-encoded: the VM runs exactly the
 // files of this commit, needs no download location, and no value can break the shell quoting.
 var scriptBase64 = loadFileAsBase64('scripts/install-forwarder.sh')
@@ -51,7 +60,8 @@ var unitBase64 = loadFileAsBase64('scripts/sebridge-forwarder.service')
 // Optional settings travel the same way; an empty one is left out of the configuration.
 var drainProbePortText = drainProbePort == 0 ? '' : string(drainProbePort)
 var drainSecondsText = drainProbePort == 0 ? '' : string(drainSeconds)
-var installCommand = 'mkdir -p sebridge && cd sebridge && echo ${scriptBase64} | base64 -d > install-forwarder.sh && echo ${unitBase64} | base64 -d > sebridge-forwarder.service && SEBRIDGE_NAMESPACE="$(echo ${base64(serviceBusNamespace)} | base64 -d)" AZURE_CLIENT_ID="$(echo ${base64(forwarderIdentityClientId)} | base64 -d)" SEBRIDGE_PACKAGE="$(echo ${base64(packageSource)} | base64 -d)" SEBRIDGE_HOOKS_JSON="$(echo ${base64(hooksJson)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_PORT="$(echo ${base64(drainProbePortText)} | base64 -d)" SEBRIDGE_DRAIN_SECONDS="$(echo ${base64(drainSecondsText)} | base64 -d)" bash install-forwarder.sh'
+var drainProbeMaxUnhealthyText = drainProbePort == 0 ? '' : string(drainProbeMaxUnhealthySeconds)
+var installCommand = 'mkdir -p sebridge && cd sebridge && echo ${scriptBase64} | base64 -d > install-forwarder.sh && echo ${unitBase64} | base64 -d > sebridge-forwarder.service && SEBRIDGE_NAMESPACE="$(echo ${base64(serviceBusNamespace)} | base64 -d)" AZURE_CLIENT_ID="$(echo ${base64(forwarderIdentityClientId)} | base64 -d)" SEBRIDGE_PACKAGE="$(echo ${base64(packageSource)} | base64 -d)" SEBRIDGE_HOOKS_JSON="$(echo ${base64(hooksJson)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_PORT="$(echo ${base64(drainProbePortText)} | base64 -d)" SEBRIDGE_DRAIN_SECONDS="$(echo ${base64(drainSecondsText)} | base64 -d)" SEBRIDGE_DRAIN_LEAD="$(echo ${base64(drainLead)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS="$(echo ${base64(drainProbeMaxUnhealthyText)} | base64 -d)" bash install-forwarder.sh'
 // The extension reruns whenever what it would install changes.
 var updateTag = empty(forceUpdateTag) ? uniqueString(installCommand) : forceUpdateTag
 
@@ -76,5 +86,6 @@ module scaleSets 'modules/forwarder-vmss.bicep' = [for name in vmssNames: {
     attachIdentity: attachIdentity
     installCommand: installCommand
     forceUpdateTag: updateTag
+    drainProbePort: drainProbePort
   }
 }]

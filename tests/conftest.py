@@ -59,10 +59,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_order)  # stable: within a rank, the collection order
 
 
-# The contract suite against one namespace of someone else's (README "The contract suite against
-# Azure"): its entities have fixed names and each worker drains them once, so two workers would
-# receive each other's messages and drain each other's. There, every contract test runs in one
-# worker; locally each worker starts an emulator of its own.
+# The contract suite against one namespace of someone else's (docs/reliability.md, "The
+# contract suite against Azure"): its entities have fixed names and each worker drains them
+# once, so two workers would receive each other's messages and drain each other's. There,
+# every contract test runs in one worker; locally each worker starts an emulator of its own.
 SHARED_NAMESPACE_GROUP = "contract-shared-namespace"
 
 

@@ -25,6 +25,10 @@ and pool-a keeps one spare member (web-spare) so that the capacity guard (LB_MIN
 never holds a packaged scenario's drain. The demo's own scenario ``capacity-hold`` has no
 spare: two overlapping events on the pool of two show a ``Held`` (the second drain would
 empty the pool), and the held event is drained and approved once the first completes.
+``long-notice``: a Reboot with ten minutes' notice and a maintenance window that opens about a
+minute in (the next whole minute at least 40 s away): the VM stays in its pool until the window's
+start minus the lead (20 s), is drained, approved when the window opens, rebooted and restored,
+long before NotBefore (lb-pools drains at the moment: DrainMomentsQueueName).
 
 Storage is Azurite (Microsoft's storage emulator, emulators/azurite): the pools' leases and held
 events, agentless ingestion's records and the history's table, over HTTPS with the identity

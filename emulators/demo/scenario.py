@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 
 from emulators.demo import history as demo_history
 from emulators.demo import sources as demo_sources
@@ -62,6 +63,10 @@ def run(
                 "policy: a human decides (no early approval), so the scenario's Updated or "
                 "Cancelled can happen before NotBefore",
             )
+        if options.settings is not None:
+            more, said = options.settings(datetime.now(UTC))
+            settings.update(more)
+            timeline.add("setup", said)
         host = stack.start_host(settings)
         demo_history.warm_up(host.url)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,75 @@ HISTORY_TABLE = "sebridgehistory"
 
 # -- scenarios of the demo's own (not IMDS simulator fixtures) ----------------------------
 CAPACITY_HOLD = "capacity-hold"
+LONG_NOTICE = "long-notice"
+LONG_NOTICE_LEAD = 20  # seconds before the window opens that lb-pools drains
 
 
 @dataclass(frozen=True)
 class DemoWorld:
     spares: int = 1  # pool members no event names (keep the guard from holding)
     expect_held: bool = False  # the run must show a Held transition
+    # More app settings, made when the run starts (a window in wall-clock time), with a line
+    # for the timeline; None: none.
+    settings: Callable[[datetime], tuple[dict[str, str], str]] | None = None
+
+
+def window_settings(now: datetime) -> tuple[dict[str, str], str]:
+    """long-notice: a policy whose only window opens at the next whole minute at least 40 s
+    after ``now`` (30 minutes long), Reboot's lead, and the drain-moments queue."""
+    opens = (now + timedelta(seconds=100)).replace(second=0, microsecond=0)
+    closes = opens + timedelta(minutes=30)
+    window = f"{opens:%a} {opens:%H:%M}-{closes:%H:%M} UTC"
+    policy = {
+        "rules": [
+            {
+                "name": "maintenance-window",
+                "match": {},
+                "action": "approve-when-prepared",
+                "windows": [window],
+            }
+        ],
+        "leadSeconds": {"Reboot": LONG_NOTICE_LEAD},
+    }
+    settings = {"APPROVAL_POLICY": json.dumps(policy), "DrainMomentsQueueName": "drain-moments"}
+    return settings, (
+        f"policy: approve only in the window {window}; lb-pools drains {LONG_NOTICE_LEAD} s "
+        f"before it opens ({opens - timedelta(seconds=LONG_NOTICE_LEAD):%H:%M:%S} UTC)"
+    )
+
+
+def _long_notice() -> dict[str, Any]:
+    """One Reboot with ten minutes' notice (Azure gives 15 for a Reboot, up to 7 days for
+    degraded hardware: the same story, shorter)."""
+    event_id = "c3c3c3c3-0003-4000-8000-00000000c0de"
+    return {
+        "name": LONG_NOTICE,
+        "description": "A Reboot with ten minutes' notice and a maintenance window a minute or "
+        "so away: in the pool until the window's start minus the lead, then drained, approved "
+        "in the window, rebooted and restored.",
+        "provenance": "Composed for the demo of drain moments and maintenance windows.",
+        "events": [
+            {
+                "EventId": event_id,
+                "EventType": "Reboot",
+                "ResourceType": "VirtualMachine",
+                "Resources": ["vm-a"],
+                "Description": "Virtual machine is going to be restarted (host maintenance).",
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+                "timeline": [
+                    {"at": 0, "status": "Scheduled", "notBeforeIn": 600},
+                    {"at": 600, "status": "Started"},
+                    {"at": 616, "status": "gone"},
+                ],
+            }
+        ],
+        "expect": [
+            {"transition": "Scheduled", "eventId": event_id},
+            {"transition": "Started", "eventId": event_id},
+            {"transition": "Completed", "eventId": event_id},
+        ],
+    }
 
 
 def _capacity_hold() -> dict[str, Any]:
@@ -69,6 +133,7 @@ def _capacity_hold() -> dict[str, Any]:
 
 DEMO_SCENARIOS: dict[str, tuple[dict[str, Any], DemoWorld]] = {
     CAPACITY_HOLD: (_capacity_hold(), DemoWorld(spares=0, expect_held=True)),
+    LONG_NOTICE: (_long_notice(), DemoWorld(settings=window_settings)),
 }
 
 

@@ -11,6 +11,17 @@ pending runs resume. The drain probe follows the document itself. Nothing here w
 hook or a client: hooks run on the hooks worker's threads, the probe on its own. ``Prepared``
 goes through ``deliver``, the forwarder's outbox.
 
+When: the prepare hooks and the probe's drain wait for each event's **drain moment**
+(:func:`sebridge.timing.drain_moment`: ``NotBefore`` minus ``--drain-lead`` for its type, at
+first sight for Preempt, Terminate and short notices); the other hooks run on their
+transitions. The view keeps, per event, when it was first seen, the moment once it passed and
+the cause whose prepare hooks wait (:class:`~sebridge.forwarder.local.store.Timing`), in the
+same journal transaction as everything else: a restart loses no pending moment, and fires none
+twice (a hook run is keyed by its transition's message id and the hook). An Updated moves a
+pending moment; a moment that has passed stays passed (the drain and the hooks are not undone
+and done again); an event that vanishes takes its moment with it. :meth:`LocalActions.fire_due`
+fires the moments that came (the ``moments`` worker, every second, and every document).
+
 Their flags and settings are :mod:`sebridge.forwarder.local.settings`; the forwarder imports
 this module only when one of them is set.
 """
@@ -21,16 +32,17 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sebridge import lifecycle
-from sebridge.contract.events import Envelope, Observer
+from sebridge.contract.events import Envelope, Observer, Transition
 from sebridge.forwarder.imds.diff import diff, remember
 from sebridge.forwarder.local.drain_probe import DrainProbe, ProbeError
 from sebridge.forwarder.local.hooks_file import HooksFile, HooksFileError, load_hooks
-from sebridge.forwarder.local.journal import Journal, JournalError
+from sebridge.forwarder.local.journal import Journal, JournalError, Run
 from sebridge.forwarder.local.preparation import Observed, Preparations
 from sebridge.forwarder.local.settings import (  # re-exported: the settings' old home
     DEFAULT_DRAIN_SECONDS,
@@ -41,10 +53,11 @@ from sebridge.forwarder.local.settings import (  # re-exported: the settings' ol
     add_arguments,
     settings_from_args,
 )
-from sebridge.forwarder.local.store import LocalStore, View
-from sebridge.forwarder.local.worker import HookWorker
+from sebridge.forwarder.local.store import LocalStore, Timing, View
+from sebridge.forwarder.local.worker import HookWorker, Job
 from sebridge.forwarder.state import ForwarderState, bounded_lives
-from sebridge.imds import Document, isoformat_utc
+from sebridge.imds import Document, ScheduledEvent, isoformat_utc
+from sebridge.timing import DEFAULT_LEADS, Leads, drain_moment, probe_begins
 
 __all__ = [
     "DEFAULT_DRAIN_SECONDS",
@@ -60,6 +73,12 @@ __all__ = [
 
 log = logging.getLogger("forwarder.local")
 
+MOMENT_TICK = 1.0  # seconds between two looks at the drain moments (hooks start within it)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
 
 class LocalActions:
     """A consumer of IMDS documents in its own right (``document_observed``), with its own view
@@ -71,12 +90,17 @@ class LocalActions:
         preparations: Preparations,
         hooks: HookWorker | None,
         probe: DrainProbe | None,
+        *,
+        leads: Leads = DEFAULT_LEADS,
+        now: Callable[[], datetime] = _utc_now,
     ) -> None:
         self.store = store
         self.journal = store.journal
         self.preparations = preparations
         self.hooks = hooks
         self.probe = probe
+        self.leads = leads
+        self.now = now
 
     # -- the listener -----------------------------------------------------------------------
     def document_observed(
@@ -84,12 +108,13 @@ class LocalActions:
     ) -> list[Observed]:
         """Every document a poll read, on the poller's thread, before the forwarder writes
         anything: diff it against the local view (the forwarder's diff and message ids), and
-        in one journal transaction record the new view with the hook runs and preparation
-        changes its transitions call for; then run those hooks and let the probe follow the
+        in one journal transaction record the new view (with when to act on each event) and the
+        hook runs and preparation changes its transitions call for, the prepare hooks once
+        their event's drain moment has come; then run those hooks and let the probe follow the
         document. Never waits on a hook; a journal that cannot be written delays nothing.
         Returns the transitions derived (for tests)."""
         observed: list[Observed] = []
-        jobs = []
+        jobs: list[Job] = []
         with self.store.lock:
             view = self.store.view
             changes = diff(view.events, document, observed_at, last_seen=view.observed_at)
@@ -106,24 +131,28 @@ class LocalActions:
                     )
                 )
             present = {event.key for event in document.events}
-            self.store.set_view(
-                View(
-                    remember(view.events, document.events),
-                    bounded_lives(lives, present),
-                    observed_at,
-                    document.incarnation,
-                    observer,
-                ),
-                # Like the forwarder's state file: written when something changed (and at stop).
-                persist=bool(changes) or document.incarnation != view.incarnation,
+            events = remember(view.events, document.events)
+            new = View(
+                events,
+                bounded_lives(lives, present),
+                observed_at,
+                document.incarnation,
+                observer,
+                self._carry_timing(view, events, observed_at),
             )
-            if self.probe is not None:
-                self.probe.follow(document.events, observer)
             for item in observed:
                 self.preparations.observe(item)
-                if self.hooks is not None:
-                    for run in self.store.add_runs(self.hooks.runs_for(item)):
-                        jobs.append(self.hooks.job(run, item))
+                jobs += self._record_transition(item, new, observed_at)
+            jobs += self._advance(new, observed_at)
+            self.store.set_view(
+                new,
+                # Like the forwarder's state file: written when something changed (and at stop).
+                persist=bool(changes)
+                or document.incarnation != view.incarnation
+                or new.timing != view.timing,
+            )
+            if self.probe is not None:
+                self.probe.follow(document.events, observer, self._probe_begins(new))
             self.store.flush()  # the one transaction; on failure all of it stays dirty
         for item in observed:
             log.debug("local actions: %s %s", item.transition.value, item.message_id)
@@ -131,6 +160,139 @@ class LocalActions:
             self.hooks.queue(jobs)
         self.preparations.check_all()
         return observed
+
+    # -- when to act --------------------------------------------------------------------------
+    @staticmethod
+    def _carry_timing(
+        view: View, events: Mapping[str, ScheduledEvent], observed_at: datetime
+    ) -> dict[str, Timing]:
+        """The timing of each event of the new view: kept for the events already known, first
+        seen now for the new ones (a view from before issue 24 knows events without a timing:
+        first seen at its last poll)."""
+        out = {}
+        for key in events:
+            timing = view.timing.get(key)
+            if timing is None:
+                known = key in view.events and view.observed_at is not None
+                timing = Timing(view.observed_at if known and view.observed_at else observed_at)
+            out[key] = timing
+        return out
+
+    def moment(self, event: ScheduledEvent, timing: Timing) -> datetime:
+        """The event's drain moment: the one that passed, or the one to come."""
+        return timing.fired or drain_moment(event, timing.first_seen, self.leads)
+
+    def _record(self, runs: Sequence[Run], item: Observed) -> list[Job]:
+        assert self.hooks is not None
+        return [self.hooks.job(run, item) for run in self.store.add_runs(runs)]
+
+    def _record_transition(self, item: Observed, view: View, now: datetime) -> list[Job]:
+        """(Under the store's lock.) The hook runs of one transition: the prepare hooks of a
+        Scheduled or Updated wait for the event's drain moment unless it has come (they then
+        run first, in the order of the hooks file, as the others do); the others run now."""
+        if self.hooks is None:
+            return []
+        runs = self.hooks.runs_for(item)
+        key = item.event.key
+        timing = view.timing.get(key)
+        if timing is None or item.transition not in (Transition.SCHEDULED, Transition.UPDATED):
+            return self._record(runs, item)  # gone (Completed, Cancelled), or Started
+        if not any(run.prepare for run in runs):
+            view.timing[key] = replace(timing, prepare=None)  # nothing to prepare for now
+            return self._record(runs, item)
+        moment = self.moment(item.event, timing)
+        if moment <= now:
+            view.timing[key] = replace(timing, fired=timing.fired or moment, prepare=None)
+            return self._record(runs, item)
+        view.timing[key] = replace(timing, prepare=(item.message_id, item.transition.value))
+        log.info(
+            "prepare hooks for %s wait for its drain moment %s (NotBefore %s, lead %s)",
+            item.message_id,
+            isoformat_utc(moment),
+            isoformat_utc(item.event.not_before) if item.event.not_before else "unknown",
+            self.leads.describe().get(item.event.event_type, "first-sight"),
+        )
+        return self._record([run for run in runs if not run.prepare], item)
+
+    def _advance(self, view: View, now: datetime) -> list[Job]:
+        """(Under the store's lock.) Fire the drain moments that came by ``now`` (or whose event
+        started): fix them, record the prepare hooks that waited, and fix when the probe's 503
+        began. Changes ``view.timing``; returns the jobs to queue."""
+        jobs: list[Job] = []
+        for key, event in view.events.items():
+            timing = view.timing.get(key)
+            if timing is None:
+                continue
+            moment = self.moment(event, timing)
+            if timing.fired is None and (moment <= now or event.is_started):
+                timing = replace(timing, fired=min(moment, now))
+                log.info(
+                    "drain moment of %s: %s",
+                    event.event_id,
+                    "it started" if moment > now else isoformat_utc(moment),
+                )
+            if timing.fired is not None and timing.prepare is not None:
+                jobs += self._record_waiting(event, timing.prepare, view)
+                timing = replace(timing, prepare=None)
+            if self.probe is not None and timing.probe_from is None and not event.is_started:
+                begins = probe_begins(event, timing.fired or moment, self.probe.bound)
+                if begins <= now:
+                    timing = replace(timing, probe_from=begins)
+            view.timing[key] = timing
+        return jobs
+
+    def _record_waiting(
+        self, event: ScheduledEvent, cause: tuple[str, str], view: View
+    ) -> list[Job]:
+        """The prepare hooks of ``cause`` (message id, transition), whose moment came."""
+        if self.hooks is None or view.observer is None:
+            return []
+        message_id, transition = cause
+        try:
+            item = Observed(
+                Transition(transition), event, message_id, view.observer, view.incarnation
+            )
+        except ValueError:
+            log.error("damaged timing record for %s: its prepare hooks are dropped", event.event_id)
+            return []
+        jobs = self._record([run for run in self.hooks.runs_for(item) if run.prepare], item)
+        if jobs:
+            log.info("drain moment of %s: %d prepare hook run(s) queued", message_id, len(jobs))
+        return jobs
+
+    def _probe_begins(self, view: View) -> dict[str, datetime]:
+        """When the probe's 503 begins for each event that has not started."""
+        assert self.probe is not None
+        out = {}
+        for key, event in view.events.items():
+            timing = view.timing.get(key)
+            if timing is None or event.is_started:
+                continue
+            out[key] = timing.probe_from or probe_begins(
+                event, self.moment(event, timing), self.probe.bound
+            )
+        return out
+
+    def fire_due(self) -> int:
+        """Fire the drain moments that have come (the ``moments`` worker, every
+        :data:`MOMENT_TICK`; tests call it with their own clock): record and queue the prepare
+        hooks that waited for them, in one journal transaction with the view. Returns how many
+        hook runs it queued."""
+        now = self.now()
+        jobs: list[Job] = []
+        with self.store.lock:
+            view = self.store.view
+            if not view.timing:
+                return 0
+            new = replace(view, timing=dict(view.timing))
+            jobs = self._advance(new, now)
+            if new.timing == view.timing:
+                return 0
+            self.store.set_view(new)
+            self.store.flush()
+        if self.hooks is not None:
+            self.hooks.queue(jobs)
+        return len(jobs)
 
     def transitions_recorded(self, envelopes: Sequence[Envelope]) -> None:
         """Not used: the local actions follow the documents, not the delivery path."""
@@ -145,26 +307,42 @@ class LocalActions:
     def start(self, fallback: ForwarderState | None = None) -> None:
         """At start, before the first poll: read the journal (a journal without a view takes
         the forwarder's state as its view), drain again for what the view shows, queue the
-        hooks a crash cut short, and publish what was prepared but not yet published."""
+        hooks a crash cut short and those whose moment came while it was down, and publish
+        what was prepared but not yet published."""
         if not self.store.load() and fallback is not None:
             log.info(
                 "local actions: no view in the journal yet: starting from the forwarder's state"
             )
             self.store.set_view(View.of(fallback))
             self.store.flush()
-        view = self.store.view
+        with self.store.lock:
+            view = self.store.view
+            if view.events.keys() - view.timing.keys():
+                at = view.observed_at or self.now()
+                self.store.set_view(replace(view, timing=self._carry_timing(view, view.events, at)))
+                view = self.store.view
         if self.probe is not None and view.observer is not None:
-            self.probe.follow(view.events.values(), view.observer)
+            self.probe.follow(view.events.values(), view.observer, self._probe_begins(view))
             if self.probe.draining:
                 log.info("draining again after a restart, from the journal's view")
         if self.hooks is not None:
             self.hooks.resume()
+        self.fire_due()  # the moments that came while the forwarder was down
         self.preparations.check_all()
 
     def workers(self, stop: threading.Event) -> tuple[Callable[[], None], ...]:
         """The threads to run beside the poller (each returns once ``stop`` is set)."""
         out: list[Callable[[], None]] = []
         hooks, probe = self.hooks, self.probe
+
+        def moments() -> None:
+            while not stop.wait(MOMENT_TICK):
+                try:
+                    self.fire_due()
+                except Exception:
+                    log.exception("firing the drain moments failed; going on")
+
+        out.append(moments)
         if hooks is not None:
 
             def hooks_worker() -> None:
@@ -234,6 +412,7 @@ def build_local_actions(
             settings.drain_seconds,
             preparations=preparations,
             upstream=settings.probe_upstream,
+            max_unhealthy=settings.probe_max_unhealthy,
         )
         try:
             address, port = probe.bind(settings.probe_address, settings.probe_port)
@@ -244,4 +423,5 @@ def build_local_actions(
     preparations.preparers = [p for p in (hooks, probe) if p is not None]
     if hooks_file is not None:
         log.info("hooks: %s", hooks_file.describe())
-    return LocalActions(store, preparations, hooks, probe)
+    log.info("drain moments: lead per event type %s", settings.leads.describe())
+    return LocalActions(store, preparations, hooks, probe, leads=settings.leads)

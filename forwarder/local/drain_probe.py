@@ -8,15 +8,24 @@ standalone VM; Azure Load Balancer, Application Gateway, anything that probes ov
   is ``503``), so this endpoint can replace an existing probe.
 - ``503`` while the current IMDS document holds an event that affects this VM and is
   impactful by lb-pools' rules (:mod:`sebridge.impact`: ``--drain-impactful-event-types``,
-  ``--drain-freeze-threshold-seconds``): from its Scheduled (or a first Started) until it is
+  ``--drain-freeze-threshold-seconds``), from the event's drain moment (``NotBefore`` minus
+  its ``--drain-lead``, at first sight for short notices, Preempt and Terminate:
+  :mod:`sebridge.timing`; the local actions say when, :meth:`DrainProbe.follow`) until it is
   gone; an Updated that makes the event harmless, or drops this VM from its Resources, ends
-  the drain early. The probe follows the document (:meth:`DrainProbe.follow`), not the
-  transitions the forwarder manages to record, so a full disk or a broker outage never keeps
-  it healthy; after a restart it drains from the local actions' journal until the first poll.
-- ``--drain-seconds`` after the drain began (probe interval x unhealthy threshold + the
+  the drain early. The probe follows the document, not the transitions the forwarder manages to
+  record, so a full disk or a broker outage never keeps it healthy; after a restart it drains
+  from the local actions' journal until the first poll.
+- **Bounded** for events that have not started: a run of 503 lasts at most
+  ``--drain-probe-max-unhealthy-seconds`` (below the 10 minutes of the shortest grace period
+  of a scale set's automatic instance repairs, which may watch the same probe), and begins no
+  earlier than ``NotBefore`` minus that bound. A run that reaches the bound ends: the probe
+  answers 200 for the drains that began in it until their event starts
+  (:class:`sebridge.timing.UnhealthyRuns`). A Started event drains regardless.
+- ``--drain-seconds`` after the run of 503 began (probe interval x unhealthy threshold + the
   connection drain time: the balancer has stopped sending new connections and the open ones
   had their time), the drain counts as done, and :class:`~sebridge.forwarder.local.preparation.
-  Preparations` publishes ``Prepared`` once the other preparations are done too.
+  Preparations` publishes ``Prepared`` once the other preparations are done too (a drain that
+  reached the bound is not done: the VM takes traffic again).
 
 The port answers the health status and nothing else: every GET or HEAD, whatever its path,
 gets ``ok`` or ``unavailable`` (the same word while draining and while the upstream is down),
@@ -32,8 +41,9 @@ each time within :data:`UPSTREAM_TIMEOUT` s however its answer trickles in
 (:class:`~sebridge.forwarder.net.client.DeadlineHttp`), and the probe answers with the last
 verdict (503 until the first, or when the last is older than :data:`UPSTREAM_MAX_AGE` s).
 
-The state flips on the poller's thread as soon as a poll has read the document, before
-anything is written, so the answer changes within one poll interval of IMDS
+The state follows the document on the poller's thread as soon as a poll has read it, before
+anything is written, and the answer is worked out from the clock when asked, so it changes
+within one poll interval of IMDS, and at the drain moment itself
 (``benchmarks/drain_probe_flip.py``).
 """
 
@@ -42,8 +52,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -57,8 +68,9 @@ from sebridge.forwarder.net.client import (
     RequestCancelled,
     TransportError,
 )
-from sebridge.imds import ScheduledEvent
+from sebridge.imds import ScheduledEvent, isoformat_utc
 from sebridge.impact import ImpactRules
+from sebridge.timing import DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS, UnhealthyRuns, check_probe_bound
 
 if TYPE_CHECKING:
     # asyncio and a thread pool: imported when the probe is bound, not by every forwarder.
@@ -151,11 +163,16 @@ class Upstream:
             http.close()
 
 
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 @dataclass
 class _Drain:
-    since: float  # monotonic
     event_id: str
-    done: bool = False  # drain time passed and reported
+    begins: datetime  # when its 503 begins; fixed once it has begun
+    started: bool = False  # the event has started: drained regardless of the bound
+    reported: bool = False  # drained, and told to the preparations
 
 
 class DrainProbe:
@@ -169,56 +186,108 @@ class DrainProbe:
         preparations: Preparations | None = None,
         upstream: str | None = None,
         upstream_timeout: float = UPSTREAM_TIMEOUT,
-        clock: Callable[[], float] = time.monotonic,
+        max_unhealthy: float = DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS,
+        now: Callable[[], datetime] = _utc_now,
     ) -> None:
         self.rules = rules
         self.drain_seconds = drain_seconds
         self.preparations = preparations
         self.upstream = Upstream(upstream, upstream_timeout) if upstream else None
-        self.clock = clock
+        self.max_unhealthy = check_probe_bound(max_unhealthy)
+        self.now = now
+        self._runs = UnhealthyRuns(timedelta(seconds=max_unhealthy))
         self._drains: dict[str, _Drain] = {}
         self._cond = threading.Condition()
         self._server: HttpServer | None = None
+        self._unhealthy = False  # the level last logged
+        self._lapsed: set[str] = set()  # drains logged as having reached the bound
         self.answers = {200: 0, 503: 0}
+
+    @property
+    def bound(self) -> timedelta:
+        return self._runs.bound
 
     # -- state ------------------------------------------------------------------------------
     def applies(self, event: ScheduledEvent, observer: Observer) -> bool:
         """The event takes this VM out of service: drain while it is in the document."""
         return affects(event.resources, observer.vm_name) and self.rules.is_impactful(event)
 
-    def follow(self, events: Iterable[ScheduledEvent], observer: Observer) -> None:
-        """Drain exactly for the events of the current document that apply (on the poller's
-        thread, at every successful poll, before anything is written anywhere): the level
-        IMDS shows, whatever the disk, the outbox or the broker do. A drain that goes on keeps
-        its start; one whose event is gone, or no longer applies (an Updated made it harmless
-        or dropped this VM), ends."""
+    def follow(
+        self,
+        events: Iterable[ScheduledEvent],
+        observer: Observer,
+        begins: Mapping[str, datetime] | None = None,
+    ) -> None:
+        """Drain for the events of the current document that apply (on the poller's thread, at
+        every successful poll, before anything is written anywhere): the level IMDS shows,
+        whatever the disk, the outbox or the broker do. ``begins`` says, by event key, when the
+        503 of an event that has not started begins (:func:`sebridge.timing.probe_begins` of
+        its drain moment); an event it leaves out drains at once. A drain that goes on keeps
+        its begin once it has begun; one whose event is gone, or no longer applies (an Updated
+        made it harmless or dropped this VM), ends."""
+        now = self.now()
         wanted = {event.key: event for event in events if self.applies(event, observer)}
         with self._cond:
             for key in [key for key in self._drains if key not in wanted]:
-                drain = self._drains.pop(key)
+                ended = self._drains.pop(key)
+                self._lapsed.discard(key)
                 log.info(
-                    "drain for %s over: %s",
-                    drain.event_id,
-                    "probe healthy again"
-                    if not self._drains
-                    else f"{len(self._drains)} more drain(s) on",
+                    "drain for %s over: its event is gone or no longer applies", ended.event_id
                 )
             for key, event in wanted.items():
-                if key not in self._drains:
-                    self._drains[key] = _Drain(self.clock(), event.event_id)
+                drain = self._drains.get(key)
+                given = begins.get(key) if begins is not None else None
+                if drain is None:
+                    start = given if given is not None else now
+                    self._drains[key] = _Drain(event.event_id, start, event.is_started)
                     log.info(
-                        "draining for %s (%s, %s): the probe answers 503; done in %g s",
+                        "drain for %s (%s, %s): the probe answers 503 %s",
                         event.event_id,
                         event.event_type,
                         event.status or "status unknown",
-                        self.drain_seconds,
+                        "now"
+                        if event.is_started or start <= now
+                        else f"from {isoformat_utc(start)} (its drain moment)",
                     )
+                    continue
+                if given is not None and drain.begins > now:
+                    drain.begins = given  # not begun yet: an Updated may move it
+                if event.is_started and not drain.started:
+                    drain.started = True
+                    drain.begins = min(drain.begins, now)
+            self._evaluate(now)
             self._cond.notify_all()
+
+    def _evaluate(self, now: datetime) -> set[str]:
+        """(Under the lock.) The not-started drains holding the probe at 503 now; logs when
+        the level changes and when a run reaches the bound."""
+        pending = {key: d.begins for key, d in self._drains.items() if not d.started}
+        holding = self._runs.holding(pending, now)
+        unhealthy = bool(holding) or any(d.started for d in self._drains.values())
+        lapsed = self._runs.spent - self._lapsed
+        if lapsed:
+            self._lapsed |= lapsed
+            log.warning(
+                "drain for %s: the probe answered 503 for %g s and the event has not started: "
+                "200 again until it starts, so that automatic repairs never see the instance "
+                "unhealthy for long (--drain-probe-max-unhealthy-seconds)",
+                ", ".join(sorted(self._drains[key].event_id for key in lapsed)),
+                self.max_unhealthy,
+            )
+        if unhealthy != self._unhealthy:
+            self._unhealthy = unhealthy
+            log.info("drain probe: %s", "503 (draining)" if unhealthy else "200 (healthy)")
+        return holding
 
     @property
     def draining(self) -> bool:
+        """The probe answers 503 now (whatever the upstream says)."""
         with self._cond:
-            return bool(self._drains)
+            return self._unhealthy_at(self.now())
+
+    def _unhealthy_at(self, now: datetime) -> bool:
+        holding = self._evaluate(now)
+        return bool(holding) or any(d.started for d in self._drains.values())
 
     def answer_counts(self) -> dict[int, int]:
         """How many times the probe answered 200 and 503 so far (for the metrics)."""
@@ -227,10 +296,23 @@ class DrainProbe:
 
     def preparation_status(self, event_key: str) -> str | None:
         with self._cond:
-            drain = self._drains.get(event_key)
-            if drain is None:
-                return None
-            return "succeeded" if self.clock() - drain.since >= self.drain_seconds else "pending"
+            return self._status(event_key, self.now())
+
+    def _status(self, event_key: str, now: datetime) -> str | None:
+        """(Under the lock.) None: nothing to drain for the event; ``succeeded`` once the run of
+        503 that holds it has lasted ``--drain-seconds``; ``pending`` before, and for a drain
+        that reached the bound (the VM takes traffic again)."""
+        drain = self._drains.get(event_key)
+        if drain is None:
+            return None
+        holding = self._evaluate(now)
+        if drain.started:
+            since = drain.begins
+        elif event_key in holding and self._runs.run_start is not None:
+            since = self._runs.run_start
+        else:
+            return "pending"
+        return "succeeded" if (now - since).total_seconds() >= self.drain_seconds else "pending"
 
     def answer(self) -> tuple[int, bytes]:
         if self.draining:
@@ -244,28 +326,24 @@ class DrainProbe:
         return status
 
     # -- the drain timer --------------------------------------------------------------------
-    def _due(self) -> tuple[list[str], float]:
-        """Drains whose time has come (marked done), and seconds until the next one."""
-        now = self.clock()
-        due, wait = [], 0.5
+    def _due(self) -> list[str]:
+        """(Under the lock.) Drains that became done since the last call (marked reported)."""
+        now = self.now()
+        due = []
         for key, drain in self._drains.items():
-            if drain.done:
-                continue
-            left = drain.since + self.drain_seconds - now
-            if left <= 0:
-                drain.done = True
+            if not drain.reported and self._status(key, now) == "succeeded":
+                drain.reported = True
                 due.append(key)
-            else:
-                wait = min(wait, left)
-        return due, wait
+        return due
 
     def run_timer(self, stop: threading.Event) -> None:
-        """Report each drain to the preparations when its time has come, until ``stop``."""
+        """Report each drain to the preparations when it is done, and log the probe's level
+        when a drain moment or the bound changes it, until ``stop``."""
         while not stop.is_set():
             with self._cond:
-                due, wait = self._due()
+                due = self._due()
                 if not due:
-                    self._cond.wait(wait)
+                    self._cond.wait(0.5)
                     continue
             for key in due:
                 log.info("drain time of %g s over for %s", self.drain_seconds, key)

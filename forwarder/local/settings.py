@@ -2,7 +2,8 @@
 
 Flags (each with its environment variable, like every forwarder flag; all off by default):
 ``--hooks-file``, ``--drain-probe-port``, ``--drain-probe-address``, ``--drain-probe-upstream``,
-``--drain-seconds``, ``--drain-impactful-event-types``, ``--drain-freeze-threshold-seconds``.
+``--drain-seconds``, ``--drain-impactful-event-types``, ``--drain-freeze-threshold-seconds``,
+``--drain-lead``, ``--drain-probe-max-unhealthy-seconds`` (when to act: :mod:`sebridge.timing`).
 A forwarder configured with none of them never imports the hooks, the journal or the probe
 (:mod:`sebridge.forwarder.local.actions`): what a configuration does not use stays out of memory.
 """
@@ -22,6 +23,14 @@ from sebridge.impact import (
     KNOWN_EVENT_TYPES,
     ImpactRules,
 )
+from sebridge.timing import (
+    DEFAULT_LEADS,
+    DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS,
+    Leads,
+    TimingError,
+    check_probe_bound,
+    parse_leads,
+)
 
 DEFAULT_PROBE_ADDRESS = "0.0.0.0"  # noqa: S104 - the load balancer probes the VM's own address
 DEFAULT_DRAIN_SECONDS = 30.0
@@ -39,6 +48,8 @@ class LocalSettings:
     probe_upstream: str | None = None
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     impact: ImpactRules = DEFAULT_RULES
+    leads: Leads = DEFAULT_LEADS
+    probe_max_unhealthy: float = DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS
 
     @property
     def enabled(self) -> bool:
@@ -53,6 +64,8 @@ class LocalSettings:
             "drainSeconds": self.drain_seconds,
             "drainImpactfulEventTypes": sorted(self.impact.impactful_event_types),
             "drainFreezeThresholdSeconds": self.impact.freeze_threshold_seconds,
+            "drainLeadSeconds": self.leads.describe(),
+            "drainProbeMaxUnhealthySeconds": self.probe_max_unhealthy if self.probe_port else None,
         }
 
 
@@ -103,6 +116,24 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         "LB_FREEZE_THRESHOLD_SECONDS [SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS] "
         "(default %(default)s)",
     )
+    parser.add_argument(
+        "--drain-lead",
+        default=env.get("SEBRIDGE_DRAIN_LEAD", ""),
+        help="when the probe drains and the prepare hooks run: seconds before NotBefore per "
+        "event type, or first-sight, e.g. Reboot=600,Freeze=first-sight; types left out keep "
+        f"their default ({DEFAULT_LEADS.spelled()}); a notice shorter than the lead acts at "
+        "first sight [SEBRIDGE_DRAIN_LEAD]",
+    )
+    parser.add_argument(
+        "--drain-probe-max-unhealthy-seconds",
+        default=env.get(
+            "SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS", f"{DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS}"
+        ),
+        help="the probe answers 503 at most this long at a stretch before the event starts "
+        "(then 200 until it starts), below the 600 s of the shortest grace period of a scale "
+        "set's automatic repairs [SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS] "
+        "(default %(default)s)",
+    )
 
 
 def _number(flag: str, value: str, minimum: float, maximum: float) -> float:
@@ -147,11 +178,34 @@ def settings_from_args(args: argparse.Namespace) -> LocalSettings:
     address = str(args.drain_probe_address).strip()
     if not address:
         raise LocalActionsError("--drain-probe-address must not be empty")
+    try:
+        leads = parse_leads(str(args.drain_lead or ""))
+    except TimingError as exc:
+        raise LocalActionsError(str(exc)) from exc
+    drain_seconds = _number("--drain-seconds", str(args.drain_seconds), 0, 86_400)
+    bound = _number(
+        "--drain-probe-max-unhealthy-seconds",
+        str(args.drain_probe_max_unhealthy_seconds),
+        0,
+        86_400,
+    )
+    try:
+        check_probe_bound(bound)
+    except TimingError as exc:
+        raise LocalActionsError(str(exc)) from exc
+    if port is not None and drain_seconds >= bound:
+        raise LocalActionsError(
+            f"--drain-seconds ({drain_seconds:g}) must be shorter than "
+            f"--drain-probe-max-unhealthy-seconds ({bound:g}): the probe's drain could never be "
+            "done before the probe turns healthy again"
+        )
     return LocalSettings(
         hooks_file=Path(args.hooks_file) if args.hooks_file else None,
         probe_port=port,
         probe_address=address,
         probe_upstream=upstream,
-        drain_seconds=_number("--drain-seconds", str(args.drain_seconds), 0, 86_400),
+        drain_seconds=drain_seconds,
         impact=ImpactRules(frozenset(known[t.lower()] for t in types), int(threshold)),
+        leads=leads,
+        probe_max_unhealthy=bound,
     )

@@ -40,16 +40,78 @@ from sebridge.lifecycle import Life
 log = logging.getLogger("forwarder.local")
 
 
+def _time(value: object, name: str) -> datetime:
+    """An aware time written by :func:`_time_text`; ValueError for anything else."""
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError(f"{name} is not a time")
+    moment = datetime.fromisoformat(value)
+    if moment.tzinfo is None:
+        raise ValueError(f"{name} has no time zone")
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError(f"{name} is out of range") from exc
+
+
+def _optional_time(value: object, name: str) -> datetime | None:
+    return None if value is None else _time(value, name)
+
+
+def _time_text(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When the local actions act on one event (:mod:`sebridge.timing`), kept with the view so
+    that a restart loses no pending moment and moves no moment that has passed."""
+
+    first_seen: datetime  # the document that first showed the event (in this appearance)
+    fired: datetime | None = None  # the drain moment, once it passed: never moved again
+    probe_from: datetime | None = None  # when the probe's 503 began: never moved again
+    # The Scheduled/Updated (message id, transition) whose prepare hooks wait for the moment.
+    prepare: tuple[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "firstSeen": _time_text(self.first_seen),
+            "fired": _time_text(self.fired),
+            "probeFrom": _time_text(self.probe_from),
+            "prepare": list(self.prepare) if self.prepare else None,
+        }
+
+    @classmethod
+    def from_json(cls, obj: object) -> Timing:
+        """Strict: ValueError for a damaged record."""
+        if not isinstance(obj, dict):
+            raise ValueError("a timing is not an object")
+        prepare = obj.get("prepare")
+        if prepare is not None and not (
+            isinstance(prepare, list)
+            and len(prepare) == 2
+            and all(isinstance(part, str) and part for part in prepare)
+        ):
+            raise ValueError("a timing's prepare is not [message id, transition]")
+        return cls(
+            _time(obj.get("firstSeen"), "firstSeen"),
+            _optional_time(obj.get("fired"), "fired"),
+            _optional_time(obj.get("probeFrom"), "probeFrom"),
+            (prepare[0], prepare[1]) if prepare else None,
+        )
+
+
 @dataclass
 class View:
     """The local actions' own view of the events: what the next document is diffed against
-    (the same diff and message ids as the forwarder's, :mod:`sebridge.lifecycle`)."""
+    (the same diff and message ids as the forwarder's, :mod:`sebridge.lifecycle`), and when to
+    act on each event (``timing``, for the events of the last document)."""
 
     events: dict[str, ScheduledEvent] = field(default_factory=dict)
     lives: dict[str, Life] = field(default_factory=dict)
     observed_at: datetime | None = None
     incarnation: int | None = None
     observer: Observer | None = None  # this VM, as the last document was observed by
+    timing: dict[str, Timing] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +120,7 @@ class View:
             "observedAt": self.observed_at.isoformat() if self.observed_at else None,
             "events": [event.to_imds() for event in self.events.values()],
             "lives": {key: life.to_json() for key, life in self.lives.items()},
+            "timing": {key: timing.to_json() for key, timing in self.timing.items()},
         }
 
     @classmethod
@@ -70,10 +133,13 @@ class View:
             raise ValueError("incarnation is not an integer")
         raw_events = obj.get("events")
         raw_lives = obj.get("lives")
+        raw_timing = obj.get("timing", {})  # none in a journal from before issue 24
         if not isinstance(raw_events, list) or not isinstance(raw_lives, dict):
             raise ValueError("events or lives missing")
         if len(raw_lives) > 10 * MAX_LIVES:
             raise ValueError("lives is larger than expected")
+        if not isinstance(raw_timing, dict) or len(raw_timing) > len(raw_events):
+            raise ValueError("timing is not an object of the events")
         try:
             events = [ScheduledEvent.from_imds(raw, strict=False) for raw in raw_events]
         except InvalidDocument as exc:
@@ -93,12 +159,18 @@ class View:
             )
         except ContractError:
             observer = None
+        by_key = {event.key: event for event in events}
         return cls(
-            events={event.key: event for event in events},
+            events=by_key,
             lives={str(key): Life.from_json(life) for key, life in raw_lives.items()},
             observed_at=observed_at,
             incarnation=incarnation,
             observer=observer,
+            timing={
+                str(key): Timing.from_json(timing)
+                for key, timing in raw_timing.items()
+                if key in by_key
+            },
         )
 
     @classmethod
@@ -173,6 +245,13 @@ class LocalStore:
     def run(self, key: tuple[str, str]) -> Run | None:
         with self.lock:
             return self.runs.get(key)
+
+    def deferred_prepare(self, event_key: str) -> str | None:
+        """The message id of the Scheduled/Updated whose prepare hooks wait for the event's
+        drain moment (None: none wait)."""
+        with self.lock:
+            timing = self.view.timing.get(event_key)
+            return timing.prepare[0] if timing is not None and timing.prepare else None
 
     def unfinished(self) -> list[Run]:
         with self.lock:

@@ -2,7 +2,8 @@
 the poller's.
 
 :meth:`HookWorker.runs_for` says which hooks a transition calls for (the local actions record
-them in the store, in the same journal transaction as the view that produced them), and
+them in the store, in the same journal transaction as the view that produced them; prepare
+hooks only once the event's drain moment has come, :mod:`sebridge.timing`), and
 :meth:`HookWorker.queue` hands them to the threads. The hooks of one event run one after
 another, in the order of the transitions and of the hooks file.
 
@@ -67,7 +68,9 @@ class HookRunner(Protocol):
 
 
 @dataclass(frozen=True)
-class _Job:
+class Job:
+    """One hook run to do, with what it needs (the run, the hook, the transition)."""
+
     run: Run
     hook: Hook
     observed: Observed
@@ -111,7 +114,7 @@ class HookWorker:
         self.base_env = base_env
         self.kill_grace = kill_grace
         self.runner = runner
-        self._queues: dict[str, collections.deque[_Job]] = {}
+        self._queues: dict[str, collections.deque[Job]] = {}
         self._active: set[str] = set()
         self._own_threads: dict[str, threading.Thread] = {}
         self._cond = threading.Condition()
@@ -143,8 +146,8 @@ class HookWorker:
             for hook in hooks
         ]
 
-    def job(self, run: Run, observed: Observed) -> _Job:
-        return _Job(run, self.by_name[run.hook], observed)
+    def job(self, run: Run, observed: Observed) -> Job:
+        return Job(run, self.by_name[run.hook], observed)
 
     def resume(self) -> int:
         """Queue what the store shows unfinished (at start, before the first poll)."""
@@ -166,7 +169,7 @@ class HookWorker:
                 )
                 self._finish(run, "not-started", "no longer in the hooks file")
                 continue
-            jobs.append(_Job(run, hook, observed))
+            jobs.append(Job(run, hook, observed))
         if jobs:
             log.info(
                 "%d hook run(s) cut short by a stop, crash or reboot: running them again",
@@ -175,7 +178,7 @@ class HookWorker:
         self.queue(jobs)
         return len(jobs)
 
-    def queue(self, jobs: list[_Job]) -> None:
+    def queue(self, jobs: list[Job]) -> None:
         if not jobs:
             return
         with self._cond:
@@ -199,6 +202,8 @@ class HookWorker:
                 for run in self.store.runs.values()
                 if run.prepare and run.message_id == record.cause and run.event_key == event_key
             }
+            if not statuses and self.store.deferred_prepare(event_key) == record.cause:
+                return "pending"  # they wait for the event's drain moment
         if not statuses:
             return None
         if statuses & set(UNFINISHED):
@@ -287,7 +292,7 @@ class HookWorker:
                     self._queues.pop(key, None)
                 self._cond.notify_all()
 
-    def _next_neighbour(self, stop: threading.Event) -> _Job | None:
+    def _next_neighbour(self, stop: threading.Event) -> Job | None:
         with self._cond:
             while not stop.is_set():
                 job = self._take(own=False)
@@ -296,7 +301,7 @@ class HookWorker:
                 self._cond.wait(5.0)  # woken by new work and by stop (_wake_on)
         return None
 
-    def _take(self, *, own: bool | None) -> _Job | None:
+    def _take(self, *, own: bool | None) -> Job | None:
         """The head job of the waiting event with the earliest deadline (under the lock);
         ``own``: only own events, only neighbours', or (None) any."""
         candidates = [
@@ -341,13 +346,13 @@ class HookWorker:
             count += 1
         return count
 
-    def _run_job(self, job: _Job, stop: threading.Event) -> None:
+    def _run_job(self, job: Job, stop: threading.Event) -> None:
         try:
             self._run(job, stop)
         except Exception:
             log.exception("hook %s for %s: worker failed", job.hook.name, job.run.message_id)
 
-    def _too_late(self, job: _Job) -> str | None:
+    def _too_late(self, job: Job) -> str | None:
         if not job.hook.prepare:
             return None
         record = self.store.preparation(job.run.event_key)
@@ -360,7 +365,7 @@ class HookWorker:
             return "the event started before its turn came"
         return None
 
-    def _run(self, job: _Job, stop: threading.Event) -> None:
+    def _run(self, job: Job, stop: threading.Event) -> None:
         hook = job.hook
         run = self.store.run(job.run.key) or job.run
         if run.finished:

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from sebridge import __version__
 from sebridge.contract.events import Transition
+from sebridge.forwarder.imds.impact import METHODS
 from sebridge.forwarder.net.server import ERROR_REASONS, HttpServer, Request, Response
 from sebridge.forwarder.observability.errors import MetricsError
 from sebridge.forwarder.observability.health import Health
@@ -77,6 +78,8 @@ POLLED_TRANSITIONS = tuple(
 HOOK_OUTCOMES = ("succeeded", "failed", "timed-out", "not-started", "interrupted", "skipped")
 # The forwarder's HTTP servers, each with a series for every error reason from the start.
 HTTP_SERVERS = ("metrics", "drain-probe")
+# Measured impact (forwarder/imds/impact.py): a freeze lasts seconds, a reboot minutes.
+IMPACT_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 def _seconds(moment: Any) -> float:
@@ -107,6 +110,14 @@ class Metrics:
             registry=r,
         )
         self._transitions = {t: transitions.labels(t) for t in POLLED_TRANSITIONS}
+        impact = Histogram(
+            f"{PREFIX}_measured_impact_seconds",
+            "Measured impact carried by Completed transitions of this VM's events, by method",
+            ["method"],
+            buckets=IMPACT_BUCKETS,
+            registry=r,
+        )
+        self._impact = {method: impact.labels(method) for method in METHODS}
         attempts = Counter(
             f"{PREFIX}_publish_attempts",
             "Service Bus send calls by result (ok, refused: set aside, failed: retried)",
@@ -184,6 +195,12 @@ class Metrics:
             counter = self._transitions.get(envelope.subject)
             if counter is not None:
                 counter.inc()
+            impact = envelope.body.get("data", {}).get("impact")
+            if envelope.subject == "Completed" and isinstance(impact, dict):
+                histogram = self._impact.get(str(impact.get("method")))
+                seconds = impact.get("measuredSeconds")
+                if histogram is not None and isinstance(seconds, int | float):
+                    histogram.observe(float(seconds))
 
     def polled(self, health: Health) -> None:
         return None

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import datetime
 from typing import Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusError
+from azure.servicebus.exceptions import (
+    MessageNotFoundError,
+    MessageSizeExceededError,
+    ServiceBusError,
+)
 
 from functions.shared import write_window
 from functions.shared.batching import Batcher
@@ -52,6 +57,7 @@ class ServiceBusSender:
         self._senders: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()  # the client and the senders' table, not the sends
         self.batches: Batcher[tuple[str, str], ServiceBusMessage, None] = Batcher()
+        self._entity_locks: dict[tuple[str, str], threading.Lock] = {}
 
     def __repr__(self) -> str:
         return f"ServiceBusSender(namespace={self._namespace or '<connection string>'})"
@@ -118,6 +124,25 @@ class ServiceBusSender:
     def send_to_queue(self, queue: str, message: ServiceBusMessage) -> None:
         self._send("queue", queue, message)
 
+    def on_link(self, kind: str, name: str, call: Any) -> Any:
+        """``call(sender)`` on the entity's link, one caller at a time (an SDK sender is not
+        thread-safe); a ServiceBusError drops the link and is tried once more on a fresh one."""
+        with self._lock:
+            entity_lock = self._entity_locks.setdefault((kind, name), threading.Lock())
+        with entity_lock:
+            for attempt in (1, 2):
+                sender = self._sender(kind, name)
+                try:
+                    return call(sender)
+                except MessageNotFoundError:
+                    raise
+                except ServiceBusError as exc:
+                    self._drop(kind, name, sender)
+                    if attempt == 2:
+                        raise
+                    log.warning("%s %s: %s; retrying on a new link", kind, name, type(exc).__name__)
+        raise AssertionError("unreachable")
+
     def close(self) -> None:
         with self._lock:
             for sender in self._senders.values():
@@ -176,3 +201,29 @@ class SdkCommandSender:
         write_window.before_attempt()
         self._sender.send_to_queue(self._queue, servicebus.command_message(command, session_id))
         log.info("command sent", extra={"messageId": command.message_id, "vm": session_id})
+
+
+class SdkMomentScheduler:
+    """lb-pools' drain moments: messages scheduled on the drain-moments queue
+    (``schedule_messages``) and cancelled by sequence number (``cancel_scheduled_messages``)."""
+
+    def __init__(self, sender: ServiceBusSender, queue: str) -> None:
+        self._sender, self._queue = sender, queue
+
+    def schedule(self, body: bytes, at: datetime, message_id: str) -> int:
+        message = ServiceBusMessage(body, message_id=message_id, content_type="application/json")
+        (sequence,) = self._sender.on_link(
+            "queue", self._queue, lambda sender: sender.schedule_messages(message, at)
+        )
+        log.info("drain scheduled", extra={"messageId": message_id, "sequence": sequence})
+        return int(sequence)
+
+    def cancel(self, sequence: int) -> None:
+        try:
+            self._sender.on_link(
+                "queue", self._queue, lambda sender: sender.cancel_scheduled_messages(sequence)
+            )
+        except MessageNotFoundError:
+            log.info("scheduled drain %d was delivered or cancelled already", sequence)
+            return
+        log.info("scheduled drain cancelled", extra={"sequence": sequence})

@@ -17,21 +17,29 @@ Capacity: an event lb-pools drains (impactful) is never approved before its VMs 
 their pools, whatever the policy says: ``approve`` is read as ``approve-when-prepared`` for it.
 lb-pools may hold the drain (``LB_MIN_HEALTHY``); a held event's VMs stay in their pools, so the
 ARM check fails and nothing is approved early until lb-pools drains it and publishes Prepared.
+
+Maintenance windows (a rule's ``windows``, functions.approval_gate.windows): an event is approved
+early only inside one. Outside, if a window opens before NotBefore, the gate schedules itself a
+decision at its start (``decide-due`` on the drain-moments queue, kept like lb-pools' drain
+moments: functions.lb_pools.moments) and decides again then; otherwise the event waits for its
+NotBefore.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from functions.approval_gate import windows
 from functions.approval_gate.agentless import AgentlessRules, Route, choose_route
 from functions.approval_gate.policy import Action, Policy
-from functions.lb_pools import nic_pools
+from functions.lb_pools import moments, nic_pools
 from functions.lb_pools.guard import CapacityGuard
-from functions.lb_pools.held import maintenance_until
+from functions.lb_pools.held import body_of, maintenance_until
 from functions.shared import scope as trust
 from functions.shared import seal
 from functions.shared.impact import ImpactRules
@@ -40,18 +48,19 @@ from functions.shared.ports import (
     ArmClient,
     CommandSender,
     HeartbeatStore,
+    MomentScheduler,
     PermissionDenied,
 )
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
-from sebridge.contract.events import Transition, TransitionMessage
+from sebridge.contract.events import ContractError, Transition, TransitionMessage, parse_message
 
 log = logging.getLogger("sebridge.functions.approval_gate")
 
 REQUESTED_BY = "approval-gate"
 DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
-# How far ahead of the gate's clock a Heartbeat's time may be (README: Approval policy).
+# How far ahead of the gate's clock a Heartbeat's time may be (docs/configuration.md).
 CLOCK_SKEW = timedelta(minutes=5)
 
 
@@ -67,6 +76,7 @@ class GateOutcome(StrEnum):
     IGNORED = "ignored"
     REFUSED = "refused"  # the message failed the scope check
     HELD = "held-by-capacity"  # approving now would take a pool below its minimum, or it is held
+    OUTSIDE_WINDOW = "outside-window"  # the rule's maintenance windows are closed now
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,8 @@ class Gate:
     # The capacity decision every early approval asks (functions.lb_pools.guard); None: one
     # without a pool store, which allows everything, as LB_MIN_HEALTHY=0 does.
     guard: CapacityGuard | None = None
+    # Where a decision at a window's start is scheduled (the drain-moments queue); None: not.
+    scheduler: MomentScheduler | None = None
 
     def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
         """Verify ``message`` (the trigger layer does this before :meth:`decide`), then
@@ -137,6 +149,9 @@ class Gate:
             return GateOutcome.NEVER
         if decision.action is Action.MANUAL:
             return GateOutcome.MANUAL
+        if decision.windows and not windows.inside(decision.windows, now):
+            self._await_window(verified, decision.windows, now)
+            return GateOutcome.OUTSIDE_WINDOW
         drained = self.impact.is_impactful(event)
         vms = guard.affected_now(verified)
         if (decision.action is Action.APPROVE_WHEN_PREPARED or drained) and not self._prepared(
@@ -146,6 +161,69 @@ class Gate:
             return GateOutcome.WAITING
         reason = f"policy rule {decision.rule}: {decision.action}"
         return self.approve(verified, now, reason=reason, vms=vms)
+
+    # ---- maintenance windows ---------------------------------------------------------------
+    def _book(self) -> moments.MomentBook | None:
+        pools = self.guard.pools if self.guard is not None else None
+        if self.scheduler is None or pools is None:
+            return None
+        return moments.MomentBook(pools, self.scheduler, moments.DECIDE_KEY, moments.DECIDE_COMMAND)
+
+    def _await_window(
+        self, verified: VerifiedMessage, rule_windows: Sequence[windows.Window], now: datetime
+    ) -> None:
+        """Outside every window of the rule: decide again when the next opens, if it opens
+        before NotBefore; else the event waits for its NotBefore."""
+        message = verified.message
+        event = message.event
+        assert event is not None
+        opening = windows.current_or_next(rule_windows, now)
+        book = self._book()
+        if event.not_before is None or opening is None or opening.start >= event.not_before:
+            log.info(
+                "outside the rule's maintenance windows, and none opens before NotBefore: "
+                "not approved early",
+                extra={"eventId": event.key},
+            )
+            if book is not None:
+                book.drop(event.key)
+            return
+        if book is None:
+            log.warning(
+                "a maintenance window opens at %s, but without DrainMomentsQueueName the gate "
+                "cannot decide again then: the event waits for a later message or NotBefore",
+                opening.start.isoformat(),
+                extra={"eventId": event.key},
+            )
+            return
+        book.set(event.key, opening.start, message.message_id or event.key, body_of(message))
+        log.info(
+            "outside the rule's maintenance windows: decided again when one opens at %s",
+            opening.start.isoformat(),
+            extra={"eventId": event.key, "windowOpens": opening.start.isoformat()},
+        )
+
+    def fire(self, event_id: str, tok: str, now: datetime) -> GateOutcome:
+        """A maintenance window opened: decide the event again (its newest message, verified
+        again), if ``tok`` is still its moment and has not fired."""
+        book = self._book()
+        if book is None:
+            return GateOutcome.IGNORED
+        entry = book.due(event_id, tok)
+        if isinstance(entry, str):
+            log.info("scheduled decision not taken: %s", entry, extra={"eventId": event_id})
+            return GateOutcome.IGNORED
+        try:
+            body = json.dumps(dict(entry.body)).encode("utf-8")
+            message = parse_message(body, entry.message_id)
+        except ContractError as exc:
+            log.error("scheduled decision dropped: its message is unreadable: %s", exc)
+            book.drop(event_id)
+            return GateOutcome.IGNORED
+        log.info("a maintenance window opened", extra={"eventId": event_id})
+        outcome = self.handle(message, now)
+        book.fired(event_id, tok)
+        return outcome
 
     def _prepared(
         self,
@@ -174,8 +252,10 @@ class Gate:
                 if vm.kind is VmKind.FORBIDDEN:
                     return self._not_checkable(event.key, vm.problem)
                 for nic_id in vm.nic_ids:
+                    # Out for this event (its drain's claim), not for another event whose
+                    # end would put the VM back under this one's maintenance.
                     nic = self.arm.get_nic(nic_id)
-                    if nic is not None and nic_pools.in_any_pool(nic.body):
+                    if nic is not None and not nic_pools.out_for(nic.body, verified.scoped_key):
                         return False
         except PermissionDenied as exc:
             return self._not_checkable(event.key, str(exc))
@@ -252,7 +332,8 @@ class Gate:
             return sent[0]
         guard = self.guard or CapacityGuard(self.arm)
         affected = guard.affected_now(verified) if vms is None else vms
-        clearance = guard.clear(event.key, affected, now, maintenance_until(event, now), act)
+        until = maintenance_until(event, now)
+        clearance = guard.clear(verified.scoped_key, affected, now, until, act)
         if not clearance.allowed:
             return GateOutcome.HELD
         return sent[0]

@@ -12,6 +12,15 @@ range), ``vmName`` (fnmatch patterns; every affected VM must match one), ``resou
 ``approve-when-prepared`` (once the affected VMs are out of all load balancer pools),
 ``manual`` (a human decides from the Teams card), ``never``. Without ``APPROVAL_POLICY`` the
 default applies, built by :func:`default_policy` from lb-pools' freeze threshold.
+
+``windows`` (optional, per rule with ``approve`` or ``approve-when-prepared``): weekly maintenance
+windows in an IANA zone (``["Sun 02:00-05:00 Europe/Berlin"]``, functions.approval_gate.windows):
+an event the rule matches is approved early only inside one; lb-pools drains it the lead before
+the window opens (if it opens before NotBefore); outside every window it waits for NotBefore.
+
+``leadSeconds`` (optional, top level): how long before NotBefore lb-pools drains each event type
+(``{"Reboot": 300, "Preempt": "first-sight"}``; sebridge.timing: the rule the forwarder's
+``--drain-lead`` follows too); the types not listed keep timing.DEFAULT_LEADS.
 """
 
 from __future__ import annotations
@@ -23,9 +32,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from functions.approval_gate.windows import Window, WindowError, parse_windows
 from functions.shared.impact import DEFAULT_RULES, ImpactRules
 from sebridge.contract.events import Observer
 from sebridge.imds import ScheduledEvent
+from sebridge.timing import DEFAULT_LEADS, Leads, TimingError, leads_from_json
 
 
 class Action(StrEnum):
@@ -78,6 +89,7 @@ class Rule:
     max_duration: int | None = None
     vm_patterns: tuple[str, ...] | None = None
     resource_groups: frozenset[str] | None = None
+    windows: tuple[Window, ...] = ()  # approve early only inside one (empty: any time)
 
     def matches(self, event: ScheduledEvent, observer: Observer) -> bool:
         if self.event_types is not None and event.event_type.lower() not in self.event_types:
@@ -109,17 +121,19 @@ class Rule:
 class Decision:
     action: Action
     rule: str  # the rule's name, or "default"
+    windows: tuple[Window, ...] = ()  # the rule's maintenance windows (empty: any time)
 
 
 @dataclass(frozen=True)
 class Policy:
     rules: tuple[Rule, ...]
     default: Action = Action.MANUAL
+    leads: Leads = DEFAULT_LEADS  # when lb-pools drains, per event type (sebridge.timing)
 
     def decide(self, event: ScheduledEvent, observer: Observer) -> Decision:
         for rule in self.rules:
             if rule.matches(event, observer):
-                return Decision(rule.action, rule.name)
+                return Decision(rule.action, rule.name, rule.windows)
         return Decision(self.default, "default")
 
 
@@ -151,7 +165,7 @@ def _rule(obj: object, index: int) -> Rule:
     where = f"rules[{index}]"
     if not isinstance(obj, Mapping):
         raise PolicyError(f"{where}: expected an object")
-    unknown = set(obj) - {"name", "match", "action"}
+    unknown = set(obj) - {"name", "match", "action", "windows"}
     if unknown:
         raise PolicyError(f"{where}: unknown keys {sorted(unknown)}")
     name = obj.get("name", f"rule-{index}")
@@ -161,6 +175,14 @@ def _rule(obj: object, index: int) -> Rule:
     if "action" not in obj:
         raise PolicyError(f"{where}: action is missing")
     action = _action(obj["action"], where)
+    windows: tuple[Window, ...] = ()
+    if "windows" in obj:
+        if action not in (Action.APPROVE, Action.APPROVE_WHEN_PREPARED):
+            raise PolicyError(f"{where}: windows apply only to approve and approve-when-prepared")
+        try:
+            windows = parse_windows(obj["windows"], f"{where}: windows")
+        except WindowError as exc:
+            raise PolicyError(str(exc)) from None
     match = obj.get("match", {})
     if not isinstance(match, Mapping):
         raise PolicyError(f"{where}: match must be an object")
@@ -193,6 +215,7 @@ def _rule(obj: object, index: int) -> Rule:
         resource_groups=_names(match["resourceGroup"], f"{where}: resourceGroup")
         if "resourceGroup" in match
         else None,
+        windows=windows,
     )
 
 
@@ -207,7 +230,7 @@ def parse_policy(text: str | Mapping[str, Any]) -> Policy:
             raise PolicyError(f"not JSON: {exc}") from exc
     if not isinstance(obj, Mapping):
         raise PolicyError("expected a JSON object with 'rules'")
-    unknown = set(obj) - {"rules", "default"}
+    unknown = set(obj) - {"rules", "default", "leadSeconds"}
     if unknown:
         raise PolicyError(f"unknown keys {sorted(unknown)}")
     rules = obj.get("rules")
@@ -216,4 +239,10 @@ def parse_policy(text: str | Mapping[str, Any]) -> Policy:
     if len(rules) > MAX_RULES:
         raise PolicyError(f"more than {MAX_RULES} rules")
     default = _action(obj.get("default", Action.MANUAL.value), "default")
-    return Policy(rules=tuple(_rule(r, i) for i, r in enumerate(rules)), default=default)
+    try:
+        leads = leads_from_json(obj.get("leadSeconds"))
+    except TimingError as exc:
+        raise PolicyError(str(exc)) from None
+    return Policy(
+        rules=tuple(_rule(r, i) for i, r in enumerate(rules)), default=default, leads=leads
+    )

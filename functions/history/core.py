@@ -29,7 +29,7 @@ whose JSON form fits one Azure Table string property (32,767 UTF-16 units) whate
 characters, every list is bounded, nothing is kept twice (:func:`summary_properties`), and a
 summary read back equals the one derived, so a redelivery writes nothing.
 
-**Bounds** (README, Event history): :data:`MAX_VMS` VM names per entry and per summary,
+**Bounds** (docs/monitoring.md): :data:`MAX_VMS` VM names per entry and per summary,
 :data:`MAX_APPEARANCES` appearances per summary (the most recently recorded), entries read per
 event scope bounded by the store with the lifecycle rows never crowded out by the bulk ones,
 :data:`MAX_TEXT` characters of Description and reasons.
@@ -83,7 +83,6 @@ MAX_APPEARANCE_NUMBER = 1_000_000
 MAX_SUMMARY_ATTEMPTS = 5
 PURGE_EVERY = timedelta(minutes=10)
 PURGE_BATCH = 20
-MAX_MEASURED_SECONDS = 10_000_000
 MAX_PENDING = 1000  # actions kept in memory while the store is down
 
 # Azure Table's datetime range (1601-01-01 to 9999-12-31); every stored time is held to it.
@@ -91,7 +90,8 @@ EARLIEST = datetime(1601, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 
 TRANSITIONS = ("Scheduled", "Updated", "Started", "Completed", "Cancelled")
-ACTIONS = ("Prepared", "Held", "Approved", "Restored")
+# NotRestored: lb-pools could not put VMs back (a pool deleted, ARM refused the restore for good)
+ACTIONS = ("Prepared", "Held", "Approved", "Restored", "NotRestored")
 NAMES = (*TRANSITIONS, *ACTIONS)
 STATES = ("Scheduled", "Started", "Completed", "Cancelled")
 _APPEARANCE = re.compile(r"^[^:]+:(?:Scheduled|Updated|Started|Completed|Cancelled|Approved):(\d+)")
@@ -344,17 +344,12 @@ def _source(message: TransitionMessage) -> str:
     return "forwarder"
 
 
-def measured_impact(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``data.impact`` of a Completed (optional; issue 26 part B): measured seconds and how."""
-    impact = data.get("impact")
-    if not isinstance(impact, dict):
+def measured_impact(message: TransitionMessage) -> dict[str, Any] | None:
+    """``data.impact`` of a Completed (optional), as the contract's reader reads it."""
+    impact = message.impact
+    if impact is None:
         return None
-    seconds = impact.get("measuredSeconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        return None
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_MEASURED_SECONDS:
-        return None
-    return {"measuredSeconds": round(float(seconds), 3), "method": _text(impact.get("method"), 40)}
+    return {"measuredSeconds": round(impact.seconds, 3), "method": _text(impact.method, 40)}
 
 
 def _details(message: TransitionMessage) -> dict[str, Any]:
@@ -390,7 +385,7 @@ def _details(message: TransitionMessage) -> dict[str, Any]:
             return {}
         return {"changed": sorted(_text(k, 40) for k in list(changes)[:MAX_CHANGED])}
     if transition is Transition.COMPLETED:
-        impact = measured_impact(data)
+        impact = measured_impact(message)
         return {"impact": impact} if impact else {}
     return {}
 

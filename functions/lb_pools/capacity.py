@@ -1,4 +1,12 @@
-"""The capacity decision: never take a backend pool below ``LB_MIN_HEALTHY`` healthy members (core).
+"""The capacity decision: never take a backend pool below its budget (core): ``LB_MIN_HEALTHY``
+healthy members, and at most ``LB_MAX_UNAVAILABLE`` members unavailable (a count, or a percentage
+of the pool's size), globally or per pool (``LB_POOL_BUDGETS``): :class:`Budgets`.
+
+A budget of maximum unavailable members is a minimum too, once the pool's size is known: the
+size is its members now and the members the bridge has out of it (kept in the pool's state,
+functions.lb_pools.held ``out``), and a pool may keep ``size - maxUnavailable`` healthy members
+at least (a percentage rounded up to whole members, as Kubernetes disruption budgets do). The
+decision takes the larger of the two minimums.
 
 Every path that removes capacity or starts maintenance early asks :func:`decide`: lb-pools
 before it drains (Scheduled, Updated and Started alike), and the gate, the Approve link, the ARM
@@ -22,6 +30,8 @@ bridge never changes them, and ARM's pool document lists only NIC members in
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +50,12 @@ class PoolHealth:
     members: frozenset[str]  # lower-case ip configuration ids in the pool now
     up: frozenset[str] | None  # members the probe reports Up on every covering rule; None: no rule
     reserved: frozenset[str] = frozenset()  # members other events approved early take down
+    absent: frozenset[str] = frozenset()  # members the bridge has out of the pool (drained)
+
+    @property
+    def size(self) -> int:
+        """Members now and those the bridge has out: what a percentage budget counts."""
+        return len(self.members | self.absent)
 
     @property
     def healthy(self) -> frozenset[str]:
@@ -59,6 +75,112 @@ class Blocked:
             f"taking them out would leave {short_pool(self.pool_id)} with {self.healthy_after} "
             f"healthy member(s) ({self.healthy_now} now), fewer than the minimum {self.minimum}"
         )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One pool's disruption budget: a minimum of healthy members, and a maximum of members
+    unavailable (None: no maximum), a count or (``percent``) a percentage of the pool's size."""
+
+    min_healthy: int = 0
+    max_unavailable: int | None = None
+    percent: bool = False
+
+    def minimum(self, size: int) -> int:
+        """The fewest healthy members a pool of ``size`` members must keep."""
+        floor = self.min_healthy
+        if self.max_unavailable is not None:
+            allowed = (
+                math.ceil(size * self.max_unavailable / 100)
+                if self.percent
+                else self.max_unavailable
+            )
+            floor = max(floor, size - allowed)
+        return floor
+
+    def describe(self) -> str:
+        parts = [f"minHealthy {self.min_healthy}"]
+        if self.max_unavailable is not None:
+            unit = "%" if self.percent else ""
+            parts.append(f"maxUnavailable {self.max_unavailable}{unit}")
+        return ", ".join(parts)
+
+    @property
+    def active(self) -> bool:
+        return self.min_healthy > 0 or self.max_unavailable is not None
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """The budget of every pool: ``default`` (LB_MIN_HEALTHY, LB_MAX_UNAVAILABLE), and those
+    LB_POOL_BUDGETS names (by the pool's ARM id, or ``load-balancer/pool``; lower case)."""
+
+    default: Budget = field(default_factory=Budget)
+    per_pool: Mapping[str, Budget] = field(default_factory=dict)
+
+    def of(self, pool_id: str) -> Budget:
+        lower = pool_id.lower()
+        return self.per_pool.get(lower) or self.per_pool.get(short_pool(lower)) or self.default
+
+    @property
+    def active(self) -> bool:
+        return self.default.active or any(b.active for b in self.per_pool.values())
+
+    @property
+    def sized(self) -> bool:
+        """Some budget counts members unavailable: the pools' state keeps what is out."""
+        budgets = [self.default, *self.per_pool.values()]
+        return any(b.max_unavailable is not None for b in budgets)
+
+
+def parse_unavailable(text: str, where: str = "LB_MAX_UNAVAILABLE") -> tuple[int | None, bool]:
+    """``"2"`` or ``"25%"`` (empty: no maximum); ValueError naming ``where``."""
+    value = text.strip()
+    if not value:
+        return None, False
+    percent = value.endswith("%")
+    number = value[:-1].strip() if percent else value
+    if not number.isdigit() or (percent and int(number) > 100) or int(number) > 100_000:
+        raise ValueError(
+            f"{where}: {text!r} is not a count of members or a percentage (e.g. 2 or 25%)"
+        )
+    return int(number), percent
+
+
+def parse_budgets(min_healthy: int, max_unavailable: str, per_pool: str) -> Budgets:
+    """The budgets from LB_MIN_HEALTHY, LB_MAX_UNAVAILABLE and LB_POOL_BUDGETS (JSON: pool ->
+    ``{"minHealthy": n, "maxUnavailable": "25%"}``); ValueError naming the setting."""
+    count, percent = parse_unavailable(max_unavailable)
+    default = Budget(min_healthy, count, percent)
+    pools: dict[str, Budget] = {}
+    if per_pool.strip():
+        try:
+            obj = json.loads(per_pool)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"LB_POOL_BUDGETS: not JSON: {exc}") from None
+        if not isinstance(obj, Mapping):
+            raise ValueError("LB_POOL_BUDGETS: expected an object of pool -> budget")
+        for key, spec in obj.items():
+            where = f"LB_POOL_BUDGETS {key!r}"
+            if (
+                not isinstance(spec, Mapping)
+                or not spec
+                or set(spec)
+                - {
+                    "minHealthy",
+                    "maxUnavailable",
+                }
+            ):
+                raise ValueError(f"{where}: expected {{'minHealthy': n, 'maxUnavailable': ...}}")
+            if key.count("/") != 1 and POOL_SEGMENT not in key.lower():
+                raise ValueError(f"{where}: name a pool as 'load-balancer/pool' or by its ARM id")
+            least = spec.get("minHealthy", min_healthy)
+            if isinstance(least, bool) or not isinstance(least, int) or not 0 <= least <= 1000:
+                raise ValueError(f"{where}: minHealthy must be a whole number from 0 to 1000")
+            raw = spec.get("maxUnavailable", max_unavailable)
+            count, percent = parse_unavailable(str(raw), f"{where} maxUnavailable")
+            pools[key.lower()] = Budget(least, count, percent)
+    return Budgets(default, pools)
 
 
 def short_pool(pool_id: str) -> str:
@@ -172,6 +294,7 @@ def measure(
     pool_ids: Iterable[str],
     probes: Probes | None = None,
     reserved: Mapping[str, frozenset[str]] | None = None,
+    absent: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, PoolHealth]:
     """Health of each pool (keyed by lower-case id): one GET per load balancer (membership is
     always read now), one health query per covering rule unless ``probes`` holds a fresh enough
@@ -187,9 +310,11 @@ def measure(
     late, by at most :data:`PROBE_MAX_AGE_SECONDS` (older verdicts are asked for again).
 
     ``reserved``: lower-case pool id -> the members other events approved early take down
-    (read from the pools' state under their leases)."""
+    (read from the pools' state under their leases); ``absent``: the members the bridge has out
+    of each pool (its size for a budget of maximum unavailable members)."""
     probes = Probes() if probes is None else probes
     reserved = reserved or {}
+    absent = absent or {}
     by_lb: dict[str, list[str]] = {}
     for pool_id in pool_ids:
         by_lb.setdefault(load_balancer_of(pool_id), []).append(pool_id)
@@ -197,8 +322,9 @@ def measure(
     for lb_id, pools in sorted(by_lb.items()):
         document = arm.get_load_balancer(lb_id) if lb_id else None
         for pool_id in pools:
+            out = absent.get(pool_id.lower(), frozenset())
             if document is None:
-                result[pool_id.lower()] = PoolHealth(pool_id, frozenset(), None)
+                result[pool_id.lower()] = PoolHealth(pool_id, frozenset(), None, absent=out)
                 continue
             spelled, members, rules = pool_view(document.body, pool_id)
             up: frozenset[str] | None = None
@@ -207,7 +333,7 @@ def measure(
                 rule_up = frozenset(i for i, s in verdicts.items() if s.lower() == "up")
                 up = rule_up if up is None else up & rule_up
             result[pool_id.lower()] = PoolHealth(
-                spelled, members, up, reserved.get(pool_id.lower(), frozenset())
+                spelled, members, up, reserved.get(pool_id.lower(), frozenset()), out - members
             )
     return result
 
@@ -217,19 +343,23 @@ def measured(
     pool_ids: Iterable[str],
     probes: Probes | None = None,
     reserved: Mapping[str, frozenset[str]] | None = None,
+    absent: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, PoolHealth] | Unreadable:
     """:func:`measure`, or :class:`Unreadable` when ARM refuses the load balancer or a rule's
     health (a missing role: the README's ARM 403 rule, for every capacity decision)."""
     try:
-        return measure(arm, pool_ids, probes, reserved)
+        return measure(arm, pool_ids, probes, reserved, absent)
     except PermissionDenied as exc:
         return Unreadable(str(exc))
 
 
 def first_blocked(
-    health: Mapping[str, PoolHealth], leaving: Mapping[str, Iterable[str]], minimum: int
+    health: Mapping[str, PoolHealth],
+    leaving: Mapping[str, Iterable[str]],
+    minimum: int | Budgets,
 ) -> Blocked | None:
-    """The first pool (by id) that taking ``leaving`` out of would drain below ``minimum``."""
+    """The first pool (by id) that taking ``leaving`` out of would drain below its minimum
+    (``minimum``, or the pool's budget for its size)."""
     for pool_id in sorted(leaving):
         pool = health.get(pool_id)
         if pool is None:
@@ -237,8 +367,9 @@ def first_blocked(
         going = {i.lower() for i in leaving[pool_id]}
         healthy = pool.healthy
         after = healthy - going
-        if going & healthy and len(after) < minimum:
-            return Blocked(pool.pool_id, len(healthy), len(after), minimum)
+        least = minimum if isinstance(minimum, int) else minimum.of(pool.pool_id).minimum(pool.size)
+        if going & healthy and len(after) < least:
+            return Blocked(pool.pool_id, len(healthy), len(after), least)
     return None
 
 
@@ -252,7 +383,9 @@ def after_leaving(
         pool = result.get(pool_id)
         if pool is not None:
             going = {i.lower() for i in ipcs}
-            result[pool_id] = PoolHealth(pool.pool_id, pool.members - going, pool.up, pool.reserved)
+            result[pool_id] = PoolHealth(
+                pool.pool_id, pool.members - going, pool.up, pool.reserved, pool.absent | going
+            )
     return result
 
 
@@ -284,7 +417,7 @@ class Decision:
 def decide(
     health: Mapping[str, PoolHealth] | Unreadable,
     leaving: Mapping[str, Iterable[str]],
-    minimum: int,
+    minimum: int | Budgets,
     *,
     held_in: str = "",
 ) -> Decision:

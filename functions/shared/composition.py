@@ -29,6 +29,7 @@ from functions.lb_pools.core import PARALLEL_WRITES, DrainRequest, LbPools, Pool
 from functions.lb_pools.guard import CapacityGuard
 from functions.shared import seal, tracing
 from functions.shared.batching import Batcher, side_by_side
+from functions.shared.drain_plan import DrainPlan
 from functions.shared.impact import ImpactRules
 from functions.shared.ports import (
     ActionRecorder,
@@ -36,6 +37,7 @@ from functions.shared.ports import (
     Clock,
     CommandSender,
     HeartbeatStore,
+    MomentScheduler,
     NoActions,
     PoolStore,
     TeamsPoster,
@@ -71,6 +73,7 @@ class Dependencies:
     webhooks: WebhookPoster | None = None
     event_state: EventStateStore | None = None  # only with EVENTGRID_INGEST_ENABLED
     pools: PoolStore | None = None  # the capacity guard's locks and held events
+    moments: MomentScheduler | None = None  # lb-pools' drain moments (DrainMomentsQueueName)
     # One per process: lb-pools decisions on the same pools, from concurrent invocations, are
     # taken together under one lease (functions.lb_pools.core, functions.shared.batching).
     pool_decisions: Batcher[PoolKey, DrainRequest, Verdict] = field(default_factory=Batcher)
@@ -92,7 +95,9 @@ class Dependencies:
     @property
     def capacity_guard(self) -> CapacityGuard:
         """The capacity decision every early approval asks (functions.lb_pools.guard)."""
-        return CapacityGuard(self.arm, self.pools, self.settings.min_healthy)
+        return CapacityGuard(
+            self.arm, self.pools, self.settings.min_healthy, budgets=self.settings.budgets
+        )
 
     @property
     def lb_pools(self) -> LbPools:
@@ -103,11 +108,19 @@ class Dependencies:
             rules=self.trust,
             pools=self.pools,
             min_healthy=self.settings.min_healthy,
+            budgets=self.settings.budgets,
             decisions=self.pool_decisions,
             side_by_side=side_by_side(PARALLEL_WRITES),
             alerts=self.teams,
+            scheduler=self.moments,
+            plan=self.drain_plan,
             actions=self.actions,
         )
+
+    @property
+    def drain_plan(self) -> DrainPlan:
+        """When lb-pools drains an event (it schedules by it; cards and webhooks say it)."""
+        return DrainPlan(self.settings.policy, bool(self.settings.drain_moments_queue), self.impact)
 
     @property
     def history(self) -> History:
@@ -153,6 +166,7 @@ class Dependencies:
             rules=self.trust,
             agentless=agentless,
             guard=self.capacity_guard,
+            scheduler=self.moments,
         )
 
     @property
@@ -190,6 +204,7 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
     from functions.adapters.retry import RetryPolicy
     from functions.adapters.servicebus import (
         SdkCommandSender,
+        SdkMomentScheduler,
         SdkTopicPublisher,
         ServiceBusSender,
     )
@@ -213,13 +228,16 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
         parts["arm"] = CachedVmReads(
             ArmRestClient(config.arm_endpoint, credential, session=session)
         )
-    if "publisher" not in overrides or "commands" not in overrides:
+    wants_moments = bool(config.drain_moments_queue) and "moments" not in overrides
+    if "publisher" not in overrides or "commands" not in overrides or wants_moments:
         sender = ServiceBusSender(
             namespace=config.servicebus_namespace,
             connection_string=config.servicebus_connection_string,
         )
         parts["publisher"] = SdkTopicPublisher(sender, config.topic_name)
         parts["commands"] = SdkCommandSender(sender, config.approvals_queue)
+        if wants_moments:
+            parts["moments"] = SdkMomentScheduler(sender, config.drain_moments_queue)
     parts["heartbeats"] = (
         BlobHeartbeatStore(config.heartbeat_store_url, credential, session=session)
         if config.heartbeat_store_url

@@ -77,6 +77,17 @@ class ReferenceMissing(Exception):
     pool itself, was deleted). No retry of the same write repairs it."""
 
 
+class WriteRefused(Exception):
+    """ARM refused a write for good: a 4xx other than 401, 403 (PermissionDenied), 404, 408,
+    409, 412 (PreconditionFailed) and 429, with ARM's error ``code``. No retry of the same write
+    repairs it; an operator must (lb-pools reports a restore it refuses: functions.lb_pools)."""
+
+    def __init__(self, status: int, code: str, detail: str, *, what: str = "write") -> None:
+        super().__init__(f"{what}: HTTP {status} {code}: {detail}".strip())
+        self.status = status
+        self.code = code or f"HTTP {status}"
+
+
 class AcknowledgeRefused(Exception):
     """ARM refused an acknowledgement for good (a 4xx other than 401, 403, 408 and 429)."""
 
@@ -123,6 +134,17 @@ class CommandSender(Protocol):
 
 class TopicPublisher(Protocol):
     def publish(self, envelope: Envelope) -> None: ...
+
+
+class MomentScheduler(Protocol):
+    """Messages lb-pools schedules to itself for an event's drain moment (Service Bus scheduled
+    messages on the drain-moments queue: functions.lb_pools.moments)."""
+
+    def schedule(self, body: bytes, at: datetime, message_id: str) -> int:
+        """Schedule ``body`` to arrive at ``at``; the broker's sequence number for it."""
+
+    def cancel(self, sequence: int) -> None:
+        """Cancel a scheduled message; one already delivered or cancelled is no error."""
 
 
 class HeartbeatStore(Protocol):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from functions.approval_gate.policy import Policy, PolicyError, default_policy, parse_policy
+from functions.lb_pools.capacity import Budgets, parse_budgets
 from functions.shared import names
 from functions.shared.impact import DEFAULT_FREEZE_THRESHOLD, DEFAULT_IMPACTFUL, ImpactRules
 from functions.webhooks.config import Endpoint, load_endpoints
@@ -30,6 +31,7 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "LbPoolsSubscriptionName",
     "ApprovalGateSubscriptionName",
     "ApprovalsQueueName",
+    "DrainMomentsQueueName",
     "CustomSubscriptionName",
     "TEAMS_WEBHOOK_URL",
     "APPROVAL_SIGNING_KEY",
@@ -50,6 +52,8 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "AGENTLESS_RESOURCE_GROUPS",
     "AGENTLESS_VM_PATTERNS",
     "LB_MIN_HEALTHY",
+    "LB_MAX_UNAVAILABLE",
+    "LB_POOL_BUDGETS",
     "HistorySubscriptionName",
     "HISTORY_RETENTION_DAYS",
     "CALENDAR_WINDOW_DAYS",
@@ -108,6 +112,11 @@ class Settings:
     # and the blob container holding each pool's lock and held events.
     min_healthy: int = DEFAULT_MIN_HEALTHY
     pool_state_url: str = ""
+    # Disruption budgets: LB_MIN_HEALTHY with LB_MAX_UNAVAILABLE and LB_POOL_BUDGETS.
+    budgets: Budgets = field(default_factory=Budgets)
+    # lb-pools drains at the event's drain moment, through messages scheduled on this queue
+    # (functions.lb_pools.moments); "": every drain at first sight.
+    drain_moments_queue: str = ""
     teams_webhook_url: str = field(repr=False, default="")
     approval_signing_key: bytes = field(repr=False, default=b"")
     servicebus_connection_string: str = field(repr=False, default="")
@@ -157,7 +166,13 @@ class Settings:
             "agentlessVmPatterns": list(self.agentless_vm_patterns),
             "managedResourceGroups": list(self.managed_resource_groups),
             "minHealthy": self.min_healthy,
+            "budgets": {
+                "default": self.budgets.default.describe(),
+                **{pool: b.describe() for pool, b in sorted(self.budgets.per_pool.items())},
+            },
             "poolState": self.pool_state_url,
+            "drainMoments": self.drain_moments_queue or "off (drain at first sight)",
+            "leadSeconds": self.policy.leads.describe(),
             "history": self.history_table_url if self.history_subscription else "off",
             "historyRetentionDays": self.history_retention_days,
             "calendarWindowDays": self.calendar_window_days,
@@ -308,17 +323,30 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         minimum=0,
         maximum=1000,
     )
+    try:
+        budgets = parse_budgets(
+            max(min_healthy, 0), get("LB_MAX_UNAVAILABLE"), get("LB_POOL_BUDGETS")
+        )
+    except ValueError as exc:
+        problems.append(str(exc))
+        budgets = Budgets()
     pool_state_url = get("LB_POOL_STATE_URL")
     if not pool_state_url and get("AzureWebJobsStorage__accountName"):
         account = get("AzureWebJobsStorage__accountName")
         pool_state_url = f"https://{account}.blob.core.windows.net/{POOL_STATE_CONTAINER}"
-    if min_healthy > 0 and not pool_state_url:
+    if (min_healthy > 0 or budgets.active) and not pool_state_url:
         problems.append(
-            "LB_POOL_STATE_URL: required while LB_MIN_HEALTHY is above 0 (or set "
-            "AzureWebJobsStorage__accountName): the capacity guard locks each pool there"
+            "LB_POOL_STATE_URL: required while LB_MIN_HEALTHY is above 0 or a budget is set (or "
+            "set AzureWebJobsStorage__accountName): the capacity guard locks each pool there"
         )
     elif pool_state_url:
         pool_state_url = _url("LB_POOL_STATE_URL", pool_state_url, problems)
+    moments_queue = get("DrainMomentsQueueName")
+    if moments_queue and not pool_state_url:
+        problems.append(
+            "LB_POOL_STATE_URL: required while DrainMomentsQueueName is set (or set "
+            "AzureWebJobsStorage__accountName): each event's drain moment is kept there"
+        )
 
     history_subscription = get("HistorySubscriptionName")
     history_url = get("HISTORY_TABLE_URL")
@@ -373,6 +401,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         ),
         min_healthy=min_healthy,
         pool_state_url=pool_state_url,
+        budgets=budgets,
+        drain_moments_queue=moments_queue,
         teams_webhook_url=webhook,
         approval_signing_key=key.encode("utf-8"),
         servicebus_connection_string=connection_string,
@@ -446,6 +476,13 @@ def workflows(settings: Settings) -> tuple[Workflow, ...]:
         ),
         Workflow("lb_pools", True, f"LB_MIN_HEALTHY {settings.min_healthy}"),
         Workflow("approval_gate", True, "with the approve link"),
+        Workflow(
+            "drain_moments",
+            bool(settings.drain_moments_queue),
+            f"lb-pools drains at NotBefore minus the lead, queue {settings.drain_moments_queue}"
+            if settings.drain_moments_queue
+            else "DrainMomentsQueueName is not set: lb-pools drains at first sight",
+        ),
         Workflow(
             "webhooks",
             bool(settings.webhooks_subscription),

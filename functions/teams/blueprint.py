@@ -29,4 +29,5 @@ def teams(message: VerifiedMessage | UnverifiedMessage) -> None:
         base_url=deps.settings.approval_base_url,
         now=deps.clock(),
         route=deps.gate.acknowledge_target,
+        plan=deps.drain_plan,
     )

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 from functions.approval_gate import tokens
 from functions.approval_gate.policy import Action, Policy
+from functions.shared.drain_plan import DrainPlan
 from functions.shared.ports import TeamsPoster
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage
 from functions.teams import cards
@@ -81,6 +82,7 @@ def notify(
     base_url: str,
     now: datetime,
     route: Router | None = None,
+    plan: DrainPlan | None = None,
 ) -> dict[str, Any]:
     message = checked.message
     event = message.event
@@ -110,7 +112,8 @@ def notify(
             )
         except ValueError as exc:  # too many VMs for one link
             log.error("no Approve link for message %s: %s", message.message_id, exc)
-    card = cards.build_card(message, now, approve_url=url, unverified=unverified)
+    drain = plan.for_message(message, now) if plan is not None else None
+    card = cards.build_card(message, now, approve_url=url, unverified=unverified, drain=drain)
     poster.post(card)
     log.info(
         "card posted",

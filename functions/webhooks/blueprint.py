@@ -24,9 +24,14 @@ def webhooks(message: VerifiedMessage | UnverifiedMessage) -> None:
     if message.message.event is None:
         return
     deps = composition.dependencies()
+    drain = deps.drain_plan.for_message(message.message, deps.clock())
     try:
         results = webhooks_core.deliver(
-            message, endpoints=deps.settings.webhooks, poster=deps.webhooks, impact=deps.impact
+            message,
+            endpoints=deps.settings.webhooks,
+            poster=deps.webhooks,
+            impact=deps.impact,
+            drain=drain,
         )
     except webhooks_core.DeliveryFailed as exc:
         note(**webhooks_core.counts(exc.results))

@@ -69,14 +69,16 @@ def plan(
     checked: VerifiedMessage | UnverifiedMessage,
     endpoints: Sequence[Endpoint],
     impact: ImpactRules,
+    drain: str | None = None,
 ) -> list[tuple[Endpoint, Any] | Result]:
-    """Per endpoint, in order: the body to post, or why it is skipped (pure)."""
+    """Per endpoint, in order: the body to post, or why it is skipped (pure). ``drain``: when
+    lb-pools drains the event (the ``drainText`` field)."""
     message = checked.message
     event = message.event
     if event is None:
         raise ValueError("webhooks get no Heartbeat (the subscription filter drops them)")
     unverified = checked.reason if isinstance(checked, UnverifiedMessage) else None
-    fields = message_fields(message, impact, unverified=unverified)
+    fields = message_fields(message, impact, unverified=unverified, drain=drain)
     planned: list[tuple[Endpoint, Any] | Result] = []
     for endpoint in endpoints:
         if unverified is not None and not endpoint.unverified:
@@ -119,10 +121,11 @@ def deliver(
     endpoints: Sequence[Endpoint],
     poster: WebhookPoster | None,
     impact: ImpactRules,
+    drain: str | None = None,
 ) -> list[Result]:
     """Post the message to every endpoint that takes it; raise DeliveryFailed if one failed."""
     message = checked.message
-    planned = plan(checked, endpoints, impact)
+    planned = plan(checked, endpoints, impact, drain)
     jobs = [(i, item) for i, item in enumerate(planned) if not isinstance(item, Result)]
     results: list[Result | None] = [item if isinstance(item, Result) else None for item in planned]
     if jobs and poster is None:

@@ -34,7 +34,7 @@ from sebridge.imds import isoformat_utc
 
 FieldValue = str | int | bool | list[str] | None
 
-# Every field a template may name, with what it holds (README, "Webhooks").
+# Every field a template may name, with what it holds (docs/workflows.md, "Webhooks").
 FIELDS: dict[str, str] = {
     "messageId": "the Service Bus message id",
     "transition": "Scheduled, Updated, Started, Completed, Cancelled, Approved, Prepared or Held",
@@ -61,6 +61,8 @@ FIELDS: dict[str, str] = {
     "zone": "the observer's availability zone",
     "vmScaleSetName": "the observer's scale set, or empty",
     "impactful": "true when lb-pools drains the VMs for this event (LB_IMPACTFUL_EVENT_TYPES)",
+    "drainText": "Scheduled and Updated of an impactful event: when lb-pools takes the VMs out "
+    "of their pools ('now', 'at 01:30 UTC'); else empty/null",
     "approvedBy": "who approved (Approved only), or empty/null",
     "approvalReason": "why (Approved only), or empty/null",
     "summary": "one line: '<eventType> <transition>: <affected>, not before <notBefore>'",
@@ -83,10 +85,15 @@ def _duration_text(seconds: int | None) -> str:
 
 
 def message_fields(
-    message: TransitionMessage, impact: ImpactRules, *, unverified: str | None = None
+    message: TransitionMessage,
+    impact: ImpactRules,
+    *,
+    unverified: str | None = None,
+    drain: str | None = None,
 ) -> dict[str, FieldValue]:
     """The values a template sees for one message (an event's transition, not a Heartbeat);
-    ``unverified``: why it failed the scope check (None: it passed)."""
+    ``unverified``: why it failed the scope check (None: it passed); ``drain``: when lb-pools
+    drains (functions.shared.drain_plan)."""
     event = message.event
     if event is None:
         raise ValueError("webhook payloads are built for events (Heartbeat has none)")
@@ -126,6 +133,7 @@ def message_fields(
         "zone": observer.zone,
         "vmScaleSetName": observer.vm_scale_set_name,
         "impactful": impact.is_impactful(event),
+        "drainText": drain,
         "approvedBy": _str_or_none(approval.get("requestedBy")),
         "approvalReason": _str_or_none(approval.get("reason")),
         "summary": summary,

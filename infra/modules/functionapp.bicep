@@ -71,6 +71,9 @@ param webhookSecretSettings array = []
 @description('Queue the approval gate sends approve commands to.')
 param approvalsQueueName string
 
+@description('Queue lb-pools schedules its drain moments on (DrainMomentsQueueName): it drains at NotBefore minus the lead of APPROVAL_POLICY leadSeconds.')
+param drainMomentsQueueName string
+
 @description('Key Vault URI (ends with a slash).')
 param keyVaultUri string
 
@@ -97,6 +100,12 @@ param lbManagedResourceGroups array = []
 @minValue(0)
 @maxValue(1000)
 param lbMinHealthy int = 1
+
+@description('Most members of a backend pool that may be out at once (LB_MAX_UNAVAILABLE): a count or a percentage; empty: no maximum.')
+param lbMaxUnavailable string = ''
+
+@description('Disruption budgets per pool (LB_POOL_BUDGETS), JSON; empty: the global ones for every pool.')
+param lbPoolBudgets string = ''
 
 @description('Use the ARM acknowledge API when the observing forwarder is silent.')
 param acknowledgeFallbackEnabled bool = false
@@ -161,6 +170,7 @@ var requiredSettings = {
   HISTORY_RETENTION_DAYS: string(historyRetentionDays)
   CALENDAR_WINDOW_DAYS: string(calendarWindowDays)
   ApprovalsQueueName: approvalsQueueName
+  DrainMomentsQueueName: drainMomentsQueueName
   CustomSubscriptionName: customSubscriptionName
   // Versionless references: a rotated secret is picked up without a redeployment.
   APPROVAL_SIGNING_KEY: '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/${approvalSigningKeySecretName})'
@@ -171,6 +181,8 @@ var requiredSettings = {
   // LB_POOL_STATE_URL is left unset: the app uses the container sebridge-pools of its host
   // storage account (AzureWebJobsStorage__accountName), created by storage.bicep.
   LB_MIN_HEALTHY: string(lbMinHealthy)
+  LB_MAX_UNAVAILABLE: lbMaxUnavailable
+  LB_POOL_BUDGETS: lbPoolBudgets
   ARM_ENDPOINT: armEndpoint
   ACKNOWLEDGE_FALLBACK_ENABLED: acknowledgeFallbackEnabled ? 'true' : 'false'
   HEARTBEAT_STALE_SECONDS: string(heartbeatStaleSeconds)
@@ -222,7 +234,7 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 }
 
 resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
-  //checkov:skip=CKV_AZURE_222:Approve links are opened from Teams in people's browsers, so the app has a public endpoint; add VNet integration and access restrictions per tenant (README, Deploy).
+  //checkov:skip=CKV_AZURE_222:Approve links are opened from Teams in people's browsers, so the app has a public endpoint; add VNet integration and access restrictions per tenant (docs/deploy.md).
   //checkov:skip=CKV_AZURE_17:Browsers open the Approve links; they hold no client certificate. The link carries an HMAC-signed expiring token instead.
   //checkov:skip=CKV_AZURE_212:Flex Consumption scales from zero on Service Bus triggers; messages wait in their sessions while an instance starts, so no always-ready instance is paid for.
   //checkov:skip=CKV_AZURE_213:Flex Consumption has no App Service health check; the Functions host restarts unhealthy instances and Application Insights alerts on failures.

@@ -10,6 +10,9 @@ param topicName string
 @description('Name of the approvals queue.')
 param approvalsQueueName string
 
+@description('Name of the queue lb-pools schedules its drain moments on.')
+param drainMomentsQueueName string
+
 @description('Principal id of the Function App identity.')
 param functionAppPrincipalId string
 
@@ -39,6 +42,11 @@ resource topic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' exist
 resource approvalsQueue 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' existing = {
   parent: namespace
   name: approvalsQueueName
+}
+
+resource drainMomentsQueue 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' existing = {
+  parent: namespace
+  name: drainMomentsQueueName
 }
 
 resource appSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' existing = [for name in functionAppSubscriptionNames: {
@@ -74,6 +82,29 @@ resource appSendsApprovals 'Microsoft.Authorization/roleAssignments@2022-04-01' 
   name: guid(approvalsQueue.id, functionAppPrincipalId, serviceBusDataSender)
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: functionAppPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Azure Service Bus Data Sender: lb-pools schedules (and cancels) its drain moments; on this
+// queue only, which nobody else may send to.
+resource appSchedulesDrains 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: drainMomentsQueue
+  name: guid(drainMomentsQueue.id, functionAppPrincipalId, serviceBusDataSender)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: functionAppPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Azure Service Bus Data Receiver: the drain_moment trigger receives the due drains.
+resource appReceivesDrains 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: drainMomentsQueue
+  name: guid(drainMomentsQueue.id, functionAppPrincipalId, serviceBusDataReceiver)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
     principalId: functionAppPrincipalId
     principalType: 'ServicePrincipal'
   }

@@ -41,6 +41,8 @@ param tags object = {}
 var entities = loadJsonContent('../servicebus-emulator/Config.json', '$.UserConfig.Namespaces[0]')
 var topicConfig = entities.Topics[0]
 var queueConfig = entities.Queues[0]
+// lb-pools' drain moments: messages the Function App schedules to itself (no sessions).
+var drainQueueConfig = entities.Queues[1]
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' = {
   name: namespaceName
@@ -100,6 +102,22 @@ resource queue 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' = {
   }
 }
 
+resource drainQueue 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' = {
+  parent: namespace
+  name: drainQueueConfig.Name
+  properties: {
+    deadLetteringOnMessageExpiration: drainQueueConfig.Properties.DeadLetteringOnMessageExpiration
+    defaultMessageTimeToLive: drainQueueConfig.Properties.DefaultMessageTimeToLive
+    duplicateDetectionHistoryTimeWindow: drainQueueConfig.Properties.DuplicateDetectionHistoryTimeWindow
+    forwardDeadLetteredMessagesTo: empty(drainQueueConfig.Properties.ForwardDeadLetteredMessagesTo) ? null : drainQueueConfig.Properties.ForwardDeadLetteredMessagesTo
+    forwardTo: empty(drainQueueConfig.Properties.ForwardTo) ? null : drainQueueConfig.Properties.ForwardTo
+    lockDuration: drainQueueConfig.Properties.LockDuration
+    maxDeliveryCount: drainQueueConfig.Properties.MaxDeliveryCount
+    requiresDuplicateDetection: drainQueueConfig.Properties.RequiresDuplicateDetection
+    requiresSession: drainQueueConfig.Properties.RequiresSession
+  }
+}
+
 @description('Name of the namespace.')
 output namespaceName string = namespace.name
 
@@ -111,6 +129,9 @@ output topicName string = topic.name
 
 @description('Name of the queue that carries approval commands to the forwarders.')
 output approvalsQueueName string = queue.name
+
+@description('Name of the queue lb-pools schedules its drain moments on (to itself).')
+output drainMomentsQueueName string = drainQueue.name
 
 @description('Names of all subscriptions of the topic.')
 output subscriptionNames array = [for s in topicConfig.Subscriptions: s.Name]

@@ -10,7 +10,7 @@
 #   SEBRIDGE_NAMESPACE   required  Service Bus namespace FQDN (sbns-x.servicebus.windows.net)
 #   AZURE_CLIENT_ID      required  client id of the forwarders' user-assigned identity
 #   SEBRIDGE_PACKAGE     required  what pip installs, as root: the https URL of a wheel you
-#                                  host, or a pinned requirement (scheduled-events-bridge==0.2.0)
+#                                  host, or a pinned requirement (scheduled-events-bridge==0.3.0)
 #                                  when this VM's pip index-url is your own. No default: the
 #                                  project is not published on PyPI, where anyone could take the
 #                                  name. Not needed with --no-pip.
@@ -20,7 +20,8 @@
 #   SEBRIDGE_VM_NAME, SEBRIDGE_REQUIRE_LISTED, SEBRIDGE_OUTBOX_MAX, SEBRIDGE_MAX_MESSAGE_SIZE,
 #   SEBRIDGE_DRY_RUN, SEBRIDGE_HOOKS_FILE, SEBRIDGE_DRAIN_PROBE_PORT, SEBRIDGE_DRAIN_PROBE_ADDRESS,
 #   SEBRIDGE_DRAIN_PROBE_UPSTREAM, SEBRIDGE_DRAIN_SECONDS, SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES,
-#   SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS, SEBRIDGE_METRICS_PORT, SEBRIDGE_METRICS_ADDRESS,
+#   SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS, SEBRIDGE_DRAIN_LEAD,
+#   SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS, SEBRIDGE_METRICS_PORT, SEBRIDGE_METRICS_ADDRESS,
 #   SEBRIDGE_SERVICEBUS_TRANSPORT, SEBRIDGE_SERVICEBUS_ENDPOINT
 #                        optional  copied to the configuration file when set
 #                                  (SEBRIDGE_STATE_DIR is always /var/lib/sebridge, the unit's
@@ -55,7 +56,7 @@ readonly SERVICE_USER=sebridge
 # `sudo sebridge doctor` work; a link to the venv's command, so an upgrade needs no new link.
 readonly COMMAND_LINK=/usr/local/sbin/sebridge
 # Settings copied verbatim from the installer's environment to the forwarder's when set.
-readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_LOG_LEVEL SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_API_VERSION SEBRIDGE_VM_NAME SEBRIDGE_REQUIRE_LISTED SEBRIDGE_OUTBOX_MAX SEBRIDGE_MAX_MESSAGE_SIZE SEBRIDGE_DRY_RUN SEBRIDGE_HOOKS_FILE SEBRIDGE_DRAIN_PROBE_PORT SEBRIDGE_DRAIN_PROBE_ADDRESS SEBRIDGE_DRAIN_PROBE_UPSTREAM SEBRIDGE_DRAIN_SECONDS SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS SEBRIDGE_METRICS_PORT SEBRIDGE_METRICS_ADDRESS SEBRIDGE_SERVICEBUS_TRANSPORT SEBRIDGE_SERVICEBUS_ENDPOINT"
+readonly PASSTHROUGH="SEBRIDGE_TOPIC SEBRIDGE_REPLY_QUEUE SEBRIDGE_POLL_INTERVAL SEBRIDGE_HEARTBEAT_INTERVAL SEBRIDGE_LOG_FORMAT SEBRIDGE_LOG_LEVEL SEBRIDGE_IMDS_ENDPOINT SEBRIDGE_API_VERSION SEBRIDGE_VM_NAME SEBRIDGE_REQUIRE_LISTED SEBRIDGE_OUTBOX_MAX SEBRIDGE_MAX_MESSAGE_SIZE SEBRIDGE_DRY_RUN SEBRIDGE_HOOKS_FILE SEBRIDGE_DRAIN_PROBE_PORT SEBRIDGE_DRAIN_PROBE_ADDRESS SEBRIDGE_DRAIN_PROBE_UPSTREAM SEBRIDGE_DRAIN_SECONDS SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS SEBRIDGE_DRAIN_LEAD SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS SEBRIDGE_METRICS_PORT SEBRIDGE_METRICS_ADDRESS SEBRIDGE_SERVICEBUS_TRANSPORT SEBRIDGE_SERVICEBUS_ENDPOINT"
 readonly MAX_HOOKS_BYTES=65536
 
 log() { printf 'install-forwarder: %s\n' "$*"; }
@@ -208,6 +209,11 @@ if [ "$install_package" -eq 1 ]; then
         log "created virtual environment $VENV with $python"
     fi
     "$root$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --upgrade "$package"
+    # pip keeps an installed version it is given again: a rebuilt wheel of the same version
+    # (forceUpdateTag with an unchanged packageSource) must still replace it, so the package
+    # itself (not its dependencies) is always installed anew.
+    "$root$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+        --force-reinstall --no-deps "$package"
     [ -x "$root$VENV/bin/sebridge" ] || die "$package did not install the sebridge command"
     log "installed $("$root$VENV/bin/sebridge" --version 2>/dev/null || echo "$package")"
 fi

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -269,10 +270,11 @@ def event_data(
     changes: Mapping[str, Any] | None = None,
     approval: Mapping[str, str] | None = None,
     event_grid: Mapping[str, Any] | None = None,
+    impact: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``incarnation`` is None for a transition observed through Event Grid (no IMDS document);
     ``event_grid`` then names the notification it was derived from (``id``, ``eventTime``,
-    ``topic``, ``resourceId``)."""
+    ``topic``, ``resourceId``). ``impact`` is what the observer measured of a Completed."""
     data: dict[str, Any] = {"schemaVersion": SCHEMA_VERSION}
     data.update(event.to_imds())  # the IMDS fields verbatim
     data["notBefore"] = isoformat_utc(event.not_before) if event.not_before else None
@@ -284,6 +286,8 @@ def event_data(
         data["approval"] = dict(approval)
     if event_grid is not None:
         data["eventGrid"] = dict(event_grid)
+    if impact is not None:
+        data["impact"] = dict(impact)
     return data
 
 
@@ -298,12 +302,15 @@ def event_message(
     changes: Mapping[str, Any] | None = None,
     approval: Mapping[str, str] | None = None,
     event_grid: Mapping[str, Any] | None = None,
+    impact: Mapping[str, Any] | None = None,
 ) -> Envelope:
     """A lifecycle transition (or ``Approved``) of one event, as seen by ``observer``.
 
     ``message_id`` comes from :func:`sebridge.lifecycle.advance` with what the observer
     remembers of the event; without it, the id a first observer would give. A transition
     observed through Event Grid has no ``incarnation`` (None) and carries ``event_grid``.
+    A Completed may carry ``impact`` (``measuredSeconds``, ``method``): what the observer
+    measured of the event from inside the VM; it never enters the message id.
     """
     if transition in (Transition.HEARTBEAT, Transition.PREPARED, Transition.HELD):
         raise ValueError(f"use the {transition.value.lower()}_message builder")
@@ -311,6 +318,10 @@ def event_message(
         raise ValueError("an Updated transition needs the changed fields")
     if transition is Transition.APPROVED and approval is None:
         raise ValueError("an Approved transition needs approval (requestedBy, reason)")
+    if impact is not None and (
+        transition is not Transition.COMPLETED or read_impact(impact, []) is None
+    ):
+        raise ValueError("impact is measured seconds and a method, on a Completed only")
     return _envelope(
         message_id=message_id or default_message_id(transition, event),
         session_id=lifecycle.event_ref(event.event_id),
@@ -319,7 +330,13 @@ def event_message(
         subject=event.key,
         observed_at=observed_at,
         data=event_data(
-            event, observer, incarnation, changes=changes, approval=approval, event_grid=event_grid
+            event,
+            observer,
+            incarnation,
+            changes=changes,
+            approval=approval,
+            event_grid=event_grid,
+            impact=impact,
         ),
         properties=_event_properties(transition, event, observer),
     )
@@ -498,6 +515,51 @@ class TransitionMessage:
         value = self.data.get("documentIncarnation")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+    @property
+    def impact(self) -> MeasuredImpact | None:
+        """``data.impact`` of a Completed when it is usable (the reader warned otherwise)."""
+        if self.transition is not Transition.COMPLETED:
+            return None
+        return read_impact(self.data.get("impact"), [])
+
+
+MAX_MEASURED_SECONDS = 10_000_000  # 116 days: far above any maintenance, below any bad clock
+MAX_METHOD_LENGTH = 40
+
+
+@dataclass(frozen=True)
+class MeasuredImpact:
+    """What the observing forwarder measured of a Completed event (``data.impact``): seconds
+    the VM was out of its sight, and how (``freeze-pause``, ``reboot-gap``; others may come)."""
+
+    seconds: float
+    method: str
+
+
+def read_impact(value: object, warnings: list[str]) -> MeasuredImpact | None:
+    """``data.impact`` read tolerantly: None when absent; None and a warning when unusable."""
+    if value is None:
+        return None
+    where = "data.impact"
+    if not isinstance(value, Mapping):
+        return None  # named by the check of the optional objects
+    seconds, method = value.get("measuredSeconds"), value.get("method")
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or not 0 <= seconds <= MAX_MEASURED_SECONDS
+    ):
+        warnings.append(
+            f"{where}.measuredSeconds: {show(seconds)} is not a number of seconds "
+            f"(0 to {MAX_MEASURED_SECONDS}): impact ignored"
+        )
+        return None
+    if not isinstance(method, str) or not method:
+        warnings.append(f"{where}.method: {show(method)} is not a method: read as unknown")
+        method = "unknown"
+    return MeasuredImpact(float(seconds), method[:MAX_METHOD_LENGTH])
+
 
 MAX_BODY_BYTES = 1024 * 1024
 
@@ -523,7 +585,7 @@ def parse_message(
 
 
 # Optional parts of ``data`` that consumers read as objects when present.
-_DATA_OBJECTS = ("changes", "approval", "prepared", "held", "heartbeat", "eventGrid")
+_DATA_OBJECTS = ("changes", "approval", "prepared", "held", "heartbeat", "eventGrid", "impact")
 
 
 def _parse(body: bytes | str | Mapping[str, Any], message_id: str | None) -> TransitionMessage:
@@ -574,6 +636,7 @@ def _parse(body: bytes | str | Mapping[str, Any], message_id: str | None) -> Tra
         value = data.get(name)
         if value is not None and not isinstance(value, dict):
             warnings.append(f"data.{name}: {show(value)} is not an object: ignored")
+    read_impact(data.get("impact"), warnings)
     return TransitionMessage(
         transition=transition,
         message_id=message_id or cloud_event.id,

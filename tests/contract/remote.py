@@ -1,5 +1,6 @@
 """The settings that point the contract suite at a namespace other than its own emulator
-(README "The contract suite against Azure"). Standard library only: tests/conftest.py reads it."""
+(docs/reliability.md, "The contract suite against Azure"). Standard library only:
+tests/conftest.py reads it."""
 
 from __future__ import annotations
 

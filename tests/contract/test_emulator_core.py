@@ -134,8 +134,9 @@ def test_bad_durations(text: str) -> None:
 
 def test_project_and_contract_configs_load() -> None:
     project = load_config(PROJECT_CONFIG)
-    assert [q.name for q in project.queues] == ["approvals"]
+    assert [q.name for q in project.queues] == ["approvals", "drain-moments"]
     assert project.queues[0].receiving.requires_session
+    assert not project.queues[1].receiving.requires_session  # lb-pools' scheduled drains
     (topic,) = project.topics
     assert {s.name for s in topic.subscriptions} == {
         "teams",

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,11 @@ pytestmark = pytest.mark.timeout(60)
 A = "aaaaaaaa-0000-4000-8000-000000000001"
 B = "bbbbbbbb-0000-4000-8000-000000000002"
 NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+def wall() -> datetime:
+    """The real time: the local actions' and the probe's own clock (no clock is injected)."""
+    return datetime.now(UTC)
 
 
 def get(port: int, path: str = "/health", method: str = "GET") -> tuple[int, bytes, dict[str, str]]:
@@ -195,12 +200,15 @@ def test_two_events_the_probe_is_healthy_only_when_both_are_gone() -> None:
 
 
 def test_a_drain_that_goes_on_keeps_its_start() -> None:
-    now = [100.0]
-    probe = DrainProbe(DEFAULT_RULES, 30, clock=lambda: now[0])
+    now = [NOW]
+    probe = DrainProbe(DEFAULT_RULES, 30, now=lambda: now[0])
     show(probe, imds_event(A))
-    now[0] += 20
-    show(probe, imds_event(A, status="Started"))  # the next documents do not restart it
-    now[0] += 10
+    now[0] += timedelta(seconds=20)
+    show(probe, imds_event(A))  # the next documents do not restart it
+    assert probe.preparation_status(A) == "pending"
+    now[0] += timedelta(seconds=10)
+    assert probe.preparation_status(A) == "succeeded"
+    show(probe, imds_event(A, status="Started"))
     assert probe.preparation_status(A) == "succeeded"
 
 
@@ -307,7 +315,7 @@ def test_prepared_after_the_drain_time_and_not_before(tmp_path: Path) -> None:
     probe = DrainProbe(DEFAULT_RULES, 1.5)
     parts = Parts(tmp_path, probe=probe)
     with serving(probe):
-        parts.actions.document_observed(document(imds_event(A)), OBSERVER, NOW)
+        parts.actions.document_observed(document(imds_event(A)), OBSERVER, wall())
         flipped = time.monotonic()
         time.sleep(1.0)
         assert parts.outbox.envelopes == []
@@ -323,7 +331,7 @@ def test_prepared_after_the_drain_time_and_not_before(tmp_path: Path) -> None:
 def test_after_a_restart_the_probe_drains_again_from_the_journal(tmp_path: Path) -> None:
     first = Parts(tmp_path, probe=DrainProbe(DEFAULT_RULES, 30))
     doc = document(imds_event(A), imds_event(B, resources=["web-2"]))
-    first.actions.document_observed(doc, OBSERVER, NOW)
+    first.actions.document_observed(doc, OBSERVER, wall())
     first.journal.close()  # kill -9: nothing more is written
     probe = DrainProbe(DEFAULT_RULES, 30)
     restarted = Parts(tmp_path, probe=probe)
@@ -389,7 +397,7 @@ def test_a_crash_between_the_outbox_write_and_the_journal_mark_republishes_the_s
     out again, with the same message id (derived from its cause), so the topic's duplicate
     detection keeps one; and once marked, never again."""
     first = Parts(tmp_path, probe=DrainProbe(DEFAULT_RULES, 0))
-    first.actions.document_observed(document(imds_event(A)), OBSERVER, NOW)
+    first.actions.document_observed(document(imds_event(A)), OBSERVER, wall())
     (lost,) = first.outbox.envelopes  # drained at once (0 s): Prepared is in the outbox...
     first.journal.close()  # ...and the mark never reached the journal (kill -9)
     reopened = Journal(tmp_path)
@@ -412,15 +420,15 @@ def test_prepared_waits_for_an_outbox_that_can_take_it(tmp_path: Path) -> None:
     parts = Parts(tmp_path, probe=DrainProbe(DEFAULT_RULES, 0))
     parts.outbox.full = True
     doc = document(imds_event(A))
-    parts.actions.document_observed(doc, OBSERVER, NOW)
-    parts.actions.document_observed(doc, OBSERVER, NOW)
+    parts.actions.document_observed(doc, OBSERVER, wall())
+    parts.actions.document_observed(doc, OBSERVER, wall())
     assert parts.outbox.envelopes == [] and parts.outbox.refused == 2
     record = parts.store.preparation(A)
     assert record is not None and record.published is None
     parts.outbox.full = False
-    parts.actions.document_observed(doc, OBSERVER, NOW)
+    parts.actions.document_observed(doc, OBSERVER, wall())
     assert len(parts.outbox.envelopes) == 1
     assert parts.journal.preparation(A).published == record.cause  # type: ignore[union-attr]
-    parts.actions.document_observed(doc, OBSERVER, NOW)
+    parts.actions.document_observed(doc, OBSERVER, wall())
     assert len(parts.outbox.envelopes) == 1
     parts.journal.close()

@@ -23,6 +23,7 @@ from sebridge.forwarder.local.actions import (
     settings_from_args,
 )
 from sebridge.imds import Document
+from sebridge.timing import DEFAULT_LEADS
 from tests.forwarder.local_support import (
     OBSERVER,
     Recorder,
@@ -37,6 +38,13 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+def wall() -> datetime:
+    """The real time: the local actions' and the probe's own clock (no clock is injected)."""
+    return datetime.now(UTC)
+
+
 A = "aaaaaaaa-0000-4000-8000-000000000001"
 B = "bbbbbbbb-0000-4000-8000-000000000002"
 
@@ -53,6 +61,7 @@ def test_everything_is_off_by_default() -> None:
     assert settings.probe_address == "0.0.0.0" and settings.drain_seconds == 30
     assert settings.impact.impactful_event_types == {"Reboot", "Redeploy", "Preempt", "Terminate"}
     assert settings.impact.freeze_threshold_seconds == 9
+    assert settings.leads == DEFAULT_LEADS and settings.probe_max_unhealthy == 510
 
 
 def test_flags_and_their_environment_variables() -> None:
@@ -64,6 +73,8 @@ def test_flags_and_their_environment_variables() -> None:
         "SEBRIDGE_DRAIN_SECONDS": "45",
         "SEBRIDGE_DRAIN_IMPACTFUL_EVENT_TYPES": "reboot, Freeze",
         "SEBRIDGE_DRAIN_FREEZE_THRESHOLD_SECONDS": "0",
+        "SEBRIDGE_DRAIN_LEAD": "Reboot=600,Freeze=first-sight",
+        "SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS": "300",
     }
     settings = parse([], env)
     assert settings.hooks_file == Path("/etc/sebridge/hooks.json")
@@ -72,7 +83,16 @@ def test_flags_and_their_environment_variables() -> None:
     assert settings.drain_seconds == 45
     assert settings.impact.impactful_event_types == {"Reboot", "Freeze"}
     assert settings.impact.freeze_threshold_seconds == 0
+    assert settings.leads.describe() == {
+        "Freeze": "first-sight",
+        "Reboot": 600,
+        "Redeploy": 300,
+        "Preempt": "first-sight",
+        "Terminate": "first-sight",
+    }
+    assert settings.probe_max_unhealthy == 300
     assert parse(["--drain-probe-port", "9000"], env).probe_port == 9000  # the flag wins
+    assert parse(["--drain-lead", "Redeploy=60"], env).leads.lead("Reboot") == 300
     described = settings.describe()
     assert (
         described["drainProbePort"] == 8642 and described["hooksFile"] == "/etc/sebridge/hooks.json"
@@ -96,6 +116,16 @@ def test_flags_and_their_environment_variables() -> None:
         (["--drain-impactful-event-types", "Reboot,Nap"], "unknown event types ['Nap']"),
         (["--drain-freeze-threshold-seconds", "x"], "must be a number"),
         (["--drain-probe-port", "9000", "--drain-probe-address", " "], "must not be empty"),
+        (["--drain-lead", "Reboot:300"], "--drain-lead: 'Reboot:300' is not TYPE=SECONDS"),
+        (["--drain-lead", "Nap=30"], "--drain-lead: unknown event type 'Nap'"),
+        (["--drain-lead", "Reboot=-5"], "must be between 0 and 604800"),
+        (["--drain-probe-max-unhealthy-seconds", "600"], "must be below 600 seconds"),
+        (["--drain-probe-max-unhealthy-seconds", "0"], "must be more than 0"),
+        (["--drain-probe-max-unhealthy-seconds", "x"], "must be a number"),
+        (
+            ["--drain-probe-port", "9000", "--drain-seconds", "510"],
+            "must be shorter than --drain-probe-max-unhealthy-seconds",
+        ),
     ],
 )
 def test_bad_flags_are_refused_naming_the_flag(argv: list[str], problem: str) -> None:
@@ -159,7 +189,7 @@ def test_each_document_drives_the_hooks_the_probe_and_prepared(
 ) -> None:
     actions, outbox, log = local
     assert actions.probe is not None
-    derived = actions.document_observed(document(imds_event(A)), OBSERVER, NOW)
+    derived = actions.document_observed(document(imds_event(A)), OBSERVER, wall())
     assert [(o.transition, o.message_id) for o in derived] == [
         (Transition.SCHEDULED, f"{A}:Scheduled:1")  # the forwarder's id for the same transition
     ]
@@ -167,10 +197,10 @@ def test_each_document_drives_the_hooks_the_probe_and_prepared(
     wait_until(lambda: log.exists() and f"Scheduled {A}" in log.read_text(), 10, "the hook")
     wait_until(lambda: outbox.envelopes, 10, "Prepared after the drain time")
     assert [e.subject for e in outbox.envelopes] == ["Prepared"]
-    assert actions.document_observed(document(imds_event(A)), OBSERVER, NOW) == []  # no change
-    actions.document_observed(document(imds_event(A, status="Started")), OBSERVER, NOW)
+    assert actions.document_observed(document(imds_event(A)), OBSERVER, wall()) == []  # no change
+    actions.document_observed(document(imds_event(A, status="Started")), OBSERVER, wall())
     assert actions.probe.draining
-    actions.document_observed(document(), OBSERVER, NOW)
+    actions.document_observed(document(), OBSERVER, wall())
     assert not actions.probe.draining
     wait_until(lambda: f"Completed {A}" in log.read_text(), 10, "the Completed hook")
     assert log.read_text().count(f"Scheduled {A}") == 1
@@ -183,13 +213,13 @@ def test_an_odd_value_blinds_nothing(local: tuple[LocalActions, Recorder, Path])
     actions, _, log = local
     assert actions.probe is not None
     odd = imds_event(A, resources=[OBSERVER.vm_name, 5])
-    actions.document_observed(document(odd), OBSERVER, NOW)
+    actions.document_observed(document(odd), OBSERVER, wall())
     assert actions.probe.draining
     wait_until(lambda: log.exists() and f"Scheduled {A}" in log.read_text(), 10, "the hook")
     status = Document.from_imds(
         {"DocumentIncarnation": 2, "Events": [imds_event(B).to_imds() | {"EventStatus": 1}]}
     )
-    actions.document_observed(status, OBSERVER, NOW)
+    actions.document_observed(status, OBSERVER, wall())
     wait_until(lambda: f"Scheduled {B}" in log.read_text(), 10, "the hook of the second")
     assert actions.probe.draining and actions.probe.preparation_status(B) is not None
 
@@ -208,7 +238,7 @@ def test_a_journal_that_cannot_be_written_delays_nothing_and_catches_up_whole(
     actions, outbox, log = local
     assert actions.probe is not None
     with boundaries(disk_full):
-        actions.document_observed(document(imds_event(A)), OBSERVER, NOW)
+        actions.document_observed(document(imds_event(A)), OBSERVER, wall())
         assert actions.probe.draining
         wait_until(lambda: log.exists() and f"Scheduled {A}" in log.read_text(), 10, "the hook")
         wait_until(lambda: outbox.envelopes, 10, "Prepared")

@@ -21,7 +21,14 @@ from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams
 from functions.shared import composition
 from functions.shared.settings import load_settings
-from tests.functions.support import App, Clock, RecordingCommands, RecordingPublisher, base_env
+from tests.functions.support import (
+    App,
+    Clock,
+    RecordingCommands,
+    RecordingPublisher,
+    RecordingScheduler,
+    base_env,
+)
 
 
 @pytest.fixture
@@ -84,15 +91,22 @@ def make_app(
             monkeypatch.setenv(name, value)
         commands, publisher, clock = RecordingCommands(), RecordingPublisher(), Clock()
         config = load_settings(dict(os.environ))
+        # With DrainMomentsQueueName, lb-pools schedules its drains here (the test's clock).
+        scheduler = RecordingScheduler() if config.drain_moments_queue else None
+        moments = {"moments": scheduler} if scheduler is not None else {}
         composition.use(
-            composition.build(config, commands=commands, publisher=publisher, clock=clock)
+            composition.build(
+                config, commands=commands, publisher=publisher, clock=clock, **moments
+            )
         )
         if "function_app" in sys.modules:
             module = importlib.reload(sys.modules["function_app"])
         else:
             module = importlib.import_module("function_app")
         functions = {f.get_function_name(): f for f in module.app.get_functions()}
-        return App(functions, commands, publisher, clock, teams_fake, arm_fake, storage_fake)
+        return App(
+            functions, commands, publisher, clock, teams_fake, arm_fake, storage_fake, scheduler
+        )
 
     yield make
     composition.use(None)

@@ -90,7 +90,9 @@ def base_env(
     }
 
 
-def sb_message(envelope: Envelope, *, body: bytes | None = None) -> ServiceBusMessage:
+def sb_message(
+    envelope: Envelope, *, body: bytes | None = None, delivery_count: int = 1
+) -> ServiceBusMessage:
     """The message as the Functions worker hands it to a Service Bus trigger (its own class)."""
     return ServiceBusMessage(
         body=envelope.body_bytes() if body is None else body,
@@ -101,7 +103,7 @@ def sb_message(envelope: Envelope, *, body: bytes | None = None) -> ServiceBusMe
         subject=envelope.subject,
         application_properties=dict(envelope.application_properties),
         user_properties=dict(envelope.application_properties),
-        delivery_count=1,
+        delivery_count=delivery_count,
         enqueued_time_utc=NOW - timedelta(seconds=1),
     )
 
@@ -137,12 +139,21 @@ class App:
     teams: FakeTeams
     arm: FakeArm
     storage: FakeBlobStorage | None = None
+    scheduler: RecordingScheduler | None = None  # with DrainMomentsQueueName
 
     def call(self, name: str, *args: Any) -> Any:
         return self.functions[name].get_user_function()(*args)
 
-    def deliver(self, name: str, message: Envelope) -> Any:
-        return self.call(name, sb_message(message))
+    def deliver(self, name: str, message: Envelope, *, delivery_count: int = 1) -> Any:
+        return self.call(name, sb_message(message, delivery_count=delivery_count))
+
+    def fire_due(self) -> int:
+        """Deliver the drain moments due at the clock's time to drain_moment; how many."""
+        assert self.scheduler is not None, "make_app(DrainMomentsQueueName=...)"
+        ready = self.scheduler.due(self.clock.now)
+        for entry in ready:
+            self.call("drain_moment", due_message(entry))
+        return len(ready)
 
 
 def at_once(*calls: Callable[[], object]) -> list[BaseException]:
@@ -183,10 +194,65 @@ def as_verified(
 
 def pagerduty_dedup_key(event_id: str = EVENT_ID, placement: str = AVAILABILITY_SET_ID) -> str:
     """The PagerDuty dedup key of an event observed in ``placement`` (an availability set's,
-    scale set's or VM's ARM id), worked out from README's rule, not from the code:
+    scale set's or VM's ARM id), worked out from the rule of docs/workflows.md, not from the code:
     ``sebridge:<eventId>:<scope>``, the EventId (a GUID) in lower case, the scope the first 16
     hex characters of SHA-256 over the lower-cased id. GUIDs only: another EventId's form is
     pinned by tests/unit/test_lifecycle_ids.py."""
     guid = str(uuid.UUID(event_id))  # lower case, hyphenated; ValueError for anything else
     digest = hashlib.sha256(placement.lower().encode("utf-8")).hexdigest()[:16]
     return f"sebridge:{guid}:{digest}"
+
+
+@dataclass
+class Scheduled:
+    """One message lb-pools scheduled on the drain-moments queue."""
+
+    sequence: int
+    body: bytes
+    at: datetime
+    message_id: str
+
+
+@dataclass
+class RecordingScheduler:
+    """The drain-moments queue, with the test's clock: what is scheduled and cancelled; the
+    messages that are due at a time (the broker's own behaviour is tested against the Service
+    Bus emulator, tests/contract and tests/e2e)."""
+
+    pending: dict[int, Scheduled] = field(default_factory=dict)
+    cancelled: list[int] = field(default_factory=list)
+    scheduled: list[Scheduled] = field(default_factory=list)
+    _next: int = 1
+
+    def schedule(self, body: bytes, at: datetime, message_id: str) -> int:
+        entry = Scheduled(self._next, body, at, message_id)
+        self._next += 1
+        self.pending[entry.sequence] = entry
+        self.scheduled.append(entry)
+        return entry.sequence
+
+    def cancel(self, sequence: int) -> None:
+        self.cancelled.append(sequence)
+        self.pending.pop(sequence, None)
+
+    def due(self, now: datetime) -> list[Scheduled]:
+        """The messages the broker enqueues by ``now`` (taken off the schedule), by time."""
+        ready = sorted(
+            (e for e in self.pending.values() if e.at <= now), key=lambda e: (e.at, e.sequence)
+        )
+        for entry in ready:
+            del self.pending[entry.sequence]
+        return ready
+
+
+def due_message(entry: Scheduled) -> ServiceBusMessage:
+    """A drain-moments message as the Functions worker hands it to the queue trigger."""
+    return ServiceBusMessage(
+        body=entry.body,
+        message_id=entry.message_id,
+        content_type="application/json",
+        application_properties={},
+        user_properties={},
+        delivery_count=1,
+        enqueued_time_utc=entry.at,
+    )

@@ -160,3 +160,21 @@ def test_funcignore_keeps_tests_and_local_files_out() -> None:
     for entry in ("tests/", "infra/", "emulators/", "local.settings.json", ".venv*"):
         assert entry in ignored
     assert "sebridge/" not in ignored and "functions/" not in ignored  # the app needs both
+
+
+def test_the_drain_moments_trigger_registers_only_with_its_queue(
+    make_app: Callable[..., App],
+) -> None:
+    app = make_app(DrainMomentsQueueName="drain-moments")
+    assert _bindings(app) == {
+        **EXPECTED,
+        "drain_moment": [
+            {
+                "direction": "IN",
+                "type": "serviceBusTrigger",
+                "name": "msg",
+                "connection": "ServiceBusConnection",
+                "queueName": "%DrainMomentsQueueName%",
+            }
+        ],
+    }

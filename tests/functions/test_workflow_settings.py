@@ -230,6 +230,7 @@ def test_the_start_up_line_says_which_workflows_are_on_and_why_any_is_off() -> N
     assert "webhooks on (endpoints: ops-slack (slack))" in line
     assert "custom_example off (CUSTOM_SUBSCRIBER_ENABLED is not true)" in line
     assert "eventgrid_ingest off (EVENTGRID_INGEST_ENABLED is not true)" in line
+    assert "drain_moments off (DrainMomentsQueueName is not set: " in line
     assert "history off (HistorySubscriptionName is not set: " in line
     everything = load_settings(
         {
@@ -239,6 +240,7 @@ def test_the_start_up_line_says_which_workflows_are_on_and_why_any_is_off() -> N
             "CustomSubscriptionName": "vm-loss",
             "EVENTGRID_INGEST_ENABLED": "true",
             "EVENTGRID_STATE_URL": "https://st.blob.core.windows.net/sebridge-eventgrid-state",
+            "DrainMomentsQueueName": "drain-moments",
             "HistorySubscriptionName": "history",
             "HISTORY_TABLE_URL": "https://st.table.core.windows.net/sebridgehistory",
         }
@@ -248,6 +250,19 @@ def test_the_start_up_line_says_which_workflows_are_on_and_why_any_is_off() -> N
     # No secret in it: the webhook URLs and the Teams URL stay out.
     for settings in (everything, load_settings(SLACK_ONLY)):
         assert "secret" not in workflows_line(settings)
+
+
+def test_drain_moments_need_the_pool_state_and_a_lead_must_be_readable() -> None:
+    env = {k: v for k, v in GOOD.items() if k != "LB_POOL_STATE_URL"}
+    with pytest.raises(SettingsError, match="required while DrainMomentsQueueName is set"):
+        load_settings({**env, "LB_MIN_HEALTHY": "0", "DrainMomentsQueueName": "drain-moments"})
+    policy = '{"rules": [], "leadSeconds": {"Reboot": "soon"}}'
+    with pytest.raises(SettingsError, match=r"APPROVAL_POLICY: leadSeconds Reboot: 'soon'"):
+        load_settings({**GOOD, "APPROVAL_POLICY": policy})
+    policy = '{"rules": [], "leadSeconds": {"Reboot": 600, "Freeze": "first-sight"}}'
+    leads = load_settings({**GOOD, "APPROVAL_POLICY": policy}).policy.leads
+    assert leads.lead("Reboot") == 600 and leads.lead("Freeze") is None
+    assert leads.lead("Redeploy") == 300  # not listed: the default
 
 
 def test_the_history_settings() -> None:

@@ -246,6 +246,7 @@ def app_environment() -> dict[str, str]:
     passed = unwrap(main["modules"]["functionApp"])["params"]
     topic = emulator_namespace()["Topics"][0]["Name"]
     queue = emulator_namespace()["Queues"][0]["Name"]
+    drain_queue = emulator_namespace()["Queues"][1]["Name"]
     env = {}
     for name, expression in app_settings().items():
         if name in _PLACEHOLDERS:
@@ -254,6 +255,8 @@ def app_environment() -> dict[str, str]:
             env[name] = topic
         elif name == "ApprovalsQueueName":
             env[name] = queue
+        elif name == "DrainMomentsQueueName":
+            env[name] = drain_queue
         elif isinstance(expression, str) and passed.get(expression) in main["variables"]:
             # A subscription name main.bicep passes from one of its variables.
             env[name] = main["variables"][passed[expression]]["value"]

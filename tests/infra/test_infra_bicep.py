@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from infra_helpers import INFRA, bicep_files, parse, unwrap
 
+from tests.support import docs
+
 
 def test_the_infra_tree_has_the_expected_entry_points() -> None:
     names = {p.relative_to(INFRA).as_posix() for p in bicep_files()}
@@ -21,7 +23,10 @@ def test_the_infra_tree_has_the_expected_entry_points() -> None:
 @pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
 def test_bicep_file_parses(path: Path) -> None:
     tree = parse(path)
-    assert tree.get("resources") or tree.get("modules"), f"{path.name} declares nothing"
+    # Resources or modules; or, for a check (drain-probe-guard.bicep), an output.
+    assert tree.get("resources") or tree.get("modules") or tree.get("outputs"), (
+        f"{path.name} declares nothing"
+    )
 
 
 @pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
@@ -89,7 +94,7 @@ def _bicepparam_values() -> dict[str, str]:
 
 def _deploy_steps_before_the_first_deployment() -> str:
     guide = deploy_guide()
-    steps = guide.split("### Deploy the bridge", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    steps = guide.split("## Deploy the bridge", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     return steps.split("az deployment group", 1)[0]
 
 
@@ -129,10 +134,21 @@ def test_pool_roles_are_deployed_per_managed_resource_group() -> None:
 # --- checkov -------------------------------------------------------------------------------
 
 
+# checkov's Bicep parser (pycep-parser 0.5) predates fail(): the one file that calls it holds no
+# resource, and tests/infra/test_infra_drain_probe_repairs.py evaluates it instead.
+UNPARSED_BY_CHECKOV = {"modules/drain-probe-guard.bicep"}
+
+
 @pytest.mark.slow
 def test_checkov_parsed_every_file(checkov_report: dict[str, Any]) -> None:
-    assert checkov_report["results"].get("parsing_errors", []) == []
-    assert checkov_report["summary"]["parsing_errors"] == 0
+    errors = {
+        Path(p).resolve().relative_to(INFRA).as_posix()
+        for p in checkov_report["results"].get("parsing_errors", [])
+    }
+    assert errors <= UNPARSED_BY_CHECKOV
+    assert checkov_report["summary"]["parsing_errors"] == len(errors)
+    for name in UNPARSED_BY_CHECKOV:
+        assert parse(INFRA / name).get("resources", {}) == {}, f"{name} must hold no resource"
     assert checkov_report["summary"]["resource_count"] >= 40
 
 
@@ -167,9 +183,8 @@ def test_every_checkov_skip_is_justified_next_to_its_resource(
 
 
 def deploy_guide() -> str:
-    """The README's Deploy section: the one deployment guide."""
-    readme = (INFRA.parent / "README.md").read_text()
-    return readme.split("<!-- deploy:start -->", 1)[1].split("<!-- deploy:end -->", 1)[0]
+    """docs/deploy.md: the one deployment guide."""
+    return docs.page("deploy")
 
 
 @pytest.mark.parametrize("template", ["main.bicep", "forwarder.bicep"])

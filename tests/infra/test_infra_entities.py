@@ -22,7 +22,6 @@ import pytest
 from infra_helpers import (
     EMULATOR_CONFIG,
     INFRA,
-    REPO,
     emulator_namespace,
     module,
     parse,
@@ -31,6 +30,8 @@ from infra_helpers import (
     resources_of_type,
     unwrap,
 )
+
+from tests.support import docs
 
 # Emulator property -> ARM property, per entity kind.
 QUEUE_PROPERTIES = {
@@ -128,11 +129,18 @@ def check_subscription(sub: dict[str, Any]) -> None:
 
 def check_entities(ns: dict[str, Any]) -> None:
     """What servicebus.bicep deploys and the functions bind to, for any Config.json namespace."""
-    # servicebus.bicep deploys Topics[0] and Queues[0]: more would be silently left out.
+    # servicebus.bicep deploys Topics[0], Queues[0] and Queues[1]: more would be left out.
     assert len(ns["Topics"]) == 1, "servicebus.bicep deploys only the first topic"
-    assert len(ns["Queues"]) == 1, "servicebus.bicep deploys only the first queue"
+    assert len(ns["Queues"]) == 2, "servicebus.bicep deploys only the first two queues"
     assert ns["Topics"][0]["Name"] == "scheduled-events"
     assert ns["Queues"][0]["Name"] == "approvals"
+    # lb-pools' drain moments: scheduled to itself, no sessions; no duplicate detection (a
+    # moment moved away and back is scheduled again with the same id); kept past 7 days.
+    drains = ns["Queues"][1]
+    assert drains["Name"] == "drain-moments"
+    assert drains["Properties"]["RequiresSession"] is False
+    assert drains["Properties"]["RequiresDuplicateDetection"] is False
+    assert drains["Properties"]["DefaultMessageTimeToLive"] == "P14D"
     subscriptions = ns["Topics"][0]["Subscriptions"]
     names = [s["Name"].lower() for s in subscriptions]
     assert len(names) == len(set(names)), f"subscription names used twice: {names}"
@@ -183,15 +191,20 @@ def test_custom_subscription_parameter_names_a_config_entry(path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("kind", "mapping"),
-    [("queue", QUEUE_PROPERTIES), ("topic", TOPIC_PROPERTIES)],
+    [("queue", QUEUE_PROPERTIES), ("drain-queue", QUEUE_PROPERTIES), ("topic", TOPIC_PROPERTIES)],
 )
 def test_every_emulator_property_is_mapped(kind: str, mapping: dict[str, str]) -> None:
     ns = emulator_namespace()
-    entity = ns["Queues"][0] if kind == "queue" else ns["Topics"][0]
+    entity = {"queue": ns["Queues"][0], "drain-queue": ns["Queues"][1]}.get(kind, ns["Topics"][0])
     tree = module("servicebus.bicep")
-    arm_type = f"{SB}/queues" if kind == "queue" else f"{SB}/topics"
-    resource = unwrap(_only(resources_of_type(tree, arm_type)))
-    source = ["queueConfig"] if kind == "queue" else ["topicConfig"]
+    arm_type = f"{SB}/topics" if kind == "topic" else f"{SB}/queues"
+    config = {"queue": "queueConfig", "drain-queue": "drainQueueConfig"}.get(kind, "topicConfig")
+    (resource,) = [
+        unwrap(r)
+        for r in resources_of_type(tree, arm_type).values()
+        if property_path(unwrap(r)["name"]) == [config, "Name"]
+    ]
+    source = [config]
     assert property_path(resource["name"]) == [*source, "Name"]
     props = resource["properties"]
     unmapped = set(entity["Properties"]) - set(mapping)
@@ -279,8 +292,7 @@ def test_namespace_is_entra_only_with_tls_12() -> None:
 
 def _readme_procedure() -> tuple[dict[str, Any], str]:
     """(the Config.json entry, the customSubscriptionName) README tells a user to add."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Subscribe your own function", 1)[1].split("\n## ", 1)[0]
+    section = docs.section(docs.page("extending"), "## Subscribe your own function")
     block = re.search(r"```json\n(.*?)```", section, re.S)
     assert block, "the subscriber procedure shows no Config.json entry"
     name = re.search(r"customSubscriptionName = '([^']+)'", section)

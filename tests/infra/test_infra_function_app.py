@@ -67,6 +67,8 @@ def resolve_setting(setting: str) -> str:
         return ns["Topics"][0]["Name"]
     if source == ["queueConfig", "Name"]:
         return ns["Queues"][0]["Name"]
+    if source == ["drainQueueConfig", "Name"]:
+        return ns["Queues"][1]["Name"]
     raise AssertionError(f"{setting}: cannot follow {source}")
 
 

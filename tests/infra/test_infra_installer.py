@@ -399,6 +399,8 @@ def _render_install_command(namespace: str, client_id: str, package: str, **opti
         "hooksJson": optional.get("hooksJson", ""),
         "drainProbePortText": optional.get("drainProbePortText", ""),
         "drainSecondsText": optional.get("drainSecondsText", ""),
+        "drainLead": optional.get("drainLead", ""),
+        "drainProbeMaxUnhealthyText": optional.get("drainProbeMaxUnhealthyText", ""),
     }
     rendered = template
     for name, value in files.items():
@@ -638,6 +640,8 @@ def test_extension_command_ships_the_hooks_file_and_probe_settings_verbatim(tmp_
         hooksJson=HOOKS_JSON,
         drainProbePortText="8642",
         drainSecondsText="40",
+        drainLead="Reboot=600,Freeze=first-sight",
+        drainProbeMaxUnhealthyText="480",
     )
     root = tmp_path / "root"
     root.mkdir()
@@ -657,6 +661,8 @@ def test_extension_command_ships_the_hooks_file_and_probe_settings_verbatim(tmp_
     assert (
         values["SEBRIDGE_DRAIN_PROBE_PORT"] == "8642" and values["SEBRIDGE_DRAIN_SECONDS"] == "40"
     )
+    assert values["SEBRIDGE_DRAIN_LEAD"] == "Reboot=600,Freeze=first-sight"
+    assert values["SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS"] == "480"
     # Left empty (the defaults), nothing about hooks or the probe is configured.
     plain = _render_install_command(NAMESPACE, CLIENT_ID, "scheduled-events-bridge==0.2.0")
     root2 = tmp_path / "root2"
@@ -671,9 +677,12 @@ def test_extension_command_ships_the_hooks_file_and_probe_settings_verbatim(tmp_
     )
     assert proc.returncode == 0, proc.stderr
     assert not (root2 / HOOKS_PATH).exists()
-    assert not {"SEBRIDGE_HOOKS_FILE", "SEBRIDGE_DRAIN_PROBE_PORT"} & set(
-        read_env_file(root2 / ENV_PATH)
-    )
+    assert not {
+        "SEBRIDGE_HOOKS_FILE",
+        "SEBRIDGE_DRAIN_PROBE_PORT",
+        "SEBRIDGE_DRAIN_LEAD",
+        "SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS",
+    } & set(read_env_file(root2 / ENV_PATH))
 
 
 def test_forwarder_bicep_hooks_and_probe_parameters_are_optional() -> None:
@@ -681,6 +690,8 @@ def test_forwarder_bicep_hooks_and_probe_parameters_are_optional() -> None:
     assert params["hooksJson"]["default"] == ""
     assert params["drainProbePort"]["default"] == 0
     assert params["drainSeconds"]["default"] == 30
+    assert params["drainLead"]["default"] == ""
+    assert params["drainProbeMaxUnhealthySeconds"]["default"] == 510
 
 
 def test_unit_is_type_notify_with_a_watchdog_above_the_slowest_healthy_poll() -> None:

@@ -58,7 +58,12 @@ EXPECTED_ROLES = {
     # Function App: triggers on its own subscriptions, Prepared to the topic, commands to approvals.
     ("functionAppPrincipalId", f"{SB}/topics/subscriptions"): SERVICE_BUS_DATA_RECEIVER,
     ("functionAppPrincipalId", f"{SB}/topics"): SERVICE_BUS_DATA_SENDER,
-    ("functionAppPrincipalId", f"{SB}/queues"): SERVICE_BUS_DATA_SENDER,
+    # ... and on the drain-moments queue: schedules its drain moments and receives them.
+    ("functionAppPrincipalId", f"{SB}/queues"): [
+        SERVICE_BUS_DATA_SENDER,
+        SERVICE_BUS_DATA_SENDER,
+        SERVICE_BUS_DATA_RECEIVER,
+    ],
     ("functionAppPrincipalId", "Microsoft.Storage/storageAccounts"): STORAGE_BLOB_DATA_OWNER,
     # The history's entities, on its one table.
     (

@@ -10,8 +10,7 @@ from datetime import timedelta
 from infra_helpers import INFRA, module, parse, resources_of_type, unwrap
 
 from functions.history.core import SUMMARY_PREFIX, entry_for, summarize, summary_line
-from sebridge.contract.events import parse_message
-from tests.functions.history_support import Lifecycle
+from tests.functions.history_support import T0, Lifecycle, verified
 
 WORKBOOK = INFRA / "modules" / "workbook.json"
 
@@ -34,9 +33,7 @@ def _logged_fields() -> set[str]:
     life.approved()
     life.transition("Started")
     life.transition("Completed", impact={"measuredSeconds": 3, "method": "reboot-gap"})
-    entries = [
-        e for m in life.messages if (e := entry_for(parse_message(m.body_bytes(), m.message_id)))
-    ]
+    entries = [e for m in life.messages if (e := entry_for(verified(m), T0))]
     summary = summarize(entries)
     assert summary is not None
     return set(summary_line(summary))
@@ -47,6 +44,7 @@ def test_the_workbook_shows_what_the_issue_asks_for() -> None:
         "Events by type and state",
         "Notice given",
         "Announced against measured impact",
+        "Announced against measured impact, per event",
         "Held events",
         "Time from notice to approval",
     }
@@ -77,15 +75,15 @@ def test_main_deploys_the_workbook_behind_a_parameter_over_app_insights() -> Non
 
 def test_the_summary_line_is_logged_for_each_summary_written(caplog) -> None:  # type: ignore[no-untyped-def]
     from functions.history.core import History, PurgeSchedule
-    from tests.functions.history_support import T0, MemoryHistoryStore
+    from tests.functions.history_support import MemoryHistoryStore
 
     life = Lifecycle()
     life.transition("Scheduled")
     history = History(MemoryHistoryStore(), timedelta(days=90), PurgeSchedule())
     caplog.set_level("INFO", logger="sebridge.functions.history.summary")
     message = life.messages[0]
-    history.record(parse_message(message.body_bytes(), message.message_id), T0)
-    history.record(parse_message(message.body_bytes(), message.message_id), T0)  # no change
+    history.record(verified(message), T0)
+    history.record(verified(message), T0)  # no change
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(SUMMARY_PREFIX)]
     assert len(lines) == 1
     assert set(json.loads(lines[0].removeprefix(SUMMARY_PREFIX))) == _logged_fields()

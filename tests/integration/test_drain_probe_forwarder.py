@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -62,16 +63,23 @@ def wait_status(port: int, expected: int, timeout: float = 20) -> float:
     )
 
 
+# 4 minutes: shorter than the default leads (Reboot and Redeploy 5 min) and the probe's bound,
+# so the event is acted on at first sight (a longer one:
+# test_the_probe_drains_at_the_drain_moment_not_at_first_sight).
+NOTICE = 240
+
+
 def add_event(
     sim: RunningSimulator,
     event_type: str = "Reboot",
     resources: list[str] | None = None,
     duration: int = -1,
+    not_before_in: float = NOTICE,
 ) -> str:
     event_id = str(uuid.uuid4())
     sim.event(
         "add",
-        notBeforeIn=600,
+        notBeforeIn=not_before_in,
         event={
             "EventId": event_id,
             "EventType": event_type,
@@ -162,6 +170,42 @@ def test_prepared_is_published_after_the_drain_time(sim: RunningSimulator, tmp_p
         wait_status(port, 200)
         time.sleep(1)
         assert len(prepared(fw, event_id)) == 1
+
+
+@pytest.mark.slow
+def test_the_probe_drains_at_the_drain_moment_not_at_first_sight(
+    sim: RunningSimulator, tmp_path: Path
+) -> None:
+    """Issue 24: a notice longer than its lead drains at NotBefore minus the lead, not when the
+    event is seen (before: 503 within a poll of the Scheduled, the capacity gone for the whole
+    notice), and Prepared follows that drain."""
+    port = reserve_port()  # the forwarder takes a port number, not 0
+    lead = 30
+    with running(
+        sim, tmp_path / "state", port, "--drain-lead", f"Reboot={lead}", "--drain-seconds", "1"
+    ) as fw:
+        event_id = add_event(sim, not_before_in=lead + 45)
+        assert fw.wait_for(lambda _: "Scheduled" in subjects(fw, event_id), 20)
+        (scheduled,) = [
+            m
+            for m in fw.json_lines()
+            if m["session_id"] == event_id.lower() and m["subject"] == "Scheduled"
+        ]
+        data = parse_message(scheduled["body"], scheduled["message_id"]).data
+        not_before = datetime.fromisoformat(data["notBefore"].replace("Z", "+00:00"))
+        moment = not_before - timedelta(seconds=lead)
+        # Seen and published, not drained: the moment is still ahead (checked on the clock).
+        seen = datetime.now(UTC)
+        answer = status(port)
+        assert seen < moment - timedelta(seconds=2), "the machine was too slow to tell"
+        assert answer == 200
+        assert not prepared(fw, event_id)
+        wait_status(port, 503, timeout=lead + 60)
+        # NotBefore has whole seconds; the probe flips at the moment, never before it.
+        assert datetime.now(UTC) >= moment - timedelta(seconds=1)
+        assert fw.wait_for(lambda _: prepared(fw, event_id), 30), fw.stderr_text()[-3000:]
+        sim.event("remove", eventId=event_id)
+        wait_status(port, 200)
 
 
 @pytest.mark.slow

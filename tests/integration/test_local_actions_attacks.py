@@ -47,10 +47,16 @@ def imds() -> Iterator[ImdsStub]:
         yield stub
 
 
+# 4 minutes: shorter than the default leads (Reboot and Redeploy 5 min) and the probe's bound,
+# so the event is acted on at first sight (when a lead applies: tests/forwarder/
+# test_drain_moments.py).
+NOTICE = timedelta(minutes=4)
+
+
 def event(
     kind: str = "Reboot", resources: list[Any] | None = None, **fields: Any
 ) -> dict[str, Any]:
-    not_before = datetime.now(UTC) + timedelta(minutes=10)
+    not_before = datetime.now(UTC) + NOTICE
     return {
         "EventId": str(uuid.uuid4()),
         "EventType": kind,
@@ -274,11 +280,21 @@ def test_a_description_of_emoji_still_starts_the_hook(imds: ImdsStub, tmp_path: 
     with start(imds, tmp_path / "state", hooks) as fw:
         imds.set_events([event(Description=description)])
         wait_until(lambda: Path(f"{out}.stdin").exists(), 20, "the hook")
-        wait_until(lambda: Path(f"{out}.stdin").stat().st_size > 160_000, 10, "its stdin")
+        # The whole document, not the bytes `cat` has written so far (read too early, it is cut).
+        wait_until(lambda: whole_json(Path(f"{out}.stdin")) is not None, 10, "its stdin")
         assert "not-started" not in fw.stderr_text()
     value = Path(f"{out}.env").read_bytes().decode("utf-8")  # cut at a character boundary
     assert 0 < len(value) < 40_000 and set(value) == {"\N{GRINNING FACE}"}
-    assert json.loads(Path(f"{out}.stdin").read_text())["event"]["Description"] == description
+    document = whole_json(Path(f"{out}.stdin"))
+    assert document is not None and document["event"]["Description"] == description
+
+
+def whole_json(path: Path) -> Any:
+    """The JSON document in ``path``, or None while it is not whole yet."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return None
 
 
 # -- item 8: what a hook started ---------------------------------------------------------------

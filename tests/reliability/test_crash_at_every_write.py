@@ -8,17 +8,20 @@ runs and preparations, a run's start and end, Prepared's published mark).
 
 The process model is the real loop, the real stores on a real directory and the real local
 actions; hooks run in-process through a recording runner (what they did survives a crash, as
-a real hook's effect would), and the probe drains at once. One scenario (an event of this VM
-scheduled, updated, started and completed; a neighbour's event scheduled and cancelled; a
-Preempt of this VM) is run once to count its N boundaries, then N + 1 times more, the k-th
-ending the process at boundary k (everything after it is lost: no write, no cleanup). The
-process is then rebuilt from the directory alone, the interrupted step is run again (IMDS still
-shows its document) and the scenario finishes. Each time, against the run without a crash:
+a real hook's effect would), and the probe's drain is done as soon as it begins. One scenario
+(an event of this VM scheduled with a long notice, updated before its drain moment (which
+moves it), reaching it, updated after it (which does not undo it), started and completed; a
+neighbour's event scheduled and cancelled; a Preempt of this VM, acted on at first sight) is
+run once to count its N boundaries, then N + 1 times more, the k-th ending the process at
+boundary k (everything after it is lost: no write, no cleanup). The process is then rebuilt
+from the directory alone, the interrupted step is run again (IMDS still shows its document)
+and the scenario finishes. Each time, against the run without a crash:
 
 - every transition reaches the broker, per event in order, with the same ids (none lost, none
   under a new id);
 - every hook run happens at least once, and none with an id the run without a crash did not
   have (a repeat is the same run again: hooks are idempotent);
+- no prepare hook runs before its event's drain moment (issue 24: the moment is durable);
 - the same Prepared messages, with the same ids.
 """
 
@@ -30,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +93,12 @@ class Outside:
     imds: FakeImds = field(default_factory=FakeImds)
     broker: FakeBroker = field(default_factory=FakeBroker)
     hook_runs: list[tuple[str, str]] = field(default_factory=list)
+    first_run_at: dict[tuple[str, str], datetime] = field(default_factory=dict)
 
     def runner(self, invocation: Invocation, **_: Any) -> HookResult:
-        self.hook_runs.append((invocation.message_id, invocation.hook.name))
+        run = (invocation.message_id, invocation.hook.name)
+        self.hook_runs.append(run)
+        self.first_run_at.setdefault(run, self.clock.now())
         return HookResult(Outcome.SUCCEEDED, 0, 0.0, detail="exit code 0")
 
 
@@ -117,16 +123,20 @@ class Process:
             HOOKS, store, self.preparations, runner=outside.runner, now=outside.clock.now
         )
         self.probe = DrainProbe(
-            DEFAULT_RULES, 0, preparations=self.preparations, clock=outside.clock.monotonic
+            DEFAULT_RULES, 0, preparations=self.preparations, now=outside.clock.now
         )
         self.preparations.preparers = [self.hooks, self.probe]
-        self.local = LocalActions(store, self.preparations, self.hooks, self.probe)
+        self.local = LocalActions(
+            store, self.preparations, self.hooks, self.probe, now=outside.clock.now
+        )
         self.forwarder.listeners.append(self.local)
         self.local.start(fallback=self.forwarder.state)
 
     def step(self) -> None:
-        """One round of what the threads do: a poll, the hooks, the drain timer, a send."""
+        """One round of what the threads do: a poll, the drain moments, the hooks, the drain
+        timer, a send."""
         self.forwarder.tick()
+        self.local.fire_due()
         self.hooks.drain()
         self.preparations.check_all()
         self.forwarder.send_pending()
@@ -150,11 +160,22 @@ def later(seconds: float) -> Callable[[Outside], None]:
     return tick
 
 
+def rfc1123(moment: datetime) -> str:
+    return moment.strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+
 neighbour = scheduled(N, Resources=["vm2"])
+# A Reboot 20 minutes ahead: its drain moment is NotBefore - 300 s (the default lead).
+FIRST_NOT_BEFORE = rfc1123(T0 + timedelta(minutes=20))
+MOVED_NOT_BEFORE = rfc1123(T0 + timedelta(minutes=30))  # before the moment: it moves
+MOMENT = T0 + timedelta(minutes=25)
 SCENARIO: list[Callable[[Outside], None]] = [
-    document(scheduled(A), neighbour),
+    document(scheduled(A, NotBefore=FIRST_NOT_BEFORE), neighbour),
+    later(60),
+    document(scheduled(A, NotBefore=MOVED_NOT_BEFORE), neighbour),
+    later(24 * 60),  # T0 + 25 min: the moment itself
     later(1),
-    document(scheduled(A, NotBefore=LATER), neighbour),
+    document(scheduled(A, NotBefore=LATER)),  # after the moment: runs at once, not undone
     later(1),
     document(started(A)),  # and the neighbour's is cancelled
     later(1),
@@ -162,7 +183,7 @@ SCENARIO: list[Callable[[Outside], None]] = [
         scheduled(
             P,
             EventType="Preempt",
-            NotBefore=(T0 + timedelta(seconds=30)).strftime("%a, %d %b %Y %H:%M:%S GMT"),
+            NotBefore=rfc1123(T0 + timedelta(minutes=27)),
         )
     ),  # A completed
     later(1),
@@ -176,6 +197,7 @@ class Outcome_:
     prepared: list[str]
     hook_runs: list[tuple[str, str]]
     boundaries: list[str]
+    first_run_at: dict[tuple[str, str], datetime]
 
 
 @contextmanager
@@ -205,9 +227,12 @@ def run(crash_at: int | None) -> Outcome_:
         process = Process(outside)
         index = 0
         with boundaries(boundary):
+            applied = -1
             while index < len(SCENARIO):
                 try:
-                    SCENARIO[index](outside)
+                    if applied < index:  # the world changes once (the clock does not go twice)
+                        SCENARIO[index](outside)
+                        applied = index
                     process.step()
                 except Crash:
                     process.close()  # kill -9: nothing more is written
@@ -223,24 +248,31 @@ def run(crash_at: int | None) -> Outcome_:
         if envelope.subject != "Prepared":
             transitions.setdefault(envelope.session_id, []).append(envelope.message_id)
     prepared = [e.message_id for e in outside.broker.accepted if e.subject == "Prepared"]
-    return Outcome_(transitions, prepared, outside.hook_runs, seen)
+    return Outcome_(transitions, prepared, outside.hook_runs, seen, outside.first_run_at)
 
 
 def test_the_scenario_without_a_crash_does_what_it_should() -> None:
     """The control: every transition, hook run and Prepared the scenario calls for."""
     clean = run(None)
     assert clean.transitions == {
-        A: [f"{A}:Scheduled:1", clean.transitions[A][1], f"{A}:Started:1", f"{A}:Completed:1"],
+        A: [
+            f"{A}:Scheduled:1",
+            clean.transitions[A][1],
+            clean.transitions[A][2],
+            f"{A}:Started:1",
+            f"{A}:Completed:1",
+        ],
         N: [f"{N}:Scheduled:1", f"{N}:Cancelled:1"],
         P: [f"{P}:Scheduled:1", f"{P}:Cancelled:1"],
     }
-    assert clean.transitions[A][1].startswith(f"{A}:Updated:1:")
-    updated = clean.transitions[A][1]
+    moved, after = clean.transitions[A][1:3]
+    assert moved.startswith(f"{A}:Updated:1:") and after.startswith(f"{A}:Updated:1:")
     assert sorted(set(clean.hook_runs)) == sorted(
         [
-            (f"{A}:Scheduled:1", "checkpoint"),
+            # A's Scheduled waited for its moment; the Updated before it replaced it.
             (f"{A}:Scheduled:1", "log-all"),
-            (updated, "checkpoint"),
+            (moved, "checkpoint"),
+            (after, "checkpoint"),
             (f"{A}:Started:1", "log-all"),
             (f"{A}:Completed:1", "log-all"),
             (f"{N}:Scheduled:1", "log-all"),
@@ -251,7 +283,8 @@ def test_the_scenario_without_a_crash_does_what_it_should() -> None:
         ]
     )
     assert len(clean.hook_runs) == len(set(clean.hook_runs))
-    assert len(clean.prepared) == 3  # A's Scheduled and Updated, P's Scheduled
+    assert clean.first_run_at[(moved, "checkpoint")] == MOMENT  # and not a poll before
+    assert len(clean.prepared) == 3  # A's two Updated, P's Scheduled
     kinds = {name.split(":")[0] for name in clean.boundaries}
     assert kinds == {"state.json", "outbox", "journal"}, kinds
 
@@ -265,4 +298,6 @@ def test_a_crash_at_every_write_boundary_loses_nothing_and_renames_nothing() -> 
         where = f"crash at boundary {k} of {count} ({[*clean.boundaries, 'end'][k - 1]})"
         assert crashed.transitions == clean.transitions, where
         assert set(crashed.hook_runs) == set(clean.hook_runs), where
+        moved = clean.transitions[A][1]
+        assert crashed.first_run_at[(moved, "checkpoint")] >= MOMENT, where
         assert sorted(set(crashed.prepared)) == sorted(clean.prepared), where

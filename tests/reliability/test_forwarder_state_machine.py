@@ -21,21 +21,31 @@ whose writes fail too (a full disk). A second continuous observer follows what t
 actions see: every document read, whatever the outbox does; a crash takes it back to the last
 view the journal took.
 
+The second observer also applies the timing rule (issue 24), independently of
+:mod:`sebridge.timing`: an event's drain moment has come once, at a poll or a look at the
+moments, its content says ``NotBefore - lead <= now`` (Reboot 300 s, Freeze 120 s, anything else
+or a NotBefore that cannot be read: at once) or it started; once come, it stays come for that
+appearance of the event (a crash takes it back to what the journal took, with the view).
+
 Invariants:
 - always: per EventId, what the broker holds is a prefix of what the observer derived (minus
   the messages refused for good), so nothing is ever delivered out of order or twice, and no
   two derived transitions share a message id;
 - always: every hook that ran, ran for a transition the local observer derived, under its id
   (never a new one), and every Prepared is for a cause it derived;
+- always: no prepare hook ran before its event's drain moment had come;
 - always: the forwarder's health says the state save is failing exactly while it is;
 - always: every message the broker holds carries the VM's identity (issue 22: none went out
   under the host name while instance metadata was failing);
+- always: a delivered Completed carries a measured impact exactly when its event names this
+  VM and the forwarder derived it Started (crashes and failed writes included);
 - at the end, once every fault is cleared, one successful poll and one successful send
   deliver exactly what the observer derived, each once, in order (after the identity lookup's
   next try, if it was failing); the refused messages are in the aside table with their
   reason; nothing is left in the outbox; every hook run the local observer's transitions call
-  for has run at least once, and the current Scheduled event of this VM has its Prepared,
-  under the id its latest cause gives.
+  for has run at least once, and the current Scheduled event of this VM has its prepare hook
+  run and its Prepared (under the id its latest cause gives) if its moment has come (Prepared
+  unless the probe's drain reached its bound before), and neither if it has not.
 
 CI runs 2,000 examples (``SEBRIDGE_STATE_MACHINE_EXAMPLES`` for more).
 """
@@ -54,8 +64,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sebridge.contract.events import Envelope, Transition, derived_message_id, observed_by
+from sebridge.contract.events import (
+    Envelope,
+    Transition,
+    derived_message_id,
+    observed_by,
+    parse_message,
+)
 from sebridge.forwarder.durable import boundaries
+from sebridge.forwarder.imds.impact import METHODS
 from sebridge.forwarder.local.actions import LocalActions
 from sebridge.forwarder.local.drain_probe import DrainProbe
 from sebridge.forwarder.local.hooks_file import affects, parse_hooks
@@ -73,6 +90,7 @@ from tests.support.forwarder_fakes import OBSERVER, T0, World
 
 EXAMPLES = int(os.environ.get("SEBRIDGE_STATE_MACHINE_EXAMPLES", "2000"))
 GAP = timedelta(seconds=30)  # README: a gap that can hide a Started
+LEADS = {"Reboot": 300, "Freeze": 120}  # the README's defaults; other types: at first sight
 
 EVENT_IDS = [
     "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f",
@@ -140,6 +158,29 @@ class ContinuousObserver:
     last_seen: datetime | None = None
     derived: list[tuple[str, str, str]] = field(default_factory=list)  # (key, transition, id)
     raws: list[dict[str, Any]] = field(default_factory=list)  # the event each was derived from
+    # (key, appearance) -> when its drain moment was first found to have come
+    due: dict[tuple[str, int], datetime] = field(default_factory=dict)
+
+    def look_at_moments(self, now: datetime) -> None:
+        """The timing rule, on the events as last observed: the moment of an event has come
+        when it started or ``NotBefore - lead <= now``; it never goes back within one
+        appearance."""
+        for key, raw in self.known.items():
+            life = self.lives.get(key)
+            if life is None:
+                continue
+            not_before = parse_not_before(raw.get("NotBefore"))
+            lead = (
+                LEADS.get(raw.get("EventType")) if isinstance(raw.get("EventType"), str) else None
+            )
+            come = (
+                raw.get("EventStatus") == "Started"
+                or not_before is None
+                or lead is None
+                or not_before - timedelta(seconds=lead) <= now
+            )
+            if come:
+                self.due.setdefault((key, life.appearance), now)
 
     def _id(self, key: str, transition: str, raw: dict[str, Any]) -> str:
         life = self.lives.get(key)
@@ -232,10 +273,12 @@ class LocalWorld(World):
 
     journal: Journal = field(default_factory=lambda: Journal(MEMORY))
     hook_runs: list[tuple[str, str]] = field(default_factory=list)
+    hook_times: list[datetime] = field(default_factory=list)  # when each of hook_runs ran
     local: LocalActions = field(init=False)
 
     def runner(self, invocation: Invocation, **_: Any) -> HookResult:
         self.hook_runs.append((invocation.message_id, invocation.hook.name))
+        self.hook_times.append(self.clock.now())
         return HookResult(Outcome.SUCCEEDED, 0, 0.0, detail="exit code 0")
 
     def start(self) -> Forwarder:
@@ -243,15 +286,18 @@ class LocalWorld(World):
         store = LocalStore(self.journal)
         preparations = Preparations(store, forwarder.deliver, now=self.clock.now)
         hooks = HookWorker(HOOKS, store, preparations, runner=self.runner, now=self.clock.now)
-        probe = DrainProbe(DEFAULT_RULES, 0, preparations=preparations, clock=self.clock.monotonic)
+        probe = DrainProbe(DEFAULT_RULES, 0, preparations=preparations, now=self.clock.now)
         preparations.preparers = [hooks, probe]
-        self.local = LocalActions(store, preparations, hooks, probe)
+        self.local = LocalActions(store, preparations, hooks, probe, now=self.clock.now)
         forwarder.listeners.append(self.local)
         self.local.start(fallback=forwarder.state)
         return forwarder
 
     def run_hooks(self) -> None:
+        """What the moments worker and the hooks worker do: fire the moments that came, run
+        the hooks, decide Prepared."""
         assert self.local.hooks is not None
+        self.local.fire_due()
         self.local.hooks.drain()
         self.local.preparations.check_all()
 
@@ -276,6 +322,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         self.refuse_next = False
         self.world.broker.refuse = self._refusal
         self._ever_prepared: set[str] = set()
+        self._runs_checked = 0  # hook runs already held to the timing rule
 
     def _journal_fault(self, where: str) -> None:
         if where == "journal:commit" and self.journal_fail_next:
@@ -317,8 +364,11 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         started=st.booleans(),
         not_before=st.sampled_from(NOT_BEFORES),
         event_type=st.sampled_from(FIELD_VALUES["EventType"]),
+        resources=st.sampled_from([["vm1"], ["vm1"], ["vm1"], ["vm2"]]),  # another VM's too
     )
-    def add_event(self, index: int, started: bool, not_before: str, event_type: Any) -> None:
+    def add_event(
+        self, index: int, started: bool, not_before: str, event_type: Any, resources: list[str]
+    ) -> None:
         if self._find(index) is not None:
             return
         self.events.append(
@@ -326,7 +376,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
                 "EventId": EVENT_IDS[index],
                 "EventType": event_type,
                 "ResourceType": "VirtualMachine",
-                "Resources": ["vm1"],
+                "Resources": list(resources),
                 "EventStatus": "Started" if started else "Scheduled",
                 "NotBefore": "" if started else not_before,
                 "EventSource": "Platform",
@@ -377,6 +427,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         world.forwarder.tick()
         if not imds_fails:
             self.local_live.observe(self.world.imds.events, at)
+            self.local_live.look_at_moments(at)
             self.local_ids.update(mid for _, _, mid in self.local_live.derived)
         self._local_saved(views)
         if not imds_fails and world.outbox.put_failures == puts_failed:
@@ -391,6 +442,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
     @rule()
     def run_hooks(self) -> None:
         views = self._views_written()
+        self.local_live.look_at_moments(self.world.clock.now())
         self.world.run_hooks()
         self._local_saved(views)  # a hook's end may flush a view the journal missed
 
@@ -451,6 +503,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         self.world.restart()
         self.live = copy.deepcopy(self.durable)
         self.local_live = copy.deepcopy(self.local_durable)
+        self.local_live.look_at_moments(self.world.clock.now())  # the start looks too
 
     @rule()
     def clean_restart(self) -> None:
@@ -467,6 +520,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         self.world.restart()
         self.live = copy.deepcopy(self.durable)
         self.local_live = copy.deepcopy(self.local_durable)
+        self.local_live.look_at_moments(self.world.clock.now())  # the start looks too
 
     # -- invariants ---------------------------------------------------------------------------
     def _expected(self) -> dict[str, list[str]]:
@@ -500,6 +554,19 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         assert not unknown, unknown
 
     @invariant()
+    def no_prepare_hook_runs_before_its_drain_moment(self) -> None:
+        runs = self.world.hook_runs
+        for (message_id, hook), at in zip(
+            runs[self._runs_checked :], self.world.hook_times[self._runs_checked :], strict=True
+        ):
+            if hook != "prep":
+                continue
+            ref, _, appearance = message_id.split(":")[:3]
+            came = self.local_live.due.get((ref, int(appearance)))
+            assert came is not None and came <= at, (message_id, at, came)
+        self._runs_checked = len(runs)
+
+    @invariant()
     def every_prepared_is_for_a_cause_the_local_actions_derived(self) -> None:
         prepared = {e.message_id for e in self.world.broker.accepted if e.subject == "Prepared"}
         assert prepared <= self._possible_prepared(), prepared
@@ -515,6 +582,31 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
             for by in ("hooks", "drain-probe", "hooks+drain-probe"):
                 out.add(derived_message_id(event, Transition.PREPARED, f"{mid}|{by}|vm1"))
         return out | self._ever_prepared
+
+    @invariant()
+    def a_completed_carries_a_measurement_exactly_when_this_vm_watched_it(self) -> None:
+        """Measured impact (README "Measured impact"): a delivered Completed of an event that
+        names vm1 and that the forwarder derived Started carries ``data.impact``, whatever
+        crashed or failed in between; one that does not name vm1 never does; a measurement
+        is never longer than the time the whole run took."""
+        started = {
+            (key, mid.rsplit(":", 1)[1]) for key, t, mid in self.live.derived if t == "Started"
+        }
+        elapsed = (self.world.clock.now() - T0).total_seconds()
+        for envelope in self.world.broker.transitions():
+            if envelope.subject != "Completed":
+                continue
+            message = parse_message(envelope.body_bytes())
+            assert message.event is not None
+            impact = envelope.body["data"].get("impact")
+            names = "vm1" in {r.lower() for r in message.event.resources}
+            if impact is not None:
+                assert names, envelope.body["data"]
+                assert impact["method"] in METHODS
+                assert 0 <= impact["measuredSeconds"] <= elapsed + 0.1
+            appearance = envelope.message_id.rsplit(":", 1)[1]
+            if names and (message.event.key, appearance) in started:
+                assert impact is not None, envelope.message_id
 
     @invariant()
     def distinct_transitions_never_share_an_id(self) -> None:
@@ -540,10 +632,13 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         assert world.forwarder.tick() is None  # one successful poll...
         self.live.observe(self.world.imds.events, at)
         self.local_live.observe(self.world.imds.events, at)
+        self.local_live.look_at_moments(at)
         self.local_ids.update(mid for _, _, mid in self.local_live.derived)
-        world.run_hooks()  # ...the hooks and the drain timer...
+        world.run_hooks()  # ...the moments, the hooks and the drain timer...
+        self.no_prepare_hook_runs_before_its_drain_moment()
         world.forwarder.send_pending()  # ...and one successful send
         self._every_hook_ran_and_the_current_preparation_is_published()
+        self.a_completed_carries_a_measurement_exactly_when_this_vm_watched_it()
         assert self._delivered() == {k: v for k, v in self._expected().items() if v}
         assert world.outbox.depth() == 0 and world.outbox.held() == 0
         aside = world.outbox.real.aside(limit=100)
@@ -574,9 +669,22 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
             if event.is_started or not affects(event.resources, "vm1") or event.key not in causes:
                 continue
             cause, _ = causes[event.key]
-            assert (cause, "prep") in ran, f"the prepare hook never ran for {cause}"
-            by = "hooks+drain-probe" if DEFAULT_RULES.is_impactful(event) else "hooks"
+            impactful = DEFAULT_RULES.is_impactful(event)
+            by = "hooks+drain-probe" if impactful else "hooks"
             expected = derived_message_id(event, Transition.PREPARED, f"{cause}|{by}|vm1")
+            appearance = self.local_live.lives[event.key].appearance
+            if (event.key, appearance) not in self.local_live.due:
+                # Its moment has not come: the prepare hooks wait, nothing is prepared.
+                assert (cause, "prep") not in ran, f"the prepare hook ran early for {cause}"
+                assert expected not in prepared, (event.key, cause)
+                continue
+            assert (cause, "prep") in ran, f"the prepare hook never ran for {cause}"
+            probe = self.world.local.probe
+            assert probe is not None
+            if impactful and probe.preparation_status(event.key) != "succeeded":
+                # The probe's drain reached its bound (the VM takes traffic again): not
+                # prepared, and the event goes ahead on Azure's schedule.
+                continue
             assert expected in prepared, (event.key, cause, by, sorted(prepared))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from emulators.demo.history import CalendarWatch, verdict, vevents
+from emulators.demo.history import CalendarWatch, measured_words, verdict, vevents
 from tests.functions.support import event
 
 KEY = event().key
@@ -45,3 +45,12 @@ def test_vevents_unfolds_and_reads_properties() -> None:
             "SEQUENCE": "2",
         }
     }
+
+
+def test_the_story_says_what_was_measured_and_never_invents_a_figure() -> None:
+    assert measured_words({}) == "not measured"
+    assert measured_words({"measuredSeconds": None, "method": None}) == "not measured"
+    assert measured_words({"measuredSeconds": 0.0, "method": "freeze-pause"}) == (
+        "0.0 s (freeze-pause: no pause or gap seen from inside the VM)"
+    )
+    assert measured_words({"measuredSeconds": 8.4, "method": "reboot-gap"}) == "8.4 s (reboot-gap)"

@@ -28,6 +28,7 @@ PURE_MODULES = (
     "sebridge.values",
     "sebridge.text",
     "sebridge.impact",
+    "sebridge.timing",
     "sebridge.contract.cloudevents",
     "sebridge.contract.events",
     "sebridge.contract.commands",

@@ -1,0 +1,34 @@
+// Issue 24: refuse a drain probe on a scale set whose automatic instance repairs watch it.
+// Repairs replace, reimage or restart an instance whose health probe says unhealthy past the
+// grace period (PT10M to PT90M), and rolling upgrades count unhealthy instances. The forwarder
+// bounds its 503 below the shortest grace period until the event starts, but a started event
+// (a long Freeze, a Redeploy) drains regardless. So the combination is refused before anything
+// is written: the port of the probe repairs watch is read from the load balancer (reference()
+// in the branch of ?: that is not taken is never evaluated). Repairs that watch the Application
+// Health extension, or a probe on another port, pass.
+//
+// No resource here, on purpose: checkov's Bicep parser (pycep-parser 0.5) predates fail(), so
+// the infra tests let checkov skip this one file and evaluate its expressions themselves
+// (tests/infra/test_infra_drain_probe_repairs.py). Parenthesized throughout for that parser.
+
+@description('Name of the scale set (in the deployment\'s resource group).')
+param vmssName string
+
+@description('Port of the drain probe the installer configures (0: off).')
+@minValue(0)
+@maxValue(65535)
+param drainProbePort int
+
+@description('The scale set\'s automaticRepairsPolicy ({} when it has none).')
+param repairsPolicy object
+
+@description('Resource id of the scale set\'s health probe (networkProfile.healthProbe.id; empty when it has none).')
+param healthProbeId string
+
+var repairsOn = (drainProbePort != 0) && ((repairsPolicy.?enabled) ?? false)
+var repairsProbePort = ((!repairsOn) || empty(healthProbeId)) ? 0 : reference(healthProbeId, '2023-09-01').port
+var repairsWatchDrainProbe = repairsOn && (repairsProbePort == drainProbePort)
+var refusal = 'Scale set ${vmssName}: its automatic instance repairs watch the load balancer probe ${healthProbeId} on port ${drainProbePort}, the drain probe\'s port. The drain probe answers 503 while the VM drains (bounded before the event starts, for as long as it lasts once it has), and repairs would replace, reimage or restart the instance. Fix one of: give repairs a probe of their own (a second load balancer probe on the application\'s health port, set as networkProfile.healthProbe), or watch the Application Health extension instead, or disable automaticRepairsPolicy, or deploy with drainProbePort 0 (docs/vm-actions.md).'
+
+@description('The scale set\'s name, once the check passed (fail() stops the deployment otherwise).')
+output vmssName string = repairsWatchDrainProbe ? fail(refusal) : vmssName

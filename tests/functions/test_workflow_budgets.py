@@ -1,0 +1,142 @@
+"""Disruption budgets: LB_MAX_UNAVAILABLE (a count or a percentage of the pool's size) and
+LB_POOL_BUDGETS per pool, decided by the one capacity decision beside LB_MIN_HEALTHY; held
+events are released in NotBefore order as capacity returns. Through the function objects,
+against the loopback ARM and blob storage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from emulators.fakes.arm import FakeArm
+from functions.lb_pools.capacity import Budget, Budgets, parse_budgets
+from functions.shared.settings import SettingsError, load_settings
+from tests.functions.support import RG, SUB, App, envelope, web_vm
+
+pytestmark = pytest.mark.timeout(90)
+
+IDS = {
+    "x": "0A000000-0000-4000-8000-000000000001",
+    "a": "0A000000-0000-4000-8000-000000000002",
+    "b": "0A000000-0000-4000-8000-000000000003",
+    "c": "0A000000-0000-4000-8000-000000000004",
+}
+
+
+@pytest.fixture
+def world(arm_fake: FakeArm) -> dict[str, str]:
+    """pool-a with eight members (no rule: every member counts as healthy)."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"])
+    pool = f"{lb}/backendAddressPools/pool-a"
+    vms = {f"web-{i}": web_vm(arm_fake, f"web-{i}", [pool]) for i in range(1, 9)}
+    return {**vms, "pool": pool}
+
+
+def _event(key: str, vm: str, not_before: str, transition: str = "Scheduled") -> object:
+    status = "Started" if transition == "Completed" else "Scheduled"
+    return envelope(
+        transition,
+        EventId=IDS[key],
+        Resources=[vm],
+        NotBefore=not_before if status == "Scheduled" else "",
+        EventStatus=status,
+    )
+
+
+def _out(app: App, world: dict[str, str]) -> set[str]:
+    return {vm for vm in world if vm.startswith("web-") and not app.arm.vm_pools(world[vm])}
+
+
+def test_held_events_are_released_in_not_before_order_not_arrival_order(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    # At most one of the eight out at a time (the minimum of 1 alone would allow seven).
+    app = make_app(LB_MAX_UNAVAILABLE="1")
+    app.deliver("lb_pools", _event("x", "web-2", "Sun, 22 Nov 2026 01:40:00 GMT"))
+    assert _out(app, world) == {"web-2"}
+    # Held as they come: a (latest NotBefore), then b, then c (the earliest).
+    app.deliver("lb_pools", _event("a", "web-3", "Sun, 22 Nov 2026 03:00:00 GMT"))
+    app.deliver("lb_pools", _event("b", "web-4", "Sun, 22 Nov 2026 02:30:00 GMT"))
+    app.deliver("lb_pools", _event("c", "web-5", "Sun, 22 Nov 2026 02:00:00 GMT"))
+    assert _out(app, world) == {"web-2"}
+    held = [m for m in app.publisher.published if m.subject == "Held"]
+    assert len(held) == 3
+    order = []
+    for done, vm in (("x", "web-2"), ("c", "web-5"), ("b", "web-4"), ("a", "web-3")):
+        app.deliver("lb_pools", _event(done, vm, "", "Completed"))
+        out = _out(app, world)
+        assert len(out) <= 1
+        order.extend(sorted(out))
+    assert order == ["web-5", "web-4", "web-3"]  # c, b, a: NotBefore order
+
+
+def test_a_percentage_budget_counts_the_members_already_out(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    # 25% of eight: two may be out; the third is held although six healthy members remain.
+    app = make_app(LB_MAX_UNAVAILABLE="25%")
+    app.deliver("lb_pools", _event("x", "web-2", "Sun, 22 Nov 2026 01:40:00 GMT"))
+    app.deliver("lb_pools", _event("a", "web-3", "Sun, 22 Nov 2026 01:40:00 GMT"))
+    assert _out(app, world) == {"web-2", "web-3"}
+    app.deliver("lb_pools", _event("b", "web-4", "Sun, 22 Nov 2026 01:40:00 GMT"))
+    assert _out(app, world) == {"web-2", "web-3"}
+    (held,) = [m for m in app.publisher.published if m.subject == "Held"]
+    data = json.loads(held.body_bytes())["data"]["held"]
+    assert (data["healthy"], data["minimum"]) == (5, 6)
+
+
+def test_a_pool_budget_overrides_the_global_one(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    app = make_app(
+        LB_MAX_UNAVAILABLE="1", LB_POOL_BUDGETS=json.dumps({"lb-web/pool-a": {"maxUnavailable": 3}})
+    )
+    for key, vm in (("x", "web-2"), ("a", "web-3"), ("b", "web-4"), ("c", "web-5")):
+        app.deliver("lb_pools", _event(key, vm, "Sun, 22 Nov 2026 01:40:00 GMT"))
+    assert _out(app, world) == {"web-2", "web-3", "web-4"}
+
+
+@pytest.mark.parametrize(
+    ("size", "budget", "minimum"),
+    [
+        (8, Budget(1, 2, False), 6),
+        (8, Budget(1, 25, True), 6),
+        (3, Budget(1, 50, True), 1),  # 1.5 rounds up to 2 out: Kubernetes' rounding
+        (3, Budget(2, 50, True), 2),  # the larger minimum wins
+        (4, Budget(0, 10, False), 0),
+        (0, Budget(1, 1, False), 1),
+    ],
+)
+def test_a_budget_is_a_minimum_for_the_pools_size(size: int, budget: Budget, minimum: int) -> None:
+    assert budget.minimum(size) == minimum
+
+
+def test_budgets_are_read_and_refused_by_name() -> None:
+    budgets = parse_budgets(1, "25%", '{"lb-web/pool-a": {"maxUnavailable": 2}}')
+    assert budgets.of("/x/loadBalancers/LB-WEB/backendAddressPools/Pool-A") == Budget(1, 2, False)
+    assert budgets.of("/x/loadBalancers/lb-web/backendAddressPools/pool-b") == Budget(1, 25, True)
+    assert Budgets().active is False and budgets.sized
+    for bad, problem in (
+        (("2.5", ""), "LB_MAX_UNAVAILABLE: '2.5' is not a count"),
+        (("120%", ""), "LB_MAX_UNAVAILABLE: '120%'"),
+        (("", "[1]"), "LB_POOL_BUDGETS: expected an object"),
+        (("", '{"pool-a": {"maxUnavailable": 1}}'), "name a pool as 'load-balancer/pool'"),
+        (("", '{"lb/p": {"minHealthy": -1}}'), "minHealthy must be a whole number"),
+        (("", '{"lb/p": {"maxUnavailable": "x"}}'), "maxUnavailable: 'x'"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            parse_budgets(1, *bad)
+
+
+def test_a_bad_budget_stops_the_app_at_start(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch, world: dict[str, str]
+) -> None:
+    import os
+
+    app = make_app()
+    assert app is not None
+    env = dict(os.environ, LB_MAX_UNAVAILABLE="most")
+    with pytest.raises(SettingsError, match="LB_MAX_UNAVAILABLE: 'most'"):
+        load_settings(env)
