@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     bus = EmulatorProcess(ROOT / "infra" / "servicebus-emulator" / "Config.json", tls=True)
     bus.tls_port = AMQPS_PORT
     bus.start()
-    cleanup.callback(bus.stop)
+    cleanup.callback(bus.close)
     identity = FakeIdentity()
     identity.start()
     cleanup.callback(identity.stop)

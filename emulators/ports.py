@@ -33,11 +33,29 @@ def reserve_port(host: str = "127.0.0.1") -> int:
     return port
 
 
+def hold_port(port: int, host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to ``port`` and never listening: connections are refused (a server that
+    is down), the kernel hands the port to no ``bind(("", 0))`` and no other plain ``bind``,
+    but a server that sets SO_REUSEADDR (``socket.create_server``, every Python
+    ``http.server``, the emulators) can bind and listen on it while it is held. So a server
+    that stops and starts again on its port (an outage) keeps it: hold it from the stop until
+    the new server listens, then close the holder. ``port`` 0 holds a new port. Raises
+    OSError if another socket has the port."""
+    holder = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind((host, port))
+    except OSError:
+        holder.close()
+        raise
+    return holder
+
+
 @contextmanager
 def refused_port(host: str = "127.0.0.1") -> Iterator[int]:
-    """A port where every connection is refused while the block runs: bound, never listening,
-    so no other process can take it meanwhile (a broker that is not there)."""
-    with socket.socket() as holder:
-        holder.bind((host, 0))
+    """A port where every connection is refused while the block runs: held
+    (:func:`hold_port`), so no other process is handed it meanwhile (a broker that is not
+    there)."""
+    with hold_port(0, host) as holder:
         port: int = holder.getsockname()[1]
         yield port

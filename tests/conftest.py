@@ -7,6 +7,7 @@ from collections.abc import Generator
 
 import pytest
 
+from tests.contract.remote import on_a_remote_namespace
 from tests.support.root import NEEDS_ROOT
 
 # tests/unit/test_suite_rules.py runs small pytest sessions with this file's hooks.
@@ -58,11 +59,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_order)  # stable: within a rank, the collection order
 
 
+# The contract suite against one namespace of someone else's (docs/reliability.md, "The
+# contract suite against Azure"): its entities have fixed names and each worker drains them
+# once, so two workers would receive each other's messages and drain each other's. There,
+# every contract test runs in one worker; locally each worker starts an emulator of its own.
+SHARED_NAMESPACE_GROUP = "contract-shared-namespace"
+
+
+def _on_a_shared_namespace(item: pytest.Item) -> bool:
+    parts = item.nodeid.split("/")
+    in_contract = len(parts) > 2 and parts[:2] == ["tests", "contract"]
+    return in_contract and on_a_remote_namespace()
+
+
 def _shared_group(item: pytest.Item) -> str | None:
     """The worker group of a test that shares an expensive fixture with others: checkov's
     session report, or a stand-in its module starts once (a module-scoped fixture: the
     deliverables' wheel and virtual environments, a module's emulator or simulator), which
-    every worker taking some of the module's tests would otherwise start again."""
+    every worker taking some of the module's tests would otherwise start again; or the
+    contract suite's tests, when they share one namespace."""
+    if _on_a_shared_namespace(item):
+        return SHARED_NAMESPACE_GROUP
     names = getattr(item, "fixturenames", ())
     for fixture, group in SHARED_SESSION_FIXTURES.items():
         if fixture in names:

@@ -428,11 +428,13 @@ class FakeArm(LoopbackServer):
             return result
 
     def writes(self) -> list[Request]:
-        """Requests that change something (the health query is a POST that changes nothing)."""
+        """Requests that change something, DELETE included (the health query is a POST that
+        changes nothing)."""
         return [
             r
             for r in self.requests
-            if r.method in {"PUT", "PATCH", "POST"} and not r.path.lower().endswith("/health")
+            if r.method in {"PUT", "PATCH", "POST", "DELETE"}
+            and not r.path.lower().endswith("/health")
         ]
 
     def pool_members(self, pool_id: str) -> list[str]:

@@ -8,7 +8,11 @@
         emulator.restart()  # same port: an outage the client has to ride out
 
 The process is always killed on exit (also when the body raises). State is in memory, so a
-restart comes back empty. For a token credential instead of the connection string, use
+restart comes back empty. Between ``stop()`` and the next ``start()`` (and during ``restart``)
+the ports stay held (``emulators.ports.hold_port``): clients are refused, as by a broker that
+is down, and no other process is handed them meanwhile; ``close()`` stops for good.
+
+For a token credential instead of the connection string, use
 ``ServiceBusClient(emulator.namespace, credential, use_tls=False)``: the SDK keeps the port of
 ``127.0.0.1:<port>`` only when TLS is off, which is what ``UseDevelopmentEmulator=true`` sets.
 With TLS on (the SDK's default), the SDK drops the port and dials 5671; reach the emulator's TLS
@@ -31,6 +35,7 @@ import json
 import os
 import queue
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +45,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
+
+from emulators.ports import hold_port
 
 SAS_KEY_NAME = "RootManageSharedAccessKey"
 SAS_KEY = "SAS_KEY_VALUE"
@@ -78,6 +85,7 @@ class EmulatorProcess:
         self.returncode: int | None = None  # exit code of the last stopped process
         self._stderr_tail: list[str] = []
         self._stderr_thread: threading.Thread | None = None
+        self._held: list[socket.socket] = []  # its ports while it is stopped
 
     @property
     def namespace(self) -> str:
@@ -164,11 +172,13 @@ class EmulatorProcess:
                 self.websocket_tls_port = details.get("wss")
                 self.ca_cert = details.get("ca_cert")
                 threading.Thread(target=_drain, args=(self._process.stdout,), daemon=True).start()
+                self._release_ports()  # it listens on them now
                 return
             exit_code = self._process.poll()
             self._kill()
             # only "cannot listen" (exit 1: the port is still held) is worth another try
             if time.monotonic() >= deadline or self.port == 0 or exit_code not in (1, None):
+                self._release_ports()
                 shutil.rmtree(info.parent, ignore_errors=True)
                 tail = "".join(self._stderr_tail[-20:])
                 raise EmulatorError(f"emulator did not start (got {line!r}); stderr:\n{tail}")
@@ -190,7 +200,8 @@ class EmulatorProcess:
                 sink.close()
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM, then SIGKILL if it does not exit within ``timeout``."""
+        """SIGTERM, then SIGKILL if it does not exit within ``timeout``. Its ports stay held
+        until ``start()`` listens on them again, or ``close()``."""
         process = self._process
         if process is None:
             return
@@ -204,6 +215,24 @@ class EmulatorProcess:
         self.returncode = process.returncode
         self._close_pipes(process)
         self._process = None
+        self._hold_ports()
+
+    def close(self) -> None:
+        """Stop for good: the process, and the hold on its ports."""
+        self.stop()
+        self._release_ports()
+
+    def _hold_ports(self) -> None:
+        ports = (self.port, self.tls_port, self.websocket_port, self.websocket_tls_port)
+        for port in ports:
+            # OSError: taken in the instant since the exit; start() will say so
+            if port:
+                with suppress(OSError):
+                    self._held.append(hold_port(port))
+
+    def _release_ports(self) -> None:
+        while self._held:
+            self._held.pop().close()
 
     def _kill(self) -> None:
         process = self._process
@@ -223,7 +252,8 @@ class EmulatorProcess:
                     stream.close()
 
     def restart(self, down_for: float = 0.0) -> None:
-        """Stop, stay down ``down_for`` seconds, start again on the same port (empty state)."""
+        """Stop, stay down ``down_for`` seconds, start again on the same port (empty state);
+        the port is held meanwhile (see ``stop()``)."""
         self.stop()
         if down_for > 0:
             time.sleep(down_for)
@@ -286,4 +316,4 @@ def running_emulator(
         emulator.start()
         yield emulator
     finally:
-        emulator.stop()
+        emulator.close()

@@ -43,6 +43,7 @@ from sebridge import __version__
 from sebridge.contract.events import Transition
 from sebridge.forwarder.imds.impact import METHODS
 from sebridge.forwarder.net.server import ERROR_REASONS, HttpServer, Request, Response
+from sebridge.forwarder.observability.errors import MetricsError
 from sebridge.forwarder.observability.health import Health
 from sebridge.forwarder.observability.observations import (
     COMMAND_OUTCOMES,
@@ -50,7 +51,6 @@ from sebridge.forwarder.observability.observations import (
     PUBLISH_RESULTS,
     Observations,
 )
-from sebridge.forwarder.observability.telemetry import MetricsError
 from sebridge.values import is_loopback
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sebridge.forwarder.observability.errors import MetricsError
 from sebridge.forwarder.observability.observations import Observations
 from sebridge.forwarder.observability.observed import ObservedPublisher, ObservedSource, Watcher
 from sebridge.forwarder.observability.status_file import StatusWriter
@@ -29,9 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("forwarder")
 
-
-class MetricsError(ValueError):
-    """The metrics endpoint cannot be served (the port is taken, the address is wrong)."""
+__all__ = ["MetricsError", "Telemetry", "install_telemetry"]  # MetricsError: its callers' name
 
 
 @dataclass

@@ -36,6 +36,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from emulators.functions_host.sbclient import without_keep_alive_thread
 from tests.contract.cleanup import drain_entity, purge_sessions
 from tests.contract.provisioning import ProvisioningError, admin_calls, provision
+from tests.contract.remote import on_a_remote_namespace
 
 CONFIG = Path(__file__).with_name("Config.json")
 # Session entities the tests read with next-available session receivers: whatever an earlier
@@ -156,14 +157,11 @@ def namespace(request: pytest.FixtureRequest) -> Iterator[Namespace]:
         yield Namespace("local", emulator.connection_string, None, emulator)
 
 
-REMOTE_SETTINGS = ("SEBRIDGE_CONTRACT_CONNECTION_STRING", "SEBRIDGE_CONTRACT_NAMESPACE")
-
-
 @pytest.fixture(scope="session")
 def local_only() -> None:
     """Skip a test of the local emulator itself (its listeners, flags, log) when the suite runs
     against another namespace: there it would only test the emulator, not the namespace."""
-    if any(os.environ.get(name) for name in REMOTE_SETTINGS):
+    if on_a_remote_namespace():
         pytest.skip("tests the local emulator itself; the suite runs against another namespace")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import subprocess
@@ -43,6 +44,33 @@ def test_listening_line_sigterm_and_restart_on_the_same_port() -> None:
         assert emulator.returncode == 0  # SIGTERM stops it cleanly
     assert emulator.returncode == 0
     assert not emulator.running
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_emulator_keeps_its_ports_until_it_starts_again() -> None:
+    """An outage (stop, then start on the same port) left the ports free for seconds: another
+    process (a worker's bind, a reserve_port probe) could take one, and the restart failed or
+    the clients reached someone else. While stopped, they are held: refused, not free."""
+    with running_emulator(CONFIG, websocket=True) as emulator:
+        ports = [emulator.port, emulator.websocket_port]
+        emulator.stop()
+        for port in ports:
+            assert port
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            for host in ("127.0.0.1", ""):
+                with socket.socket() as other, pytest.raises(OSError) as taken:
+                    other.bind((host, port))
+                assert taken.value.errno == errno.EADDRINUSE
+        emulator.start()
+        assert [emulator.port, emulator.websocket_port] == ports
+        with (
+            ServiceBusClient.from_connection_string(
+                emulator.connection_string, retry_total=0
+            ) as client,
+            client.get_queue_sender("contract-queue", keep_alive=0) as sender,
+        ):
+            sender.send_messages(ServiceBusMessage("after the outage"))
 
 
 @pytest.mark.timeout(30)

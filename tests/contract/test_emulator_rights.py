@@ -184,4 +184,4 @@ def test_the_emulator_refuses_a_rights_file_it_cannot_use(tmp_path: Path) -> Non
     emulator = EmulatorProcess(extra_args=["--rights", str(bad)])
     with pytest.raises(Exception, match=r"exited|Reader|not one of"):
         emulator.start()
-    emulator.stop()
+    emulator.close()

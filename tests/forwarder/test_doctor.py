@@ -26,6 +26,7 @@ from azure.servicebus import ServiceBusClient
 
 from emulators.fakes.identity import FakeIdentity
 from emulators.imds.testing import RunningSimulator, running_simulator
+from emulators.ports import refused_port, reserve_port
 from emulators.processes import forwarder
 from emulators.servicebus.testing import EmulatorProcess, running_emulator
 from sebridge import __version__, servicebus
@@ -312,7 +313,7 @@ def test_the_drain_probe_and_the_health_of_a_running_forwarder(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
-    port = _free_port()
+    port = reserve_port()  # for the forwarder's probe: no one else is handed it meanwhile
     probe = ["--drain-probe-port", str(port), "--drain-probe-address", "127.0.0.1"]
     with forwarder(sim.base_url, state, *probe, env={"SEBRIDGE_METRICS_PORT": ""}) as fw:
         wait_until(lambda: (state / "status.json").exists(), 30, "the forwarder's status.json")
@@ -336,19 +337,12 @@ def test_the_drain_probe_and_the_health_of_a_running_forwarder(
     assert checks["forwarder"]["status"] == "FAIL"  # its pid is gone: degraded
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_imds_that_does_not_answer_is_a_failure_with_the_fix(tmp_path: Path) -> None:
-    code, checks, _ = doctor(
-        "--no-env-files", "--dry-run", "--imds-endpoint", f"http://127.0.0.1:{_free_port()}",
-        "--imds-timeout", "3", "--state-dir", str(tmp_path / "state"),
-    )  # fmt: skip
+    with refused_port() as port:  # nothing answers here, and no one else is handed it
+        code, checks, _ = doctor(
+            "--no-env-files", "--dry-run", "--imds-endpoint", f"http://127.0.0.1:{port}",
+            "--imds-timeout", "3", "--state-dir", str(tmp_path / "state"),
+        )  # fmt: skip
     assert code == 1
     assert checks["imds"]["status"] == "FAIL"
     assert "must be reachable from this VM" in checks["imds"]["fix"]

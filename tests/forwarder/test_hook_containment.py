@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from sebridge.forwarder.local.containment import Containment
+from sebridge.forwarder.local.containment import Containment, _own_cgroup
 from sebridge.forwarder.local.hooks_file import Hook
 from sebridge.forwarder.local.runner import Invocation, Outcome, run_hook
 from sebridge.imds import ScheduledEvent
+from tests.support.root import skip_unless_root
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -58,9 +59,21 @@ def zombie_children() -> list[int]:
 @pytest.fixture(params=["cgroup", "group-marker-subreaper"])
 def containment(request: pytest.FixtureRequest) -> Iterator[Containment]:
     contain = Containment(cgroups=request.param == "cgroup")
-    if request.param == "cgroup" and contain.cgroup_base is None:
-        pytest.skip("no cgroup v2 this process may write (needs root or a delegated cgroup)")
+    if request.param == "cgroup":
+        need_cgroups(contain)
     yield contain
+
+
+def need_cgroups(contain: Containment) -> None:
+    """Skip where ``contain`` cannot make run cgroups, saying why: a machine without cgroup v2
+    is a plain skip; a process that is not root (and has no delegated cgroup) skips with
+    NEEDS_ROOT, which fails under CI=true (tests/conftest.py)."""
+    if contain.cgroup_base is not None:
+        return
+    if _own_cgroup() is None:
+        pytest.skip("no cgroup v2 on this machine (cgroup v1 only, or not mounted)")
+    skip_unless_root("to make cgroups under this process's own (or a delegated cgroup)")
+    pytest.skip("cgroup v2 is read-only here, whoever asks (a container's cgroupfs)")
 
 
 def run(
@@ -171,8 +184,8 @@ def test_ending_one_run_leaves_another_running_hook_alone(
 
 def test_the_run_cgroup_is_removed(tmp_path: Path) -> None:
     contain = Containment()
-    if contain.cgroup_base is None:
-        pytest.skip("no cgroup v2 this process may write")
+    need_cgroups(contain)
+    assert contain.cgroup_base is not None
     # Only this process's runs: other test workers make and remove theirs meanwhile.
     ours = f"sebridge-hook-{os.getpid()}-*"
     before = set(contain.cgroup_base.glob(ours))

@@ -264,8 +264,7 @@ def test_a_crash_before_the_journal_commit_derives_the_same_transitions_again(
     """Issue 22, item 2 (in-process): the view and the hook runs it calls for are one
     transaction, so a crash can only come before it (the same transitions, same ids, are
     derived again from the older view) or after it (the runs are pending in the journal)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned hooks file")
+    skip_unless_root("a hooks file must be root-owned")
     etc = root_dir(tmp_path)
     hooks = write_hooks(
         etc, [{"name": "prep", "on": ["Scheduled"], "command": ["/bin/true"], "prepare": True}]

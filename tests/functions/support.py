@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -17,7 +18,6 @@ from emulators.fakes.teams import FakeTeams
 from functions.shared.ports import VmRecord
 from functions.shared.scope import Scope
 from functions.shared.verified import VerifiedMessage
-from sebridge import lifecycle
 from sebridge.contract.commands import ApproveCommand
 from sebridge.contract.events import Envelope, Transition, TransitionMessage, event_message
 from sebridge.imds import Document, ScheduledEvent
@@ -194,9 +194,13 @@ def as_verified(
 
 def pagerduty_dedup_key(event_id: str = EVENT_ID, placement: str = AVAILABILITY_SET_ID) -> str:
     """The PagerDuty dedup key of an event observed in ``placement`` (an availability set's,
-    scale set's or VM's ARM id): the webhooks preset's, worked out independently."""
+    scale set's or VM's ARM id), worked out from the rule of docs/workflows.md, not from the code:
+    ``sebridge:<eventId>:<scope>``, the EventId (a GUID) in lower case, the scope the first 16
+    hex characters of SHA-256 over the lower-cased id. GUIDs only: another EventId's form is
+    pinned by tests/unit/test_lifecycle_ids.py."""
+    guid = str(uuid.UUID(event_id))  # lower case, hyphenated; ValueError for anything else
     digest = hashlib.sha256(placement.lower().encode("utf-8")).hexdigest()[:16]
-    return f"sebridge:{lifecycle.event_ref(event_id)}:{digest}"
+    return f"sebridge:{guid}:{digest}"
 
 
 @dataclass

@@ -4,7 +4,8 @@ never an exception the runtime would retry ten times. Through the real trigger f
 The named cases come from the issue; the generated ones put values of every JSON type where the
 contract expects something else, and require that no trigger raises (an exception here would
 be a retry loop in Azure) whatever the body holds, and that a body the contract refuses changes
-nothing anywhere: no card, no ARM write, no approve command, nothing published.
+nothing anywhere: no card, no ARM write (DELETE included), no blob written (pool state,
+leases), no approve command, nothing published, no webhook called, no history row.
 """
 
 from __future__ import annotations
@@ -12,23 +13,84 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
+import azure.functions as func
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from emulators.azurite import Azurite
 from emulators.fakes.arm import FakeArm
+from emulators.fakes.identity import FakeIdentity
+from emulators.fakes.webhooks import FakeWebhooks
 from sebridge.contract.events import ContractError, Envelope, parse_message
 from tests.fixtures import golden
 from tests.functions.support import RG, SUB, App, envelope, sb_message, web_vm
+from tests.support.storage import azurite_storage, unique
+
+__all__ = ["azurite_storage"]  # the module's Azurite, for the history
 
 pytestmark = pytest.mark.timeout(120)
 
-FUNCTIONS = ("teams", "lb_pools", "approval_gate")
+# Every trigger of the topic: the app below registers the webhooks and the history too.
+FUNCTIONS = ("teams", "lb_pools", "approval_gate", "webhooks", "history")
 MANUAL = json.dumps({"rules": [], "default": "manual"})
+SLACK_TOKEN = "slack-secret-token-0001"
+ROUTING_KEY = "R0uting0Key0For0The0Fake0Service"
+
+
+@pytest.fixture
+def hooks() -> Iterator[FakeWebhooks]:
+    server = FakeWebhooks(slack_tokens=(SLACK_TOKEN,))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_app(
+    make_app: Callable[..., App],
+    hooks: FakeWebhooks,
+    azurite_storage: tuple[Azurite, FakeIdentity],
+) -> Callable[..., App]:
+    """The functions app with every workflow of the topic registered: Teams, lb-pools, the
+    approval gate, webhooks (Slack, PagerDuty, generic, at the fake) and the history (a table
+    of its own in Azurite)."""
+    storage, _ = azurite_storage
+
+    def make(**extra: str) -> App:
+        endpoints = [
+            {"name": "chat", "preset": "slack", "urlSetting": "WEBHOOK_SLACK_URL"},
+            {
+                "name": "oncall",
+                "preset": "pagerduty",
+                "urlSetting": "WEBHOOK_PD_URL",
+                "routingKeySetting": "WEBHOOK_PD_ROUTING_KEY",
+            },
+            {"name": "cmdb", "preset": "generic", "urlSetting": "WEBHOOK_GENERIC_URL"},
+        ]
+        settings = {
+            "WebhooksSubscriptionName": "webhooks",
+            "WEBHOOKS": json.dumps(endpoints),
+            "WEBHOOK_SLACK_URL": hooks.slack_url(SLACK_TOKEN),
+            "WEBHOOK_PD_URL": hooks.pagerduty_url,
+            "WEBHOOK_PD_ROUTING_KEY": ROUTING_KEY,
+            "WEBHOOK_GENERIC_URL": hooks.generic_url("hook-secret-path-42"),
+            "HistorySubscriptionName": "history",
+            "HISTORY_TABLE_URL": storage.table_url(unique("history")),
+        }
+        app = make_app(**{**settings, **extra})
+        EFFECTS_OF[id(app)] = (hooks,)
+        return app
+
+    return make
+
+
+EFFECTS_OF: dict[int, tuple[FakeWebhooks]] = {}  # an app's fakes beyond App's own
 
 
 @pytest.fixture
@@ -51,21 +113,48 @@ def deliver_raw(app: App, body: dict[str, Any] | bytes, name: str = "scheduled")
 
 @dataclass(frozen=True)
 class Effects:
-    """What the workflows have done so far, as counts of the fakes' records."""
+    """What the workflows have done so far: counts of the fakes' records, and the history's
+    listing."""
 
     cards: int
     arm_writes: int
+    blob_writes: int
     commands: int
     published: int
+    webhook_calls: int
+    history: str  # the history's listing
 
     @classmethod
     def of(cls, app: App) -> Effects:
+        (hooks,) = EFFECTS_OF[id(app)]
+        assert app.storage is not None
+        blob_writes = [r for r in app.storage.requests if r.method in {"PUT", "DELETE", "POST"}]
         return cls(
             len(app.teams.cards),
             len(app.arm.writes()),
+            len(blob_writes),
             len(app.commands.sent),
             len(app.publisher.published),
+            len(hooks.requests),
+            history_listing(app),
         )
+
+
+def history_listing(app: App) -> str:
+    """What the history shows of every event (its own listing: one request, so that the
+    exhaustive tests stay quick): a row a refused body wrote would add an event or change one's
+    summary (state, lastSeen, appearances)."""
+    listed = _get(app, "events", "http://127.0.0.1/api/events")
+    assert listed.status_code == 200, listed.get_body()
+    return json.dumps(json.loads(listed.get_body())["events"], sort_keys=True)
+
+
+def _get(app: App, name: str, url: str, **route: str) -> func.HttpResponse:
+    params = dict(parse_qsl(urlsplit(url).query))  # as the host hands them over
+    request = func.HttpRequest("GET", url, body=b"", route_params=route, params=params)
+    response = app.call(name, request)
+    assert isinstance(response, func.HttpResponse)
+    return response
 
 
 NONE_MORE = "a body the contract refuses changed something"
@@ -81,13 +170,13 @@ def refused(raw: bytes, message_id: str) -> bool:
 
 def deliver_and_check(app: App, raw: bytes, template: Envelope, where: str) -> None:
     """Through all three triggers: none raises, and a refused body has no effect at all."""
-    before = Effects.of(app)
+    before = Effects.of(app) if refused(raw, template.message_id) else None  # counting costs
     for function in FUNCTIONS:
         try:
             app.call(function, sb_message(template, body=raw))
         except Exception as exc:
             raise AssertionError(f"{function} raised on {where}") from exc
-    if refused(raw, template.message_id):
+    if before is not None:
         assert Effects.of(app) == before, f"{NONE_MORE}: {where}"
 
 
@@ -123,12 +212,15 @@ def test_a_body_that_breaks_the_contract_is_completed_not_raised(
 ) -> None:
     deliver_raw(app, body)  # none of the three raises
     if not reason:
-        assert app.teams.cards  # a valid (or normalised) body does reach the workflows
+        # A valid (or normalised) body does reach the workflows, and each counter sees it.
+        effects = Effects.of(app)
+        assert effects.cards and effects.webhook_calls and effects.history != "[]", effects
+        assert effects.arm_writes and effects.blob_writes, effects
         return
     broken = [r for r in caplog.records if "breaks contract v1" in r.getMessage()]
     assert len(broken) == len(FUNCTIONS)
     assert all(reason in str(getattr(r, "reason", "")) for r in broken)
-    assert Effects.of(app) == Effects(0, 0, 0, 0)
+    assert Effects.of(app) == Effects(0, 0, 0, 0, 0, 0, "[]")
 
 
 NOT_BEFORE_OUT_OF_RANGE = "9999-12-31T23:59:59-01:00"

@@ -27,6 +27,15 @@ GENERIC_PATH = "hook-secret-path-42"
 DEDUP_KEY = pagerduty_dedup_key(EVENT_ID)
 OTHER_EVENT_ID = "3c1d8e0a-5b2f-4e8a-9a7c-0d6f4b2e1a90"
 
+
+def test_the_dedup_key_is_the_worked_example() -> None:
+    """Literal: the event of the golden fixtures in the availability set as-web of rg-web, by
+    the rule of docs/workflows.md (pagerduty_dedup_key, the other tests' expectation, follows
+    it too)."""
+    assert DEDUP_KEY == "sebridge:8b95c271-2b77-4243-ad1a-585faa9cd908:194f275a009c2026"
+    assert pagerduty_dedup_key("8B95C271-2B77-4243-AD1A-585FAA9CD908") == DEDUP_KEY
+
+
 SLACK_ENDPOINT = {"name": "ops-slack", "preset": "slack", "urlSetting": "WEBHOOK_SLACK_URL"}
 PD_ENDPOINT = {
     "name": "oncall",

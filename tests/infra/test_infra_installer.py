@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from infra_helpers import INFRA, REPO, parse
 
-from tests.support.root import NEEDS_ROOT
+from tests.support.root import NEEDS_ROOT, requires_root
 
 SCRIPT = INFRA / "scripts" / "install-forwarder.sh"
 UNIT = INFRA / "scripts" / "sebridge-forwarder.service"
@@ -533,7 +533,8 @@ HOOKS_JSON = (
 )
 
 
-def test_installer_ships_a_hooks_file_only_root_can_change(tmp_path: Path) -> None:
+def install_hooks(tmp_path: Path) -> Path:
+    """Run the installer with hooks and the drain probe into a throwaway root; its root."""
     root = tmp_path / "root"
     root.mkdir()
     os.chmod(tmp_path, 0o755)
@@ -549,17 +550,14 @@ def test_installer_ships_a_hooks_file_only_root_can_change(tmp_path: Path) -> No
         *SKIP_SYSTEM,
     )
     assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def test_installer_ships_the_hooks_file_and_names_it(tmp_path: Path) -> None:
+    root = install_hooks(tmp_path)
     hooks = root / HOOKS_PATH
     assert hooks.read_text() == HOOKS_JSON + "\n"
-    st = hooks.stat()
-    assert stat.S_IMODE(st.st_mode) == 0o644
-    if os.geteuid() == 0:
-        assert (st.st_uid, st.st_gid) == (0, 0)
-        from sebridge.forwarder.local.hooks_file import load_hooks
-
-        # The forwarder's own check accepts what the installer wrote.
-        (hook,) = load_hooks(hooks).hooks
-        assert hook.command[1] == '--reason=$(reboot) `x` "q"'
+    assert stat.S_IMODE(hooks.stat().st_mode) == 0o644
     values = read_env_file(root / ENV_PATH)
     assert values["SEBRIDGE_HOOKS_FILE"] == "/etc/sebridge/hooks.json"
     assert values["SEBRIDGE_DRAIN_PROBE_PORT"] == "8642"
@@ -571,6 +569,18 @@ def test_installer_ships_a_hooks_file_only_root_can_change(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     values = read_env_file(root / ENV_PATH)
     assert "SEBRIDGE_HOOKS_FILE" not in values and "SEBRIDGE_DRAIN_PROBE_PORT" not in values
+
+
+@requires_root("the installer's hooks file is root-owned only when root runs it")
+def test_installer_ships_a_hooks_file_only_root_can_change(tmp_path: Path) -> None:
+    from sebridge.forwarder.local.hooks_file import load_hooks
+
+    hooks = install_hooks(tmp_path) / HOOKS_PATH
+    st = hooks.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o644)
+    # The forwarder's own check (root-owned, not writable by others) accepts what it wrote.
+    (hook,) = load_hooks(hooks).hooks
+    assert hook.command[1] == '--reason=$(reboot) `x` "q"'
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ ETag, listing by filter, retention; and writers racing on one event through the 
 
 from __future__ import annotations
 
-import socket
 from datetime import datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -16,6 +15,7 @@ from azure.identity import ManagedIdentityCredential
 
 from emulators.azurite import Azurite
 from emulators.fakes.identity import FakeIdentity
+from emulators.ports import refused_port
 from functions.adapters import history_table
 from functions.adapters.history_table import TableHistoryStore, split_table_url
 from functions.history import endpoints
@@ -233,12 +233,6 @@ def test_a_deleted_table_is_created_again(
 def test_a_store_that_does_not_answer_is_retried_within_the_window() -> None:
     """Break 5: the adapter's faults that may pass reach the core as StoreUnavailable, which it
     retries for its window (counted, not waited) and then raises for Service Bus to redeliver."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed once the block ends: connections are refused
-    store = TableHistoryStore(
-        f"https://127.0.0.1:{port}/devstoreaccount1/history", AnonymousCredential()
-    )
     waits: list[float] = []
     clock = [0.0]
 
@@ -247,11 +241,15 @@ def test_a_store_that_does_not_answer_is_retried_within_the_window() -> None:
         clock[0] += seconds
 
     window = RetryWindow(seconds=60, sleep=sleep, monotonic=lambda: clock[0])
-    history = History(store, timedelta(days=90), PurgeSchedule(), window=window)
     life = Lifecycle()
     life.transition("Scheduled")
-    with pytest.raises(StoreUnavailable):
-        history.record(_parsed(life.messages[0]), NOW)
+    with refused_port() as port:  # connections are refused, and no one else is handed it
+        store = TableHistoryStore(
+            f"https://127.0.0.1:{port}/devstoreaccount1/history", AnonymousCredential()
+        )
+        history = History(store, timedelta(days=90), PurgeSchedule(), window=window)
+        with pytest.raises(StoreUnavailable):
+            history.record(_parsed(life.messages[0]), NOW)
     assert len(waits) >= 4 and sum(waits) == pytest.approx(60.0)
 
 

@@ -10,7 +10,6 @@ the code before issue 22 (said in each docstring).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import time
@@ -31,12 +30,13 @@ from tests.forwarder.local_support import root_dir, script, write_hooks
 from tests.integration.test_drain_probe_forwarder import status, wait_status
 from tests.integration.test_forwarder_faults import fill, tmpfs
 from tests.support.imds_stub import ImdsStub
+from tests.support.root import requires_root
 from tests.support.waiting import wait_until
 
 VM = "stub-vm"  # the stub's instance metadata
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.skipif(os.geteuid() != 0, reason="a hooks file must be root-owned: run as root"),
+    requires_root("a hooks file must be root-owned"),
 ]
 
 

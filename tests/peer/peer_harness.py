@@ -52,6 +52,7 @@ REPO = Path(os.environ.get("PEER_REPO", Path(__file__).resolve().parents[2]))
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from emulators.ports import hold_port  # noqa: E402
 from emulators.servicebus.testing import SAS_KEY, SAS_KEY_NAME, EmulatorProcess  # noqa: E402
 
 NAMESPACE_PREFIX = "sbemulator"  # each test's namespace: sbemulator<n>.servicebus.windows.net
@@ -86,8 +87,7 @@ _REAL_CERTIFI_WHERE = certifi.where
 def _closed_port() -> int:
     """A loopback port nothing listens on (connections to it are refused at once): bound and
     never listening for the rest of the run, so no other process can take it meanwhile."""
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
+    holder = hold_port(0)
     _HELD.append(holder)
     return int(holder.getsockname()[1])
 
@@ -216,7 +216,7 @@ def running_namespace(entities: list[Entity]) -> Iterator[EmulatorProcess]:
             _ROUTES.ports = {}
             _ROUTES.bundle = None
             _ROUTES.host = _ROUTES.name = ""
-            emulator.stop()
+            emulator.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -212,7 +212,16 @@ def test_a_storm_of_imds_faults_is_ridden_out(bus: Any, tmp_path: Path) -> None:
                 time.sleep(1.5)
             # Every injected event has run its course (the longest lives 3 phases, 63 s).
             wait_until(lambda: not sim.state()["document"]["Events"], 80, "every event to be gone")
-            time.sleep(5)  # at most one back-off later, the last vanishing is reported
+            # The storm lasts until the forwarder has seen every event end (a back-off or so
+            # after the document emptied): each event's last transition is in its log.
+            wait_until(
+                lambda: all(
+                    f"forwarder: {transitions[-1]} {event_id} (" in fw.stderr_text()
+                    for event_id, transitions in expected.items()
+                ),
+                30,
+                "every event's last transition to be observed under the storm",
+            )
             sim.set_faults()
             received = receive_all(
                 bus.connection_string,

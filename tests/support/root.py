@@ -4,7 +4,9 @@ with a reason that starts with :data:`NEEDS_ROOT`; under ``CI=true`` such a skip
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 
 import pytest
 
@@ -29,3 +31,55 @@ def skip_unless_root(why: str) -> None:
 def skip_needing_root(why: str) -> None:
     """Skip for a reason only root (with its capabilities) could remove: a failed mount."""
     pytest.skip(f"{NEEDS_ROOT}: {why}")
+
+
+# -- the rule, checked over the suite (tests/unit/test_suite_rules.py) -------------------------
+
+_ROOT_WORDS = re.compile(r"\broot\b|uid\b|geteuid|is_root", re.IGNORECASE)
+_IDENTITY = re.compile(r"\bget(e)?uid\b|\bis_root\b")
+
+
+def _says_needs_root(reason: ast.expr | None) -> bool:
+    """Whether a skip's reason is NEEDS_ROOT-prefixed: f"{NEEDS_ROOT}: ..." or "needs root..."."""
+    if isinstance(reason, ast.Constant) and isinstance(reason.value, str):
+        return reason.value.startswith(NEEDS_ROOT)
+    if isinstance(reason, ast.JoinedStr) and reason.values:
+        first = reason.values[0]
+        if isinstance(first, ast.FormattedValue):
+            return isinstance(first.value, ast.Name) and first.value.id == "NEEDS_ROOT"
+        return _says_needs_root(first)
+    return False
+
+
+def _skip_reason(call: ast.Call) -> tuple[str, ast.expr | None] | None:
+    """(kind, reason) of a ``pytest.skip(...)``/``...skipif(...)`` call, else None."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    keywords = {k.arg: k.value for k in call.keywords}
+    if name == "skip":
+        return name, call.args[0] if call.args else keywords.get("reason", keywords.get("msg"))
+    if name == "skipif":
+        return name, keywords.get("reason")
+    return None
+
+
+def root_rule_violations(source: str, path: str) -> list[str]:
+    """Where a test in ``source`` could skip or pass for want of root without saying
+    NEEDS_ROOT (so that CI=true would not fail it): a ``skip``/``skipif`` about root, uid or
+    geteuid whose reason does not start with NEEDS_ROOT, or an ``if`` on the process's uid
+    (a test that drops its root-only assertions as non-root). Use :func:`requires_root`,
+    :func:`skip_unless_root` or :func:`skip_needing_root`, and give the root part its own
+    test."""
+    out = []
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Call) and (found := _skip_reason(node)) is not None:
+            kind, reason = found
+            text = ast.get_source_segment(source, node) or ""
+            if _ROOT_WORDS.search(text) and not _says_needs_root(reason):
+                out.append(f"{path}:{node.lineno}: {kind} about root without NEEDS_ROOT")
+        elif isinstance(node, ast.If) and _IDENTITY.search(
+            ast.get_source_segment(source, node.test) or ""
+        ):
+            out.append(f"{path}:{node.lineno}: branches on the uid (use skip_unless_root)")
+
+    return sorted(out, key=lambda line: int(line.split(":")[1]))

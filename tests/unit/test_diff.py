@@ -362,3 +362,29 @@ def test_started_never_goes_back_so_it_is_reported_once() -> None:
         ("Scheduled", A),
         ("Updated", A),
     ]
+
+
+# The README's numbers, written out (not STARTED_HIDDEN_BY_GAP): a Scheduled event whose
+# NotBefore has passed and that vanished after 29 s unseen was Cancelled, after 30 s Completed.
+@pytest.mark.parametrize(
+    ("gap_seconds", "expected"),
+    [(1, "Cancelled"), (29, "Cancelled"), (30, "Completed"), (31, "Completed")],
+)
+def test_the_gap_that_hides_started_is_30_seconds(gap_seconds: int, expected: str) -> None:
+    now = datetime(2022, 4, 11, 22, 27, 3, tzinfo=UTC)  # NotBefore (22:26:58) + 5 s
+    known = index(doc(1, ev()).events)
+    (change,) = diff(known, doc(2), now, last_seen=now - timedelta(seconds=gap_seconds))
+    assert change.transition.value == expected
+
+
+def test_at_exactly_not_before_the_event_may_have_run() -> None:
+    """Azure starts an event at NotBefore: observed at that very second after a long gap, a
+    vanished Scheduled event may have run unseen (Completed); a second earlier it cannot."""
+    not_before = datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)  # ev()'s NotBefore
+    known = index(doc(1, ev()).events)
+    for now, expected in [
+        (not_before, "Completed"),
+        (not_before - timedelta(seconds=1), "Cancelled"),
+    ]:
+        (change,) = diff(known, doc(2), now, last_seen=now - timedelta(hours=1))
+        assert change.transition.value == expected, now

@@ -209,3 +209,115 @@ def test_bounded_lives_keeps_present_events_and_the_most_recent_past_ones() -> N
     assert len(kept) == 1000 and kept["present"].appearance == 3
     assert "past-1199" in kept and "past-0" not in kept
     assert next(iter(kept)) != "past-0"
+
+
+# -- pinned by hand: the literals below are worked out from the documented rules, not from the
+# module's constants, so that a change to those rules fails here --------------------------------
+
+# The content digests of event(NotBefore=NB_A), 37404333c19f, and of NB_B, b159ecf12414: the
+# first 12 hex characters of SHA-256 over the JSON (no spaces) of [NotBefore ISO 8601, sorted
+# lower-case Resources, Duration, Description, lower-case EventType, lower-case EventSource]:
+# ["2026-11-23T10:00:00+00:00",["vm1","vm2"],-1,null,"reboot","platform"] (11:00 for B).
+
+
+def test_a_returning_event_counts_its_contents_afresh() -> None:
+    """Scheduled A, Cancelled, Scheduled A (appearance 2), Updated B, Updated A: the last is
+    A's second time current in appearance 2, A#2 (the first appearance's A does not count)."""
+    reported = run(
+        Observer(),
+        [
+            [event(NotBefore=NB_A)],
+            [],
+            [event(NotBefore=NB_A)],
+            [event(NotBefore=NB_B)],
+            [event(NotBefore=NB_A)],
+        ],
+    )
+    assert [i for _, i in reported] == [
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Scheduled:1",
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Cancelled:1",
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Scheduled:2",
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Updated:2:b159ecf12414:1",
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Updated:2:37404333c19f:2",
+    ]
+
+
+def test_a_returning_event_forgets_the_contents_of_its_last_appearance() -> None:
+    """B was current once in appearance 1; in appearance 2 it is B#1 again, not B#2."""
+    reported = run(
+        Observer(),
+        [
+            [event(NotBefore=NB_A)],
+            [event(NotBefore=NB_B)],
+            [],
+            [event(NotBefore=NB_A)],
+            [event(NotBefore=NB_B)],
+        ],
+    )
+    assert [i for _, i in reported] == [
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Scheduled:1",
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Updated:1:b159ecf12414:1",
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Cancelled:1",
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Scheduled:2",
+        "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f:Updated:2:b159ecf12414:1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("event_id", "ref"),
+    [
+        # "x-" and the first 32 hex characters of SHA-256 over the lower-cased, stripped id.
+        ("Not a GUID: maintenance #7", "x-5ec37cc36a06b36769b8df96623191da"),
+        # A safe token of 64 characters is kept; 65 are too long for an id.
+        ("A" * 64, "a" * 64),
+        ("a" * 65, "x-635361c48bb9eab14198e76ea8ab7f1a"),
+    ],
+)
+def test_an_event_id_that_is_not_a_guid_becomes_a_fixed_ref(event_id: str, ref: str) -> None:
+    assert lifecycle.event_ref(event_id) == ref
+
+
+def version(n: int) -> ScheduledEvent:
+    """Content n of the event: distinct contents by Description (a watched field)."""
+    return ScheduledEvent.from_imds(event(Description=f"content {n}"))
+
+
+def occurrences(life: lifecycle.Life, *ns: int) -> list[int]:
+    """What the next Updated to each content would count, in turn (updating ``life``)."""
+    out = []
+    for n in ns:
+        life, message_id = lifecycle.advance(life, "Updated", version(n))
+        out.append(int(message_id.rsplit(":", 1)[1]))
+    return out
+
+
+def fill(count: int, reuse: int | None = None) -> lifecycle.Life:
+    """Scheduled with content 0, then Updated to contents 1..count-1 (count distinct), with
+    content ``reuse`` current once more at the end."""
+    life, _ = lifecycle.advance(None, "Scheduled", version(0))
+    for n in range(1, count):
+        life, _ = lifecycle.advance(life, "Updated", version(n))
+    if reuse is not None:
+        life, _ = lifecycle.advance(life, "Updated", version(reuse))
+    return life
+
+
+def test_256_contents_are_all_remembered() -> None:
+    life = fill(256)
+    assert len(life.versions) == 256
+    assert occurrences(life, 0) == [2]  # the oldest of exactly 256 is still known
+
+
+def test_the_257th_content_forgets_the_oldest() -> None:
+    life = fill(257)
+    assert len(life.versions) == 256
+    assert occurrences(life, 1) == [2]  # the second oldest is kept
+    assert occurrences(life, 0) == [1]  # the oldest was forgotten: counted afresh
+
+
+def test_a_content_current_again_is_forgotten_last() -> None:
+    life = fill(256, reuse=0)  # content 0 is now the most recent
+    life, _ = lifecycle.advance(life, "Updated", version(256))  # forgets one: content 1
+    assert len(life.versions) == 256
+    assert occurrences(life, 0) == [3]
+    assert occurrences(life, 1) == [1]

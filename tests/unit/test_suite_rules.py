@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.root import root_rule_violations
+
 REPO = Path(__file__).resolve().parents[2]
 
 SESSION = """
 import pytest
+
+from tests.support.root import root_rule_violations
 
 from tests.support.root import requires_root, skip_needing_root
 
@@ -62,6 +66,8 @@ import os
 
 import pytest
 
+from tests.support.root import root_rule_violations
+
 
 @pytest.fixture(scope="module")
 def stand_in():
@@ -91,3 +97,86 @@ def test_tests_sharing_a_module_stand_in_run_in_one_worker(
     assert result.parseoutcomes().get("passed") == 6
     seen = workers.read_text().split()
     assert len(seen) == 6 and len(set(seen)) == 1, seen
+
+
+def test_no_test_skips_or_passes_for_want_of_root_without_saying_needs_root() -> None:
+    """CI=true fails a skip only if its reason starts with NEEDS_ROOT: a root-only test that
+    skips with another reason, or drops its root assertions in ``if os.geteuid() == 0:``,
+    would let CI pass without it."""
+    support = REPO / "tests" / "support" / "root.py"
+    found = [
+        problem
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        if path != support
+        for problem in root_rule_violations(path.read_text(), str(path.relative_to(REPO)))
+    ]
+    assert found == []
+
+
+BREAKS_THE_ROOT_RULE = """
+import os
+import pytest
+
+from tests.support.root import root_rule_violations
+from tests.support.root import NEEDS_ROOT
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a hooks file: run as root")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason=f"{NEEDS_ROOT}: fine")
+def test_fine():
+    pytest.skip(f"{NEEDS_ROOT}: fine too")
+
+
+def test_cgroup():
+    pytest.skip("no cgroup v2 this process may write (needs root or a delegated cgroup)")
+
+
+def test_other():
+    pytest.skip("the emulator is not installed")  # not about root: fine
+
+
+def test_drops_assertions():
+    if os.geteuid() == 0:
+        assert False
+"""
+
+
+def test_the_root_rule_finds_each_way_round_it() -> None:
+    found = root_rule_violations(BREAKS_THE_ROOT_RULE, "t.py")
+    assert [line.split(": ", 1)[0] for line in found] == ["t.py:8", "t.py:17", "t.py:25"], found
+
+
+CONTRACT = """
+import os
+
+import pytest
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_on_the_namespace(n):
+    with open(os.environ["WORKERS_FILE"], "a") as out:
+        out.write(os.environ.get("PYTEST_XDIST_WORKER", "none") + "\\n")
+"""
+
+
+def test_contract_tests_on_one_shared_namespace_run_in_one_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With SEBRIDGE_CONTRACT_CONNECTION_STRING every worker would use the same fixed entities
+    and receive, or drain, the others' messages (8-11 of 24 failed with -n 3 against one
+    emulator): all of tests/contract runs in one worker then."""
+    workers = pytester.path / "workers.txt"
+    monkeypatch.setenv("WORKERS_FILE", str(workers))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("SEBRIDGE_CONTRACT_CONNECTION_STRING", "Endpoint=sb://127.0.0.1:1/")
+    contract = pytester.mkdir("tests").joinpath("contract")
+    contract.mkdir()
+    for name in ("test_one.py", "test_two.py"):
+        contract.joinpath(name).write_text(CONTRACT)
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup"
+    )
+    assert result.parseoutcomes().get("passed") == 12
+    seen = workers.read_text().split()
+    assert len(seen) == 12 and len(set(seen)) == 1, seen
