@@ -76,6 +76,11 @@ def probe_args(port: int) -> list[str]:
     ]
 
 
+def state_text(state: Path) -> str:
+    path = state / STATE_FILE
+    return path.read_text() if path.exists() else ""
+
+
 def scheduled_gets(imds: ImdsStub) -> int:
     return sum(1 for r in imds.requests if r.path == "/metadata/scheduledevents")
 
@@ -139,7 +144,7 @@ def test_a_restart_while_instance_metadata_fails_keeps_the_drain(
     with forwarder(imds.url, state, *probe_args(port)) as fw:
         wait_status(port, 503, timeout=60)
         wait_until(
-            lambda: COMPUTE["vmId"] in (state / STATE_FILE).read_text(),
+            lambda: COMPUTE["vmId"] in state_text(state),
             30,
             "the identity in the state file",
         )
