@@ -142,8 +142,8 @@ class Forwarder:
         self._fallback = self._with_override(fallback_observer())
         self.observer: Observer = self._fallback
         self.identity = UNKNOWN
-        # Since when the identity is unknown (monotonic; None once known): health says so.
-        self.identity_unknown_since: float | None = self.clock.monotonic()
+        # Since when the identity is unknown (None once known): health says so.
+        self.identity_unknown_since: datetime | None = self.clock.now()
         # The identity an earlier run resolved (state file, or the local actions' journal):
         # what the local actions judge this VM's events by until instance metadata answers.
         self.last_identity: Observer | None = (
@@ -460,6 +460,9 @@ class Forwarder:
             outbox_depth=depth,
             set_aside=aside,
             last_error=self.last_error,
+            identity_unknown_since=self.identity_unknown_since
+            if self.identity == UNKNOWN
+            else None,
         )
 
     def heartbeat_if_due(self) -> None:
