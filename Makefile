@@ -1,4 +1,4 @@
-# Two entry points do all the set-up on a fresh machine (see README "Quick start"):
+# Two entry points do all the set-up on a fresh machine (see README "Try it locally"):
 #   make demo   - install into .venv (+ Azurite with npm) and run the whole loop on 127.0.0.1
 #   make test   - install into .venv (+ Azurite, checkov's own venv, systemd-analyze) and run every check
 # and one for the loop inside a change:
@@ -16,7 +16,7 @@ AZURITE_DIR := emulators/azurite
 AZURITE := $(AZURITE_DIR)/node_modules/.installed
 # make test runs pytest on this many processes (pytest-xdist; 0: one process): twice the cores.
 # The suite mostly waits on real processes over loopback, so more workers than cores pays, but
-# it also needs ~11 minutes of CPU: see README "Development" for what was measured on 2 cores.
+# it also needs ~11 minutes of CPU: see docs/local-development.md "Development" for what was measured on 2 cores.
 # --dist loadgroup keeps tests that share an expensive fixture on one worker; tests/conftest.py
 # starts the slow tests first.
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')

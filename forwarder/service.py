@@ -6,7 +6,7 @@ Service Bus and the sender never waits on IMDS, so an outage of one never delays
 Every tick catches and logs what went wrong and goes on; only ``stop`` ends the loops. The loop
 sees only ports (:mod:`sebridge.forwarder.ports`), so it runs in-process against fakes.
 
-What each fault does (README "Reliability"):
+What each fault does (docs/reliability.md, "Reliability"):
 
 - IMDS fails: the poll is retried with backoff (1 to 5 s); nothing else changes.
 - The outbox cannot be written (disk full): the poll's transitions are not recorded and the
@@ -137,7 +137,7 @@ class Forwarder:
         # The highest outbox row covered by the state on disk, and the highest released.
         self._saved_seq = self.state.outbox_seq
         self._released_seq = self.state.outbox_seq
-        # What maintenance costs this VM, measured from its polls (README "Measured impact").
+        # What maintenance costs this VM, measured from its polls (docs/monitoring.md).
         self.impact = ImpactMeter(self.state.impacts, last_observed=self.state.observed_at)
         self._fallback = self._with_override(fallback_observer())
         self.observer: Observer = self._fallback

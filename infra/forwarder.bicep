@@ -1,6 +1,6 @@
 // Install the forwarder on existing Linux VMs and scale sets of one resource group: attach the
 // forwarders' user-assigned identity and run infra/scripts/install-forwarder.sh through the
-// Custom Script Extension. Deploy once per resource group that holds VMs (README, Deploy);
+// Custom Script Extension. Deploy once per resource group that holds VMs (docs/deploy.md);
 // the values come from the outputs of main.bicep.
 
 targetScope = 'resourceGroup'
@@ -20,7 +20,7 @@ param forwarderIdentityClientId string
 @description('Fully qualified Service Bus namespace (output serviceBusNamespace), written as SEBRIDGE_NAMESPACE.')
 param serviceBusNamespace string
 
-@description('What pip installs on the VMs, as root. Required: this project is not published on PyPI, so the bare name there could be anyone\'s package. Give the https URL of a wheel you host (e.g. https://pkgs.example.com/sebridge/scheduled_events_bridge-0.1.0-py3-none-any.whl), or a pinned requirement (scheduled-events-bridge==0.1.0) only if the VMs\' pip index-url (/etc/pip.conf) is your own index. No http://, no credentials: the value is logged in the extension\'s status.')
+@description('What pip installs on the VMs, as root. Required: this project is not published on PyPI, so the bare name there could be anyone\'s package. Give the https URL of a wheel you host (e.g. https://pkgs.example.com/sebridge/scheduled_events_bridge-0.3.0-py3-none-any.whl), or a pinned requirement (scheduled-events-bridge==0.3.0) only if the VMs\' pip index-url (/etc/pip.conf) is your own index. No http://, no credentials: the value is logged in the extension\'s status.')
 @minLength(1)
 param packageSource string
 
@@ -30,11 +30,11 @@ param attachIdentity bool = true
 @description('Change to rerun the installer with unchanged settings (e.g. to pick up a new build behind the same packageSource).')
 param forceUpdateTag string = ''
 
-@description('The hooks file (JSON text, README "Act on the VM itself") installed on every VM as /etc/sebridge/hooks.json, root-owned, and given to the forwarder. Empty: no hooks. It names commands the forwarder runs: they must already be on the VMs (your image, or your own extension).')
+@description('The hooks file (JSON text, docs/vm-actions.md, "Act on the VM itself") installed on every VM as /etc/sebridge/hooks.json, root-owned, and given to the forwarder. Empty: no hooks. It names commands the forwarder runs: they must already be on the VMs (your image, or your own extension).')
 @maxLength(65536)
 param hooksJson string = ''
 
-@description('Port of the drain probe (README "Act on the VM itself"): a load balancer health probe that answers 503 while an impactful event of the VM is on. 0: off.')
+@description('Port of the drain probe (docs/vm-actions.md, "Act on the VM itself"): a load balancer health probe that answers 503 while an impactful event of the VM is on. 0: off.')
 @minValue(0)
 @maxValue(65535)
 param drainProbePort int = 0
@@ -44,7 +44,7 @@ param drainProbePort int = 0
 @maxValue(86400)
 param drainSeconds int = 30
 
-@description('When the drain probe drains and the prepare hooks run: seconds before NotBefore per event type, or first-sight, e.g. Reboot=600,Freeze=first-sight (README "Act on the VM itself", --drain-lead). Empty: the defaults (Reboot and Redeploy 300, Freeze 120, Preempt and Terminate at first sight).')
+@description('When the drain probe drains and the prepare hooks run: seconds before NotBefore per event type, or first-sight, e.g. Reboot=600,Freeze=first-sight (docs/vm-actions.md, "Act on the VM itself", --drain-lead). Empty: the defaults (Reboot and Redeploy 300, Freeze 120, Preempt and Terminate at first sight).')
 @maxLength(1024)
 param drainLead string = ''
 

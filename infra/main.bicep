@@ -1,5 +1,5 @@
 // Scheduled Events Bridge: everything in Azure except the VMs.
-// Deploy at resource-group scope (README, Deploy). Installing the forwarder on existing VMs and
+// Deploy at resource-group scope (docs/deploy.md). Installing the forwarder on existing VMs and
 // scale sets is a separate deployment: infra/forwarder.bicep.
 
 targetScope = 'resourceGroup'
@@ -38,7 +38,7 @@ param lbManagedResourceGroups array = []
 @description('Event types for which lb-pools takes VMs out of their pools.')
 param lbImpactfulEventTypes string = 'Reboot,Redeploy,Preempt,Terminate'
 
-@description('A Freeze at most this long (seconds) leaves the VM in its pools.')
+@description('A Freeze shorter than this (seconds) leaves the VM in its pools; one at least this long, or of unknown length, drains.')
 @minValue(0)
 param lbFreezeThresholdSeconds int = 9
 
@@ -66,7 +66,7 @@ param heartbeatStaleSeconds int = 900
 @description('Enable your own subscriber function (CUSTOM_SUBSCRIBER_ENABLED).')
 param customSubscriberEnabled bool = false
 
-@description('Subscription your own subscriber function reads (CustomSubscriptionName): its own, not one of teams, lb-pools, approval-gate, audit. Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
+@description('Subscription your own subscriber function reads (CustomSubscriptionName): its own, not one of teams, lb-pools, approval-gate, webhooks, history, audit. Add it to infra/servicebus-emulator/Config.json first: that file defines every entity, here and in the emulator.')
 param customSubscriptionName string = ''
 
 @description('Post a Teams card per transition (the teams workflow; its webhook URL is the Key Vault secret teams-webhook-url). false: a Slack- or PagerDuty-only setup: no Teams setting, secret or subscription, and webhookEndpoints must list at least one endpoint or the app refuses to start.')
@@ -125,7 +125,7 @@ param agentlessResourceGroups array = []
 @description('VM and scale-set name patterns (shell-style, e.g. batch-*) that run no forwarder (AGENTLESS_VM_PATTERNS).')
 param agentlessVmPatterns array = []
 
-@description('Existing VMs, scale sets and availability sets to opt in to scheduled events in Event Grid (scheduledEventsPolicy, Compute API 2025-04-01), one entry per resource group: {resourceGroup, vmNames, vmssNames, availabilitySetNames}. Register the preview features first (README, Deploy: Agentless mode).')
+@description('Existing VMs, scale sets and availability sets to opt in to scheduled events in Event Grid (scheduledEventsPolicy, Compute API 2025-04-01), one entry per resource group: {resourceGroup, vmNames, vmssNames, availabilitySetNames}. Register the preview features first (docs/agentless.md).')
 param scheduledEventsPolicyTargets array = []
 
 @description('Deploy the fleet maintenance workbook (Azure Monitor) over the history\'s summary lines in Application Insights.')

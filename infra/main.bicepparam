@@ -1,6 +1,6 @@
 // Parameters for infra/main.bicep. Copy per environment (e.g. main.prod.bicepparam) and pass
 // with `az deployment group create --parameters <file>`. Nothing secret belongs here: the Key
-// Vault secrets are set after deployment (README, Deploy).
+// Vault secrets are set after deployment (docs/deploy.md).
 using './main.bicep'
 
 param environmentName = 'prod'
@@ -8,7 +8,7 @@ param serviceBusSku = 'Standard'
 param topicDuplicateDetectionWindow = 'P1D'
 
 // Resource groups whose VMs the bridge manages: lb-pools may change their load balancer pools,
-// the approval gate may acknowledge their events (README, Deploy: lbManagedResourceGroups).
+// the approval gate may acknowledge their events (docs/deploy.md: lbManagedResourceGroups).
 // Each must exist before the deployment (it holds your VMs; the Deploy steps check it).
 param lbManagedResourceGroups = [
   'rg-web-prod'
@@ -22,11 +22,11 @@ param heartbeatStaleSeconds = 900
 // then set customSubscriberEnabled = true and customSubscriptionName = '<its name>'.
 param customSubscriberEnabled = false
 
-// Teams cards (README, "Set up Teams"). false for a Slack- or PagerDuty-only setup: then list at
+// Teams cards (docs/workflows.md: setting up Teams). false for a Slack- or PagerDuty-only setup: then list at
 // least one endpoint below, or the app refuses to start (it needs one notifier).
 param teamsEnabled = true
 
-// Notifications beyond Teams (README, "Webhooks"). No secret here: urlSetting and
+// Notifications beyond Teams (docs/workflows.md: Webhooks). No secret here: urlSetting and
 // routingKeySetting name app settings, and each one listed in webhookSecretSettings becomes a
 // Key Vault reference to the secret of that name in lower case with dashes, set after deployment.
 param webhookEndpoints = [
@@ -38,7 +38,7 @@ param webhookSecretSettings = [
   // 'WEBHOOK_ONCALL_ROUTING_KEY'
 ]
 
-// Alert rules: dead-lettered messages and forwarders whose Heartbeat stopped (README, "Telemetry").
+// Alert rules: dead-lettered messages and forwarders whose Heartbeat stopped (docs/monitoring.md: Telemetry).
 param alertsEnabled = false
 param alertActionGroupIds = []
 
@@ -47,7 +47,7 @@ param alertActionGroupIds = []
 param approvalSenderPrincipalIds = []
 
 // Object id of whoever sets the Key Vault secrets after deployment (Key Vault Secrets Officer on
-// the vault): the next step (README, Deploy) fails without it. Read from the environment when the
+// the vault): the next step (docs/deploy.md) fails without it. Read from the environment when the
 // file is compiled, so the example cannot be deployed with it left empty:
 //   export SEBRIDGE_SECRETS_OFFICER_ID="$(az ad signed-in-user show --query id -o tsv)"
 // Unset, the deployment stops before it starts, naming the variable. To grant the role yourself

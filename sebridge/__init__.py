@@ -1,3 +1,3 @@
 """Scheduled Events Bridge: the shared kernel (contracts, IMDS document model) and the CLI."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

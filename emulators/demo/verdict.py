@@ -99,7 +99,7 @@ def judge(
                 f"event {key[:8]} was approved, but this scenario's policy approves nothing"
             )
         if key in approved:
-            how = "approved early through IMDS"
+            how = "approved early (IMDS started it on request, before NotBefore)"
         elif first_scheduled:
             how = "not approved (policy: a human decides), ran on Azure's schedule"
         else:

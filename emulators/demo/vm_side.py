@@ -1,7 +1,7 @@
 """`sebridge demo --scenario vm-side`: preparing the VM itself, on 127.0.0.1, with a timeline.
 
 The VM is ``web_0``, an instance of the Uniform scale set ``web`` behind lb-web/pool-a: its pool
-membership belongs to the scale-set model, so lb-pools cannot take it out (README, Workflows).
+membership belongs to the scale-set model, so lb-pools cannot take it out (docs/workflows.md).
 It prepares itself instead, with the forwarder's local actions:
 
 - a prepare hook (``checkpoint``) writes a checkpoint file with the event it got on stdin;

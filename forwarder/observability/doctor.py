@@ -341,9 +341,9 @@ class Doctor:
         assert self.config is not None
         config = self.config
         fix = (
-            f"IMDS ({config.imds_endpoint}) must be reachable from this VM: no proxy for it "
-            "(NO_PROXY=169.254.169.254), no firewall rule or route dropping it; this must be an "
-            "Azure VM"
+            f"IMDS ({config.imds_endpoint}) must be reachable from this VM (the forwarder connects "
+            "directly, never through a proxy): no firewall rule or route dropping it; this must "
+            "be an Azure VM"
         )
         notice(
             "imds: asking IMDS for scheduled events; the first call after 24 h without one may "
@@ -669,7 +669,7 @@ class Doctor:
                 "unit",
                 FAIL,
                 f"{unit} is not installed",
-                "install it: install-forwarder.sh (forwarder.bicep runs it), README Deploy",
+                "install it: install-forwarder.sh (forwarder.bicep runs it), docs/deploy.md",
             )
         active, sub = state.get("ActiveState", "?"), state.get("SubState", "?")
         restarts = state.get("NRestarts", "0")
@@ -742,7 +742,7 @@ class Doctor:
             else:
                 fix = (
                     f"correct the file; python -m sebridge.forwarder.local.hooks_file {path} "
-                    "checks it as the forwarder does (README, Act on the VM itself)"
+                    "checks it as the forwarder does (docs/vm-actions.md)"
                 )
             return Check("hooks", FAIL, f"the forwarder would refuse it: {exc}", fix)
         names = ", ".join(h.name for h in hooks.hooks) or "none"

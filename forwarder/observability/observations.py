@@ -8,7 +8,7 @@ command. It keeps a small, bounded record (no per-poll history) that
 :func:`assess` is the one rule that says whether a forwarder is healthy, for the live endpoint
 and the status command alike.
 
-Healthy means all of (README "Health"):
+Healthy means all of (docs/monitoring.md, "Health"):
 
 - a poll succeeded within the last :func:`stale_after` seconds (30 s, or 3 poll intervals if
   that is longer): IMDS answers and the loop turns;

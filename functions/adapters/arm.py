@@ -38,6 +38,7 @@ from functions.shared.ports import (
     PreconditionFailed,
     ReferenceMissing,
     VmRecord,
+    WriteRefused,
 )
 from sebridge.contract.commands import CommandError, canonical_event_id
 
@@ -74,6 +75,11 @@ _AUTHORIZATION_FAILED = re.compile(r"perform action '([^']+)' over scope '([^']+
 
 class TokenCredential(Protocol):
     def get_token(self, *scopes: str) -> Any: ...
+
+
+# The answers to a write that no retry of the same write changes (401: the token, 403: the role,
+# 404: gone, 408 and 429: busy, 409: another operation, 412: a newer version, each handled apart).
+LASTING_4XX = frozenset(range(400, 500)) - {401, 403, 404, 408, 409, 412, 429}
 
 
 class ArmError(Exception):
@@ -310,6 +316,13 @@ class ArmRestClient:
             # "Resource .../backendAddressPools/x referenced by resource .../networkInterfaces/
             # y was not found." (a pool, or its load balancer, deleted meanwhile)
             raise ReferenceMissing(f"put NIC {nic_id}: {_error_message(response)[:300]}")
+        if response.status_code in LASTING_4XX:
+            raise WriteRefused(
+                response.status_code,
+                _error_code(response)[:100],
+                _error_message(response)[:300],
+                what="put NIC",
+            )
         if response.status_code not in (200, 201, 202):
             raise _refused(response, "put NIC", WRITE_NIC, nic_id)
         self._wait(response, "put NIC")

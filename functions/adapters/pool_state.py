@@ -47,6 +47,7 @@ from functions.adapters.arm import TokenCredential
 from functions.adapters.heartbeats import STORAGE_API_VERSION, STORAGE_SCOPE
 from functions.adapters.retry import RetryPolicy, send
 from functions.shared import event_record
+from functions.shared.event_record import event_of
 from functions.shared.ports import PoolBusy
 from sebridge.retry import Backoff
 
@@ -223,13 +224,16 @@ class BlobPoolStore:
     # against the pools' own state) and what each scope last said of the event (written by the
     # gate, read by every early approval). Written under the blob's ETag: lb-pools and the gate
     # write the same record at once, and neither may lose the other's change.
+    # A hold is kept per scope (``event_id`` is a scoped key, functions.shared.verified), in
+    # the record of its EventId: an Approve link that names only the event finds every scope's.
     def index_held(self, event_id: str, pool_ids: Sequence[str]) -> None:
         self.update_event(
-            event_id, lambda record: event_record.with_held_pools(record, event_id, pool_ids)
+            event_of(event_id),
+            lambda record: event_record.with_held_pools(record, event_id, pool_ids),
         )
 
     def held_pools(self, event_id: str) -> list[str]:
-        return event_record.held_pools(self.read_event(event_id))
+        return event_record.held_pools(self.read_event(event_of(event_id)), event_id)
 
     def _read_event(self, event_id: str) -> tuple[dict[str, Any], str | None]:
         url = f"{self._container}/{event_blob_name(event_id)}"

@@ -63,7 +63,7 @@ def send(
     policy: RetryPolicy,
     what: str,
     sleep: Callable[[float], None] = time.sleep,
-    before_attempt: Callable[[], float | None] | None = None,
+    before_attempt: Callable[[float], float | None] | None = None,
     **kwargs: object,
 ) -> requests.Response:
     """One request, retried on ``policy.statuses`` and connection errors.
@@ -82,7 +82,7 @@ def send(
         problem: str
         delay: float | None = None
         if before_attempt is not None:
-            before_attempt()
+            before_attempt(policy.timeout)  # the attempt must end while the lease is held
         try:
             response = session.request(method, url, timeout=policy.timeout, **kwargs)  # type: ignore[arg-type]
         except (requests.ConnectionError, requests.Timeout) as exc:
@@ -103,7 +103,8 @@ def send(
             break
         if waited + delay > policy.max_total_wait:
             break
-        allowed = before_attempt() if before_attempt is not None else None
+        # The attempt after the wait is asked again (with its whole timeout) before it starts.
+        allowed = before_attempt(0.0) if before_attempt is not None else None
         if allowed is not None and delay >= allowed:
             problem += f" (a retry in {delay:.1f} s would outlast the pool's lease)"
             break

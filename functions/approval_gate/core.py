@@ -60,7 +60,7 @@ log = logging.getLogger("sebridge.functions.approval_gate")
 
 REQUESTED_BY = "approval-gate"
 DECIDE_ON = (Transition.SCHEDULED, Transition.UPDATED, Transition.PREPARED)
-# How far ahead of the gate's clock a Heartbeat's time may be (README: Approval policy).
+# How far ahead of the gate's clock a Heartbeat's time may be (docs/configuration.md).
 CLOCK_SKEW = timedelta(minutes=5)
 
 
@@ -252,8 +252,10 @@ class Gate:
                 if vm.kind is VmKind.FORBIDDEN:
                     return self._not_checkable(event.key, vm.problem)
                 for nic_id in vm.nic_ids:
+                    # Out for this event (its drain's claim), not for another event whose
+                    # end would put the VM back under this one's maintenance.
                     nic = self.arm.get_nic(nic_id)
-                    if nic is not None and nic_pools.in_any_pool(nic.body):
+                    if nic is not None and not nic_pools.out_for(nic.body, verified.scoped_key):
                         return False
         except PermissionDenied as exc:
             return self._not_checkable(event.key, str(exc))
@@ -330,7 +332,8 @@ class Gate:
             return sent[0]
         guard = self.guard or CapacityGuard(self.arm)
         affected = guard.affected_now(verified) if vms is None else vms
-        clearance = guard.clear(event.key, affected, now, maintenance_until(event, now), act)
+        until = maintenance_until(event, now)
+        clearance = guard.clear(verified.scoped_key, affected, now, until, act)
         if not clearance.allowed:
             return GateOutcome.HELD
         return sent[0]

@@ -25,7 +25,8 @@ from functions.lb_pools.guard import CapacityGuard
 from functions.shared import event_record
 from functions.shared import scope as trust
 from functions.shared.names import same
-from functions.shared.ports import ArmClient, CommandSender, PermissionDenied, PoolStore
+from functions.shared.ports import ArmClient, CommandSender, PermissionDenied, PoolStore, VmRecord
+from functions.shared.verified import scoped_event_key
 from functions.shared.vms import ResolvedVm, VmKind, affected_vms, lookup
 from sebridge.contract.commands import approve_command
 from sebridge.contract.events import Observer
@@ -123,7 +124,13 @@ def approve(
             vms = _affected(guard.arm, claims, guard.pools)
         except _Unverifiable as exc:
             vms = [ResolvedVm("?", VmKind.FORBIDDEN, problem=str(exc))]
-        clearance = guard.clear(claims.event_id, vms, now, until, act)
+        # The event in the token's scope (its observer's placement, as ARM says now): holds,
+        # leaving members and NIC claims are kept per scope (functions.shared.verified).
+        placement = _placement(guard.arm, claims)
+        if placement is None:
+            vms = [ResolvedVm(claims.vm_name, VmKind.FORBIDDEN, problem="its VM is not found")]
+        scoped = scoped_event_key(claims.event_id, placement or "")
+        clearance = guard.clear(scoped, vms, now, until, act)
     else:
         clearance = guard.clear_event(claims.event_id, act)
     if not clearance.allowed:
@@ -177,12 +184,9 @@ def _recorded(
     named and refuses: ``forbidden``)."""
     if pools is None:
         return []
-    try:
-        observer = lookup(arm, where, claims.vm_name)
-    except PermissionDenied:
-        return []  # the token's own VMs are checked (and refused) on their own
+    observer = _observer(arm, claims)
     if observer is None:
-        return []
+        return []  # the token's own VMs are checked (and refused) on their own
     placement = (observer.availability_set or observer.scale_set or observer.id).lower()
     view = event_record.scope_of(pools.read_event(claims.event_id), placement)
     if view is None:
@@ -193,6 +197,30 @@ def _recorded(
         log.warning("the event's current VMs cannot be checked: %s", checked.reason)
         raise _Unverifiable(checked.reason)
     return list(named)
+
+
+def _placement(arm: ArmClient, claims: tokens.ApprovalClaims) -> str | None:
+    """The placement of the token's observer as ARM says now (VerifiedMessage.placement), or
+    None when it cannot be read or is gone."""
+    observer = _observer(arm, claims)
+    if observer is None:
+        return None
+    return (observer.availability_set or observer.scale_set or observer.id).lower()
+
+
+def _observer(arm: ArmClient, claims: tokens.ApprovalClaims) -> VmRecord | None:
+    """The token's observer as ARM knows it now (None: gone, or not readable)."""
+    where = Observer(
+        vm_name=claims.vm_name,
+        subscription_id=claims.subscription,
+        resource_group=claims.resource_group,
+        vm_scale_set_name=claims.scale_set,
+    )
+    try:
+        observer = lookup(arm, where, claims.vm_name)
+    except PermissionDenied:
+        return None
+    return observer
 
 
 class _Unverifiable(Exception):

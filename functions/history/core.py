@@ -29,7 +29,7 @@ whose JSON form fits one Azure Table string property (32,767 UTF-16 units) whate
 characters, every list is bounded, nothing is kept twice (:func:`summary_properties`), and a
 summary read back equals the one derived, so a redelivery writes nothing.
 
-**Bounds** (README, Event history): :data:`MAX_VMS` VM names per entry and per summary,
+**Bounds** (docs/monitoring.md): :data:`MAX_VMS` VM names per entry and per summary,
 :data:`MAX_APPEARANCES` appearances per summary (the most recently recorded), entries read per
 event scope bounded by the store with the lifecycle rows never crowded out by the bulk ones,
 :data:`MAX_TEXT` characters of Description and reasons.
@@ -90,7 +90,8 @@ EARLIEST = datetime(1601, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 
 TRANSITIONS = ("Scheduled", "Updated", "Started", "Completed", "Cancelled")
-ACTIONS = ("Prepared", "Held", "Approved", "Restored")
+# NotRestored: lb-pools could not put VMs back (a pool deleted, ARM refused the restore for good)
+ACTIONS = ("Prepared", "Held", "Approved", "Restored", "NotRestored")
 NAMES = (*TRANSITIONS, *ACTIONS)
 STATES = ("Scheduled", "Started", "Completed", "Cancelled")
 _APPEARANCE = re.compile(r"^[^:]+:(?:Scheduled|Updated|Started|Completed|Cancelled|Approved):(\d+)")

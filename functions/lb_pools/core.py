@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from functions.approval_gate.policy import Policy
 from functions.lb_pools import capacity, held, moments, nic_pools
-from functions.shared import event_record, write_window
+from functions.shared import deliveries, event_record, write_window
 from functions.shared import scope as trust
 from functions.shared.drain_plan import DrainPlan
 from functions.shared.impact import ImpactRules, restores_afterwards
@@ -66,6 +66,7 @@ from functions.shared.ports import (
     ReferenceMissing,
     TeamsPoster,
     TopicPublisher,
+    WriteRefused,
 )
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
@@ -110,12 +111,15 @@ class LbOutcome:
     # (VM, ip configuration, pool id) not put back: the NIC no longer has that configuration
     vanished: list[tuple[str, str, str]] = field(default_factory=list)
     kept_out: list[str] = field(default_factory=list)  # VMs another event still has out
+    # (VM, NIC id, ARM's error code) not put back: ARM refused the NIC's restore for good (a
+    # lasting 4xx); the NIC keeps its record, for an operator to put it back by hand
+    refused_restores: list[tuple[str, str, str]] = field(default_factory=list)
     drain_at: datetime | None = None  # "defer": the drain moment scheduled
 
     @property
     def not_restored_count(self) -> int:
         """Everything recorded that could not be put back (the invocation line's notRestored)."""
-        return len(self.not_restored) + len(self.vanished)
+        return len(self.not_restored) + len(self.vanished) + len(self.refused_restores)
 
 
 def _change_nic(
@@ -143,12 +147,14 @@ def _change_nic(
     raise PreconditionFailed(f"{nic_id}: still changing after {MAX_ETAG_RETRIES} attempts")
 
 
-def claim_of(message: TransitionMessage, now: datetime) -> nic_pools.Claim:
-    """The claim a drain for ``message`` puts on each NIC it takes out: its event, until the
+def claim_of(verified: VerifiedMessage, now: datetime) -> nic_pools.Claim:
+    """The claim a drain for ``verified`` puts on each NIC it takes out: its event in its
+    verified scope (VerifiedMessage.scoped_key: another scope's end never drops it), until the
     event ends at the latest (from the message's own time, so a replay claims the same)."""
+    message = verified.message
     event = message.event
     assert event is not None
-    return nic_pools.Claim(event.key, held.maintenance_until(event, message.time or now))
+    return nic_pools.Claim(verified.scoped_key, held.maintenance_until(event, message.time or now))
 
 
 def dropped_resources(message: TransitionMessage) -> list[str]:
@@ -190,9 +196,8 @@ class DrainRequest:
 
     @property
     def key(self) -> str:
-        event = self.message.event
-        assert event is not None
-        return event.key
+        """The event in its verified scope: what the pools keep of it is kept under this."""
+        return self.verified.scoped_key
 
 
 @dataclass
@@ -457,16 +462,15 @@ class LbPools:
             trust.log_refusal("lb_pools", message, resolved)
             return
         restored: Restored = {}
-        assert message.event is not None
         failures = self._restore_all(
             self._allowed(message, list(resolved), outcome),
             outcome,
             restored,
-            event_id=message.event.key,
+            event_id=verified.scoped_key,
             now=now,
         )
         if restored and self.guarded:
-            self._resume(restored, outcome, now, skip=message.event.key)
+            self._resume(restored, outcome, now, skip=verified.scoped_key)
         self._report_not_restored(verified, outcome)
         if failures:
             raise failures[0]
@@ -516,7 +520,7 @@ class LbPools:
         resume_pool: str | None = None,
     ) -> None:
         changeable = [vm for vm in vms if self._drainable(vm, outcome)]
-        claim = claim_of(verified.message, now)
+        claim = claim_of(verified, now)
         if self.pools is None:
             for vm in changeable:
                 self._drain_vm(vm, outcome, claim=claim)
@@ -530,7 +534,7 @@ class LbPools:
             if not wanted:
                 for vm in changeable:  # in no pool: nothing to decide, nothing to lock
                     self._drain_vm(vm, outcome, claim=claim)  # out already: claim it too
-                self._unhold_elsewhere(verified.message, set(), now)
+                self._unhold_elsewhere(verified, set(), now)
                 return
             # The probe verdicts are asked for before the locks are taken (the health API is a
             # long-running operation in Azure: it must not lengthen the time a pool is locked);
@@ -555,7 +559,7 @@ class LbPools:
                 return
             if not outcome.reason:
                 keep = {verdict.held.pool_id.lower()} if verdict.held else set()
-                self._unhold_elsewhere(verified.message, keep, now)
+                self._unhold_elsewhere(verified, keep, now)
             return
         raise PreconditionFailed("pool membership kept changing while the pools were locked")
 
@@ -608,6 +612,8 @@ class LbPools:
                 pools, [r for _, r, _, _ in ready if r.check], states, requests[0].now
             )
             drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]] = []
+            # per request: the pools it reserved members in, and what they said of it before
+            reservations: dict[int, dict[str, held.Leaving | None]] = {}
             drained_from: dict[int, dict[str, set[str]]] = {}
             for index, request, members, fresh in ready:
                 if request.check and health is not None:
@@ -618,7 +624,9 @@ class LbPools:
                     blocked = decision.blocked
                     if blocked is not None:
                         pool_key = blocked.pool_id.lower()
-                        lists[pool_key][request.key] = held.entry_for(request.message, request.now)
+                        lists[pool_key][request.key] = held.entry_for(
+                            request.message, request.now, key=request.key
+                        )
                         changed.add(pool_key)
                         for other in pools:  # held in one pool: the one that blocks it now
                             if other == pool_key:
@@ -631,20 +639,37 @@ class LbPools:
                         continue
                     assert not isinstance(health, capacity.Unreadable)
                     health = capacity.after_leaving(health, members)
+                    reservations[index] = self._reserve(states, request, members)
+                    changed |= set(reservations[index])
                 drains.append((index, request, fresh))
                 drained_from[index] = members
+            # What the drains take down is in the pools' state before the first write: a slow
+            # write that lands after the leases lapsed still counts as gone for the decision
+            # another instance takes under the next lease.
+            for pool in sorted(changed):
+                lease.check()
+                lease.save(pool, states[pool].dump())
+            changed = set()
             # Every NIC write attempt (and every retry ARM asks for) goes out only while the
-            # leases are provably held: a throttled PUT never lands after they lapsed.
+            # leases are provably held: a throttled PUT never lands after they lapsed, and an
+            # attempt starts only if it ends (its whole timeout) while they are held.
             with write_window.lease_window(lease.allowance):
                 failures = self._drain_all(lease, drains)
             for index, error in failures.items():
                 verdicts[index] = error
             for index, request, _ in drains:
                 if isinstance(verdicts[index], BaseException):
-                    continue
+                    continue  # its reservation stays: its write may still land
+                # Out of the pools now: the reservation has done its work.
+                for pool, before in reservations.get(index, {}).items():
+                    if before is None:
+                        states[pool].leaving.pop(request.key, None)
+                    else:
+                        states[pool].leaving[request.key] = before
+                    changed.add(pool)
                 # What it took out counts in the pools' size until the event ends (budgets of
                 # maximum unavailable members only: otherwise nothing reads it).
-                until = claim_of(request.message, request.now).until
+                until = claim_of(request.verified, request.now).until
                 sized = self.budgets is not None and self.budgets.sized
                 for pool, ipcs in drained_from[index].items() if sized else ():
                     if pool in states and ipcs:
@@ -674,6 +699,30 @@ class LbPools:
                     except Exception as exc:  # noqa: BLE001 - this event's own failure
                         verdicts[index] = exc
         return verdicts
+
+    @staticmethod
+    def _reserve(
+        states: dict[str, held.PoolState], request: DrainRequest, members: dict[str, set[str]]
+    ) -> dict[str, held.Leaving | None]:
+        """Write the members ``request`` drains into its pools' leaving members (until its
+        event ends at the latest), before any NIC write: the pools that changed, with what
+        they said of the event before (put back once the drain is done)."""
+        event = request.message.event
+        assert event is not None
+        until = held.maintenance_until(event, request.message.time or request.now)
+        changed: dict[str, held.Leaving | None] = {}
+        for pool, ipcs in members.items():
+            state = states.get(pool)
+            if state is None or not ipcs:
+                continue
+            before = state.leaving.get(request.key)
+            going = frozenset(i.lower() for i in ipcs) | (
+                before.ip_configurations if before else frozenset()
+            )
+            if before is None or before.ip_configurations != going or before.until < until:
+                state.leaving[request.key] = held.Leaving(request.key, going, until)
+                changed[pool] = before
+        return changed
 
     def _batch_health(
         self,
@@ -710,11 +759,11 @@ class LbPools:
         assert self.pools is not None
 
         def change(record: dict[str, Any]) -> bool:
-            known = {p.lower() for p in event_record.held_pools(record)}
+            known = {p.lower() for p in event_record.held_pools(record, event_id)}
             wanted = (known - {p.lower() for p in released}) | {p.lower() for p in holding}
             return event_record.with_held_pools(record, event_id, wanted)
 
-        self.pools.update_event(event_id, change)
+        self.pools.update_event(event_record.event_of(event_id), change)
 
     def _drain_all(
         self, lease: PoolLease, drains: list[tuple[int, DrainRequest, dict[str, ArmDocument]]]
@@ -724,10 +773,13 @@ class LbPools:
 
         def drain(request: DrainRequest, fresh: dict[str, ArmDocument]) -> Callable[[], None]:
             def run() -> None:
-                claim = claim_of(request.message, request.now)
+                claim = claim_of(request.verified, request.now)
                 for vm in request.vms:
                     lease.check()
                     self._drain_vm(vm, request.outcome, fresh, claim=claim)
+                # Still held once the writes returned, or no Prepared goes out on their
+                # strength: the message comes back and is decided under a fresh lease.
+                lease.check()
 
             return run
 
@@ -893,6 +945,7 @@ class LbPools:
     ) -> None:
         event = verified.message.event
         assert event is not None
+        key = verified.scoped_key  # what this scope keeps of the event: never another's
         restored: Restored = {}
         if self.pools is not None:
             # Forget before restoring: a resume of this event that races us either drained
@@ -902,50 +955,67 @@ class LbPools:
             # left its pool for another event meanwhile: the entry must go all the same).
             changeable = [vm for vm in vms if vm.kind is VmKind.VM]
             pools = set(self._memberships(changeable, skip_forbidden=True))
-            pools |= {p.lower() for p in self.pools.held_pools(event.key)}
-            restored = self._forget_unlocked(pools, event.key, now)
+            pools |= {p.lower() for p in self.pools.held_pools(key)}
+            pools |= self._recorded_pools(changeable)
+            restored = self._forget_unlocked(pools, key, now)
         failures: list[BaseException] = []
         if restore:
-            failures = self._restore_all(vms, outcome, restored, event_id=event.key, now=now)
+            failures = self._restore_all(vms, outcome, restored, event_id=key, now=now)
         else:
             log.info("the VMs are gone after %s: nothing to restore", event.event_type)
         if outcome.changed:
             self.actions.record(
                 verified, "Restored", now, {"by": "lb-pools", "nics": len(outcome.changed)}
             )
+        if outcome.not_restored_count:
+            self.actions.record(verified, "NotRestored", now, _not_restored_details(outcome))
         if restored and self.guarded:
-            self._resume(restored, outcome, now, skip=event.key)
+            self._resume(restored, outcome, now, skip=key)
         self._report_not_restored(verified, outcome)
         if failures:
             raise failures[0]
 
-    def _unhold_elsewhere(self, message: TransitionMessage, keep: set[str], now: datetime) -> None:
+    def _unhold_elsewhere(self, verified: VerifiedMessage, keep: set[str], now: datetime) -> None:
         """The event was just decided for the VMs it names now (drained, or held in ``keep``):
         a held entry of it in any other pool is stale (an Updated moved its Resources), and
         would drain VMs the event no longer names when that pool gets members back. Drop those
         entries (under their pools' leases), and say so in the index of held events."""
-        event = message.event
-        if self.pools is None or event is None:
+        if self.pools is None or verified.message.event is None:
             return
-        hinted = {p.lower() for p in self.pools.held_pools(event.key)} - keep
-        stale = sorted(p for p in hinted if event.key in held.read(self.pools.peek(p)))
+        key = verified.scoped_key
+        hinted = {p.lower() for p in self.pools.held_pools(key)} - keep
+        stale = sorted(p for p in hinted if key in held.read(self.pools.peek(p)))
         if not stale:
             if hinted:
-                self.pools.index_held(event.key, sorted(keep))
+                self.pools.index_held(key, sorted(keep))
             return
         with self.pools.hold(stale) as lease:
             for pool_id in stale:
                 state = held.PoolState.load(lease.state(pool_id))
-                if state.held.pop(event.key, None) is None:
+                if state.held.pop(key, None) is None:
                     continue
                 lease.save(pool_id, state.dump())
                 log.info(
                     "held event %s dropped from %s: it is decided for other VMs now",
-                    event.key,
+                    key,
                     capacity.short_pool(pool_id),
-                    extra={"eventId": event.key, "pool": pool_id},
+                    extra={"eventId": key, "pool": pool_id},
                 )
-            self.pools.index_held(event.key, sorted(keep))
+            self.pools.index_held(key, sorted(keep))
+
+    def _recorded_pools(self, vms: Iterable[ResolvedVm]) -> set[str]:
+        """The pools the NICs of ``vms`` were drained from (their records, lower case): where a
+        drain whose lease lapsed before its write returned left what it reserved."""
+        pools: set[str] = set()
+        for vm in vms:
+            for nic_id in vm.nic_ids:
+                try:
+                    nic = self.arm.get_nic(nic_id)
+                except PermissionDenied:
+                    continue  # the restore says so
+                if nic is not None:
+                    pools |= nic_pools.recorded_pools(nic.body, nic_id)
+        return pools
 
     def _forget_unlocked(self, pools: Iterable[str], event_id: str, now: datetime) -> Restored:
         assert self.pools is not None
@@ -1021,6 +1091,24 @@ class LbPools:
                     extra={"vm": vm.name, "nic": nic_id, "reason": "PermissionDenied"},
                 )
                 continue
+            except WriteRefused as exc:
+                if not deliveries.is_last():
+                    failures.append(exc)  # redelivered: ARM may take it yet
+                    continue
+                # The last delivery: said loudly, once, and the message completes (the NIC
+                # keeps its record, for the operator the card and the ERROR line tell).
+                log.error(
+                    "VM %s not restored: ARM refused the restore of NIC %s (%s): %s; %s: put "
+                    "it back by hand",
+                    vm.name,
+                    nic_id,
+                    exc.code,
+                    exc,
+                    restore_by_hand,
+                    extra={"vm": vm.name, "nic": nic_id, "reason": exc.code},
+                )
+                outcome.refused_restores.append((vm.name, nic_id, exc.code))
+                continue
             except Exception as exc:  # noqa: BLE001 - raised once the other NICs were tried
                 failures.append(exc)
                 continue
@@ -1090,10 +1178,14 @@ class LbPools:
             except PreconditionFailed:
                 log.info("NIC changed while we wrote it, re-reading", extra={"nic": nic_id})
                 continue
-            except ReferenceMissing:
+            except ReferenceMissing as exc:
                 found = self._missing_pools(nic_pools.recorded_pools(nic.body, nic_id))
                 if not found - gone_pools:
-                    raise  # ARM misses something else: the message is redelivered
+                    # ARM misses something that is not a pool the record names (an inbound NAT
+                    # rule, say): no retry of this restore repairs it.
+                    raise WriteRefused(
+                        400, "InvalidResourceReference", str(exc), what="restore NIC"
+                    ) from exc
                 gone_pools |= found
                 continue
             log.info("NIC pools changed", extra={"nic": nic_id, "pools": change.pools})
@@ -1112,12 +1204,13 @@ class LbPools:
             return
         missing = sorted(set(outcome.not_restored))
         vanished = sorted(set(outcome.vanished))
+        refused = sorted(set(outcome.refused_restores))
         vms_back = sorted(
             ({vm for vm, _ in missing} | {vm for vm, _, _ in vanished})
             & {vm.name for vm in verified.scope.vms if vm.kind is VmKind.VM}
         )
         try:
-            card = not_restored_card(verified.message, missing, vms_back, vanished)
+            card = not_restored_card(verified.message, missing, vms_back, vanished, refused)
             self.alerts.post(card)
         except Exception as exc:  # noqa: BLE001 - the restore is done; the log line says it all
             log.error("the not-restored card could not be posted: %s", type(exc).__name__)
@@ -1186,8 +1279,24 @@ class LbPools:
                 elif result.refused:
                     self._forget_unlocked([pool_id], entry.event_id, now)
                 elif not result.reason:
-                    outcome.resumed.append(entry.event_id)
+                    outcome.resumed.append(entry.event)
         return sorted(set(still) & set(pools))
+
+
+def _not_restored_details(outcome: LbOutcome) -> dict[str, Any]:
+    """The history's NotRestored action: how many, which VMs, ARM's codes for refused ones."""
+    names = sorted(
+        {vm for vm, _ in outcome.not_restored}
+        | {vm for vm, _, _ in outcome.vanished}
+        | {vm for vm, _, _ in outcome.refused_restores}
+    )
+    codes = sorted({code for _, _, code in outcome.refused_restores})
+    return {
+        "by": "lb-pools",
+        "count": outcome.not_restored_count,
+        "vms": ", ".join(names),
+        "codes": ", ".join(codes),
+    }
 
 
 def _json_bytes(body: Any) -> bytes:

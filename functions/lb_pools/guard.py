@@ -32,10 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from functions.lb_pools import capacity, held
+from functions.lb_pools import capacity, held, nic_pools
 from functions.shared import event_record, write_window
 from functions.shared import scope as trust
-from functions.shared.ports import ArmClient, PermissionDenied, PoolStore
+from functions.shared.ports import ArmClient, PermissionDenied, PoolStore, PreconditionFailed
 from functions.shared.verified import VerifiedMessage
 from functions.shared.vms import ResolvedVm, VmKind, affected_vms
 from sebridge.contract.events import TransitionMessage
@@ -53,6 +53,13 @@ class Clearance:
 
 
 ALLOWED = Clearance(True)
+CLAIM_ATTEMPTS = 3  # reads and conditional writes of one NIC's claim
+
+
+def _in(vm: ResolvedVm, members: dict[str, set[str]]) -> bool:
+    """Is one of ``vm``'s NICs a member of a pool in ``members``?"""
+    nics = [f"{nic.lower()}/ipconfigurations/" for nic in vm.nic_ids]
+    return any(ipc.startswith(nic) for ipcs in members.values() for ipc in ipcs for nic in nics)
 
 
 @dataclass(frozen=True)
@@ -80,8 +87,12 @@ class CapacityGuard:
         until: datetime,
         act: Callable[[], None],
     ) -> Clearance:
-        """May ``vms`` go down now for ``event_id``? If so, ``act`` is called (under the pools'
-        leases) and their healthy members are remembered as leaving until ``until``."""
+        """May ``vms`` go down now for ``event_id`` (the event in its verified scope,
+        VerifiedMessage.scoped_key: holds and leaving members are kept under it)? If so, ``act``
+        is called (under the pools' leases), their healthy members are remembered as leaving
+        until ``until``, and their NICs that are out already (another event's drain) are claimed
+        for this event too (nic_pools), so that the other event's end does not put them back
+        while this one has them down."""
         if not self.guarded:
             act()
             return ALLOWED
@@ -101,8 +112,14 @@ class CapacityGuard:
         # added VMs names fewer than the event does now). So the pools that hold it are locked
         # and read too, even when the VMs named here are in none.
         holding = {p.lower() for p in self.pools.held_pools(event_id)}
+        claim = nic_pools.Claim(event_id, until)
         if not members and not holding:
-            act()  # in no pool and held nowhere: nothing stops serving
+            # In no pool and held nowhere: nothing stops serving, once this event's claim
+            # keeps out the NICs another event took out.
+            back = self._claim_out(vms, claim)
+            if back:
+                return self._refused(event_id, back)
+            act()
             return ALLOWED
         pools = sorted(set(members) | holding)
         probes = capacity.Probes(clock=self.monotonic)
@@ -122,6 +139,9 @@ class CapacityGuard:
             if not decision.allowed:
                 return self._refused(event_id, decision.describe(), decision)
             assert not isinstance(health, capacity.Unreadable)
+            back = self._claim_out([vm for vm in vms if not _in(vm, members)], claim)
+            if back:
+                return self._refused(event_id, back)
             for pool in pools:
                 going = frozenset(members[pool]) & health[pool].healthy
                 if going:
@@ -134,6 +154,42 @@ class CapacityGuard:
             with write_window.lease_window(lease.allowance):
                 act()
         return Clearance(True, decision=decision)
+
+    def _claim_out(self, vms: Sequence[ResolvedVm], claim: nic_pools.Claim) -> str:
+        """Claim for ``claim``'s event every NIC of ``vms`` that is out of its pools with a
+        record (another event's drain): "" once done, else why not (a NIC back in a pool since
+        it was read, too many claims, a missing permission). A NIC never drained (no record)
+        needs no claim: nothing puts it into a pool."""
+        for vm in vms:
+            for nic_id in vm.nic_ids:
+                try:
+                    problem = self._claim_nic(nic_id, claim)
+                except (PermissionDenied, nic_pools.RecordTooLarge) as exc:
+                    problem = f"the NIC of {vm.name} cannot be claimed for the event: {exc}"
+                if problem:
+                    return problem.replace("{vm}", vm.name)
+        return ""
+
+    def _claim_nic(self, nic_id: str, claim: nic_pools.Claim) -> str:
+        for _ in range(CLAIM_ATTEMPTS):
+            nic = self.arm.get_nic(nic_id)
+            if nic is None:
+                return ""
+            if nic_pools.in_any_pool(nic.body):
+                return "{vm} is back in a pool since its pools were read: decided again later"
+            change = nic_pools.plan_drain(nic.body, nic_id, claim)
+            if change is None:
+                return ""
+            try:
+                self.arm.put_nic(nic_id, change.body, nic.etag)
+            except PreconditionFailed:
+                continue
+            log.info(
+                "NIC claimed for an early approval: another event took it out",
+                extra={"nic": nic_id, "eventId": claim.event_id},
+            )
+            return ""
+        return "{vm}'s NIC kept changing while it was claimed for the event"
 
     # ---- what the event names now (functions.shared.event_record) -------------------------------
     def remember(self, verified: VerifiedMessage, now: datetime) -> None:
@@ -155,6 +211,7 @@ class CapacityGuard:
                 transition=message.transition,
                 members=members,
                 now=now,
+                message_id=message.message_id,
             ),
         )
 
@@ -190,13 +247,16 @@ class CapacityGuard:
 
     def clear_event(self, event_id: str, act: Callable[[], None]) -> Clearance:
         """For an approval that names only the event (an Approve link signed before links
-        carried their VMs): refused while the event is held in a pool, else ``act``."""
+        carried their VMs): refused while the event is held in a pool in any scope its record
+        knows, else ``act``."""
         if self.guarded:
             assert self.pools is not None
-            for pool in self.pools.held_pools(event_id):
-                if event_id in held.read(self.pools.peek(pool)):
-                    decision = capacity.Decision(held_in=pool)
-                    return self._refused(event_id, decision.describe(), decision)
+            record = self.pools.read_event(event_id)
+            for key, pools in event_record.held_by_scope(record).items():
+                for pool in pools:
+                    if key in held.read(self.pools.peek(pool)):
+                        decision = capacity.Decision(held_in=pool)
+                        return self._refused(event_id, decision.describe(), decision)
         act()
         return ALLOWED
 
@@ -221,9 +281,9 @@ class CapacityGuard:
 
 
 def _newer(view: event_record.ScopeView, message: TransitionMessage) -> bool:
-    """Is the record's view newer than what ``message`` says of the event? A message that is
+    """Is the record's view newer than what ``message`` says of the event (by their places in
+    the event's life, never the observers' clocks: event_record.position)? A message that is
     not a lifecycle transition (a Prepared) only repeats what it was caused by."""
-    if message.transition not in event_record.NOTED or message.time is None:
+    if message.transition not in event_record.NOTED:
         return True
-    mine = event_record.rank(message.transition.value)
-    return (view.observed_at, event_record.rank(view.transition)) > (message.time, mine)
+    return view.newer_than(event_record.position(message.transition.value, message.message_id))

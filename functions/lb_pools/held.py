@@ -18,10 +18,14 @@ and its Started message drains the VMs without the guard. Entries without a read
 are kept at most :data:`MAX_AGE`.
 
 The list is bounded per observer, so that one VM cannot push out another's events: every entry
-names the (verified) observer whose message asked for the drain, a pool keeps at most
-:data:`MAX_PER_OBSERVER` entries of one observer (its oldest go first), and at most
-:data:`MAX_ENTRIES` in all, dropping from the observer that holds the most. A compromised VM that
-invents events floods only its own share; an honest event is never dropped for a flooder's.
+names the (verified) observer whose message asked for the drain, a pool keeps of one observer
+what it can honestly report (:func:`allowance`: :data:`MAX_PER_VM` for each distinct VM of its
+set its entries name, at least :data:`MAX_PER_OBSERVER`: IMDS shows every member the set's
+events, so one forwarder may report a whole wave), and at most :data:`MAX_ENTRIES` in all,
+dropping from the observer that holds the most. What goes first is the entry with the latest
+NotBefore (an invented event may name any; the honest ones of a wave are due soon). A
+compromised VM that invents events floods only its own share; an honest event is never dropped
+for a flooder's.
 
 The same state remembers the members that leave without a drain: an event approved early while
 some of its VMs are still healthy members (a VM that prepared itself, say) takes them down for
@@ -38,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from functions.shared.event_record import event_of
 from sebridge.contract.cloudevents import CloudEvent
 from sebridge.contract.events import DATA_SCHEMA, TransitionMessage
 from sebridge.imds import ScheduledEvent, isoformat_utc
@@ -48,7 +53,8 @@ VERSION = 1
 MAX_AGE = timedelta(days=7)
 MAINTENANCE_MARGIN = timedelta(minutes=30)
 MAX_ENTRIES = 200  # in one pool
-MAX_PER_OBSERVER = 16  # of one observer in one pool
+MAX_PER_OBSERVER = 16  # of one observer in one pool, at least (held.allowance)
+MAX_PER_VM = 4  # of one observer in one pool, for each distinct VM its held events name
 
 
 def maintenance_until(event: ScheduledEvent, at: datetime) -> datetime:
@@ -76,6 +82,20 @@ class HeldEvent:
     held_at: datetime
     not_before: datetime | None
     observer: str = ""  # "<resource group>/<VM>" (lower case) whose message asked for the drain
+
+    @property
+    def vms(self) -> frozenset[str]:
+        """The VMs the held message names (lower case; none: the observer's own)."""
+        data = self.body.get("data")
+        names = data.get("Resources") if isinstance(data, Mapping) else None
+        if not isinstance(names, list) or not names:
+            return frozenset({self.observer})
+        return frozenset(str(name).lower() for name in names if isinstance(name, str))
+
+    @property
+    def event(self) -> str:
+        """The EventId (``event_id`` is the event in its verified scope: ``<event>.<digest>``)."""
+        return event_of(self.event_id)
 
     def expired(self, now: datetime) -> bool:
         if self.not_before is not None and self.not_before <= now:
@@ -105,11 +125,13 @@ def body_of(message: TransitionMessage) -> dict[str, Any]:
     ).to_dict()
 
 
-def entry_for(message: TransitionMessage, now: datetime) -> HeldEvent:
+def entry_for(message: TransitionMessage, now: datetime, *, key: str = "") -> HeldEvent:
+    """The held entry of ``message``, under ``key`` (the event in its verified scope,
+    VerifiedMessage.scoped_key; default: the bare EventId)."""
     event = message.event
     assert event is not None
     return HeldEvent(
-        event_id=event.key,
+        event_id=key or event.key,
         message_id=message.message_id or event.key,
         body=body_of(message),
         held_at=now,
@@ -164,19 +186,43 @@ def write(held: Mapping[str, HeldEvent]) -> dict[str, Any]:
     return PoolState(dict(held), {}).dump()
 
 
+def allowance(own: Iterable[HeldEvent]) -> int:
+    """How many held events one observer may have in a pool: what it can honestly report.
+    IMDS shows an observer every event of its availability set (or scale set), so an honest
+    observer of a maintenance wave reports one or more events for each VM of its set:
+    MAX_PER_VM for each distinct VM its entries name (the scope check lets them name only VMs
+    of its own set, so a flooder's share is bounded by its set's size too), and at least
+    MAX_PER_OBSERVER."""
+    vms = {vm for entry in own for vm in entry.vms}
+    return max(MAX_PER_OBSERVER, MAX_PER_VM * len(vms))
+
+
+def _drop_order(entry: HeldEvent) -> tuple[datetime, float]:
+    """Which entry goes first when some must (the greatest): the latest NotBefore (an invented
+    event is free to name a far one; the honest ones of a wave are due soon), then the one held
+    longest (a flood's newest stay, so the flooder cannot pin old entries)."""
+    return (entry.not_before or datetime.max.replace(tzinfo=UTC), -entry.held_at.timestamp())
+
+
 def bounded(entries: Iterable[HeldEvent]) -> list[HeldEvent]:
-    """``entries`` within the bounds: at most MAX_PER_OBSERVER of each observer (its newest),
-    at most MAX_ENTRIES in all (dropping the oldest of the observer that holds the most)."""
+    """``entries`` within the bounds: at most :func:`allowance` of each observer, at most
+    MAX_ENTRIES in all (dropping from the observer that holds the most); what goes first is
+    the latest NotBefore (:func:`_drop_order`)."""
     by_observer: dict[str, list[HeldEvent]] = {}
     for entry in sorted(entries, key=lambda e: e.held_at):
         by_observer.setdefault(entry.observer, []).append(entry)
     for observer, own in by_observer.items():
-        for dropped in own[:-MAX_PER_OBSERVER]:
-            _dropped(dropped, f"{observer or 'an observer'} holds more than {MAX_PER_OBSERVER}")
-        del own[:-MAX_PER_OBSERVER]
+        limit = allowance(own)
+        if len(own) <= limit:
+            continue
+        for dropped in sorted(own, key=_drop_order, reverse=True)[: len(own) - limit]:
+            _dropped(dropped, f"{observer or 'an observer'} holds more than {limit}")
+            own.remove(dropped)
     while sum(len(own) for own in by_observer.values()) > MAX_ENTRIES:
         most = max(by_observer, key=lambda o: (len(by_observer[o]), o))
-        _dropped(by_observer[most].pop(0), f"the pool holds more than {MAX_ENTRIES}")
+        dropped = max(by_observer[most], key=_drop_order)
+        by_observer[most].remove(dropped)
+        _dropped(dropped, f"the pool holds more than {MAX_ENTRIES}")
     return [entry for own in by_observer.values() for entry in own]
 
 

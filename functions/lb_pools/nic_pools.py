@@ -16,8 +16,12 @@ the VM counts as not prepared and the gate does not approve early for it.
 
 Several events can have one VM out at once (a Freeze and a Reboot of the same VM, say). So the
 NIC also says *for which events* it is out: ``sebridge-removed-for`` (and ``-2``) holds one
-claim per event, ``<event>@<until>`` (the EventId as in message ids, and until when, in Unix
-seconds, the event keeps the VM down at the latest: functions.lb_pools.held.maintenance_until).
+claim per event, ``<event>@<until>`` (the event in its verified scope,
+``<EventId>.<placement digest>``: functions.shared.verified.scoped_event_key, so that another
+scope's end of the same EventId never drops it; and until when, in Unix seconds, the event keeps
+the VM down at the latest: functions.lb_pools.held.maintenance_until). A drain claims the NICs it
+takes out, and an early approval claims the NICs of its VMs that are out already (for another
+event, functions.lb_pools.guard), so that the other event's end does not put them back under it.
 A drain adds its event's claim (also to a NIC already out for another event); the end of an
 event removes its own claim, and the pools go back only when no other event's claim is still
 live. A later drain of the same event pushes its claim later only when its end moved by more
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from functions.shared.event_record import event_of
 from sebridge.lifecycle import event_ref
 
 TAG = "sebridge-removed-pools"
@@ -270,6 +275,21 @@ def plan_drain(nic: Mapping[str, Any], nic_id: str, claim: Claim | None = None) 
     return NicChange(body=body, pools=current)
 
 
+def out_for(nic: Mapping[str, Any], event_id: str) -> bool:
+    """Is the NIC out of every pool *for* ``event_id`` (the event in its verified scope)? In
+    no pool, and either never drained (no record: nothing puts it back), or drained with this
+    event's claim (or a record from before claims): an early approval never counts on another
+    event's drain, which that event's end undoes (hostile review of issue 23, round 2, break 2)."""
+    if in_any_pool(nic):
+        return False
+    if not _has_record(nic):
+        return True
+    claims = decode_claims(nic.get("tags"))
+    if claims is None:
+        return True
+    return bool({event_ref(event_id), event_ref(event_of(event_id))} & set(claims))
+
+
 def recorded_pools(nic: Mapping[str, Any], nic_id: str) -> set[str]:
     """Every pool the NIC's record would put it back into (lower case)."""
     return {p.lower() for pools in decode_record(nic.get("tags"), nic_id).values() for p in pools}
@@ -298,7 +318,12 @@ def plan_restore(
         claims = decode_claims(nic.get("tags"))
         at = int((now or datetime.now(UTC)).timestamp())
         ending = event_ref(event_id)
-        others = {ref: until for ref, until in (claims or {}).items() if ref != ending}
+        # A claim names its event in its verified scope (``<event>.<placement digest>``); one
+        # without a scope (written before claims carried it) is the event's in any scope.
+        legacy = event_ref(event_of(event_id))
+        others = {
+            ref: until for ref, until in (claims or {}).items() if ref not in (ending, legacy)
+        }
         live = {ref: until for ref, until in others.items() if until > at}
         if live:
             if live == claims:

@@ -1,5 +1,5 @@
 """One structured log line per invocation, so one event can be followed through every workflow
-in Application Insights (README, "Telemetry").
+in Application Insights (docs/monitoring.md, "Telemetry").
 
 Every Service Bus trigger, and the Event Grid trigger of agentless ingestion, is decorated with
 :func:`log_invocation`; :func:`decode` (in

@@ -77,6 +77,17 @@ class ReferenceMissing(Exception):
     pool itself, was deleted). No retry of the same write repairs it."""
 
 
+class WriteRefused(Exception):
+    """ARM refused a write for good: a 4xx other than 401, 403 (PermissionDenied), 404, 408,
+    409, 412 (PreconditionFailed) and 429, with ARM's error ``code``. No retry of the same write
+    repairs it; an operator must (lb-pools reports a restore it refuses: functions.lb_pools)."""
+
+    def __init__(self, status: int, code: str, detail: str, *, what: str = "write") -> None:
+        super().__init__(f"{what}: HTTP {status} {code}: {detail}".strip())
+        self.status = status
+        self.code = code or f"HTTP {status}"
+
+
 class AcknowledgeRefused(Exception):
     """ARM refused an acknowledgement for good (a 4xx other than 401, 403, 408 and 429)."""
 

@@ -1,4 +1,4 @@
-"""One trace per scheduled event through every workflow (OpenTelemetry; README, "Telemetry").
+"""One trace per scheduled event through every workflow (OpenTelemetry; docs/monitoring.md).
 
 The trace of an event is derived from its EventId (:mod:`sebridge.contract.tracecontext`), so the
 forwarder, Event Grid ingestion and every workflow agree on it without coordination. Here:

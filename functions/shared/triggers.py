@@ -27,7 +27,7 @@ from typing import Any, Literal, overload
 
 import azure.functions as func
 
-from functions.shared import composition, tracing
+from functions.shared import composition, deliveries, tracing
 from functions.shared.invocations import REFUSED, Trigger, log_invocation, note
 from functions.shared.invocations import remember as _remember
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
@@ -81,6 +81,16 @@ def decode(message: func.ServiceBusMessage, function: str) -> TransitionMessage 
     return parsed
 
 
+def _delivery_count(message: func.ServiceBusMessage) -> int | None:
+    """Which delivery of the message this is (functions.shared.deliveries), when the worker
+    says."""
+    try:
+        count = message.delivery_count
+    except Exception:  # noqa: BLE001 - a worker that does not set it
+        return None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
 def _application_properties(message: func.ServiceBusMessage) -> Mapping[Any, Any] | None:
     """The message's application properties (the carrier of its trace), or None."""
     try:
@@ -131,7 +141,8 @@ def service_bus_function(
                     note(REFUSED, refusal=kind)
                     if not unverified:
                         return
-                handler(checked)
+                with deliveries.delivery(_delivery_count(msg)):
+                    handler(checked)
 
         trigger.__name__ = trigger.__qualname__ = name
         trigger.__doc__ = handler.__doc__

@@ -15,10 +15,10 @@ handing it anything else. Only :func:`verify` makes one.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from functions.shared import scope as trust
+from functions.shared.event_record import event_of, placement_digest, scoped_event_key
 from functions.shared.ports import ArmClient, EventRecords
 from sebridge.contract.events import TransitionMessage
 
@@ -42,7 +42,15 @@ class VerifiedMessage:
     @property
     def placement_digest(self) -> str:
         """A short, stable digest of :attr:`placement` (for keys with a length limit)."""
-        return hashlib.sha256(self.placement.encode("utf-8")).hexdigest()[:16]
+        return placement_digest(self.placement)
+
+    @property
+    def scoped_key(self) -> str:
+        """The event in this message's verified scope: what every workflow keeps per event is
+        kept under it (:func:`scoped_event_key`), so that what one scope says of an EventId
+        never ends, holds, forgets or blocks another scope's event."""
+        event = self.message.event
+        return scoped_event_key(event.key if event else self.message.event_id or "", self.placement)
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,17 @@ class UnverifiedMessage:
 
 
 Checked = VerifiedMessage | UnverifiedMessage
+
+__all__ = [
+    "Checked",
+    "UnverifiedMessage",
+    "VerifiedMessage",
+    "event_of",
+    "placement_digest",
+    "scoped_event_key",
+    "verify",
+    "verify_and_log",
+]
 
 
 def verify(

@@ -4,7 +4,7 @@ IMDS names affected VMs, not ARM ids. Availability-set and standalone VMs, and t
 Flexible scale sets, are ordinary VMs: looked up by name in the observer's resource group.
 Uniform scale-set instances are named ``<scaleSet>_<instanceId>`` and are found through the
 scale-set VM API; their NICs live in the scale-set model and can't be PUT one by one (see
-the README, Workflows), so they resolve as ``uniform`` and lb-pools leaves them alone.
+the docs/workflows.md), so they resolve as ``uniform`` and lb-pools leaves them alone.
 A VM that ARM will not show us (403) resolves as ``forbidden``: nothing may be changed on it
 and it never counts as prepared. Which VMs may be resolved at all is the scope check's
 business (functions.shared.scope): names reach this module only after it checked them.

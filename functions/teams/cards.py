@@ -243,20 +243,26 @@ def build_card(
     return card
 
 
+REMOVED_POOLS_TAG = "sebridge-removed-pools"  # functions.lb_pools.nic_pools.TAG
+
+
 def not_restored_card(
     message: TransitionMessage,
     missing: list[tuple[str, str]],
     restored: list[str],
     vanished: list[tuple[str, str, str]] | None = None,
+    refused: list[tuple[str, str, str]] | None = None,
 ) -> dict[str, Any]:
     """lb-pools could not put VMs back into pools that no longer exist (a load balancer or a
     pool deleted during the maintenance), or for ip configurations their NICs no longer have
     (replaced meanwhile): which, and what did go back. ``missing`` holds (VM, pool id) pairs;
     ``vanished`` (VM, ip configuration, pool id); ``restored`` the VMs that went back into
-    their other pools."""
+    their other pools; ``refused`` (VM, NIC id, ARM's error code): ARM refused the restore for
+    good, and the NIC keeps its record for an operator to put it back by hand."""
     event = message.event
     assert event is not None
     vanished = vanished or []
+    refused = refused or []
 
     def short(pool: str) -> str:
         return f"{pool.split('/')[-3]}/{pool.split('/')[-1]}"
@@ -265,6 +271,8 @@ def not_restored_card(
     replaced = [f"{vm}: {ipc} (for {short(pool)})" for vm, ipc, pool in vanished]
     replaced_text = ["; ".join(replaced)] if replaced else []
     affected = {vm for vm, _ in missing} | {vm for vm, _, _ in vanished}
+    affected |= {vm for vm, _, _ in refused}
+    refusals = [f"{vm}: {nic.split('/')[-1]} ({code})" for vm, nic, code in refused]
     body: list[dict[str, Any]] = [
         {
             "type": "Container",
@@ -283,6 +291,11 @@ def not_restored_card(
             ],
         },
         fact("Pools that no longer exist", "; ".join(lines) or "-"),
+        *(
+            [fact("ARM refused the restore (put it back by hand)", "; ".join(refusals))]
+            if refusals
+            else []
+        ),
         *[fact("IP configurations that no longer exist", text) for text in replaced_text],
         fact("Put back into their other pools", ", ".join(restored) or "-"),
         fact("Event id", event.key),
@@ -291,7 +304,13 @@ def not_restored_card(
                 "These pools (or their load balancers), or the VMs' ip configurations, were "
                 "deleted or replaced while the VMs were out, so nothing can put them back; check "
                 "whether they should join a pool that replaced them. The record of the removal "
-                "is gone from their NICs.",
+                "is gone from their NICs."
+                + (
+                    f" ARM refused to put back the NICs named above: each keeps its record in the "
+                    f"tag {REMOVED_POOLS_TAG} (the pools it was in); put them back by hand."
+                    if refusals
+                    else ""
+                ),
                 isSubtle=True,
             ),
             separator=True,

@@ -34,7 +34,7 @@ from sebridge.imds import isoformat_utc
 
 FieldValue = str | int | bool | list[str] | None
 
-# Every field a template may name, with what it holds (README, "Webhooks").
+# Every field a template may name, with what it holds (docs/workflows.md, "Webhooks").
 FIELDS: dict[str, str] = {
     "messageId": "the Service Bus message id",
     "transition": "Scheduled, Updated, Started, Completed, Cancelled, Approved, Prepared or Held",

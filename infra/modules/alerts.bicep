@@ -13,7 +13,7 @@
 // approval-gate function, whose line names the VM; a VM whose last such line is older than
 // heartbeatStaleSeconds fires, one alert per VM (dimension vmName). Why these lines and not the
 // gate's heartbeat blobs: they exist whether or not the acknowledge fallback is on, need no code
-// that reads the blobs on a timer, and are the same data the README's queries read. A VM silent
+// that reads the blobs on a timer, and are the same data the queries in docs/monitoring.md read. A VM silent
 // for longer than the two-day look-back drops out (a decommissioned VM stops alerting by
 // itself); one that never sent a Heartbeat is not known here.
 

@@ -28,7 +28,7 @@ param healthProbeId string
 var repairsOn = (drainProbePort != 0) && ((repairsPolicy.?enabled) ?? false)
 var repairsProbePort = ((!repairsOn) || empty(healthProbeId)) ? 0 : reference(healthProbeId, '2023-09-01').port
 var repairsWatchDrainProbe = repairsOn && (repairsProbePort == drainProbePort)
-var refusal = 'Scale set ${vmssName}: its automatic instance repairs watch the load balancer probe ${healthProbeId} on port ${drainProbePort}, the drain probe\'s port. The drain probe answers 503 while the VM drains (bounded before the event starts, for as long as it lasts once it has), and repairs would replace, reimage or restart the instance. Fix one of: give repairs a probe of their own (a second load balancer probe on the application\'s health port, set as networkProfile.healthProbe), or watch the Application Health extension instead, or disable automaticRepairsPolicy, or deploy with drainProbePort 0 (README, "Act on the VM itself").'
+var refusal = 'Scale set ${vmssName}: its automatic instance repairs watch the load balancer probe ${healthProbeId} on port ${drainProbePort}, the drain probe\'s port. The drain probe answers 503 while the VM drains (bounded before the event starts, for as long as it lasts once it has), and repairs would replace, reimage or restart the instance. Fix one of: give repairs a probe of their own (a second load balancer probe on the application\'s health port, set as networkProfile.healthProbe), or watch the Application Health extension instead, or disable automaticRepairsPolicy, or deploy with drainProbePort 0 (docs/vm-actions.md).'
 
 @description('The scale set\'s name, once the check passed (fail() stops the deployment otherwise).')
 output vmssName string = repairsWatchDrainProbe ? fail(refusal) : vmssName

@@ -13,7 +13,7 @@
 // used where Event Grid supports it: the topic dead-letters with its own system-assigned
 // identity into one container of the host storage account (shared keys are off there).
 // The function must exist before this deploys (Event Grid checks the endpoint): deploy the
-// code first (README, Deploy: Agentless mode).
+// code first (docs/agentless.md).
 
 @description('Name of the system topic. A subscription holds one system topic per topic type and source: if it already has one for Microsoft.ResourceNotifications.MaintenanceResources, give its name (it must be in this resource group).')
 param systemTopicName string

@@ -1,5 +1,5 @@
 // The forwarder on one existing Linux VM: its identity attached, the installer run by the
-// Custom Script Extension. (A VM takes one Custom Script Extension; see the README, Deploy.)
+// Custom Script Extension. (A VM takes one Custom Script Extension; see docs/deploy.md.)
 
 @description('Name of the existing VM (in the deployment\'s resource group).')
 param vmName string

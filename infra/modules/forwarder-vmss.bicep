@@ -1,6 +1,6 @@
 // The forwarder on one existing Linux scale set: identity attached and the installer added to
 // the scale set model. Uniform scale sets with a Manual upgrade policy apply it to existing
-// instances only after `az vmss update-instances` (README, Deploy).
+// instances only after `az vmss update-instances` (docs/deploy.md).
 
 @description('Name of the existing scale set (in the deployment\'s resource group).')
 param vmssName string

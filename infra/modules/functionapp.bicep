@@ -234,7 +234,7 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 }
 
 resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
-  //checkov:skip=CKV_AZURE_222:Approve links are opened from Teams in people's browsers, so the app has a public endpoint; add VNet integration and access restrictions per tenant (README, Deploy).
+  //checkov:skip=CKV_AZURE_222:Approve links are opened from Teams in people's browsers, so the app has a public endpoint; add VNet integration and access restrictions per tenant (docs/deploy.md).
   //checkov:skip=CKV_AZURE_17:Browsers open the Approve links; they hold no client certificate. The link carries an HMAC-signed expiring token instead.
   //checkov:skip=CKV_AZURE_212:Flex Consumption scales from zero on Service Bus triggers; messages wait in their sessions while an instance starts, so no always-ready instance is paid for.
   //checkov:skip=CKV_AZURE_213:Flex Consumption has no App Service health check; the Functions host restarts unhealthy instances and Application Insights alerts on failures.

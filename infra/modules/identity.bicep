@@ -1,7 +1,7 @@
 // The forwarders' user-assigned identity. User-assigned (not each VM's system identity) so one
 // set of role assignments covers every VM and scale set, and attaching it to a VM needs no
 // new role assignment for the identity (whoever attaches it needs
-// Microsoft.ManagedIdentity/userAssignedIdentities/assign/action on it: README, Deploy).
+// Microsoft.ManagedIdentity/userAssignedIdentities/assign/action on it: docs/deploy.md).
 
 @description('Azure region of the identity.')
 param location string

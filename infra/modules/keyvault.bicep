@@ -1,6 +1,6 @@
 // Key Vault for the Function App's two secrets (Teams webhook URL, approval signing key).
 // The vault is created empty: secret values are set after deployment with `az keyvault secret
-// set` (README, Deploy), so they never appear in parameters, deployment history or what-if
+// set` (docs/deploy.md), so they never appear in parameters, deployment history or what-if
 // output, and a redeployment cannot overwrite a rotated secret.
 
 @description('Azure region.')
@@ -22,7 +22,7 @@ var keyVaultSecretsOfficer = 'b86a8fe4-44ce-4948-aee5-eccb2c155cd7'
 
 resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
   //checkov:skip=CKV_AZURE_109:Flex Consumption without VNet integration resolves Key Vault references over the public endpoint (App Service is not a trusted service); RBAC limits reads to the app's identity.
-  //checkov:skip=CKV_AZURE_189:Same as CKV_AZURE_109; add VNet integration and a private endpoint to close it (README, Deploy).
+  //checkov:skip=CKV_AZURE_189:Same as CKV_AZURE_109; add VNet integration and a private endpoint to close it (docs/deploy.md).
   name: name
   location: location
   tags: tags

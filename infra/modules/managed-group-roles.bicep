@@ -32,7 +32,7 @@ var scaleSetInstanceReader = guid(resourceGroup().id, 'sebridge-scale-set-instan
 // back, with the record in the NIC's tags. ARM checks the PUT against what the NIC links to:
 // restoring needs loadBalancers/backendAddressPools/join/action on the pool, and the subnet's
 // virtualNetworks/subnets/join/action may be checked too. This role grants both for load
-// balancers and virtual networks in this group only (README, Deploy). No Microsoft.Compute
+// balancers and virtual networks in this group only (docs/deploy.md). No Microsoft.Compute
 // action.
 resource appManagesPools 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(resourceGroup().id, functionAppPrincipalId, networkContributor)

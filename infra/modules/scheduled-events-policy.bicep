@@ -4,7 +4,7 @@
 // system topic Microsoft.ResourceNotifications.MaintenanceResources and to Azure Resource
 // Graph. Preview: needs Compute API 2025-04-01 or later (used here) and the subscription's
 // feature registrations SendScheduledEventsPolicy (Microsoft.Compute) and
-// ScheduledEventsActivity (Microsoft.Maintenance) (README, Deploy: Agentless mode).
+// ScheduledEventsActivity (Microsoft.Maintenance) (docs/agentless.md).
 // A VM in an availability set or a scale set takes its set's policy: list the set, not its VMs.
 // The rest of each resource's scheduledEventsPolicy (user-initiated reboot and redeploy
 // settings) is kept as it is.

@@ -43,7 +43,7 @@ param tags object = {}
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   //checkov:skip=CKV_AZURE_35:Flex Consumption without VNet integration reaches host storage over its public endpoint (the host is not a trusted service); shared keys are off, so access needs an Entra grant.
-  //checkov:skip=CKV_AZURE_59:Same as CKV_AZURE_35; add VNet integration and a private endpoint to close it (README, Deploy).
+  //checkov:skip=CKV_AZURE_59:Same as CKV_AZURE_35; add VNet integration and a private endpoint to close it (docs/deploy.md).
   //checkov:skip=CKV_AZURE_206:Holds only re-creatable host state (blob leases, the deployment package); pick a redundant SKU with the skuName parameter.
   name: name
   location: location

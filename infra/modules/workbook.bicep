@@ -1,7 +1,7 @@
 // The fleet's maintenance workbook (main.bicep workbookEnabled): events by type and state, the
 // notice given, announced against measured impact, held events and the time from notice to
 // approval, over the summary lines the history workflow logs to Application Insights
-// (functions/history/core.py, summary_line; README "Event history"). The workbook itself is
+// (functions/history/core.py, summary_line; docs/monitoring.md "Event history"). The workbook itself is
 // workbook.json, loaded as it is, so a test can read its queries.
 
 @description('Azure region.')

@@ -10,7 +10,7 @@
 #   SEBRIDGE_NAMESPACE   required  Service Bus namespace FQDN (sbns-x.servicebus.windows.net)
 #   AZURE_CLIENT_ID      required  client id of the forwarders' user-assigned identity
 #   SEBRIDGE_PACKAGE     required  what pip installs, as root: the https URL of a wheel you
-#                                  host, or a pinned requirement (scheduled-events-bridge==0.2.0)
+#                                  host, or a pinned requirement (scheduled-events-bridge==0.3.0)
 #                                  when this VM's pip index-url is your own. No default: the
 #                                  project is not published on PyPI, where anyone could take the
 #                                  name. Not needed with --no-pip.
@@ -209,6 +209,11 @@ if [ "$install_package" -eq 1 ]; then
         log "created virtual environment $VENV with $python"
     fi
     "$root$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --upgrade "$package"
+    # pip keeps an installed version it is given again: a rebuilt wheel of the same version
+    # (forceUpdateTag with an unchanged packageSource) must still replace it, so the package
+    # itself (not its dependencies) is always installed anew.
+    "$root$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+        --force-reinstall --no-deps "$package"
     [ -x "$root$VENV/bin/sebridge" ] || die "$package did not install the sebridge command"
     log "installed $("$root$VENV/bin/sebridge" --version 2>/dev/null || echo "$package")"
 fi

@@ -385,3 +385,62 @@ def test_a_late_prepared_approves_nothing_the_event_names_now(world: dict[str, A
         waiting = receiver.peek_messages(max_message_count=100, timeout=10)
     assert f"approve:{event_id}" not in {m.message_id for m in waiting}
     assert arm.vm_pools(vms["late-2"]) == [pool] and arm.vm_pools(vms["late-3"]) == [pool]
+
+
+@pytest.mark.timeout(240)
+def test_another_sets_cancelled_does_not_end_a_held_event(world: dict[str, Any]) -> None:
+    """Hostile review of issue 23, round two, break 1a, end to end. In pool-x (x-1..3 of
+    as-web, LB_MIN_HEALTHY 1), A drains x-1, B drains x-2 and C, on x-3, is held. db-1, a real
+    VM of another availability set that knows C's EventId, sends Cancelled for C naming itself:
+    it verifies (db-1 is who it says), but only in as-db's scope. When A completes, C is tried
+    again and drains x-3 (before, db-1's Cancelled had dropped C's hold, and x-3 stayed in)."""
+    bus, arm, host = world["bus"], world["arm"], world["host"]
+    receive_all(bus.connection_string, "audit", want=0, timeout=3)  # what earlier tests left
+    aset = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/Microsoft.Compute/"
+    aset += "availabilitySets/as-web"
+    lb = arm.add_load_balancer(SUBSCRIPTION, GROUP, "lb-x", ["pool-x"], rules={"http": "pool-x"})
+    pool = f"{lb}/backendAddressPools/pool-x"
+    vms = {
+        name: arm.add_vm(SUBSCRIPTION, GROUP, name, [pool], availability_set=aset)
+        for name in ("x-1", "x-2", "x-3")
+    }
+    as_db = arm.add_availability_set(SUBSCRIPTION, GROUP, "as-db")
+    db = replace(
+        golden.OBSERVER,
+        vm_name="db-1",
+        vm_id=simulator_vm_id("db-1"),
+        resource_id=arm.add_vm(SUBSCRIPTION, GROUP, "db-1", [], availability_set=as_db),
+        vm_scale_set_name="",
+    )
+    ids = {name: f"{n}c5c0e00-0000-4000-8000-0000000000c5" for n, name in enumerate("ABC", 1)}
+    not_before = (datetime.now(UTC) + timedelta(minutes=30)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+    def envelope(transition: Transition, name: str, vm: str, by: Any, incarnation: int) -> Any:
+        status = "Started" if transition is Transition.COMPLETED else "Scheduled"
+        fields = dict(
+            golden.SCHEDULED,
+            EventId=ids[name],
+            Resources=[vm],
+            EventStatus=status,
+            NotBefore="" if status == "Started" else not_before,
+        )
+        (event,) = Document.from_imds(
+            {"DocumentIncarnation": incarnation, "Events": [fields]}
+        ).events
+        return event_message(transition, event, by, incarnation, datetime.now(UTC))
+
+    for name, vm in (("A", "x-1"), ("B", "x-2"), ("C", "x-3")):
+        publish_many(bus, [envelope(Transition.SCHEDULED, name, vm, golden.OBSERVER, 51)])
+        audit = receive_all(bus.connection_string, "audit", want=2, timeout=90)
+        assert {m["subject"] for m in audit} == {"Scheduled", "Held" if name == "C" else "Prepared"}
+    assert arm.vm_pools(vms["x-3"]) == [pool]
+    cancelled = envelope(Transition.CANCELLED, "C", "db-1", db, 52)
+    publish_many(bus, [cancelled])
+    wait_until(
+        lambda: f"function=lb_pools message_id={cancelled.message_id}" in host.stderr_text(),
+        60,
+        "lb-pools handled db-1's Cancelled",
+    )
+    publish_many(bus, [envelope(Transition.COMPLETED, "A", "x-1", golden.OBSERVER, 53)])
+    wait_until(lambda: arm.vm_pools(vms["x-1"]) == [pool], 90, "A's end put x-1 back")
+    wait_until(lambda: arm.vm_pools(vms["x-3"]) == [], 90, "C resumed: x-3 drained")

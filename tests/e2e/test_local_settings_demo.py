@@ -21,6 +21,7 @@ from emulators.servicebus.testing import running_emulator
 from functions.shared.settings import load_settings
 from sebridge import servicebus
 from tests.fixtures import golden
+from tests.support import docs
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def test_the_functions_host_runs_the_app_against_the_demo_world_with_it(tmp_path
 def test_the_readme_says_how_to_make_the_local_settings_file_it_refers_to() -> None:
     # local.settings.json is named in the README but not in a checkout (it may hold secrets):
     # every paragraph that names it says how to make it, and git keeps the made one out.
-    readme = (REPO / "README.md").read_text()
+    readme = docs.all_docs()
     making = "cp emulators/local.settings.demo.json local.settings.json"
     paragraphs = [p for p in readme.split("\n\n") if "`local.settings.json`" in p]
     assert paragraphs
@@ -108,7 +109,7 @@ def test_the_readme_says_how_to_make_the_local_settings_file_it_refers_to() -> N
 
 
 def _readme_fakes_output() -> dict[str, str]:
-    readme = (REPO / "README.md").read_text()
+    readme = docs.all_docs()
     section = readme.split("`sebridge fakes` prints the app settings", 1)[1]
     block = section.split("```json\n", 1)[1].split("```", 1)[0]
     shown: dict[str, str] = json.loads(block)

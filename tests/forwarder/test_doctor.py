@@ -31,6 +31,7 @@ from emulators.servicebus.testing import EmulatorProcess, running_emulator
 from sebridge import __version__, servicebus
 from sebridge.contract.commands import ApproveCommand
 from sebridge.forwarder.observability.doctor import read_env_file, run
+from tests.support import docs
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -350,7 +351,8 @@ def test_imds_that_does_not_answer_is_a_failure_with_the_fix(tmp_path: Path) -> 
     )  # fmt: skip
     assert code == 1
     assert checks["imds"]["status"] == "FAIL"
-    assert "NO_PROXY=169.254.169.254" in checks["imds"]["fix"]
+    assert "must be reachable from this VM" in checks["imds"]["fix"]
+    assert "never through a proxy" in checks["imds"]["fix"]
 
 
 def test_a_configuration_the_forwarder_would_refuse(sim: RunningSimulator) -> None:
@@ -518,15 +520,16 @@ def test_no_token_fails_with_how_to_attach_the_identity(
 def test_the_readme_lists_every_check_and_the_verify_step_runs_the_doctor(
     sim: RunningSimulator, tmp_path: Path
 ) -> None:
-    readme = (REPO / "README.md").read_text()
-    table = readme.split("**`sudo sebridge doctor [--json]`**", 1)[1].split("\n\n")[1]
+    table = docs.page("monitoring").split("**`sudo sebridge doctor [--json]`**", 1)[1]
+    table = table.split("\n\n")[1]
     documented = [line.split("`")[1] for line in table.splitlines()[2:]]
     _, checks, _ = doctor(
         "--no-env-files", "--dry-run", "--imds-endpoint", sim.base_url,
         "--state-dir", str(tmp_path / "state"),
     )  # fmt: skip
     assert documented == list(checks)
-    verify = readme.split("### Verify", 1)[1].split("\n### ", 1)[0]
+    assert "`sudo sebridge doctor`" in docs.section(docs.page("README"), "## Deploy")
+    verify = docs.section(docs.page("deploy"), "## Verify")
     assert "`sudo sebridge doctor`" in verify
     example = verify.split("```\n", 1)[1].split("```", 1)[0]
     lines = [line.strip() for line in example.splitlines() if line.strip()]

@@ -90,7 +90,9 @@ def base_env(
     }
 
 
-def sb_message(envelope: Envelope, *, body: bytes | None = None) -> ServiceBusMessage:
+def sb_message(
+    envelope: Envelope, *, body: bytes | None = None, delivery_count: int = 1
+) -> ServiceBusMessage:
     """The message as the Functions worker hands it to a Service Bus trigger (its own class)."""
     return ServiceBusMessage(
         body=envelope.body_bytes() if body is None else body,
@@ -101,7 +103,7 @@ def sb_message(envelope: Envelope, *, body: bytes | None = None) -> ServiceBusMe
         subject=envelope.subject,
         application_properties=dict(envelope.application_properties),
         user_properties=dict(envelope.application_properties),
-        delivery_count=1,
+        delivery_count=delivery_count,
         enqueued_time_utc=NOW - timedelta(seconds=1),
     )
 
@@ -142,8 +144,8 @@ class App:
     def call(self, name: str, *args: Any) -> Any:
         return self.functions[name].get_user_function()(*args)
 
-    def deliver(self, name: str, message: Envelope) -> Any:
-        return self.call(name, sb_message(message))
+    def deliver(self, name: str, message: Envelope, *, delivery_count: int = 1) -> Any:
+        return self.call(name, sb_message(message, delivery_count=delivery_count))
 
     def fire_due(self) -> int:
         """Deliver the drain moments due at the clock's time to drain_moment; how many."""

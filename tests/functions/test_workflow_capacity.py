@@ -74,8 +74,9 @@ def in_pool(app: App, world: dict[str, str], vm: str) -> bool:
 
 
 def held_state(storage: FakeBlobStorage, pool_id: str) -> dict[str, held.HeldEvent]:
+    """The pool's held events by EventId (the state keys them by event and scope)."""
     raw = storage.blobs.get(POOL_CONTAINER, {}).get(blob_name(pool_id))
-    return held.read(json.loads(raw)) if raw else {}
+    return {e.event: e for e in held.read(json.loads(raw)).values()} if raw else {}
 
 
 def test_two_overlapping_events_one_drained_one_held_then_drained(

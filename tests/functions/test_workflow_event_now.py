@@ -157,7 +157,7 @@ def held_in(app: App, pool: str, event_id: str) -> bool:
 
     assert app.storage is not None
     raw = app.storage.blobs.get(POOL_CONTAINER, {}).get(blob_name(pool))
-    return raw is not None and event_id in held.read(json.loads(raw))
+    return raw is not None and event_id in {e.event for e in held.read(json.loads(raw)).values()}
 
 
 @pytest.fixture

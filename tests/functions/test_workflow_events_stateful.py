@@ -220,7 +220,8 @@ def test_overlapping_and_moving_events_keep_their_promises(
         def held_lists_name_events_that_are_on_with_their_vms_now(self) -> None:
             for pool in set(self.pool.values()):
                 raw = storage_fake.blobs.get(POOL_CONTAINER, {}).get(blob_name(pool))
-                for event_id, entry in (held.read(json.loads(raw)) if raw else {}).items():
+                for entry in (held.read(json.loads(raw)) if raw else {}).values():
+                    event_id = entry.event
                     assert event_id in self.model.on, f"{event_id} ended, still held"
                     resources = entry.body["data"]["Resources"]
                     assert sorted(resources) == self.model.on[event_id].vms, (

@@ -11,6 +11,9 @@ flood stays short (the rule, not the number, is under test).
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -43,8 +46,9 @@ def world(arm_fake: FakeArm) -> dict[str, str]:
 
 
 def held_now(storage: FakeBlobStorage, pool: str) -> dict[str, held.HeldEvent]:
+    """The pool's held events by EventId (the state keys them by event and scope)."""
     raw = storage.blobs.get(POOL_CONTAINER, {}).get(blob_name(pool))
-    return held.read(json.loads(raw)) if raw else {}
+    return {e.event: e for e in held.read(json.loads(raw)).values()} if raw else {}
 
 
 def test_a_flood_of_invented_events_never_evicts_an_honest_held_event(
@@ -108,3 +112,45 @@ def test_the_bounds_take_from_the_observer_that_holds_the_most() -> None:
     assert sorted(e.event_id for e in alone if e.observer == "rg/web-1") == [
         f"rg/web-1-{n}" for n in range(200 - held.MAX_PER_OBSERVER, 200)
     ]
+
+
+def test_a_wave_reported_by_one_observer_keeps_every_honest_held_event(
+    make_app: Callable[..., App],
+    arm_fake: FakeArm,
+    storage_fake: FakeBlobStorage,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hostile review of issue 23, round two, break 8: a maintenance wave over one availability
+    set of 22 VMs, one event each, every one reported first by web-1 (IMDS shows each member the
+    set's events). The pool can spare one VM: one is drained, 21 held, and none is dropped for
+    "holding more than its share"; when the first ends, the oldest held one drains."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool = f"{lb}/backendAddressPools/pool-a"
+    names = [f"web-{n}" for n in range(1, 23)]
+    vms = {name: web_vm(arm_fake, name, [pool]) for name in names}
+    app = make_app(LB_MIN_HEALTHY="21")
+    ids = [str(uuid.UUID(int=n + 1, version=4)) for n in range(len(names))]
+    for event_id, name in zip(ids, names, strict=True):
+        app.deliver("lb_pools", envelope("Scheduled", EventId=event_id, Resources=[name]))
+    assert set(held_now(storage_fake, pool)) == set(ids[1:])
+    assert not [r for r in caplog.records if "dropped from the pool's list" in r.getMessage()]
+    ended = envelope(
+        "Completed", EventId=ids[0], Resources=[names[0]], EventStatus="Started", NotBefore=""
+    )
+    app.deliver("lb_pools", ended)
+    assert [name for name in names if not arm_fake.vm_pools(vms[name])] == [names[1]]
+
+
+def test_what_goes_first_is_the_latest_notbefore() -> None:
+    """When an observer holds more than it can honestly report, the entries with the latest
+    NotBefore go first (an invented event may name any; a wave's honest ones are due soon)."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def entry(n: int, due_in: timedelta) -> held.HeldEvent:
+        body = {"data": {"Resources": ["web-2"]}}
+        return held.HeldEvent(f"e-{n}", "m", body, start, start + due_in, "rg/web-1")
+
+    soon = [entry(n, timedelta(minutes=10 + n)) for n in range(held.MAX_PER_OBSERVER)]
+    far = [entry(100 + n, timedelta(days=6)) for n in range(5)]
+    kept = held.bounded([*far, *soon])
+    assert {e.event_id for e in kept} == {e.event_id for e in soon}

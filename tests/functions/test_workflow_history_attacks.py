@@ -149,6 +149,32 @@ def test_another_scope_can_never_touch_this_scopes_event() -> None:
     }
 
 
+def test_another_scopes_completed_closes_nothing_of_this_scope() -> None:
+    """Hostile review of issue 23, round two, break 5 (checked on the scoped history): db-1
+    (as-db) sends an Updated a week later and a Completed with web-1's EventId; web-1's event
+    stays Scheduled, at its NotBefore, on the calendar."""
+    store = MemoryHistoryStore()
+    history = _history(store)
+    life = Lifecycle()
+    life.transition("Scheduled", DurationInSeconds=600)
+    for message in life.messages:
+        history.record(verified(message), NOW)
+    genuine = stored(store)
+    assert genuine is not None
+    later = T0 + timedelta(minutes=2)
+    for message in (
+        _forged(
+            "Updated", f"{REF}:Updated:1:later", later, NotBefore="Sun, 29 Nov 2026 01:35:00 GMT"
+        ),
+        _forged("Completed", lifecycle.message_id(REF, "Completed", 1), later),
+    ):
+        history.record(verified(message, DB_SET), NOW)
+    assert stored(store) == genuine
+    assert genuine.latest.state == "Scheduled"
+    mine = _vevents(calendar_feed(history, NOW, WINDOW).body)[f"{scope_key()}-1@sebridge"]
+    assert str(mine["STATUS"]) == "CONFIRMED"
+
+
 def test_an_event_seen_by_two_scopes_is_two_entries() -> None:
     store = MemoryHistoryStore()
     history = _history(store)

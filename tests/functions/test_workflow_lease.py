@@ -27,6 +27,7 @@ from functions.adapters.pool_state import BlobPoolStore, LeaseLost
 from functions.adapters.retry import TransientHttpError
 from functions.lb_pools.core import LbPools
 from functions.lb_pools.guard import CapacityGuard
+from functions.shared import write_window
 from functions.shared.impact import DEFAULT_RULES
 from functions.shared.vms import ResolvedVm
 from sebridge.contract.events import parse_message
@@ -183,8 +184,10 @@ def test_a_throttled_nic_write_is_not_retried_after_the_lease_lapsed(
     wait_until(lambda: storage_fake.hanging >= 1, 10, "a renewal stalled in the service")
     clock.advance(LEASE + 1)
     message = envelope("Scheduled", EventId=EVENT_2, Resources=["web-2"])
-    second.handle(parse_message(message.body_bytes()), NOW)
-    assert arm_fake.vm_pools(vms["web-2"]) == []
+    decided = second.handle(parse_message(message.body_bytes()), NOW)
+    # B cannot know whether A's write still lands: A wrote web-1 into the pool's leaving
+    # members before writing (round three, break 4), so B counts it as gone and is held.
+    assert decided.held is not None and arm_fake.vm_pools(vms["web-2"]) == [pool]
     go_on.set()
     a.join(30)
     storage_fake.release()
@@ -260,3 +263,59 @@ def test_an_early_approval_is_not_retried_past_the_lease_either(
         )
     storage_fake.release()
     assert 8.0 not in slept and not arm_fake.acknowledged
+
+
+def test_a_nic_write_that_lands_after_the_lease_lapsed_takes_nothing_more(
+    arm_fake: FakeArm,
+    storage_fake: FakeBlobStorage,
+    identity_fake: FakeIdentity,
+    clock: Clock,
+) -> None:
+    """Hostile review of issue 23, round two, break 4. A drains web-1: ARM takes its NIC PUT
+    and applies it late; meanwhile the renewals stall and the lease lapses, and B decides the
+    pool under the next lease. B must count web-1 as gone (A wrote what it takes down into the
+    pool's state before its write), so B is held; and A, whose lease lapsed before its write
+    returned, publishes no Prepared: its message comes back. Before, B drained web-2 and the
+    pool was left empty with LB_MIN_HEALTHY=1."""
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a"], rules={"http": "pool-a"})
+    pool = f"{lb}/backendAddressPools/pool-a"
+    for vm in ("web-1", "web-2"):
+        web_vm(arm_fake, vm, [pool])
+    first = lb_pools_instance(arm_fake, storage_fake, clock)
+    second = lb_pools_instance(arm_fake, storage_fake, clock)
+    applied = threading.Event()
+    arm_fake.slow(8.0, method="PUT", path_contains="web-1-nic", times=1, until=applied)
+    (gate,) = [slow for slow in arm_fake._slow if slow.until is applied]
+    errors: list[BaseException] = []
+    outcomes: list[Any] = []
+
+    def drain_web_1() -> None:
+        message = envelope("Scheduled", EventId=EVENT_1, Resources=["web-1"])
+        try:
+            outcomes.append(first.handle(parse_message(message.body_bytes()), NOW))
+        except Exception as exc:
+            errors.append(exc)
+
+    a = threading.Thread(target=drain_web_1)
+    a.start()
+    wait_until(lambda: gate.times == 0, 20, "A's NIC write is under way in ARM")
+    storage_fake.hang("renew")
+    wait_until(lambda: storage_fake.hanging >= 1, 10, "a renewal stalled in the service")
+    clock.advance(LEASE + 1)  # the Blob service lets A's lease expire
+    message = envelope("Scheduled", EventId=EVENT_2, Resources=["web-2"])
+    decided = second.handle(parse_message(message.body_bytes()), NOW)
+    applied.set()  # ARM applies A's write now
+    a.join(40)
+    storage_fake.release()
+    assert decided.held is not None and decided.changed == []
+    assert arm_fake.pool_members(pool), "pool-a was left empty"
+    assert not outcomes and len(errors) == 1 and isinstance(errors[0], LeaseLost)
+    assert not [m for m in first.publisher.published if m.subject == "Prepared"]  # type: ignore[attr-defined]
+
+
+def test_a_write_that_could_outlast_the_lease_is_not_started() -> None:
+    """The write window refuses an attempt whose whole timeout is not left of the lease."""
+    with write_window.lease_window(lambda: 9.0):
+        assert write_window.before_attempt(5.0) == 9.0
+        with pytest.raises(write_window.WindowClosing, match="would outlast"):
+            write_window.before_attempt(10.0)

@@ -22,6 +22,7 @@ import pytest
 
 from emulators.fakes.arm import FakeArm
 from functions.lb_pools import nic_pools
+from functions.shared.event_record import event_of
 from sebridge.contract.events import Envelope, Transition, event_message
 from tests.fixtures import golden
 from tests.functions.support import App, envelope, event
@@ -130,7 +131,8 @@ def test_a_claim_whose_time_passed_does_not_keep_the_vm_out_for_ever(
     app.deliver("lb_pools", scheduled(REBOOT, ["web-1"], EventType="Reboot"))
     app.deliver("lb_pools", freeze("Scheduled"))
     claims = nic_pools.decode_claims(arm_fake.nic(nic_of(world, "web-1"))["tags"])
-    assert claims is not None and set(claims) == {REBOOT, FREEZE}
+    # each claim names its event in its verified scope: <EventId>.<placement digest>
+    assert claims is not None and {event_of(ref) for ref in claims} == {REBOOT, FREEZE}
     app.clock.now = app.clock.now.replace(year=app.clock.now.year + 1)
     app.deliver("lb_pools", freeze("Completed"))
     assert app.arm.vm_pools(world["web-1"]) == [world["pool-a"]]
@@ -168,7 +170,7 @@ def test_the_claims_say_which_events_have_the_nic_out(
     assert tags["owner"] == "web-team"  # the NIC's own tags stay
     assert tags[nic_pools.TAG] == "ipconfig1=lb-web/pool-a"
     refs = [claim.partition("@")[0] for claim in tags[nic_pools.CLAIMS_TAG].split(",")]
-    assert refs == sorted([REBOOT, FREEZE])
+    assert [event_of(ref) for ref in refs] == sorted([REBOOT, FREEZE])
     writes = len(arm_fake.writes())
     app.deliver("lb_pools", freeze("Scheduled"))  # a replay writes nothing
     app.deliver("lb_pools", freeze("Started"))  # nor does its Started

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +17,7 @@ from functions.shared.impact import DEFAULT_IMPACTFUL, ImpactRules
 from sebridge.contract.events import Observer
 from tests.fixtures import golden
 from tests.functions.support import event
+from tests.support import docs
 
 DEFAULT_POLICY = default_policy()  # at the default settings, as documented
 DEFAULT = parse_policy(DEFAULT_POLICY)
@@ -139,8 +139,7 @@ def test_the_default_at_threshold_9_is_the_documented_one() -> None:
         "match": {"eventType": ["Freeze"], "durationSeconds": {"min": 0, "max": 8}},
         "action": "approve",
     }
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Approval policy", 1)[1]
+    section = docs.page("configuration").split("## Approval policy", 1)[1]
     documented = re.search(r"```json\n(.*?)```", section, re.S)
     assert documented is not None and json.loads(documented.group(1)) == DEFAULT_POLICY
 

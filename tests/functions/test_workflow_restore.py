@@ -12,13 +12,19 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from emulators.fakes.arm import FakeArm
+from emulators.fakes.arm import _error as arm_error
 from functions.lb_pools.nic_pools import TAG_NAMES
+from functions.shared import composition, deliveries
 from functions.shared.invocations import INVOCATION_PREFIX, LOGGER_NAME
 from sebridge.contract.events import Envelope
+from tests.functions.history_support import MemoryHistoryStore
 from tests.functions.support import RG, SUB, App, envelope, web_vm
 
 pytestmark = pytest.mark.timeout(60)
@@ -151,3 +157,92 @@ def test_a_replaced_ip_configuration_is_reported_not_dropped_silently(
     assert "Not restored after Reboot completed: web-1" in text
     assert "IP configurations that no longer exist" in text and "ipconfig1" in text
     assert [line.get("notRestored") for line in invocation_lines(caplog)][-1] == 2
+
+
+def deliver_until_dead_letter(app: App, message: Envelope) -> int:
+    """Deliver ``message`` as Service Bus would, up to MaxDeliveryCount: how many raised."""
+    raised = 0
+    for count in range(1, deliveries.MAX_DELIVERY_COUNT + 1):
+        try:
+            app.deliver("lb_pools", message, delivery_count=count)
+        except Exception:
+            raised += 1
+        else:
+            break
+    return raised
+
+
+@pytest.mark.parametrize("refusal", ["bad-request", "nat-rule-reference"])
+def test_a_restore_arm_refuses_for_good_is_reported_not_dead_lettered_silently(
+    make_app: Callable[..., App],
+    arm_fake: FakeArm,
+    world: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    refusal: str,
+) -> None:
+    """Hostile review of issue 23, round two, break 6: ARM answers every PUT of web-1's NIC
+    with a lasting 4xx (a 400, or InvalidResourceReference naming an inbound NAT rule deleted
+    meanwhile, not a pool). web-2 goes back at once; web-1 is tried on every redelivery, and on
+    the last one given up out loud: an ERROR line naming the VM, the NIC and ARM's code, a
+    Teams card, the invocation line's notRestored, the history's NotRestored action; the message
+    completes and web-1's NIC keeps its record for the operator."""
+    caplog.set_level(logging.INFO)
+    app = make_app(LB_MIN_HEALTHY="0")
+    history = MemoryHistoryStore()  # the history on: lb-pools records its actions there
+    composition.use(replace(composition.dependencies(), history_store=history))
+    app.deliver("lb_pools", scheduled(["web-1", "web-2"]))
+    if refusal == "bad-request":
+        arm_fake.fail(400, times=1000, method="PUT", path_contains="/web-1-nic")
+        code = "InternalError"  # ARM's error code (the fake's for an injected 400)
+    else:
+        nat_rule = world["lb-b"].replace("lb-b", "lb-a") + "/inboundNatRules/ssh-web-1"
+        original = arm_fake.handle
+
+        def handle(request: Any) -> Any:  # ARM misses a NAT rule the NIC names, not a pool
+            if request.method == "PUT" and "/web-1-nic" in request.path:
+                return arm_error(
+                    400,
+                    "InvalidResourceReference",
+                    f"Resource {nat_rule} referenced by resource {request.path} was not found.",
+                )
+            return original(request)
+
+        monkeypatch.setattr(arm_fake, "handle", handle)
+        code = "InvalidResourceReference"
+    raised = deliver_until_dead_letter(app, completed(["web-1", "web-2"]))
+    assert raised == deliveries.MAX_DELIVERY_COUNT - 1  # the last delivery completes
+    assert arm_fake.vm_pools(world["web-2"]) == [world["pool-a"], world["pool-b"]]
+    assert arm_fake.vm_pools(world["web-1"]) == []
+    assert record_tags(arm_fake, world["web-1"])  # the record stays, for the operator
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("web-1" in e and "web-1-nic" in e and code in e for e in errors), errors
+    (card,) = app.teams.cards
+    text = json.dumps(card)
+    assert "web-1" in text and "put them back by hand" in text and code in text
+    assert [line.get("notRestored") for line in invocation_lines(caplog)][-1] == 1
+    entries = [e for rows in history.rows.values() for e in rows.values()]
+    (not_restored,) = [e for e in entries if e.name == "NotRestored"]
+    assert not_restored.details["count"] == 1 and not_restored.details["vms"] == "web-1"
+    assert not_restored.details["codes"] == code
+
+
+def test_the_delivery_count_is_the_subscriptions() -> None:
+    """The last delivery the workflows count on is the one the infrastructure configures."""
+    config = json.loads(
+        (Path(__file__).parents[2] / "infra/servicebus-emulator/Config.json").read_text()
+    )
+    counts: set[int] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "MaxDeliveryCount" in node:
+                counts.add(node["MaxDeliveryCount"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    assert counts == {deliveries.MAX_DELIVERY_COUNT}

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from infra_helpers import INFRA, bicep_files, parse, unwrap
 
+from tests.support import docs
+
 
 def test_the_infra_tree_has_the_expected_entry_points() -> None:
     names = {p.relative_to(INFRA).as_posix() for p in bicep_files()}
@@ -92,7 +94,7 @@ def _bicepparam_values() -> dict[str, str]:
 
 def _deploy_steps_before_the_first_deployment() -> str:
     guide = deploy_guide()
-    steps = guide.split("### Deploy the bridge", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    steps = guide.split("## Deploy the bridge", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     return steps.split("az deployment group", 1)[0]
 
 
@@ -181,9 +183,8 @@ def test_every_checkov_skip_is_justified_next_to_its_resource(
 
 
 def deploy_guide() -> str:
-    """The README's Deploy section: the one deployment guide."""
-    readme = (INFRA.parent / "README.md").read_text()
-    return readme.split("<!-- deploy:start -->", 1)[1].split("<!-- deploy:end -->", 1)[0]
+    """docs/deploy.md: the one deployment guide."""
+    return docs.page("deploy")
 
 
 @pytest.mark.parametrize("template", ["main.bicep", "forwarder.bicep"])

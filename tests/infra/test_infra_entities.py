@@ -22,7 +22,6 @@ import pytest
 from infra_helpers import (
     EMULATOR_CONFIG,
     INFRA,
-    REPO,
     emulator_namespace,
     module,
     parse,
@@ -31,6 +30,8 @@ from infra_helpers import (
     resources_of_type,
     unwrap,
 )
+
+from tests.support import docs
 
 # Emulator property -> ARM property, per entity kind.
 QUEUE_PROPERTIES = {
@@ -291,8 +292,7 @@ def test_namespace_is_entra_only_with_tls_12() -> None:
 
 def _readme_procedure() -> tuple[dict[str, Any], str]:
     """(the Config.json entry, the customSubscriptionName) README tells a user to add."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Subscribe your own function", 1)[1].split("\n## ", 1)[0]
+    section = docs.section(docs.page("extending"), "## Subscribe your own function")
     block = re.search(r"```json\n(.*?)```", section, re.S)
     assert block, "the subscriber procedure shows no Config.json entry"
     name = re.search(r"customSubscriptionName = '([^']+)'", section)

@@ -8,6 +8,8 @@ import re
 import tomllib
 from pathlib import Path
 
+from tests.support import docs
+
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 LOCAL = tomllib.loads((REPO / "emulators" / "pyproject.toml").read_text())
@@ -124,7 +126,7 @@ def test_the_version_pattern_finds_each_kind_of_name() -> None:
 def test_every_version_in_the_readme_and_the_installer_is_the_packages() -> None:
     version = PYPROJECT["project"]["version"]
     assert LOCAL["project"]["version"] == version, "the local tools carry the same version"
-    for path in (REPO / "README.md", REPO / "infra" / "scripts" / "install-forwarder.sh"):
+    for path in (*docs.pages(), REPO / "infra" / "scripts" / "install-forwarder.sh"):
         written = versions_written_in(path.read_text())
         stale = sorted(set(written) - {version})
         assert not stale, f"{path.name} names version(s) {stale}; the package is {version}"
