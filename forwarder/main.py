@@ -181,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             # Told of every document by the poller; works on threads of its own.
             forwarder.listeners.append(local)
             local.start(fallback=forwarder.state)
+            # An identity an earlier run resolved, should the state file hold none.
+            forwarder.remember_identity(local.store.view.observer)
             workers += local.workers(stop)
         if not config.dry_run:
             from sebridge.forwarder.approvals.receiver import approvals_worker

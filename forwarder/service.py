@@ -24,13 +24,17 @@ Heartbeats are liveness only: the latest one waits in memory (never behind a ful
 sent after the pending transitions.
 
 A message never leaves the VM without its identity (instance metadata: vmId, resource id; the
-workflows' scope check refuses a message without them). Until the lookup succeeds, retried with
-backoff from 1 s up to :data:`OBSERVER_RETRY_SECONDS`, transitions wait in the outbox and no
-Heartbeat is built; the drain probe and the hooks go on under the host name. Then every message
-built under the host name is rebound to the VM's identity as it is sent (same message id), rows
-left in the outbox by an earlier run included. Only an IMDS that answers 404 (it serves no
-instance metadata at all: not Azure's, e.g. Microsoft's mock server) lets messages go out under
-the host name, said at ERROR.
+workflows' scope check refuses a message without them). The lookup runs on a thread of its own
+(``identity``), retried with backoff from 1 s up to :data:`OBSERVER_RETRY_SECONDS`, so a lookup
+that hangs never delays a poll. Until it succeeds, transitions wait in the outbox and no
+Heartbeat is built; the local actions (drain probe, hooks, Prepared) judge this VM's events by
+one notion of this VM, :attr:`Forwarder.local_observer`: the identity an earlier run resolved
+(kept in the state file), else the host name; when the identity resolves they re-evaluate their
+view under it. Then every message built without an identity (no vmId nor resource id: under
+whatever host name or ``--vm-name`` it was built) is rebound to the VM's identity as it is sent
+(same message id), rows left in the outbox by an earlier run included. Only an IMDS that
+answers 404 (it serves no instance metadata at all: not Azure's, e.g. Microsoft's mock server)
+lets messages go out under the host name, said at ERROR.
 """
 
 from __future__ import annotations
@@ -48,9 +52,9 @@ from sebridge.contract.events import (
     Envelope,
     Observer,
     Transition,
+    built_without_identity,
     event_message,
     heartbeat_message,
-    observed_by,
     with_observer,
 )
 from sebridge.forwarder.delivery.outbox import OutboxError
@@ -70,7 +74,7 @@ from sebridge.forwarder.ports import (
     StateSaver,
     SystemClock,
 )
-from sebridge.forwarder.state import ForwarderState, bounded_lives
+from sebridge.forwarder.state import ForwarderState, bounded_lives, is_identity
 from sebridge.imds import Document
 from sebridge.retry import Backoff
 
@@ -138,6 +142,16 @@ class Forwarder:
         self._fallback = self._with_override(fallback_observer())
         self.observer: Observer = self._fallback
         self.identity = UNKNOWN
+        # Since when the identity is unknown (None once known): health says so.
+        self.identity_unknown_since: datetime | None = self.clock.now()
+        # The identity an earlier run resolved (state file, or the local actions' journal):
+        # what the local actions judge this VM's events by until instance metadata answers.
+        self.last_identity: Observer | None = (
+            self._with_override(self.state.identity) if self.state.identity else None
+        )
+        # True while the identity worker looks the identity up off the poll thread (run());
+        # otherwise tick() does it (run_once and tests driving tick()).
+        self._identity_worker = False
         self._observer_backoff = Backoff(1.0, OBSERVER_RETRY_SECONDS)
         self.last_successful_poll: datetime | None = None
         self.polls = 0
@@ -171,6 +185,20 @@ class Forwarder:
         return observer
 
     @property
+    def local_observer(self) -> Observer:
+        """This VM, for the actions taken on it (hooks, drain probe, Prepared): the resolved
+        identity, else the last known one (an earlier run's), else the host-name fallback."""
+        if self.identity == RESOLVED:
+            return self.observer
+        return self.last_identity or self._fallback
+
+    def remember_identity(self, observer: Observer | None) -> None:
+        """An identity known from elsewhere (the local actions' journal), used until instance
+        metadata answers when the state file holds none."""
+        if self.last_identity is None and observer is not None and is_identity(observer):
+            self.last_identity = self._with_override(observer)
+
+    @property
     def observer_resolved(self) -> bool:
         return self.identity == RESOLVED
 
@@ -202,14 +230,19 @@ class Forwarder:
                 )
             else:
                 self.identity = UNKNOWN
+                local = self.local_observer.vm_name
                 self._observer_log.report(
                     f"instance metadata unavailable ({exc}): transitions wait in the outbox until "
-                    f"the VM's identity is known (the drain probe and hooks go on as {name!r}); "
+                    f"the VM's identity is known (the drain probe and hooks go on as {local!r}); "
                     f"looked up again with backoff, every {OBSERVER_RETRY_SECONDS:.0f} s at most"
                 )
             return self.observer
         self.observer = self._with_override(found)  # before the sender may see RESOLVED
+        self.last_identity = self.observer
         self.identity = RESOLVED
+        self.identity_unknown_since = None
+        if self.last_error and self.last_error.startswith("instance metadata:"):
+            self.last_error = None  # what failed succeeded
         self._observer_backoff.reset()
         self._observer_log.clear(
             f"instance metadata available: VM name {found.vm_name!r}; messages go out with it"
@@ -218,11 +251,29 @@ class Forwarder:
         return self.observer
 
     def _bound(self, envelope: Envelope) -> Envelope:
-        """``envelope`` with the VM's identity if it was built under the host name before the
-        identity was known (in this run or an earlier one)."""
-        if self.identity == RESOLVED and observed_by(envelope, self._fallback):
+        """``envelope`` with the VM's identity if it was built under a fallback (no vmId nor
+        resource id: the host name or ``--vm-name`` of this run or of an earlier one) before the
+        identity was known."""
+        if self.identity == RESOLVED and built_without_identity(envelope):
             return with_observer(envelope, self.observer)
         return envelope
+
+    def identity_loop(self) -> None:
+        """The identity worker (:meth:`run`): looks instance metadata up until it answers, with
+        the backoff of :meth:`resolve_observer`, off the poll thread: a lookup that hangs (up to
+        the IMDS client's deadline) never delays a poll."""
+        while not self.stop_event.is_set():
+            if self.identity != RESOLVED and self.clock.monotonic() >= self._next_observer_try:
+                try:
+                    self.resolve_observer()
+                except Exception:
+                    log.exception("instance metadata lookup failed; going on")
+                    self._next_observer_try = (
+                        self.clock.monotonic() + self._observer_backoff.next_delay()
+                    )
+                continue
+            wait = self._next_observer_try - self.clock.monotonic()
+            self.stop_event.wait(min(max(wait, 0.05), 1.0))
 
     # -- polling ----------------------------------------------------------------------------
     def poll_once(self) -> float | None:
@@ -252,7 +303,9 @@ class Forwarder:
         self._tell_document(document, observed_at)
         before = self.state
         changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
-        self.impact.observed(before.events, document.events, self.observer.vm_name, observed_at)
+        self.impact.observed(
+            before.events, document.events, self.local_observer.vm_name, observed_at
+        )
         lives = dict(before.lives)
         envelopes: list[Envelope] = []
         for change in changes:
@@ -306,13 +359,18 @@ class Forwarder:
             bounded_lives(lives, {e.key for e in document.events}),
             observed_at,
             self.impact.keep_only(events),
+            self.last_identity if self.identity == RESOLVED else before.identity,
         )
         if (
             changes
             or document.incarnation != before.incarnation
+            or self.state.identity != before.identity
             or self.save_failing_since is not None
             or self.impact.wants_save(
-                events.values(), self.observer.vm_name, observed_at, self.clock.monotonic()
+                events.values(),
+                self.local_observer.vm_name,
+                observed_at,
+                self.clock.monotonic(),
             )
         ):
             self._save()
@@ -402,6 +460,9 @@ class Forwarder:
             outbox_depth=depth,
             set_aside=aside,
             last_error=self.last_error,
+            identity_unknown_since=self.identity_unknown_since
+            if self.identity == UNKNOWN
+            else None,
         )
 
     def heartbeat_if_due(self) -> None:
@@ -472,7 +533,7 @@ class Forwarder:
             if follow is None:
                 continue
             try:
-                follow(document, self.observer, observed_at)
+                follow(document, self.local_observer, observed_at)
             except Exception:
                 log.exception("listener %r failed on a document; ignored", listener)
 
@@ -511,7 +572,11 @@ class Forwarder:
     def tick(self) -> float | None:
         """poll_once plus housekeeping; never raises. None = on schedule, else a backoff."""
         try:
-            if self.identity != RESOLVED and self.clock.monotonic() >= self._next_observer_try:
+            if (
+                not self._identity_worker
+                and self.identity != RESOLVED
+                and self.clock.monotonic() >= self._next_observer_try
+            ):
                 self.resolve_observer()
             delay = self.poll_once()
             self.heartbeat_if_due()
@@ -574,8 +639,7 @@ class Forwarder:
             heartbeat, self._heartbeat = self._heartbeat, None
         if heartbeat is None or self.stop_event.is_set():
             return
-        if self.identity == RESOLVED and observed_by(heartbeat, self._fallback):
-            return  # built under the host name (IMDS served no identity then): the next one
+        heartbeat = self._bound(heartbeat)  # built under the host name (IMDS served none)
         try:
             self.publisher.publish([heartbeat])
         except MessageRefused as exc:
@@ -634,8 +698,12 @@ class Forwarder:
     ) -> bool:
         """Poll, send and run ``extra_workers``, each on its own thread, until :meth:`stop`;
         then give them ``join_timeout`` seconds in all to end. True when every one did."""
-        self.resolve_observer()
+        # The identity is looked up on a thread of its own: the first poll does not wait for it.
+        self._identity_worker = True
         threads = [
+            threading.Thread(
+                target=self._guarded(self.identity_loop), name="identity", daemon=True
+            ),
             threading.Thread(target=self._guarded(self.poll_loop), name="poller", daemon=True),
             threading.Thread(target=self._guarded(self.send_loop), name="sender", daemon=True),
         ]

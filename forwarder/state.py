@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sebridge.contract.events import ContractError, Observer
 from sebridge.forwarder.durable import atomic_write
 from sebridge.forwarder.imds.impact import Impact
 from sebridge.imds import InvalidDocument, ScheduledEvent
@@ -61,6 +62,10 @@ class ForwarderState:
     # restart before their Completed keeps what was measured. Optional: an older forwarder
     # ignores it, and a record that is not readable is dropped, not taken as damage.
     impacts: dict[str, Impact] = field(default_factory=dict)
+    # The VM's identity as instance metadata last gave it (vmId, resource id), so that a restart
+    # while instance metadata fails judges this VM's events by it, not by the host name.
+    # Optional: an older forwarder ignores it; an unreadable one reads as None.
+    identity: Observer | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +76,7 @@ class ForwarderState:
             "events": [event.to_imds() for event in self.events.values()],
             "lives": {key: life.to_json() for key, life in self.lives.items()},
             "impacts": {key: impact.to_data() for key, impact in self.impacts.items()},
+            "identity": self.identity.to_data() if self.identity is not None else None,
             "savedAt": datetime.now(UTC).isoformat(),
         }
 
@@ -113,7 +119,25 @@ class ForwarderState:
             lives=lives,
             observed_at=_moment(obj.get("observedAt")),
             impacts=impacts,
+            identity=_identity(obj.get("identity")),
         )
+
+
+def _identity(value: object) -> Observer | None:
+    """The identity saved by :meth:`ForwarderState.to_json` (only a resolved one is); None if
+    absent or unreadable."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return Observer.from_data(value)
+    except ContractError:
+        return None
+
+
+def is_identity(observer: Observer) -> bool:
+    """Whether ``observer`` comes from instance metadata (it names a vmId or a resource id),
+    as opposed to a fallback built from the host name or ``--vm-name`` alone."""
+    return bool(observer.vm_id or observer.resource_id)
 
 
 def _moment(value: object) -> datetime | None:

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import email.utils
 import random
+import re
 from collections.abc import Callable
 from datetime import UTC
+
+# delta-seconds: ASCII digits only (str.isdigit and str.isdecimal take other scripts' digits
+# and superscripts, which float() then refuses).
+_DELTA_SECONDS = re.compile(r"[0-9]+")
 
 
 class Backoff:
@@ -49,17 +54,19 @@ class Backoff:
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
     """A ``Retry-After`` header in seconds from ``now`` (epoch seconds): delta-seconds or an
-    HTTP date (RFC 9110 10.2.3); None when absent or unreadable. Never negative."""
+    HTTP date (RFC 9110 10.2.3); None when absent or unreadable. Never negative, never raises."""
     if value is None:
         return None
     text = value.strip()
     if not text or len(text) > 64:
         return None
-    if text.isdigit():
+    if _DELTA_SECONDS.fullmatch(text):
         return float(text)
+    if not text.isascii():
+        return None  # an HTTP date is ASCII
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
+    except (TypeError, ValueError, IndexError, OverflowError, AttributeError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)

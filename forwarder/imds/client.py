@@ -96,6 +96,11 @@ class ImdsClient:
         self._http = DeadlineHttp(
             self.endpoint, max_body=max_body, connect_timeout=CONNECT_TIMEOUT, cancel=cancel
         )
+        # Instance metadata on a connection of its own: one connection carries one request at a
+        # time, and a lookup that hangs (on the identity thread) must never hold the polls.
+        self._instance_http = DeadlineHttp(
+            self.endpoint, max_body=max_body, connect_timeout=CONNECT_TIMEOUT, cancel=cancel
+        )
         self._answered = False
         self._events_target = "/metadata/scheduledevents?" + urlencode(
             {"api-version": self.api_version}
@@ -107,6 +112,7 @@ class ImdsClient:
 
     def close(self) -> None:
         self._http.close()
+        self._instance_http.close()
 
     def _timeout(self, timeout: float | None) -> float:
         if timeout is not None:  # the caller's own bound (approvals: a per-command budget)
@@ -121,6 +127,7 @@ class ImdsClient:
         *,
         body: bytes | None = None,
         headers: Mapping[str, str] | None = None,
+        http: DeadlineHttp | None = None,
     ) -> Answer:
         what = f"{method} {self.endpoint}{target}"
         deadline = time.monotonic() + timeout
@@ -135,7 +142,7 @@ class ImdsClient:
             )
         left = max(0.001, deadline - time.monotonic())
         try:
-            return self._http.request(
+            return (http or self._http).request(
                 method,
                 target,
                 timeout=left,
@@ -202,7 +209,7 @@ class ImdsClient:
     def instance_metadata(self) -> Observer:
         target = "/metadata/instance?" + urlencode({"api-version": self.instance_api_version})
         # Only scheduled events has the slow first call (the feature being enabled).
-        answer = self._request("GET", target, READ_TIMEOUT)
+        answer = self._request("GET", target, READ_TIMEOUT, http=self._instance_http)
         self._check_status(answer, "GET instance")
         try:
             compute = json.loads(answer.body)["compute"]

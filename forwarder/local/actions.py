@@ -80,6 +80,23 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def latest_transition(event: ScheduledEvent, life: lifecycle.Life | None) -> tuple[Transition, str]:
+    """The latest transition an event that is present reported, with its message id (the same
+    as :func:`sebridge.lifecycle.advance` gave it): Started once it started, else its latest
+    Updated if its content ever changed, else its Scheduled."""
+    ref = lifecycle.event_ref(event.event_id)
+    appearance = life.appearance if life is not None else 1
+    if event.is_started:
+        return Transition.STARTED, lifecycle.message_id(ref, Transition.STARTED.value, appearance)
+    versions = list(life.versions.items()) if life is not None else []
+    if len(versions) > 1 or (versions and versions[0][1] > 1):
+        digest, occurrence = versions[-1]
+        return Transition.UPDATED, lifecycle.message_id(
+            ref, Transition.UPDATED.value, appearance, digest=digest, occurrence=occurrence
+        )
+    return Transition.SCHEDULED, lifecycle.message_id(ref, Transition.SCHEDULED.value, appearance)
+
+
 class LocalActions:
     """A consumer of IMDS documents in its own right (``document_observed``), with its own view
     of the events in the store, and the workers to run."""
@@ -116,7 +133,12 @@ class LocalActions:
         observed: list[Observed] = []
         jobs: list[Job] = []
         with self.store.lock:
-            view = self.store.view
+            before = view = self.store.view
+            if view.observer is not None and view.observer != observer:
+                # This VM is known by another name now (its identity resolved or changed): the
+                # events it already knows are judged again under it before the new document.
+                view, reevaluated = self._reevaluate(view, observer, observed_at)
+                jobs += reevaluated
             changes = diff(view.events, document, observed_at, last_seen=view.observed_at)
             lives = dict(view.lives)
             for change in changes:
@@ -148,8 +170,9 @@ class LocalActions:
                 new,
                 # Like the forwarder's state file: written when something changed (and at stop).
                 persist=bool(changes)
-                or document.incarnation != view.incarnation
-                or new.timing != view.timing,
+                or document.incarnation != before.incarnation
+                or new.timing != before.timing
+                or new.observer != before.observer,
             )
             if self.probe is not None:
                 self.probe.follow(document.events, observer, self._probe_begins(new))
@@ -160,6 +183,28 @@ class LocalActions:
             self.hooks.queue(jobs)
         self.preparations.check_all()
         return observed
+
+    def _reevaluate(self, view: View, observer: Observer, now: datetime) -> tuple[View, list[Job]]:
+        """(Under the store's lock.) ``view`` judged again as seen by ``observer``: each known
+        event's latest transition (its Scheduled or Updated, or its Started) is observed again
+        under it, with its own message id, so the hooks, the preparation (Prepared) and the
+        prepare hooks waiting for the drain moment that now concern this VM follow (runs that
+        already ran are never run twice: they are keyed by message id and hook), and those that
+        no longer concern it end."""
+        new = replace(view, observer=observer, timing=dict(view.timing))
+        log.info(
+            "local actions: this VM is now %r (was %r): %d known event(s) judged again",
+            observer.vm_name,
+            view.observer.vm_name if view.observer else None,
+            len(view.events),
+        )
+        jobs: list[Job] = []
+        for key, event in view.events.items():
+            transition, message_id = latest_transition(event, view.lives.get(key))
+            item = Observed(transition, event, message_id, observer, view.incarnation)
+            self.preparations.observe(item)
+            jobs += self._record_transition(item, new, now)
+        return new, jobs
 
     # -- when to act --------------------------------------------------------------------------
     @staticmethod

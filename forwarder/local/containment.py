@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sebridge.forwarder.local.hooks_file import open_command
+
 log = logging.getLogger("forwarder.hooks")
 
 MARKER = "SEBRIDGE_HOOK_RUN"
@@ -123,7 +125,15 @@ def _own_cgroup() -> Path | None:
 class Containment:
     """The one way hooks are started and ended (see the module's docstring)."""
 
-    def __init__(self, *, cgroups: bool = True, subreaper: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        cgroups: bool = True,
+        subreaper: bool = True,
+        trusted_owners: Sequence[int] = (0,),
+    ) -> None:
+        # Who may own a hook's command besides the forwarder's own user (hooks_file).
+        self.trusted_owners = tuple(trusted_owners)
         self._lock = threading.Lock()  # around starting a hook and reaping: see reap()
         self._running: set[int] = set()  # main processes of running hooks (Popen reaps them)
         self._serial = itertools.count(1)
@@ -179,24 +189,36 @@ class Containment:
     def popen(self, argv: Sequence[str], env: Mapping[str, str], **options: Any) -> Contained:
         """Start ``argv`` contained (raises OSError or ValueError as Popen does)."""
         token = secrets.token_hex(12)
-        cgroup = self._make_cgroup()
-        command = list(argv)
-        if cgroup is not None:
-            # The trampoline hides exec errors from Popen: check what exec would refuse.
-            _check_executable(command[0])
-            command = ["/bin/sh", "-c", _TRAMPOLINE, str(cgroup / "cgroup.procs"), *command]
+        # The command is checked on the file it opens (owner, mode, every directory, no link)
+        # and executed from that descriptor: a file swapped after the check is never run.
+        program = open_command(argv[0], self.trusted_owners)
         try:
-            with self._lock:
-                process = subprocess.Popen(  # noqa: S603 - argv from the root-owned hooks file
-                    command,
-                    env={**env, MARKER: token},
-                    start_new_session=True,
-                    **options,
-                )
-                self._running.add(process.pid)
-        except BaseException:
-            self._remove_cgroup(cgroup)
-            raise
+            if not os.fstat(program).st_mode & 0o111:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv[0])
+            os.set_inheritable(program, True)
+            executable = f"/proc/self/fd/{program}"
+            cgroup = self._make_cgroup()
+            command = list(argv)
+            if cgroup is not None:
+                procs = str(cgroup / "cgroup.procs")
+                command = ["/bin/sh", "-c", _TRAMPOLINE, procs, executable, *command[1:]]
+                executable = "/bin/sh"
+            try:
+                with self._lock:
+                    process = subprocess.Popen(  # noqa: S603 - argv from the checked hooks file
+                        command,
+                        executable=executable,
+                        env={**env, MARKER: token},
+                        start_new_session=True,
+                        pass_fds=(program,),
+                        **options,
+                    )
+                    self._running.add(process.pid)
+            except BaseException:
+                self._remove_cgroup(cgroup)
+                raise
+        finally:
+            os.close(program)
         return Contained(process, token, cgroup)
 
     def terminate(self, run: Contained, grace: float) -> None:
@@ -329,15 +351,6 @@ class Containment:
                 with contextlib.suppress(OSError):  # still populated: end what is in it
                     (path / "cgroup.kill").write_text("1")
                 time.sleep(0.02)
-
-
-def _check_executable(path: str) -> None:
-    """What execve would refuse, as the OSError Popen would raise."""
-    st = os.stat(path)  # FileNotFoundError: No such file or directory
-    if not os.path.isfile(path):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-    if not os.access(path, os.X_OK) or not st.st_mode & 0o111:
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
 
 
 _default: Containment | None = None

@@ -229,7 +229,13 @@ def _mode_problem(path: Path, st: os.stat_result, trusted: Collection[int], *, i
     return ""
 
 
-def _refused(path: Path, problem: str) -> HooksFileError:
+def _refused(path: Path, problem: str, what: str = "hooks file") -> HooksFileError:
+    if what != "hooks file":
+        return HooksFileError(
+            f"{what} {path} refused: {problem}. The forwarder runs it, so only root (or the "
+            "forwarder's own user) may be able to change it (chown root:root, chmod go-w on "
+            "the file and its directories)"
+        )
     return HooksFileError(
         f"hooks file {path} refused: {problem}. It decides what the forwarder runs, so only "
         "root may be able to change it (chown root:root, chmod go-w on the file and its "
@@ -237,7 +243,14 @@ def _refused(path: Path, problem: str) -> HooksFileError:
     )
 
 
-def _open_in(directory: int | None, name: str, flags: int, path: Path, shown: Path) -> int:
+def _open_in(
+    directory: int | None,
+    name: str,
+    flags: int,
+    path: Path,
+    shown: Path,
+    what: str = "hooks file",
+) -> int:
     try:
         return os.open(name, flags, dir_fd=directory)
     except OSError as exc:
@@ -248,27 +261,32 @@ def _open_in(directory: int | None, name: str, flags: int, path: Path, shown: Pa
                 path,
                 f"{shown} is a symbolic link: give the real path of the file "
                 f"({os.path.realpath(path)}), so that nobody can point it elsewhere",
+                what,
             ) from exc
-        raise HooksFileError(f"hooks file {path}: cannot check {shown}: {exc}") from exc
+        raise HooksFileError(f"{what} {path}: cannot check {shown}: {exc}") from exc
 
 
-def read_checked(path: Path, trusted: Collection[int] = (0,)) -> bytes:
-    """The hooks file's content, read from a descriptor that was checked: every directory from
-    ``/`` and the file itself owned by a ``trusted`` uid and not writable by group or others
-    (a sticky directory may be), no symbolic link anywhere, a regular file. Raises
-    :class:`HooksFileError` with the reason."""
+def open_checked(
+    path: Path | str, trusted: Collection[int] = (0,), what: str = "hooks file"
+) -> int:
+    """A descriptor (close-on-exec) of the regular file ``path``, opened by a walk from ``/``
+    that checks what it opens, not a name that could be swapped after the check: every
+    directory and the file itself owned by a ``trusted`` uid and not writable by group or
+    others (a sticky directory may be), no symbolic link anywhere. Raises
+    :class:`HooksFileError` with the reason. The hooks file is read from it, and each hook's
+    command is executed from it (``/proc/self/fd``)."""
     absolute = Path(os.path.abspath(path))
     parts = absolute.parts  # ("/", "etc", "sebridge", "hooks.json")
     if len(parts) < 2:
-        raise HooksFileError(f"hooks file {path}: not a file path")
+        raise HooksFileError(f"{what} {path}: not a file path")
     dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = _open_in(None, "/", dir_flags, path, Path("/"))
+    fd = _open_in(None, "/", dir_flags, absolute, Path("/"), what)
     shown = Path("/")
     try:
         for index, name in enumerate(parts[1:], start=1):
             problem = _mode_problem(shown, os.fstat(fd), trusted, is_dir=True)
             if problem:
-                raise _refused(path, problem)
+                raise _refused(absolute, problem, what)
             last = index == len(parts) - 1
             shown = shown / name
             flags = (
@@ -276,15 +294,62 @@ def read_checked(path: Path, trusted: Collection[int] = (0,)) -> bytes:
                 if last
                 else dir_flags
             )
-            child = _open_in(fd, name, flags, path, shown)
+            child = _open_in(fd, name, flags, absolute, shown, what)
             os.close(fd)
             fd = child
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise HooksFileError(f"hooks file {path}: {shown} is not a regular file")
+            raise HooksFileError(f"{what} {path}: {shown} is not a regular file")
         problem = _mode_problem(shown, st, trusted, is_dir=False)
         if problem:
-            raise _refused(path, problem)
+            raise _refused(absolute, problem, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_command(path: str, trusted: Collection[int] = (0,)) -> int:
+    """A checked descriptor of a hook's command (:func:`open_checked` with the forwarder's own
+    user trusted too). A symbolic link on the way (``/bin`` to ``usr/bin``) is allowed when
+    every directory holding the path as written is trusted too, so nobody else can repoint
+    it; the file it resolves to is walked and checked as the hooks file is."""
+    owners = command_owners(trusted)
+    absolute = Path(os.path.abspath(path))
+    for directory in reversed(absolute.parents):
+        try:
+            st = os.stat(directory)
+        except OSError as exc:
+            raise HooksFileError(f"hook command {path}: cannot check {directory}: {exc}") from exc
+        problem = _mode_problem(directory, st, owners, is_dir=True)
+        if problem:
+            raise _refused(absolute, problem, "hook command")
+    return open_checked(os.path.realpath(absolute), owners, "hook command")
+
+
+def command_owners(trusted: Collection[int] = (0,)) -> frozenset[int]:
+    """Who may own a hook's command and its directories: the hooks file's owners (root) and
+    the forwarder's own user."""
+    return frozenset(trusted) | {os.geteuid()}
+
+
+def check_command(path: str, trusted: Collection[int] = (0,)) -> None:
+    """Refuse a hook command that someone else could replace (see :func:`open_checked`) or
+    that is not executable."""
+    fd = open_command(path, trusted)
+    try:
+        if not os.fstat(fd).st_mode & 0o111:
+            raise HooksFileError(f"hook command {path}: not executable")
+    finally:
+        os.close(fd)
+
+
+def read_checked(path: Path, trusted: Collection[int] = (0,)) -> bytes:
+    """The hooks file's content, read from a descriptor that was checked
+    (:func:`open_checked`)."""
+    fd = open_checked(path, trusted)
+    shown = Path(os.path.abspath(path))
+    try:
         chunks: list[bytes] = []
         size = 0
         while size <= MAX_FILE_BYTES:
@@ -316,6 +381,13 @@ def load_hooks(path: Path, trusted: Collection[int] = (0,)) -> HooksFile:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HooksFileError(f"hooks file {path}: not JSON: {exc}") from exc
     parsed = parse_hooks(obj, f"hooks file {path}")
+    for hook in parsed.hooks:
+        if not os.path.lexists(hook.command[0]):
+            continue  # not installed yet: each run checks it again (and fails while missing)
+        try:
+            check_command(hook.command[0], trusted)
+        except HooksFileError as exc:
+            raise HooksFileError(f"hooks file {path}: hook {hook.name!r}: {exc}") from exc
     return HooksFile(parsed.hooks, str(path))
 
 

@@ -161,6 +161,28 @@ class ErrorLog:
             return dict(self.counts)
 
 
+def somaxconn(default: int = 4096) -> int:
+    """The kernel's cap on a listening socket's accept queue (``net.core.somaxconn``)."""
+    try:
+        with open("/proc/sys/net/core/somaxconn", encoding="ascii") as handle:
+            return max(1, int(handle.read().strip()))
+    except (OSError, ValueError):
+        return default
+
+
+def _reset(transport: asyncio.BaseTransport) -> bool:
+    """Whether the peer reset the connection (a pending ECONNRESET): one getsockopt on the
+    transport's own socket, no descriptor duplicated, nothing read."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return True
+    try:
+        error: int = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError:
+        return True
+    return error != 0
+
+
 def _peek(transport: asyncio.BaseTransport) -> bytes | None:
     """What waits in the kernel's buffer of a connection, not yet read (up to MAX_HEAD bytes);
     None when the peer has reset or closed it."""
@@ -199,9 +221,11 @@ class HttpServer:
         self.max_connections = max_connections
         self.errors = ErrorLog(logger, name, every=log_every)
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self._sock = socket.create_server(
-            (address, port), family=family, backlog=2 * max_connections
-        )
+        # As long an accept queue as the kernel allows: a flood of connections that are reset
+        # at once fills a short one, and then a real client's SYN waits for its retransmits.
+        # asyncio accepts up to this many per readiness event, so the queue is emptied at once.
+        self.backlog = max(2 * max_connections, somaxconn())
+        self._sock = socket.create_server((address, port), family=family, backlog=self.backlog)
         self._sock.setblocking(False)
         host, bound, *_ = self._sock.getsockname()
         self.address = (str(host), int(bound))
@@ -267,7 +291,7 @@ class HttpServer:
             HANDLER_THREADS, thread_name_prefix=f"{self.name}-answer"
         )
         server = await loop.create_server(
-            lambda: _Connection(self), sock=self._sock, backlog=2 * self.max_connections
+            lambda: _Connection(self), sock=self._sock, backlog=self.backlog
         )
         started.set()
         try:
@@ -306,8 +330,8 @@ class HttpServer:
 
     def admit(self, conn: _Connection) -> bool:
         """Make room for ``conn`` (see the module), then count it in; False when it was reset
-        before it could be (a flood of resets then costs one look each, and no room)."""
-        if len(self.connections) >= self.max_connections // 2 and _peek(conn.transport) is None:
+        before it could be (a flood of resets then costs one getsockopt each, and no room)."""
+        if _reset(conn.transport):
             return False
         while len(self.connections) >= self.max_connections:
             victim = self._victim(conn.accepted)

@@ -52,6 +52,7 @@ from sebridge.forwarder.net.client import DeadlineHttp
 from sebridge.forwarder.observability.status_cli import collect
 from sebridge.forwarder.ports import ImdsError
 from sebridge.imds import Document
+from sebridge.text import printable, printable_lines
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Where install-forwarder.sh writes the configuration; the unit reads them in this order.
@@ -77,8 +78,11 @@ class Check:
     fix: str = ""
 
     def line(self) -> str:
-        text = f"{self.status:<4}  {self.name:<9}  {self.what}"
-        return f"{text}. Fix: {self.fix}" if self.fix else text
+        """One line for a terminal: whatever a check quotes (IMDS's VM name or error bodies,
+        a peer's message) goes through :func:`sebridge.text.printable`, so an escape sequence,
+        a bidi override or a line break from outside is shown, never obeyed."""
+        text = f"{self.status:<4}  {self.name:<9}  {printable(self.what)}"
+        return f"{text}. Fix: {printable(self.fix)}" if self.fix else text
 
     def to_json(self) -> dict[str, str]:
         return {"name": self.name, "status": self.status, "what": self.what, "fix": self.fix}
@@ -827,7 +831,7 @@ def run(
             print(check.line(), file=out, flush=True)
 
     def notice(text: str) -> None:
-        print(text, file=err, flush=True)
+        print(printable_lines(text), file=err, flush=True)
 
     checks = doctor.run(emit, notice)
     failed = any(c.status == FAIL for c in checks)

@@ -24,6 +24,10 @@ class Health:
     outbox_depth: int | None = None  # None: the outbox could not be read
     set_aside: int = 0  # messages kept in the outbox's aside table
     last_error: str | None = None
+    # Since when the VM's identity (instance metadata) is unknown, so nothing can be sent (None:
+    # known). Judged with the time by :func:`~sebridge.forwarder.observability.observations.
+    # assess`: unhealthy past IDENTITY_UNKNOWN_LIMIT with messages waiting.
+    identity_unknown_since: datetime | None = None
 
     @property
     def ok(self) -> bool:

@@ -87,6 +87,9 @@ def _moment(value: object) -> datetime | None:
     return moment if moment.tzinfo is not None else None
 
 
+IDENTITY_UNKNOWN_LIMIT = 300.0  # seconds the VM's identity may stay unknown with messages waiting
+
+
 def assess(status: Mapping[str, Any], now: datetime, *, slack: float = 0.0) -> list[str]:
     """Why a forwarder whose status document is ``status`` is not healthy at ``now`` (empty:
     healthy). ``slack`` widens the poll age allowed (the status file is written every few
@@ -108,6 +111,18 @@ def assess(status: Mapping[str, Any], now: datetime, *, slack: float = 0.0) -> l
         since = _moment(status.get(key))
         if since is not None:
             reasons.append(f"{what} since {isoformat_utc(since)}")
+    unknown = _moment(status.get("identityUnknownSince"))
+    depth = status.get("outboxDepth")
+    if (
+        unknown is not None
+        and (now - unknown).total_seconds() > IDENTITY_UNKNOWN_LIMIT
+        and isinstance(depth, int)
+        and depth > 0
+    ):
+        reasons.append(
+            f"the VM's identity (instance metadata) unknown since {isoformat_utc(unknown)}: "
+            f"{depth} message(s) wait to be sent"
+        )
     failing = _moment(status.get("publishFailingSince"))
     if failing is not None and (now - failing).total_seconds() > SEND_FAILING_LIMIT:
         reasons.append(f"sending to Service Bus failing since {isoformat_utc(failing)}")
@@ -216,6 +231,7 @@ class Observations:
             "stateSaveFailingSince": _iso(health.state_save_failing_since),
             "outboxWriteFailingSince": _iso(health.outbox_write_failing_since),
             "outboxDepth": health.outbox_depth,
+            "identityUnknownSince": _iso(health.identity_unknown_since),
             "setAside": health.set_aside,
             "lastTransitions": events,
             "approvals": approvals,

@@ -348,6 +348,19 @@ def observed_by(envelope: Envelope, observer: Observer) -> bool:
     return isinstance(data, Mapping) and data.get("observer") == observer.to_data()
 
 
+def built_without_identity(envelope: Envelope) -> bool:
+    """Whether ``envelope`` names an observer without vmId and resource id: it was built under a
+    fallback (the host name or ``--vm-name``, whatever they were then) before the VM's identity
+    was known, in this run or an earlier one."""
+    data = envelope.body.get("data")
+    observer = data.get("observer") if isinstance(data, Mapping) else None
+    return (
+        isinstance(observer, Mapping)
+        and not observer.get("vmId")
+        and not observer.get("resourceId")
+    )
+
+
 def with_observer(envelope: Envelope, observer: Observer) -> Envelope:
     """The same message as seen by ``observer``: ``data.observer``, the observer's application
     properties (:data:`OBSERVER_PROPERTIES`) and the CloudEvent ``source``, when it was the old

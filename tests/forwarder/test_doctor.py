@@ -529,3 +529,23 @@ def test_the_readme_lists_every_check_and_the_verify_step_runs_the_doctor(
     lines = [line.strip() for line in example.splitlines() if line.strip()]
     shown = [line.split()[1] for line in lines if not line.startswith("imds:")]
     assert shown == list(checks)
+
+
+def test_text_from_imds_is_shown_escaped_never_obeyed(tmp_path: Path) -> None:
+    """Hostile review item 7: the doctor printed IMDS's VM name raw (``VM {vm_name}``): an
+    escape sequence, a bidi override or a forged line reached the terminal. Every check's text
+    now goes through sebridge.text's escaping."""
+    from tests.support.imds_stub import ImdsStub
+
+    hostile = "vm\x1b[2J\u202eok\nFAIL  forged  line"
+    with ImdsStub() as imds:
+        imds.instance_status = 200
+        imds.instance_compute = {"name": hostile, "vmId": "id", "resourceId": "/r"}
+        out, err = io.StringIO(), io.StringIO()
+        args = ["--no-env-files", "--dry-run", "--imds-endpoint", imds.url, "--timeout", "20"]
+        run([*args, "--state-dir", str(tmp_path / "state")], out=out, err=err)
+    text = out.getvalue() + err.getvalue()
+    assert "\x1b" not in text and "\u202e" not in text
+    assert not any(line.startswith("FAIL  forged") for line in text.splitlines())
+    (imds_line,) = [line for line in out.getvalue().splitlines() if line.split()[1] == "imds"]
+    assert "\\x1b[2J\\u202eok\\nFAIL  forged  line" in imds_line

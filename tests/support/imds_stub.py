@@ -50,6 +50,10 @@ class ImdsStub:
         self.trickle_every = 3.0  # seconds between the bytes of a trickling body
         self.stall_for = 120.0  # seconds a stalled request is held (or until the server stops)
         self.instance_status = 404  # instance metadata: 404 with an HTML page, or 200
+        # What instance metadata's "compute" holds (None: a name, resource group, subscription).
+        self.instance_compute: dict[str, Any] | None = None
+        self.instance_hang = 0.0  # seconds an instance metadata request is held before it answers
+        self.instance_in_flight = 0  # instance metadata requests being held now
         self.error_body = b'{"error": "Internal server error"}'  # what mode "500" answers
         self.requests: list[Request] = []
         self.stopping = threading.Event()
@@ -147,10 +151,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _instance(self) -> None:
+        if self.imds.instance_hang > 0:
+            with self.imds._lock:
+                self.imds.instance_in_flight += 1
+            try:
+                self.imds.stopping.wait(self.imds.instance_hang)
+            finally:
+                with self.imds._lock:
+                    self.imds.instance_in_flight -= 1
         if self.imds.instance_status != 200:
             self._send(self.imds.instance_status, NOT_FOUND_HTML.encode(), "text/html")
             return
-        compute = {"name": "stub-vm", "resourceGroupName": "rg", "subscriptionId": "sub"}
+        compute = self.imds.instance_compute or {
+            "name": "stub-vm",
+            "resourceGroupName": "rg",
+            "subscriptionId": "sub",
+        }
         self._send(200, json.dumps({"compute": compute}).encode())
 
     def _document(self) -> None:

@@ -406,3 +406,31 @@ def test_a_stop_signal_ends_every_loop_at_once() -> None:
     world.forwarder.stop_event.set()
     runner.join(5)
     assert result == [True] and time.monotonic() - started < 1.0
+
+
+def test_an_identity_unknown_too_long_with_messages_waiting_is_unhealthy() -> None:
+    """Hostile review item 6: /healthz, the healthy gauge and `sebridge status` said healthy
+    for 13 minutes while the identity was unknown and nothing could be sent. Now the one health
+    rule (assess) says why once it lasts past IDENTITY_UNKNOWN_LIMIT with messages waiting, and
+    is healthy again once the identity is known."""
+    from sebridge.forwarder.observability.observations import IDENTITY_UNKNOWN_LIMIT, Observations
+
+    world = World()
+    unknown_identity(world)
+    observations = Observations(now=world.clock.now)
+    world.imds.set([scheduled(A)])
+    poll_and_send(world)
+    observations.polled(world.forwarder.health())
+    assert observations.assess() == []  # a short outage of instance metadata is not a fault
+    for _ in range(int(IDENTITY_UNKNOWN_LIMIT) + 5):
+        world.clock.advance(1)
+        world.forwarder.tick()
+    observations.polled(world.forwarder.health())
+    (reason,) = observations.assess()
+    assert "identity (instance metadata) unknown since" in reason and "1 message(s)" in reason
+    world.imds.instance_error = None
+    for _ in range(int(OBSERVER_RETRY_SECONDS) + 1):
+        world.clock.advance(1)
+        poll_and_send(world)
+    observations.polled(world.forwarder.health())
+    assert observations.assess() == []
