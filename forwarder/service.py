@@ -85,6 +85,7 @@ PEEK_ROWS = 100  # outbox rows handed to the publisher at a time (it sends what 
 MAX_POLL_BACKOFF = 5.0
 MAX_SEND_BACKOFF = 30.0  # how late delivery can resume after the broker returns
 OBSERVER_RETRY_SECONDS = 60.0  # the longest wait between two instance metadata lookups
+FIRST_LOOKUP_SECONDS = 2.0  # the most the first poll waits for the first identity lookup
 # The VM's identity: looked up (instance metadata), not yet known (transitions wait for it), or
 # not served by this IMDS at all (404: messages go out under the host name).
 RESOLVED, UNKNOWN, ABSENT = "resolved", "unknown", "absent"
@@ -125,6 +126,7 @@ class Forwarder:
         self.listeners = list(listeners)
         self.stop_event = stop_event or threading.Event()
         self.outbox_ready = threading.Event()
+        self._first_lookup = threading.Event()  # set once instance metadata answered or failed
         self.state: ForwarderState = store.load()
         released, dropped = outbox.recover(self.state.outbox_seq)
         if released or dropped:
@@ -214,6 +216,7 @@ class Forwarder:
         try:
             found = self.imds.instance_metadata()
         except ImdsError as exc:
+            self._first_lookup.set()
             delay = self._observer_backoff.next_delay()
             self._next_observer_try = self.clock.monotonic() + delay
             self.observer = self._fallback
@@ -248,6 +251,7 @@ class Forwarder:
             f"instance metadata available: VM name {found.vm_name!r}; messages go out with it"
         )
         self.outbox_ready.set()  # what waited for the identity goes out now
+        self._first_lookup.set()
         return self.observer
 
     def _bound(self, envelope: Envelope) -> Envelope:
@@ -698,12 +702,18 @@ class Forwarder:
     ) -> bool:
         """Poll, send and run ``extra_workers``, each on its own thread, until :meth:`stop`;
         then give them ``join_timeout`` seconds in all to end. True when every one did."""
-        # The identity is looked up on a thread of its own: the first poll does not wait for it.
+        # The identity is looked up on a thread of its own, so a lookup that hangs never delays a
+        # poll. The first poll waits for the first answer a little (FIRST_LOOKUP_SECONDS), so
+        # that as a rule the local actions judge the first document as this VM, not as its host
+        # name; a lookup slower than that is judged again once it answers.
         self._identity_worker = True
+        identity = threading.Thread(
+            target=self._guarded(self.identity_loop), name="identity", daemon=True
+        )
+        identity.start()
+        self._first_lookup.wait(FIRST_LOOKUP_SECONDS)
         threads = [
-            threading.Thread(
-                target=self._guarded(self.identity_loop), name="identity", daemon=True
-            ),
+            identity,
             threading.Thread(target=self._guarded(self.poll_loop), name="poller", daemon=True),
             threading.Thread(target=self._guarded(self.send_loop), name="sender", daemon=True),
         ]
@@ -715,7 +725,7 @@ class Forwarder:
             )
             for worker in extra_workers
         ]
-        for thread in threads:
+        for thread in threads[1:]:
             thread.start()
         self.stop_event.wait()
         self.stop()  # the stop event may have been set alone (a signal): wake the sender too

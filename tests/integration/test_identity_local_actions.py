@@ -9,7 +9,6 @@ host name does not concern this VM. Each test fails on the code before (said in 
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,6 +24,7 @@ from sebridge.forwarder.state import STATE_FILE
 from tests.forwarder.local_support import root_dir, script, write_hooks
 from tests.integration.test_drain_probe_forwarder import status, wait_status
 from tests.support.imds_stub import ImdsStub
+from tests.support.root import requires_root
 from tests.support.waiting import wait_until
 
 VM = "myvm"
@@ -37,9 +37,7 @@ COMPUTE = {
     "subscriptionId": "sub",
 }
 pytestmark = [pytest.mark.timeout(180)]
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="a hooks file must be root-owned: run as root"
-)
+needs_root = requires_root("a hooks file must be root-owned")
 
 
 @pytest.fixture
