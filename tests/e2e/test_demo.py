@@ -42,10 +42,12 @@ def test_the_default_demo_completes_the_loop_in_order() -> None:
         index = next((i for i, line in enumerate(lines) if re.search(milestone, line)), None)
         assert index is not None, f"missing {milestone!r} in:\n{result.stdout}"
         positions.append(index)
-    # Pool removal, the card and the calendar entry race each other; everything else happens
-    # in this order, and the event is in the calendar feed before it ends.
-    assert positions[0] < min(positions[1:4])
-    assert positions[4:] == sorted(positions[4:]), result.stdout
+    # Pool removal, the card and the calendar entry race each other, and so do Prepared and the
+    # approval: the gate approves on Scheduled once ARM shows web-1 out of its pools, while
+    # lb-pools publishes Prepared after the same drain (CI saw the POST 30 ms before Prepared).
+    # The rest is causal: POST, then the forwarder's Approved, Started, Completed, the return.
+    assert positions[0] < min(positions[1:5])
+    assert positions[5:] == sorted(positions[5:]), result.stdout
     assert max(positions[1], positions[2]) < positions[5]
     # The VEVENT before the event ended: approved early, the Redeploy may start within a
     # second or two of its Scheduled, before the feed is read again (the demo's verdict allows
