@@ -33,6 +33,7 @@ from functions.shared.transient import RetryWindow
 from sebridge.imds import isoformat_utc as _iso
 from tests.functions.history_support import T0, Lifecycle, scope_key, verified
 from tests.functions.support import at_once
+from tests.functions.test_workflow_history_order import skewed_update
 from tests.support.storage import azurite_storage, storage_credential, unique
 
 __all__ = ["azurite_storage", "storage_credential"]
@@ -161,6 +162,13 @@ def test_the_calendar_never_drops_the_next_maintenance(
     feed = icalendar.Calendar.from_ical(calendar_feed(history, now, timedelta(days=30)).body)
     starts = sorted(e.decoded("DTSTART") for e in feed.walk("VEVENT"))
     assert starts == sorted(upcoming)[:4]  # the next four, the nearest first
+
+
+def test_a_fast_clock_does_not_hide_an_updated_on_the_table(store: TableHistoryStore) -> None:
+    """Hostile review 23c, item 4 (a): the Scheduled of a VM whose clock is 10 minutes fast
+    hid the Updated that followed (content by the message's time)."""
+    summary = skewed_update(History(store, timedelta(days=90), PurgeSchedule()))
+    assert summary.latest.not_before == T0 + timedelta(hours=8)
 
 
 def test_bulk_rows_are_read_kind_by_kind(
