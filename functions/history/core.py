@@ -1261,6 +1261,10 @@ class StoreRecorder:
 # ---- queries ------------------------------------------------------------------------------
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
+# Summaries of the index one listing or calendar reads at most, for its fair share by scope
+# (:func:`fair_share`): a scope that floods more than this many events into the range read can
+# still push another scope's out.
+MAX_SCAN = 2000
 
 
 class QueryError(ValueError):
@@ -1359,6 +1363,22 @@ def select(summaries: Iterable[EventSummary], query: EventQuery) -> list[EventSu
     found = [s for s in summaries if matches(s, query)]
     found.sort(key=latest_first)
     return found[: query.limit]
+
+
+def fair_share(summaries: Iterable[EventSummary], limit: int) -> list[EventSummary]:
+    """At most ``limit`` of ``summaries`` (in the index's order), shared out equally among
+    their scopes: every scope's first, then every scope's second, and so on, what one scope
+    leaves unused going to the others; kept in the given order. A verified VM can invent
+    events only in its own scope, so a flood from one scope fills that scope's share and
+    never pushes another scope's next maintenance out (hostile review 23c, item 3)."""
+    rank: dict[str, int] = {}
+    placed: list[tuple[int, int, EventSummary]] = []
+    for position, summary in enumerate(summaries):
+        turn = rank.get(summary.scope_key, 0)
+        rank[summary.scope_key] = turn + 1
+        placed.append((turn, position, summary))
+    chosen = sorted(placed, key=lambda item: (item[0], item[1]))[: max(limit, 0)]
+    return [summary for _, _, summary in sorted(chosen, key=lambda item: item[1])]
 
 
 def impact_by_type(summaries: Iterable[EventSummary]) -> dict[str, dict[str, Any]]:
