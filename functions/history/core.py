@@ -526,8 +526,13 @@ class Appearance:
 
     @property
     def when(self) -> datetime:
-        """When it is (or was) to happen: NotBefore, else when it started, else first seen."""
-        return self.not_before or self.started_at or self.first_seen
+        """When it is (or was) to happen: NotBefore, else when it started, else first seen;
+        once started, never later than when it started (an event approved early starts before
+        its NotBefore; a NotBefore a VM of the scope invented, 2099 say, is then outlived by
+        the genuine Started: the calendar and the listing place the event where it happened)."""
+        if self.started_at is not None:
+            return min(self.not_before or self.started_at, self.started_at)
+        return self.not_before or self.first_seen
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from functions.history import calendar
 from functions.history.core import EventSummary, History, entry_for, summarize
+from functions.history.endpoints import calendar_feed
 from sebridge import lifecycle
 from sebridge.contract.events import Envelope, Transition, event_message, held_message
 from tests.fixtures import golden
@@ -119,6 +120,10 @@ def test_a_message_dated_2099_shows_the_receive_time() -> None:
     summary = stored(store)
     assert summary is not None and summary.latest.state == "Completed"
     assert summary.last_seen == end
+    # the genuine Started places it: back in the calendar, where it happened, a new revision
+    text = calendar_feed(history, end + timedelta(hours=1), WINDOW).body
+    assert text.count("BEGIN:VEVENT") == 1
+    assert "DTSTART:20261122T020000Z" in text and "SEQUENCE:2" in text
     assert (
         max(t for t in (summary.latest.first_seen, summary.latest.last_seen) if t is not None)
         <= end
