@@ -1247,39 +1247,46 @@ class LbPools:
     def _resume_once(
         self, pools: list[str], outcome: LbOutcome, now: datetime, *, skip: str
     ) -> list[str]:
-        """One pass over the held events of ``pools``; the pools still holding some."""
+        """One pass over the held events of ``pools``, in one order over all of them
+        (NotBefore, then the oldest hold: the event Azure starts first drains first, whichever
+        pool held it); the pools still holding some."""
         assert self.pools is not None
         still: list[str] = []
-        for pool_id in pools:
-            for entry in sorted(held.read(self.pools.peek(pool_id)).values(), key=_held_order):
-                if entry.event_id == skip:
-                    continue
-                if entry.expired(now):
-                    log.info(
-                        "held event dropped: its NotBefore passed",
-                        extra={"eventId": entry.event_id},
-                    )
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                    continue
-                try:
-                    message = parse_message(entry.body, entry.message_id)
-                except ContractError as exc:
-                    log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                    continue
+        waiting = [
+            (entry, pool_id)
+            for pool_id in pools
+            for entry in held.read(self.pools.peek(pool_id)).values()
+        ]
+        waiting.sort(key=lambda item: (*_held_order(item[0]), item[1]))
+        for entry, pool_id in waiting:
+            if entry.event_id == skip:
+                continue
+            if entry.expired(now):
                 log.info(
-                    "trying held event %s again: %s got members back",
-                    entry.event_id,
-                    capacity.short_pool(pool_id),
+                    "held event dropped: its NotBefore passed",
                     extra={"eventId": entry.event_id},
                 )
-                result = self.handle(message, now, resume_pool=pool_id)
-                if result.held is not None:
-                    still.append(result.held.pool_id.lower())
-                elif result.refused:
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                elif not result.reason:
-                    outcome.resumed.append(entry.event)
+                self._forget_unlocked([pool_id], entry.event_id, now)
+                continue
+            try:
+                message = parse_message(entry.body, entry.message_id)
+            except ContractError as exc:
+                log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
+                self._forget_unlocked([pool_id], entry.event_id, now)
+                continue
+            log.info(
+                "trying held event %s again: %s got members back",
+                entry.event_id,
+                capacity.short_pool(pool_id),
+                extra={"eventId": entry.event_id},
+            )
+            result = self.handle(message, now, resume_pool=pool_id)
+            if result.held is not None:
+                still.append(result.held.pool_id.lower())
+            elif result.refused:
+                self._forget_unlocked([pool_id], entry.event_id, now)
+            elif not result.reason:
+                outcome.resumed.append(entry.event)
         return sorted(set(still) & set(pools))
 
 

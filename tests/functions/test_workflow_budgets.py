@@ -172,6 +172,29 @@ def test_max_unavailable_takes_only_ascii_n_or_n_percent(value: str) -> None:
         parse_budgets(1, value, "")
 
 
+def test_held_events_across_pools_are_released_in_one_not_before_order(
+    make_app: Callable[..., App], arm_fake: FakeArm
+) -> None:
+    # pool-a: web-1,2,3; pool-b: web-1,2,4. "late" is held in pool-a, "early" in pool-b; when
+    # web-1 comes back both pools have room for one: the earlier NotBefore goes first (before:
+    # pool by pool, pool-a's "late" first, and "early" stayed held).
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a", "pool-b"])
+    a, b = f"{lb}/backendAddressPools/pool-a", f"{lb}/backendAddressPools/pool-b"
+    vms = {
+        "web-1": web_vm(arm_fake, "web-1", [a, b]),
+        "web-2": web_vm(arm_fake, "web-2", [a, b]),
+        "web-3": web_vm(arm_fake, "web-3", [a]),
+        "web-4": web_vm(arm_fake, "web-4", [b]),
+    }
+    app = make_app(LB_MIN_HEALTHY="2")
+    app.deliver("lb_pools", _event("x", "web-1", "Sun, 22 Nov 2026 01:40:00 GMT"))
+    app.deliver("lb_pools", _event("a", "web-2", "Sun, 22 Nov 2026 05:00:00 GMT"))
+    app.deliver("lb_pools", _event("c", "web-4", "Sun, 22 Nov 2026 02:00:00 GMT"))
+    assert _out(app, vms) == {"web-1"}
+    app.deliver("lb_pools", _event("x", "web-1", "", "Completed"))
+    assert _out(app, vms) == {"web-4"}
+
+
 def test_a_bad_budget_stops_the_app_at_start(
     make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch, world: dict[str, str]
 ) -> None:
