@@ -352,7 +352,7 @@ class LbPools:
         if outcome.refused:
             return outcome
         if action == "drain":
-            if not due and resume_pool is None and self._deferred(verified, outcome, now):
+            if resume_pool is None and self._deferred(verified, outcome, now, due=due):
                 if message.transition is Transition.UPDATED:
                     self._restore_dropped(verified, outcome, now)
                 return outcome
@@ -372,10 +372,10 @@ class LbPools:
         return outcome
 
     # ---- the drain moment (functions.lb_pools.moments) --------------------------------------
-    def drain_at(self, message: TransitionMessage, seen: datetime) -> datetime:
-        """When the event of ``message``, seen at ``seen``, is drained (the drain plan)."""
+    def drain_at(self, message: TransitionMessage, now: datetime) -> datetime:
+        """When the event of ``message`` is drained, planned at ``now`` (the drain plan)."""
         assert message.event is not None
-        return self.plan.moment(message.event, message.observer, seen)
+        return self.plan.moment(message.event, message.observer, now)
 
     def _book(self, key: str = moments.KEY) -> moments.MomentBook | None:
         """The event records' moments of ``key`` (None: no drain-moments queue)."""
@@ -384,10 +384,16 @@ class LbPools:
         command = moments.DUE_COMMAND if key == moments.KEY else moments.DECIDE_COMMAND
         return moments.MomentBook(self.pools, self.scheduler, key, command)
 
-    def _deferred(self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime) -> bool:
+    def _deferred(
+        self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime, *, due: bool = False
+    ) -> bool:
         """Whether the drain waits for its moment (scheduled, or already scheduled); False:
         drain now (the moment has come, or there is no drain-moments queue). A drain now is
-        remembered as spent, so a later Updated never undoes it."""
+        remembered as spent, so a later Updated never undoes it. The moment is planned at
+        ``now`` (the app's clock, as the gate decides), never at the message's time: a message
+        that arrives after its window closed is planned for the next window or NotBefore.
+        ``due``: its scheduled moment arrived; drained unless the plan moved it later (the
+        window it was for closed meanwhile), then scheduled again."""
         message = verified.message
         event = message.event
         assert event is not None
@@ -401,8 +407,10 @@ class LbPools:
             return False
         if entry is not None and entry.fired:
             return False  # drained already: this drains again (idempotent), Prepared again
-        at = self.drain_at(message, min(message.time or now, now))
+        at = self.drain_at(message, now)
         body, message_id = held.body_of(message), message.message_id or event.key
+        if due and entry is not None and at <= entry.at:
+            return False  # its moment came (a delivery a little early drains all the same)
         if at <= now:
             book.spend(event.key, at, message_id, body)
             return False
@@ -416,6 +424,51 @@ class LbPools:
         )
         outcome.action, outcome.drain_at = "defer", at
         return True
+
+    def replan(self, event_id: str, now: datetime) -> LbOutcome:
+        """The gate found the event outside its windows, unapproved: if lb-pools drained it
+        for a window that closed (or one that moved), its plan at ``now`` says a later
+        moment, so its VMs go back into their pools now and are drained again then (the lead
+        before the next window that opens before NotBefore, else before NotBefore). Never
+        out of their pools for days waiting for nothing. A drain the plan still wants now
+        (the lead before NotBefore has come) is left alone."""
+        book = self._book()
+        if book is None:
+            return LbOutcome("ignore", reason="no drain moments configured")
+        entry = book.read(event_id)
+        if entry is None or not entry.fired:
+            return LbOutcome("ignore", reason="not drained by lb-pools")
+        try:
+            message = parse_message(_json_bytes(entry.body), entry.message_id)
+        except ContractError as exc:
+            log.error("drain not planned again: its message is unreadable: %s", exc)
+            return LbOutcome("ignore", reason="unreadable")
+        if message.event is None or message.event.is_started:
+            return LbOutcome("ignore", reason="started")
+        at = self.drain_at(message, now)
+        if at <= now:
+            return LbOutcome("ignore", reason="drained for its moment")
+        checked = verify_and_log("lb_pools", self.arm, message, self.rules, records=self.pools)
+        if isinstance(checked, UnverifiedMessage):
+            return LbOutcome("restore", refused=checked.reason)
+        outcome = LbOutcome("restore")
+        vms = self._allowed(message, list(checked.scope.vms), outcome)
+        if outcome.refused:
+            return outcome
+        log.warning(
+            "event %s was drained for a maintenance window that closed without an approval: "
+            "its VMs go back into their pools until %s",
+            event_id,
+            at.isoformat(),
+            extra={"eventId": event_id, "drainAt": at.isoformat()},
+        )
+        # The new moment first: a crash after it leaves the VMs out until it (bounded), and
+        # the gate's next look plans again; then the VMs back, as at the event's end.
+        book.drop(event_id)
+        book.set(event_id, at, entry.message_id, entry.body)
+        self._end(checked, vms, outcome, now, restore=True)
+        outcome.drain_at = at
+        return outcome
 
     def _drop_moment(self, event_id: str) -> None:
         """The event ended (Completed, Cancelled): its moments go (the drain's and the gate's

@@ -167,7 +167,13 @@ class Dependencies:
             agentless=agentless,
             guard=self.capacity_guard,
             scheduler=self.moments,
+            replan=self._replan,
         )
+
+    def _replan(self, event_id: str, now: datetime) -> object:
+        """The gate found an event outside its windows: lb-pools puts back what it drained
+        for a window that closed (functions.lb_pools.core.LbPools.replan)."""
+        return self.lb_pools.replan(event_id, now)
 
     @property
     def eventgrid_ingest(self) -> Ingestor:

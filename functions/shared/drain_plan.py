@@ -29,32 +29,42 @@ class DrainPlan:
     at_the_moment: bool  # a drain-moments queue is configured: drain at the moment
     impact: ImpactRules = field(default=DEFAULT_RULES)  # which events lb-pools drains at all
 
-    def moment(self, event: ScheduledEvent, observer: Observer, seen: datetime) -> datetime:
-        """When ``event`` (seen first at ``seen``, observed by ``observer``) is drained."""
-        if not self.at_the_moment:
-            return seen
-        moment = drain_moment(event, seen, self.policy.leads)
+    def opening(
+        self, event: ScheduledEvent, observer: Observer, now: datetime
+    ) -> windows.Opening | None:
+        """The maintenance window the event is drained for, decided at ``now`` (the app's
+        clock): the one open now or the next, if it opens before NotBefore
+        (:func:`windows.before`, which the gate asks too); None: the NotBefore rule."""
         lead = self.policy.leads.lead(event.event_type)
         if event.is_started or event.not_before is None or lead is None:
-            return moment
+            return None
         rule_windows = self.policy.decide(event, observer).windows
-        opening = windows.current_or_next(rule_windows, seen) if rule_windows else None
-        if opening is None or opening.start >= event.not_before:
-            return moment
-        return max(seen, min(moment, opening.start - timedelta(seconds=lead)))
+        if not rule_windows:
+            return None
+        return windows.before(rule_windows, now, event.not_before)
 
-    def describe(
-        self, event: ScheduledEvent, observer: Observer, seen: datetime, now: datetime
-    ) -> str | None:
+    def moment(self, event: ScheduledEvent, observer: Observer, now: datetime) -> datetime:
+        """When ``event`` (observed by ``observer``) is drained, decided at ``now``: the app's
+        clock, never the message's time, so a message that arrives after its window closed
+        is planned for the next window (or NotBefore), as the gate decides it."""
+        if not self.at_the_moment:
+            return now
+        moment = drain_moment(event, now, self.policy.leads)
+        lead = self.policy.leads.lead(event.event_type)
+        opening = self.opening(event, observer, now)
+        if opening is None or lead is None:
+            return moment
+        return max(now, min(moment, opening.start - timedelta(seconds=lead)))
+
+    def describe(self, event: ScheduledEvent, observer: Observer, now: datetime) -> str | None:
         """``now``, or ``at 01:30 UTC`` (with the day when it is not today's); None when
         lb-pools does not drain the event (not impactful)."""
         if not self.impact.is_impactful(event):
             return None
-        at = self.moment(event, observer, min(seen, now))
+        at = self.moment(event, observer, now)
         if at <= now:
             return "now"
-        day = "" if at.date() == now.date() else f" on {at:%a %d %b}"
-        return f"at {at:%H:%M} UTC{day}"
+        return f"at {_clock(at, now)}"
 
     def for_message(self, message: TransitionMessage, now: datetime) -> str | None:
         """:meth:`describe` for a Scheduled or Updated of an event not started (None for
@@ -64,4 +74,9 @@ class DrainPlan:
             return None
         if message.transition not in (Transition.SCHEDULED, Transition.UPDATED):
             return None
-        return self.describe(event, message.observer, message.time or now, now)
+        return self.describe(event, message.observer, now)
+
+
+def _clock(at: datetime, now: datetime) -> str:
+    day = "" if at.date() == now.date() else f" on {at:%a %d %b}"
+    return f"{at:%H:%M} UTC{day}"
