@@ -120,7 +120,12 @@ class Dependencies:
     @property
     def drain_plan(self) -> DrainPlan:
         """When lb-pools drains an event (it schedules by it; cards and webhooks say it)."""
-        return DrainPlan(self.settings.policy, bool(self.settings.drain_moments_queue), self.impact)
+        return DrainPlan(
+            self.settings.policy,
+            bool(self.settings.drain_moments_queue),
+            self.impact,
+            records=self.pools,
+        )
 
     @property
     def history(self) -> History:

@@ -17,7 +17,9 @@ from datetime import datetime, timedelta
 
 from functions.approval_gate import windows
 from functions.approval_gate.policy import Policy
+from functions.lb_pools import moments
 from functions.shared.impact import DEFAULT_RULES, ImpactRules
+from functions.shared.ports import PoolStore
 from sebridge.contract.events import Observer, Transition, TransitionMessage
 from sebridge.imds import ScheduledEvent
 from sebridge.timing import drain_moment
@@ -28,6 +30,8 @@ class DrainPlan:
     policy: Policy
     at_the_moment: bool  # a drain-moments queue is configured: drain at the moment
     impact: ImpactRules = field(default=DEFAULT_RULES)  # which events lb-pools drains at all
+    # The event records (functions.lb_pools.moments): a drain that fired is told as done.
+    records: PoolStore | None = None
 
     def opening(
         self, event: ScheduledEvent, observer: Observer, now: datetime
@@ -57,14 +61,30 @@ class DrainPlan:
         return max(now, min(moment, opening.start - timedelta(seconds=lead)))
 
     def describe(self, event: ScheduledEvent, observer: Observer, now: datetime) -> str | None:
-        """``now``, or ``at 01:30 UTC`` (with the day when it is not today's); None when
-        lb-pools does not drain the event (not impactful)."""
+        """``now``, ``at 01:30 UTC`` (with the day when it is not today's), or, once lb-pools
+        drained the event (its recorded drain moment fired), ``drained at 01:30 UTC``: what
+        happened, never a time still to come. None when lb-pools does not drain the event
+        (not impactful)."""
         if not self.impact.is_impactful(event):
             return None
+        drained = self._drained_at(event.key)
+        if drained is not None:
+            return f"drained at {_clock(drained, now)}"
         at = self.moment(event, observer, now)
         if at <= now:
             return "now"
         return f"at {_clock(at, now)}"
+
+    def _drained_at(self, event_id: str) -> datetime | None:
+        """When lb-pools drained the event (its recorded moment, fired), or None (not yet, or
+        no record to read)."""
+        if self.records is None or not self.at_the_moment:
+            return None
+        try:
+            entry = moments.pending(self.records.read_event(event_id))
+        except Exception:  # noqa: BLE001 - a card says what it can; the store's fault is lb-pools'
+            return None
+        return entry.at if entry is not None and entry.fired else None
 
     def for_message(self, message: TransitionMessage, now: datetime) -> str | None:
         """:meth:`describe` for a Scheduled or Updated of an event not started (None for

@@ -1,7 +1,8 @@
-"""A maintenance window never leaves VMs drained without an approval (issue 24 review, items 2
-and 6): lb-pools and the gate plan at the app's clock (functions.approval_gate.windows.before),
+"""A maintenance window never leaves VMs drained without an approval (issue 24 review, items 2,
+5 and 6): lb-pools and the gate plan at the app's clock (functions.approval_gate.windows.before),
 a drain for a window that closed unapproved is put back until its next moment
-(LbPools.replan), and an approval in a window expires with it."""
+(LbPools.replan), an approval in a window expires with it, and the card of a later Updated
+says the drain happened."""
 
 from __future__ import annotations
 
@@ -132,6 +133,32 @@ def test_an_approval_in_a_window_expires_with_the_window(
         app.deliver("approval_gate", prepared)
     ((command, _),) = app.commands.sent
     assert json.loads(command.body_bytes())["expiresAt"] == "2026-11-22T02:00:00Z"
+
+
+def test_the_card_of_an_updated_after_the_drain_says_it_happened(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    app = make_app(DrainMomentsQueueName="drain-moments", APPROVAL_POLICY=_policy())
+    scheduled = envelope("Scheduled", NotBefore="Sun, 22 Nov 2026 01:35:00 GMT")
+    app.deliver("lb_pools", scheduled)
+    app.deliver("teams", scheduled)
+    assert _fact(app.teams.cards[-1], "drain-from-pools") == "at 01:30 UTC"
+    app.clock.now = datetime(2026, 11, 22, 1, 30, tzinfo=UTC)
+    assert app.fire_due() == 1
+    at = datetime(2026, 11, 22, 1, 32, tzinfo=UTC)
+    app.clock.now = at
+    updated = event_message(
+        Transition.UPDATED,
+        golden_event(NotBefore="Sun, 22 Nov 2026 03:00:00 GMT"),
+        golden.OBSERVER,
+        11,
+        at,
+        changes={"NotBefore": {"from": "a", "to": "b"}},
+    )
+    app.deliver("lb_pools", updated)
+    app.deliver("teams", updated)
+    assert _out(app, world) == {"web-1", "web-2"}
+    assert _fact(app.teams.cards[-1], "drain-from-pools") == "drained at 01:30 UTC"
 
 
 # ---- the property: never out for a window without an approval --------------------------
