@@ -27,7 +27,6 @@ NotBefore.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from functions.shared.ports import (
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
-from sebridge.contract.events import ContractError, Transition, TransitionMessage, parse_message
+from sebridge.contract.events import Transition, TransitionMessage
 
 log = logging.getLogger("sebridge.functions.approval_gate")
 
@@ -188,7 +187,7 @@ class Gate:
         if opening is None or book is None or event is None:
             return
         book.set(
-            event.key,
+            verified.scoped_key,
             opening.end,
             verified.message.message_id or event.key,
             body_of(verified.message),
@@ -212,7 +211,7 @@ class Gate:
                 extra={"eventId": event.key},
             )
             if book is not None:
-                book.drop(event.key)
+                book.drop(verified.scoped_key)
         elif book is None:
             log.warning(
                 "a maintenance window opens at %s, but without DrainMomentsQueueName the gate "
@@ -222,7 +221,10 @@ class Gate:
             )
         else:
             book.set(
-                event.key, opening.start, message.message_id or event.key, body_of(verified.message)
+                verified.scoped_key,
+                opening.start,
+                message.message_id or event.key,
+                body_of(message),
             )
             log.info(
                 "outside the rule's maintenance windows: decided again when one opens at %s",
@@ -230,28 +232,27 @@ class Gate:
                 extra={"eventId": event.key, "windowOpens": opening.start.isoformat()},
             )
         if self.replan is not None:
-            self.replan(event.key, now)
+            self.replan(verified.scoped_key, now)
 
-    def fire(self, event_id: str, tok: str, now: datetime) -> GateOutcome:
-        """A maintenance window opened: decide the event again (its newest message, verified
-        again), if ``tok`` is still its moment and has not fired."""
+    def fire(self, due: moments.Due, now: datetime) -> GateOutcome:
+        """A maintenance window opened: decide the event again in the scope ``due`` names (its
+        newest message there, verified again in that scope), if its token is still that
+        scope's moment and has not fired."""
         book = self._book()
         if book is None:
             return GateOutcome.IGNORED
-        entry = book.due(event_id, tok)
-        if isinstance(entry, str):
-            log.info("scheduled decision not taken: %s", entry, extra={"eventId": event_id})
+        pools = self.guard.pools if self.guard is not None else None
+        taken = book.take(
+            due,
+            lambda message: verify_and_log(
+                "approval_gate", self.arm, message, self.rules, records=pools
+            ),
+        )
+        if isinstance(taken, str):
             return GateOutcome.IGNORED
-        try:
-            body = json.dumps(dict(entry.body)).encode("utf-8")
-            message = parse_message(body, entry.message_id)
-        except ContractError as exc:
-            log.error("scheduled decision dropped: its message is unreadable: %s", exc)
-            book.drop(event_id)
-            return GateOutcome.IGNORED
-        log.info("a maintenance window opened", extra={"eventId": event_id})
-        outcome = self.handle(message, now)
-        book.fired(event_id, tok)
+        log.info("a maintenance window opened", extra={"eventId": due.event_id})
+        outcome = self.decide(taken, now)
+        book.done(due)
         return outcome
 
     def _prepared(
@@ -363,7 +364,7 @@ class Gate:
             # By the operator's own rules (LB_IMPACTFUL_EVENT_TYPES, the freeze threshold) it
             # takes no capacity: lb-pools leaves its VMs in their pools too.
             act()
-            self._approved(event.key)
+            self._approved(verified.scoped_key)
             return sent[0]
         guard = self.guard or CapacityGuard(self.arm)
         affected = guard.affected_now(verified) if vms is None else vms
@@ -371,14 +372,14 @@ class Gate:
         clearance = guard.clear(verified.scoped_key, affected, now, until, act)
         if not clearance.allowed:
             return GateOutcome.HELD
-        self._approved(event.key)
+        self._approved(verified.scoped_key)
         return sent[0]
 
-    def _approved(self, event_id: str) -> None:
+    def _approved(self, key: str) -> None:
         """Approved: no decision at a window's close is needed any more."""
         book = self._book()
         if book is not None:
-            book.drop(event_id)
+            book.drop(key)
 
     def _acknowledge(self, target: str, event_id: str, vm_name: str) -> GateOutcome:
         try:

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from functions.approval_gate import windows
 from functions.approval_gate.policy import Policy
 from functions.lb_pools import moments
+from functions.shared.event_record import event_of
 from functions.shared.impact import DEFAULT_RULES, ImpactRules
 from functions.shared.ports import PoolStore
 from sebridge.contract.events import Observer, Transition, TransitionMessage
@@ -60,14 +61,17 @@ class DrainPlan:
             return moment
         return max(now, min(moment, opening.start - timedelta(seconds=lead)))
 
-    def describe(self, event: ScheduledEvent, observer: Observer, now: datetime) -> str | None:
+    def describe(
+        self, event: ScheduledEvent, observer: Observer, now: datetime, key: str | None = None
+    ) -> str | None:
         """``now``, ``at 01:30 UTC`` (with the day when it is not today's), or, once lb-pools
         drained the event (its recorded drain moment fired), ``drained at 01:30 UTC``: what
-        happened, never a time still to come. None when lb-pools does not drain the event
-        (not impactful)."""
+        happened, never a time still to come. ``key``: the event's verified scope (its scoped
+        key), whose recorded moment is read; None (an unverified message): only the plan.
+        None when lb-pools does not drain the event (not impactful)."""
         if not self.impact.is_impactful(event):
             return None
-        drained = self._drained_at(event.key)
+        drained = self._drained_at(key) if key is not None else None
         if drained is not None:
             return f"drained at {_clock(drained, now)}"
         at = self.moment(event, observer, now)
@@ -75,26 +79,29 @@ class DrainPlan:
             return "now"
         return f"at {_clock(at, now)}"
 
-    def _drained_at(self, event_id: str) -> datetime | None:
+    def _drained_at(self, key: str) -> datetime | None:
         """When lb-pools drained the event (its recorded moment, fired), or None (not yet, or
         no record to read)."""
         if self.records is None or not self.at_the_moment:
             return None
         try:
-            entry = moments.pending(self.records.read_event(event_id))
+            entry = moments.pending(self.records.read_event(event_of(key)), key)
         except Exception:  # noqa: BLE001 - a card says what it can; the store's fault is lb-pools'
             return None
         return entry.at if entry is not None and entry.fired else None
 
-    def for_message(self, message: TransitionMessage, now: datetime) -> str | None:
+    def for_message(
+        self, message: TransitionMessage, now: datetime, key: str | None = None
+    ) -> str | None:
         """:meth:`describe` for a Scheduled or Updated of an event not started (None for
-        every other message: the card or webhook of those says nothing of a drain to come)."""
+        every other message: the card or webhook of those says nothing of a drain to come).
+        ``key``: the verified message's scoped key (None: unverified)."""
         event = message.event
         if event is None or event.is_started:
             return None
         if message.transition not in (Transition.SCHEDULED, Transition.UPDATED):
             return None
-        return self.describe(event, message.observer, now)
+        return self.describe(event, message.observer, now, key)
 
 
 def _clock(at: datetime, now: datetime) -> str:
