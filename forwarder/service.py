@@ -74,7 +74,14 @@ from sebridge.forwarder.ports import (
     StateSaver,
     SystemClock,
 )
-from sebridge.forwarder.state import ForwarderState, bounded_lives, is_identity
+from sebridge.forwarder.state import (
+    MAX_SHOWN_ID,
+    ForwarderState,
+    RecentTransition,
+    bounded_lives,
+    is_identity,
+    recent_transitions,
+)
 from sebridge.imds import Document
 from sebridge.retry import Backoff
 
@@ -364,6 +371,19 @@ class Forwarder:
             observed_at,
             self.impact.keep_only(events),
             self.last_identity if self.identity == RESOLVED else before.identity,
+            recent_transitions(
+                before.transitions,
+                [
+                    RecentTransition(
+                        envelope.session_id,
+                        change.event.event_id[:MAX_SHOWN_ID],
+                        change.transition.value,
+                        envelope.message_id,
+                        observed_at,
+                    )
+                    for change, envelope in zip(changes, envelopes, strict=True)
+                ],
+            ),
         )
         if (
             changes
