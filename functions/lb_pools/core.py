@@ -39,6 +39,7 @@ pool's lease.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -356,7 +357,7 @@ class LbPools:
         if outcome.refused:
             return outcome
         if action == "drain":
-            if not due and resume_pool is None and self._deferred(verified, outcome, now):
+            if resume_pool is None and self._deferred(verified, outcome, now, due=due):
                 if message.transition is Transition.UPDATED:
                     self._restore_dropped(verified, outcome, now)
                 return outcome
@@ -376,10 +377,10 @@ class LbPools:
         return outcome
 
     # ---- the drain moment (functions.lb_pools.moments) --------------------------------------
-    def drain_at(self, message: TransitionMessage, seen: datetime) -> datetime:
-        """When the event of ``message``, seen at ``seen``, is drained (the drain plan)."""
+    def drain_at(self, message: TransitionMessage, now: datetime) -> datetime:
+        """When the event of ``message`` is drained, planned at ``now`` (the drain plan)."""
         assert message.event is not None
-        return self.plan.moment(message.event, message.observer, seen)
+        return self.plan.moment(message.event, message.observer, now)
 
     def _book(self, kind: str = moments.KEY) -> moments.MomentBook | None:
         """The event records' moments of ``kind`` (None: no drain-moments queue)."""
@@ -388,10 +389,16 @@ class LbPools:
         command = moments.DUE_COMMAND if kind == moments.KEY else moments.DECIDE_COMMAND
         return moments.MomentBook(self.pools, self.scheduler, kind, command)
 
-    def _deferred(self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime) -> bool:
+    def _deferred(
+        self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime, *, due: bool = False
+    ) -> bool:
         """Whether the drain waits for its moment (scheduled, or already scheduled); False:
         drain now (the moment has come, or there is no drain-moments queue). A drain now is
-        remembered as spent, so a later Updated never undoes it."""
+        remembered as spent, so a later Updated never undoes it. The moment is planned at
+        ``now`` (the app's clock, as the gate decides), never at the message's time: a message
+        that arrives after its window closed is planned for the next window or NotBefore.
+        ``due``: its scheduled moment arrived; drained unless the plan moved it later (the
+        window it was for closed meanwhile), then scheduled again."""
         message = verified.message
         event = message.event
         assert event is not None
@@ -406,8 +413,10 @@ class LbPools:
             return False
         if entry is not None and entry.fired:
             return False  # drained already: this drains again (idempotent), Prepared again
-        at = self.drain_at(message, min(message.time or now, now))
+        at = self.drain_at(message, now)
         body, message_id = held.body_of(message), message.message_id or event.key
+        if due and entry is not None and at <= entry.at:
+            return False  # its moment came (a delivery a little early drains all the same)
         if at <= now:
             book.spend(key, at, message_id, body)
             return False
@@ -421,6 +430,55 @@ class LbPools:
         )
         outcome.action, outcome.drain_at = "defer", at
         return True
+
+    def replan(self, key: str, now: datetime) -> LbOutcome:
+        """The gate found the event outside its windows, unapproved: if lb-pools drained it
+        for a window that closed (or one that moved), its plan at ``now`` says a later
+        moment, so its VMs go back into their pools now and are drained again then (the lead
+        before the next window that opens before NotBefore, else before NotBefore). Never
+        out of their pools for days waiting for nothing. A drain the plan still wants now
+        (the lead before NotBefore has come) is left alone. ``key``: the verified scope the
+        gate decided in (its moments are that scope's only)."""
+        book = self._book()
+        if book is None:
+            return LbOutcome("ignore", reason="no drain moments configured")
+        entry = book.read(key)
+        if entry is None or not entry.fired:
+            return LbOutcome("ignore", reason="not drained by lb-pools")
+        try:
+            body = json.dumps(dict(entry.body), separators=(",", ":")).encode("utf-8")
+            message = parse_message(body, entry.message_id)
+        except ContractError as exc:
+            log.error("drain not planned again: its message is unreadable: %s", exc)
+            return LbOutcome("ignore", reason="unreadable")
+        if message.event is None or message.event.is_started:
+            return LbOutcome("ignore", reason="started")
+        at = self.drain_at(message, now)
+        if at <= now:
+            return LbOutcome("ignore", reason="drained for its moment")
+        checked = self._verify(message)
+        if isinstance(checked, UnverifiedMessage):
+            return LbOutcome("restore", refused=checked.reason)
+        if checked.scoped_key != key:
+            return LbOutcome("ignore", reason="another scope's drain")
+        outcome = LbOutcome("restore")
+        vms = self._allowed(message, list(checked.scope.vms), outcome)
+        if outcome.refused:
+            return outcome
+        log.warning(
+            "event %s was drained for a maintenance window that closed without an approval: "
+            "its VMs go back into their pools until %s",
+            message.event.key,
+            at.isoformat(),
+            extra={"eventId": message.event.key, "drainAt": at.isoformat()},
+        )
+        # The new moment first: a crash after it leaves the VMs out until it (bounded), and
+        # the gate's next look plans again; then the VMs back, as at the event's end.
+        book.drop(key)
+        book.set(key, at, entry.message_id, entry.body)
+        self._end(checked, vms, outcome, now, restore=True)
+        outcome.drain_at = at
+        return outcome
 
     def _drop_moment(self, key: str) -> None:
         """The event ended in the scope ``key`` names (Completed, Cancelled): that scope's
@@ -1250,39 +1308,46 @@ class LbPools:
     def _resume_once(
         self, pools: list[str], outcome: LbOutcome, now: datetime, *, skip: str
     ) -> list[str]:
-        """One pass over the held events of ``pools``; the pools still holding some."""
+        """One pass over the held events of ``pools``, in one order over all of them
+        (NotBefore, then the oldest hold: the event Azure starts first drains first, whichever
+        pool held it); the pools still holding some."""
         assert self.pools is not None
         still: list[str] = []
-        for pool_id in pools:
-            for entry in sorted(held.read(self.pools.peek(pool_id)).values(), key=_held_order):
-                if entry.event_id == skip:
-                    continue
-                if entry.expired(now):
-                    log.info(
-                        "held event dropped: its NotBefore passed",
-                        extra={"eventId": entry.event_id},
-                    )
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                    continue
-                try:
-                    message = parse_message(entry.body, entry.message_id)
-                except ContractError as exc:
-                    log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                    continue
+        waiting = [
+            (entry, pool_id)
+            for pool_id in pools
+            for entry in held.read(self.pools.peek(pool_id)).values()
+        ]
+        waiting.sort(key=lambda item: (*_held_order(item[0]), item[1]))
+        for entry, pool_id in waiting:
+            if entry.event_id == skip:
+                continue
+            if entry.expired(now):
                 log.info(
-                    "trying held event %s again: %s got members back",
-                    entry.event_id,
-                    capacity.short_pool(pool_id),
+                    "held event dropped: its NotBefore passed",
                     extra={"eventId": entry.event_id},
                 )
-                result = self.handle(message, now, resume_pool=pool_id)
-                if result.held is not None:
-                    still.append(result.held.pool_id.lower())
-                elif result.refused:
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                elif not result.reason:
-                    outcome.resumed.append(entry.event)
+                self._forget_unlocked([pool_id], entry.event_id, now)
+                continue
+            try:
+                message = parse_message(entry.body, entry.message_id)
+            except ContractError as exc:
+                log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
+                self._forget_unlocked([pool_id], entry.event_id, now)
+                continue
+            log.info(
+                "trying held event %s again: %s got members back",
+                entry.event_id,
+                capacity.short_pool(pool_id),
+                extra={"eventId": entry.event_id},
+            )
+            result = self.handle(message, now, resume_pool=pool_id)
+            if result.held is not None:
+                still.append(result.held.pool_id.lower())
+            elif result.refused:
+                self._forget_unlocked([pool_id], entry.event_id, now)
+            elif not result.reason:
+                outcome.resumed.append(entry.event)
         return sorted(set(still) & set(pools))
 
 
