@@ -62,6 +62,13 @@ _OPENS = (SCHEDULED, STARTED)
 DIGEST_LENGTH = 12  # hex characters (48 bits): per event, collisions are out of reach
 MAX_VERSIONS = 256  # distinct contents remembered per appearance (the oldest are forgotten)
 _SAFE_REF = re.compile(r"[0-9a-z][0-9a-z._-]{0,63}")
+# <ref>:<Transition>:<appearance>, then ":" (an Updated's content, a derived id's digest), "|"
+# (a forwarder's preparation cause) or the end. Nine digits at most: an old derived id's
+# 16-character digest is never read as an appearance.
+_APPEARANCE_ID = re.compile(
+    r"^[^:|]+:(?:Scheduled|Updated|Started|Completed|Cancelled|Approved|Prepared|Held)"
+    r":([0-9]{1,9})(?=[:|]|$)"
+)
 
 
 def event_ref(event_id: str) -> str:
@@ -164,6 +171,18 @@ def message_id(
             raise ValueError("an Updated id needs the content digest and its occurrence")
         return f"{base}:{digest}:{occurrence}"
     return base
+
+
+def appearance_of(message_id: str | None) -> int | None:
+    """The appearance a message id (or a cause that starts with one) names, by the event's
+    life: ``<ref>:<Transition>:<appearance>...``, a derived id ``<ref>:Prepared:<appearance>:
+    <digest>`` too (sebridge.contract.events.derived_message_id). None when it names none (a
+    heartbeat, an Event Grid id, a derived id from before ids carried it)."""
+    found = _APPEARANCE_ID.match(message_id or "")
+    if found is None:
+        return None
+    number = int(found.group(1))
+    return number if number >= 1 else None
 
 
 def advance(life: Life | None, transition: str, event: ScheduledEvent) -> tuple[Life, str]:

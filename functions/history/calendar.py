@@ -6,10 +6,13 @@ the VMs it names:
 - ``UID`` ``<eventId>.<scope>-<appearance>@sebridge`` (the scope: a digest of the verified
   placement that saw it): stable, so a calendar client that subscribed updates the entry
   rather than adding another;
-- ``DTSTART`` NotBefore (else when it started, else when it was first seen), ``DTEND``
-  DTSTART + DurationInSeconds, or :data:`DEFAULT_DURATION` when the duration is unknown or -1;
-- ``SEQUENCE`` the number of Updated transitions, plus one once Cancelled, so every change is a
-  new revision; ``STATUS`` ``CANCELLED`` for a cancelled event, else ``CONFIRMED``;
+- ``DTSTART`` NotBefore (else when it started, else when it was first seen), or when it
+  started if that was earlier (approved early; a NotBefore a VM invented):
+  :attr:`~functions.history.core.Appearance.when`; ``DTEND`` DTSTART + DurationInSeconds, or
+  :data:`DEFAULT_DURATION` when the duration is unknown or -1;
+- ``SEQUENCE`` the number of Updated transitions, plus one once Cancelled, plus one once it
+  started before its NotBefore, so every change is a new revision; ``STATUS`` ``CANCELLED``
+  for a cancelled event, else ``CONFIRMED``;
 - ``DTSTAMP`` the feed's time, ``CREATED``/``LAST-MODIFIED`` the first and last entry; every
   DATE-TIME has a four-digit year (the times are held to 1601..9999, Azure Table's range);
 - text escaped (``\\``, ``;``, ``,``, newlines; control characters dropped), lines folded at 75
@@ -105,7 +108,8 @@ def vevent(summary: EventSummary, appearance: Appearance, now: datetime) -> list
     duration = appearance.announced_seconds
     length = timedelta(seconds=duration) if duration else DEFAULT_DURATION
     end = start + length if LATEST - start > length else LATEST  # never past 9999
-    sequence = appearance.updates + (1 if appearance.state == "Cancelled" else 0)
+    moved = appearance.not_before is not None and start < clamp_time(appearance.not_before)
+    sequence = appearance.updates + (appearance.state == "Cancelled") + moved
     status = "CANCELLED" if appearance.state == "Cancelled" else "CONFIRMED"
     return [
         "BEGIN:VEVENT",

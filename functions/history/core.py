@@ -17,17 +17,26 @@ several scopes report is several entries.
 **Redelivery.** An entry's key derives from the message id (and its appearance), never from
 per-observer facts, and it is written only if absent: a redelivered or duplicated message
 changes nothing. Each entry carries when the app recorded it (``recorded``, the app's clock),
-which retention measures; the observer's time (``at``) is what the timeline shows.
+which retention measures; the observer's time (``at``) is what the timeline shows, never later
+than ``recorded`` (:func:`bounded_time`).
+
+**Order: the event's life, never an observer's clock** (:func:`life_key`). Each entry's
+appearance comes from its message id (an action's from its cause's:
+sebridge.contract.events.derived_message_id); within an appearance Scheduled comes before
+Updated before Started before the end, and two entries of one phase (two Updateds) come in the
+order the app recorded them, as functions.shared.event_record orders them. Forwarders' clocks
+differ, and a VM can date a message 2099: no time an observer gave orders anything.
 
 **The summary** (:class:`EventSummary`) is derived from the *set* of entries, never from the
-order they arrived in: the state is the furthest transition seen (Completed or Cancelled over
-Started over Scheduled), the content (NotBefore, duration, VMs) that of the Scheduled or
-Updated observed last. It is written under its ETag after the entries were read
-(:meth:`History.refresh`), so the last summary written always saw every entry written before
-it. It is storable by construction: every text is cut at a character boundary to a length
-whose JSON form fits one Azure Table string property (32,767 UTF-16 units) whatever the
-characters, every list is bounded, nothing is kept twice (:func:`summary_properties`), and a
-summary read back equals the one derived, so a redelivery writes nothing.
+order they arrived in (but for two Updateds of one appearance, above): the state is the
+furthest transition seen (Completed or Cancelled over Started over Scheduled), the content
+(NotBefore, duration, VMs) that of the Scheduled or Updated latest in the event's life. It is
+written under its ETag after the entries were read (:meth:`History.refresh`), so the last
+summary written always saw every entry written before it. It is storable by construction:
+every text is cut at a character boundary to a length whose JSON form fits one Azure Table
+string property (32,767 UTF-16 units) whatever the characters, every list is bounded, nothing
+is kept twice (:func:`summary_properties`), and a summary read back equals the one derived, so
+a redelivery writes nothing.
 
 **Bounds** (docs/monitoring.md): :data:`MAX_VMS` VM names per entry and per summary,
 :data:`MAX_APPEARANCES` appearances per summary (the most recently recorded), entries read per
@@ -94,7 +103,6 @@ TRANSITIONS = ("Scheduled", "Updated", "Started", "Completed", "Cancelled")
 ACTIONS = ("Prepared", "Held", "Approved", "Restored", "NotRestored")
 NAMES = (*TRANSITIONS, *ACTIONS)
 STATES = ("Scheduled", "Started", "Completed", "Cancelled")
-_APPEARANCE = re.compile(r"^[^:]+:(?:Scheduled|Updated|Started|Completed|Cancelled|Approved):(\d+)")
 
 
 class SummaryConflict(TransientFault):
@@ -184,6 +192,14 @@ def _seconds(later: datetime | None, earlier: datetime | None) -> int | None:
     return int((later - earlier).total_seconds())
 
 
+def bounded_time(observed: datetime, recorded: datetime | None) -> datetime:
+    """The time an entry shows: the observer's, never later than when the app recorded it (a
+    VM's clock ahead, or a message dated 2099, shows the receive time). An earlier one is kept
+    as it is, but no time an observer gave orders anything (:func:`life_key`)."""
+    observed = clamp_time(observed)
+    return observed if recorded is None else min(observed, clamp_time(recorded))
+
+
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -201,12 +217,12 @@ class Entry:
     event_id: str  # the EventId as the message carried it
     key: str  # stable per message: a redelivery has the same key
     name: str  # a transition (TRANSITIONS) or an action (ACTIONS)
-    at: datetime  # when it was observed or done (the message's time)
+    at: datetime  # when it was observed or done (the message's time, at most ``recorded``)
     source: str  # forwarder, event-grid, lb-pools, hooks, drain-probe...
     scope: str = ""  # the verified placement (lower-case ARM id)
     scope_key: str = ""  # its digest (VerifiedMessage.placement_digest)
     recorded: datetime | None = None  # when the app recorded it (its own clock)
-    appearance: int = 0  # 0: unknown (actions): the appearance current at ``at``
+    appearance: int = 0  # from the message id (its cause's for an action); 0: it names none
     event_type: str = ""
     status: str = ""
     not_before: datetime | None = None
@@ -265,15 +281,16 @@ class Entry:
         duration = _int(record.get("durationInSeconds"))
         appearance = _int(record.get("appearance"))
         details = record.get("details")
+        recorded = _time(record.get("recorded"))
         return cls(
             event_id=_text(record.get("eventId")),
             key=_text(record.get("key")),
             name=str(name),
-            at=at,
+            at=bounded_time(at, recorded),
             source=_text(record.get("source")),
             scope=_text(record.get("scope"), MAX_SCOPE),
             scope_key=_text(record.get("scopeKey"), 32),
-            recorded=_time(record.get("recorded")),
+            recorded=recorded,
             appearance=min(appearance, MAX_APPEARANCE_NUMBER)
             if appearance is not None and appearance >= 0
             else 0,
@@ -411,17 +428,19 @@ def _entry(
     if event is None or message.transition is Transition.HEARTBEAT:
         return None
     cause = message.message_id or f"{event.key}:{message.transition.value}"
-    appearance = 0
-    found = _APPEARANCE.match(cause)
-    if found and message.transition.value in (*TRANSITIONS, "Approved"):
-        appearance = min(int(found.group(1)), MAX_APPEARANCE_NUMBER)
+    # Where in the event's life: the appearance its id names (a Prepared's or Held's id names
+    # its cause's, sebridge.contract.events.derived_message_id), never an observer's clock.
+    appearance = min(lifecycle.appearance_of(cause) or 0, MAX_APPEARANCE_NUMBER)
     duration = event.duration_in_seconds
     recorded = clamp_time(recorded)
+    # The key keeps 0 for actions (as before ids named the appearance): a redelivery of an
+    # action recorded earlier finds its row.
+    keyed = appearance if message.transition.value in (*TRANSITIONS, "Approved") else 0
     return Entry(
         event_id=_text(event.event_id),
-        key=entry_key(message.transition.value, cause, appearance),
+        key=entry_key(message.transition.value, cause, keyed),
         name=message.transition.value,
-        at=clamp_time(message.time or recorded),
+        at=bounded_time(message.time or recorded, recorded),
         source=_source(message),
         scope=_text(scope, MAX_SCOPE),
         scope_key=scope_key,
@@ -460,9 +479,9 @@ def action_entry(
         base,
         key=entry_key(name, cause),
         name=name,
-        at=clamp_time(at),
+        at=bounded_time(at, base.recorded),
         source=_text(source),
-        appearance=0,
+        appearance=base.appearance,  # the cause's (a Completed's id names it)
         details=_plain(details),
     )
 
@@ -507,8 +526,13 @@ class Appearance:
 
     @property
     def when(self) -> datetime:
-        """When it is (or was) to happen: NotBefore, else when it started, else first seen."""
-        return self.not_before or self.started_at or self.first_seen
+        """When it is (or was) to happen: NotBefore, else when it started, else first seen;
+        once started, never later than when it started (an event approved early starts before
+        its NotBefore; a NotBefore a VM of the scope invented, 2099 say, is then outlived by
+        the genuine Started: the calendar and the listing place the event where it happened)."""
+        if self.started_at is not None:
+            return min(self.not_before or self.started_at, self.started_at)
+        return self.not_before or self.first_seen
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -676,35 +700,72 @@ class EventSummary:
 _ORDER = {name: i for i, name in enumerate(NAMES)}
 
 
-def _sort_key(entry: Entry) -> tuple[datetime, int, str]:
-    return entry.at, _ORDER.get(entry.name, 99), entry.key
+# Where a kind of entry stands in an appearance's life: Scheduled, then Updated (and the
+# actions taken on what was announced), then Started, then the end (and what follows it).
+_PHASE = {
+    "Scheduled": 0,
+    "Updated": 1,
+    "Prepared": 1,
+    "Held": 1,
+    "Approved": 1,
+    "Started": 2,
+    "Completed": 3,
+    "Cancelled": 3,
+    "Restored": 3,
+    "NotRestored": 3,
+}
+
+
+def life_key(entry: Entry, appearance: int | None = None) -> tuple[int, int, datetime, int, str]:
+    """An entry's place in its event's life, the same whatever clock its observer keeps and
+    whatever order the entries arrive in: its appearance (from the message id), its phase
+    (Scheduled before Updated before Started before the end), then, within a phase (two
+    Updateds of one appearance, say), the order the app recorded them in (its own clock, as
+    functions.shared.event_record orders them), then the key."""
+    number = entry.appearance if appearance is None else appearance
+    return (
+        number,
+        _PHASE.get(entry.name, 1),
+        entry.recorded_at,
+        _ORDER.get(entry.name, 99),
+        entry.key,
+    )
 
 
 def ordered(entries: Iterable[Entry]) -> list[Entry]:
-    """Entries by time (then lifecycle order, then key): the timeline as it happened."""
-    return sorted(entries, key=_sort_key)
+    """Entries in the order of the event's life (:func:`life_key`; an action whose id names
+    no appearance where :func:`_appearances` puts it): the timeline as it happened."""
+    groups = _appearances(list(entries))
+    pairs = sorted(
+        ((n, e) for n, group in groups.items() for e in group),
+        key=lambda pair: life_key(pair[1], pair[0]),
+    )
+    return [e for _, e in pairs]
 
 
 def _appearances(entries: Sequence[Entry]) -> dict[int, list[Entry]]:
-    """Entries by appearance: a transition's from its message id, an action's is the latest
-    appearance that began at or before it (so an action counts where it happened)."""
-    known = [e for e in entries if e.appearance > 0]
+    """Entries by appearance: the one its message id names (an action's: its cause's). An
+    entry whose id names none (an action recorded before ids named it) goes to the latest
+    appearance whose first entry the app recorded at or before it (the app's clock, never the
+    observer's)."""
     starts: dict[int, datetime] = {}
-    for e in known:
-        starts[e.appearance] = min(starts.get(e.appearance, e.at), e.at)
+    for e in entries:
+        if e.appearance > 0:
+            starts[e.appearance] = min(starts.get(e.appearance, e.recorded_at), e.recorded_at)
     groups: dict[int, list[Entry]] = {}
     for e in entries:
         number = e.appearance
         if number == 0:
-            before = [n for n, at in starts.items() if at <= e.at]
+            before = [n for n, at in starts.items() if at <= e.recorded_at]
             number = max(before) if before else (min(starts) if starts else 1)
         groups.setdefault(number, []).append(e)
     return groups
 
 
 def _earliest(entries: Iterable[Entry], *names: str) -> Entry | None:
+    """The first of ``names`` in the appearance's life (one entry per message id)."""
     found = [e for e in entries if e.name in names]
-    return min(found, key=_sort_key) if found else None
+    return min(found, key=life_key) if found else None
 
 
 def _lower_unique(values: Iterable[str]) -> list[str]:
@@ -715,13 +776,15 @@ def _lower_unique(values: Iterable[str]) -> list[str]:
 
 
 def _content(entries: Sequence[Entry]) -> Entry:
-    """The entry an appearance's content comes from: the Scheduled or Updated observed last
-    (else the latest transition, else the latest entry)."""
+    """The entry an appearance's content comes from: its Scheduled or Updated latest in the
+    event's life (:func:`life_key`: an Updated over the Scheduled, two Updateds in the order
+    the app recorded them; never by an observer's clock), else its latest transition, else its
+    latest entry."""
     transitions = [e for e in entries if e.is_transition]
     content_from = [e for e in transitions if e.name in ("Scheduled", "Updated")] or (
         transitions or list(entries)
     )
-    return max(content_from, key=_sort_key)
+    return max(content_from, key=life_key)
 
 
 def _appearance(number: int, entries: Sequence[Entry], vms: frozenset[str]) -> Appearance:
@@ -742,9 +805,10 @@ def _appearance(number: int, entries: Sequence[Entry], vms: frozenset[str]) -> A
     approved = _earliest(entries, "Approved")
     prepared = _earliest(entries, "Prepared")
     held_entries = [e for e in entries if e.name == "Held"]
-    last_held = max(held_entries, key=_sort_key) if held_entries else None
+    # held, then prepared since: in the order the app recorded them (its own clock)
+    last_held = max(held_entries, key=life_key) if held_entries else None
     prepared_since = last_held is not None and any(
-        e.name == "Prepared" and e.at >= last_held.at for e in entries
+        e.name == "Prepared" and e.recorded_at >= last_held.recorded_at for e in entries
     )
     restored = _earliest(entries, "Restored")
     first_held = _earliest(entries, "Held")
@@ -755,7 +819,6 @@ def _appearance(number: int, entries: Sequence[Entry], vms: frozenset[str]) -> A
     notice = None
     if scheduled is not None and scheduled.not_before is not None:
         notice = _seconds(scheduled.not_before, scheduled.at)
-    first = min(entries, key=_sort_key)
     return Appearance(
         number=number,
         state=state,
@@ -765,7 +828,7 @@ def _appearance(number: int, entries: Sequence[Entry], vms: frozenset[str]) -> A
         resources=tuple(vm for vm in _lower_unique(content.resources) if vm in vms),
         description=content.description,
         event_source=content.event_source,
-        first_seen=first.at,
+        first_seen=min(e.at for e in entries),
         last_seen=max(e.at for e in entries),
         scheduled_at=scheduled.at if scheduled else None,
         started_at=started.at if started else None,
@@ -800,9 +863,8 @@ def summarize(entries: Sequence[Entry], complete: bool = True) -> EventSummary |
     recency = {n: max(e.recorded_at for e in group) for n, group in groups.items()}
     kept = sorted(groups, key=lambda n: (recency[n], n))[-MAX_APPEARANCES:]
     content_vms = {vm for n in kept for vm in _lower_unique(_content(groups[n]).resources)}
-    latest_transition = max(
-        (e for e in entries if e.is_transition), key=_sort_key, default=max(entries, key=_sort_key)
-    )
+    life = ordered(entries)
+    latest_transition = next((e for e in reversed(life) if e.is_transition), life[-1])
     vms = tuple(sorted(content_vms))[:MAX_VMS]
     if not vms and latest_transition.observer:
         vms = (_text(latest_transition.observer.lower(), MAX_VM_NAME),)
@@ -1204,6 +1266,10 @@ class StoreRecorder:
 # ---- queries ------------------------------------------------------------------------------
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
+# Summaries of the index one listing or calendar reads at most, for its fair share by scope
+# (:func:`fair_share`): a scope that floods more than this many events into the range read can
+# still push another scope's out.
+MAX_SCAN = 2000
 
 
 class QueryError(ValueError):
@@ -1302,6 +1368,22 @@ def select(summaries: Iterable[EventSummary], query: EventQuery) -> list[EventSu
     found = [s for s in summaries if matches(s, query)]
     found.sort(key=latest_first)
     return found[: query.limit]
+
+
+def fair_share(summaries: Iterable[EventSummary], limit: int) -> list[EventSummary]:
+    """At most ``limit`` of ``summaries`` (in the index's order), shared out equally among
+    their scopes: every scope's first, then every scope's second, and so on, what one scope
+    leaves unused going to the others; kept in the given order. A verified VM can invent
+    events only in its own scope, so a flood from one scope fills that scope's share and
+    never pushes another scope's next maintenance out (hostile review 23c, item 3)."""
+    rank: dict[str, int] = {}
+    placed: list[tuple[int, int, EventSummary]] = []
+    for position, summary in enumerate(summaries):
+        turn = rank.get(summary.scope_key, 0)
+        rank[summary.scope_key] = turn + 1
+        placed.append((turn, position, summary))
+    chosen = sorted(placed, key=lambda item: (item[0], item[1]))[: max(limit, 0)]
+    return [summary for _, _, summary in sorted(chosen, key=lambda item: item[1])]
 
 
 def impact_by_type(summaries: Iterable[EventSummary]) -> dict[str, dict[str, Any]]:

@@ -1,10 +1,11 @@
 """The history's HTTP endpoints as plain functions (the blueprint only converts).
 
 ``GET /api/events`` (filters: state, vm, resourceGroup, from, to, limit; the latest first,
-from the store's time index), ``GET /api/events/{eventId}`` (the event as each scope that saw
-it tells it) and ``GET /api/calendar.ics`` (the feed: the events nearest to now, the upcoming
-ones first). Each answers a :class:`Answer`; a filter or an EventId that is not valid gets 400
-before anything reaches the store.
+from the store's time index, the limit shared out among the scopes: core.fair_share),
+``GET /api/events/{eventId}`` (the event as each scope that saw it tells it) and
+``GET /api/calendar.ics`` (the feed: the events nearest to now, the upcoming ones first).
+Each answers a :class:`Answer`; a filter or an EventId that is not valid gets 400 before
+anything reaches the store.
 """
 
 from __future__ import annotations
@@ -12,18 +13,20 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from functions.history import calendar
 from functions.history.core import (
     MAX_LIMIT,
+    MAX_SCAN,
     EventQuery,
     History,
     QueryError,
     clamp_time,
     event_key,
+    fair_share,
     impact_by_type,
     parse_query,
     select,
@@ -58,8 +61,9 @@ def list_events(history: History, params: Mapping[str, str]) -> Answer:
         query = parse_query(params)
     except QueryError as exc:
         return _json(400, {"error": str(exc)})
-    listing = history.store.latest(query)
-    events = select(listing.summaries, query)
+    scan = replace(query, limit=MAX_SCAN)
+    listing = history.store.latest(scan)
+    events = fair_share(select(listing.summaries, scan), query.limit)
     return _json(
         200,
         {
@@ -88,16 +92,17 @@ def event_timeline(history: History, event_id: str) -> Answer:
 
 
 def calendar_feed(history: History, now: datetime, window: timedelta) -> Answer:
-    """The events whose time is nearest to now within the window: every upcoming one first
+    """The events whose time is nearest to now within the window: the upcoming ones first
     (the earliest first), then the past ones (the latest first), :data:`CALENDAR_LIMIT` in
-    all, so the next maintenance is never the one left out."""
+    all, each shared out equally among the scopes (:func:`fair_share`), so every scope's next
+    maintenance is in, however many events another scope reports."""
     now = clamp_time(now)
     start, end = shifted(now, -window), shifted(now, window)
-    events = history.store.upcoming(now, end, CALENDAR_LIMIT)
+    events = fair_share(history.store.upcoming(now, end, MAX_SCAN), CALENDAR_LIMIT)
     room = CALENDAR_LIMIT - len(events)
     if room > 0 and start < now:
-        past = EventQuery(start=start, end=now - timedelta(microseconds=1), limit=room)
-        events += select(history.store.latest(past).summaries, past)
+        past = EventQuery(start=start, end=now - timedelta(microseconds=1), limit=MAX_SCAN)
+        events += fair_share(select(history.store.latest(past).summaries, past), room)
     return Answer(
         200,
         calendar.feed(events, now, window),

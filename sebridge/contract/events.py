@@ -183,9 +183,15 @@ def default_message_id(transition: Transition, event: ScheduledEvent) -> str:
 
 def derived_message_id(event: ScheduledEvent, transition: Transition, cause: str) -> str:
     """The id of a transition a workflow reports because of message ``cause`` (Prepared, Held):
-    a replay of the cause collapses, another cause is another message."""
+    a replay of the cause collapses, another cause is another message. It names the cause's
+    appearance (``<ref>:<Transition>:<appearance>:<digest>``) when the cause's id says it, so
+    the history puts the action in the event's life without an observer's clock."""
     digest = hashlib.sha256(cause.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{lifecycle.event_ref(event.event_id)}:{transition.value}:{digest}"
+    ref = lifecycle.event_ref(event.event_id)
+    appearance = lifecycle.appearance_of(cause)
+    if appearance is None:
+        return f"{ref}:{transition.value}:{digest}"
+    return f"{ref}:{transition.value}:{appearance}:{digest}"
 
 
 OBSERVER_PROPERTIES = ("vmName", "resourceGroup", "subscriptionId", "vmScaleSetName")

@@ -3,6 +3,7 @@ ETag, listing by filter, retention; and writers racing on one event through the 
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -33,6 +34,8 @@ from functions.shared.transient import RetryWindow
 from sebridge.imds import isoformat_utc as _iso
 from tests.functions.history_support import T0, Lifecycle, scope_key, verified
 from tests.functions.support import at_once
+from tests.functions.test_workflow_history_order import skewed_update
+from tests.functions.test_workflow_history_share import flood
 from tests.support.storage import azurite_storage, storage_credential, unique
 
 __all__ = ["azurite_storage", "storage_credential"]
@@ -161,6 +164,29 @@ def test_the_calendar_never_drops_the_next_maintenance(
     feed = icalendar.Calendar.from_ical(calendar_feed(history, now, timedelta(days=30)).body)
     starts = sorted(e.decoded("DTSTART") for e in feed.walk("VEVENT"))
     assert starts == sorted(upcoming)[:4]  # the next four, the nearest first
+
+
+def test_a_fast_clock_does_not_hide_an_updated_on_the_table(store: TableHistoryStore) -> None:
+    """Hostile review 23c, item 4 (a): the Scheduled of a VM whose clock is 10 minutes fast
+    hid the Updated that followed (content by the message's time)."""
+    summary = skewed_update(History(store, timedelta(days=90), PurgeSchedule()))
+    assert summary.latest.not_before == T0 + timedelta(hours=8)
+
+
+def test_a_flood_from_one_scope_leaves_another_in_calendar_and_listing(
+    store: TableHistoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hostile review 23c, item 3: 500 events web-1 invented (scope as-web), due sooner than
+    db-1's real one (scope as-db), filled the feed; the listing likewise. Here 4 and 3."""
+    monkeypatch.setattr(endpoints, "CALENDAR_LIMIT", 4)
+    history = History(store, timedelta(days=90), PurgeSchedule())
+    real = flood(history, 6, T0 + timedelta(hours=1))
+    ics = calendar_feed(history, T0 + timedelta(minutes=1), timedelta(days=30)).body
+    assert ics.count("BEGIN:VEVENT") == 4 and real in ics
+    later = flood(history, 5, T0 + timedelta(days=3))
+    listed = json.loads(endpoints.list_events(history, {"limit": "3"}).body)
+    ids = [e["eventId"] for e in listed["events"]]
+    assert listed["count"] == 3 and (later in ids or real in ids)  # db-1's two, both at +2 h
 
 
 def test_bulk_rows_are_read_kind_by_kind(

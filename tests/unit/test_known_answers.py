@@ -72,8 +72,9 @@ MESSAGE_IDS = {
     "completed": f"{REF}:Completed:1",
     "cancelled": f"{REF}:Cancelled:1",
     "approved": f"{REF}:Approved:1",
-    "prepared": f"{REF}:Prepared:{PREPARED_CAUSE_DIGEST}",
-    "held": f"{REF}:Held:{HELD_CAUSE_DIGEST}",
+    # the cause's appearance (1), then the digest of its id
+    "prepared": f"{REF}:Prepared:1:{PREPARED_CAUSE_DIGEST}",
+    "held": f"{REF}:Held:1:{HELD_CAUSE_DIGEST}",
     "heartbeat": "heartbeat:web-1:20261122T012000Z",
 }
 
@@ -263,7 +264,7 @@ def test_the_digests_in_the_ids_follow_the_documented_scheme() -> None:
     """Updated: a SHA-256 of the resulting content (NotBefore as an instant, Resources as a set
     of lower-case names, DurationInSeconds, Description, EventType and EventSource in lower
     case), as compact JSON, first 12 hex digits. Prepared and Held: a SHA-256 of the id of the
-    message that caused them, first 16 hex digits."""
+    message that caused them, first 16 hex digits, after the appearance that id names."""
     content = [
         "2026-11-22T01:45:00+00:00",
         ["web-1", "web-2"],
@@ -299,7 +300,7 @@ SIGNING_KEY = b"known-answer-signing-key-0123456789abcdef"
 # HMAC-SHA256 keyed with HMAC-SHA256(APPROVAL_SIGNING_KEY, "sebridge-app-seal-v1"), over the
 # compact, key-sorted, ASCII JSON of [message id, transition, source, data without the seal];
 # base64url without padding. Computed once with the lines of test_the_seal_... below.
-PREPARED_SEAL = "IXyp6vwPdXO_hunynYM3ZuoKrR0-ikXoeP_nKEHuspM"
+PREPARED_SEAL = "CkeUxfCWI8zr2FfZn-OmYvzRQCs_hUxmL6-aSV0XLUA"
 
 
 def _independent_seal(envelope: dict[str, Any], signing_key: bytes) -> str:
