@@ -3,7 +3,11 @@ zones, and the daylight-saving cases by name."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -194,3 +198,29 @@ def test_the_policy_reads_windows_per_rule() -> None:
         )
     with pytest.raises(PolicyError, match="windows apply only to approve"):
         parse_policy({"rules": [{"action": "manual", "windows": ["Sun 02:00-05:00 UTC"]}]})
+
+
+def test_windows_resolve_their_zones_without_the_hosts_zone_database() -> None:
+    """The Function App's image may carry no zone database (Windows plans, slim images): with
+    zoneinfo's search path emptied, "Europe/Berlin" still resolves through the tzdata package
+    that requirements.txt ships, and keeps its daylight-saving rules."""
+    script = (
+        "import zoneinfo, datetime\n"
+        "assert zoneinfo.TZPATH == (), zoneinfo.TZPATH\n"
+        "from functions.approval_gate.windows import parse_window\n"
+        "w = parse_window('Sun 02:00-05:00 Europe/Berlin')\n"
+        "summer = datetime.datetime(2026, 7, 1, tzinfo=w.zone).utcoffset()\n"
+        "winter = datetime.datetime(2026, 1, 1, tzinfo=w.zone).utcoffset()\n"
+        "print(summer, winter)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONTZPATH": ""},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["2:00:00", "1:00:00"]
