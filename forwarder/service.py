@@ -55,6 +55,7 @@ from sebridge.contract.events import (
     built_without_identity,
     event_message,
     heartbeat_message,
+    measured_message,
     with_observer,
 )
 from sebridge.forwarder.delivery.outbox import OutboxError
@@ -318,7 +319,8 @@ class Forwarder:
             before.events, document.events, self.local_observer.vm_name, observed_at
         )
         lives = dict(before.lives)
-        envelopes: list[Envelope] = []
+        envelopes: list[Envelope] = []  # one per change, in order
+        reports: list[Envelope] = []  # this VM's measurements of the events that completed
         for change in changes:
             life, message_id = lifecycle.advance(
                 lives.pop(change.event.key, None), change.transition.value, change.event
@@ -341,12 +343,25 @@ class Forwarder:
                     impact=measured.to_data() if measured is not None else None,
                 )
             )
+            if measured is not None:
+                # The Completed is one message for the whole set (its id is the event's); this
+                # VM's own measurement goes in a message of its own (contract: Measured).
+                reports.append(
+                    measured_message(
+                        change.event,
+                        self.observer,
+                        document.incarnation,
+                        observed_at,
+                        appearance=life.appearance,
+                        impact=measured.to_data(),
+                    )
+                )
         held_up_to = 0
         if envelopes:
             # Held until the state that produced them is saved (see Outbox): a crash in
             # between loses nothing and publishes nothing the saved state does not know.
             try:
-                held_up_to = self.outbox.put(envelopes, hold=True)
+                held_up_to = self.outbox.put([*envelopes, *reports], hold=True)
             except OutboxError as exc:
                 # Nothing of this poll is recorded and the state stays where it was: the next
                 # poll derives these transitions again.
@@ -414,6 +429,15 @@ class Forwarder:
                         tracecontext.from_properties(envelope.application_properties)
                     ),
                 },
+            )
+        for report in reports:
+            impact = report.body["data"]["impact"]
+            log.info(
+                "Measured %s: %s s (%s)",
+                report.body.get("subject"),
+                impact["measuredSeconds"],
+                impact["method"],
+                extra={"transition": report.subject, "messageId": report.message_id},
             )
         if envelopes:
             self._notify(lambda listener: listener.transitions_recorded(envelopes))

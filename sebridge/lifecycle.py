@@ -22,7 +22,10 @@ An id is built only from what every observer of the event sees the same way:
   Updated with three ids (B#1, A#2, B#2); an observer that saw only A -> B reports B#1, the
   same id as the first, so its late copy is dropped rather than undoing what came after it.
 
-Never from per-VM facts (DocumentIncarnation, observation time, the VM's name).
+Never from per-VM facts (DocumentIncarnation, observation time, the VM's name). The one
+exception is ``Measured`` (:func:`measured_id`), which is not a lifecycle transition but one VM's
+report of what it measured: ``<ref>:Measured:<appearance>:<observer digest>``, one per VM of a set
+and per appearance, so duplicate detection collapses only that VM's own copies (restarts).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ _SAFE_REF = re.compile(r"[0-9a-z][0-9a-z._-]{0,63}")
 # (a forwarder's preparation cause) or the end. Nine digits at most: an old derived id's
 # 16-character digest is never read as an appearance.
 _APPEARANCE_ID = re.compile(
-    r"^[^:|]+:(?:Scheduled|Updated|Started|Completed|Cancelled|Approved|Prepared|Held)"
+    r"^[^:|]+:(?:Scheduled|Updated|Started|Completed|Cancelled|Approved|Prepared|Held|Measured)"
     r":([0-9]{1,9})(?=[:|]|$)"
 )
 
@@ -183,6 +186,21 @@ def appearance_of(message_id: str | None) -> int | None:
         return None
     number = int(found.group(1))
     return number if number >= 1 else None
+
+
+MEASURED = "Measured"
+
+
+def observer_digest(vm_name: str) -> str:
+    """The observing VM in a ``Measured`` id: 16 hex characters of SHA-256 over its lower-case
+    name (a VM name may hold characters an id should not; it fits in any case)."""
+    return hashlib.sha256(vm_name.lower().encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def measured_id(ref: str, appearance: int, vm_name: str) -> str:
+    """``<ref>:Measured:<appearance>:<observer digest>``: one VM's measurement of one appearance
+    of the event. Per observer on purpose: every VM of a set measures its own impact."""
+    return f"{ref}:{MEASURED}:{appearance}:{observer_digest(vm_name)}"
 
 
 def advance(life: Life | None, transition: str, event: ScheduledEvent) -> tuple[Life, str]:

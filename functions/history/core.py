@@ -92,6 +92,7 @@ MAX_APPEARANCE_NUMBER = 1_000_000
 MAX_SUMMARY_ATTEMPTS = 5
 PURGE_EVERY = timedelta(minutes=10)
 PURGE_BATCH = 20
+MAX_METHODS = 4  # distinct measurement methods per appearance (others read as "unknown")
 MAX_PENDING = 1000  # actions kept in memory while the store is down
 
 # Azure Table's datetime range (1601-01-01 to 9999-12-31); every stored time is held to it.
@@ -101,7 +102,9 @@ LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 TRANSITIONS = ("Scheduled", "Updated", "Started", "Completed", "Cancelled")
 # NotRestored: lb-pools could not put VMs back (a pool deleted, ARM refused the restore for good)
 ACTIONS = ("Prepared", "Held", "Approved", "Restored", "NotRestored")
-NAMES = (*TRANSITIONS, *ACTIONS)
+# Measured: one VM's report of what it measured of the event (contract: one message per VM).
+REPORTS = ("Measured",)
+NAMES = (*TRANSITIONS, *ACTIONS, *REPORTS)
 STATES = ("Scheduled", "Started", "Completed", "Cancelled")
 
 
@@ -362,7 +365,8 @@ def _source(message: TransitionMessage) -> str:
 
 
 def measured_impact(message: TransitionMessage) -> dict[str, Any] | None:
-    """``data.impact`` of a Completed (optional), as the contract's reader reads it."""
+    """``data.impact`` of a Completed or a Measured (optional), as the contract's reader
+    reads it."""
     impact = message.impact
     if impact is None:
         return None
@@ -401,7 +405,7 @@ def _details(message: TransitionMessage) -> dict[str, Any]:
         if not isinstance(changes, dict):
             return {}
         return {"changed": sorted(_text(k, 40) for k in list(changes)[:MAX_CHANGED])}
-    if transition is Transition.COMPLETED:
+    if transition in (Transition.COMPLETED, Transition.MEASURED):
         impact = measured_impact(message)
         return {"impact": impact} if impact else {}
     return {}
@@ -435,7 +439,7 @@ def _entry(
     recorded = clamp_time(recorded)
     # The key keeps 0 for actions (as before ids named the appearance): a redelivery of an
     # action recorded earlier finds its row.
-    keyed = appearance if message.transition.value in (*TRANSITIONS, "Approved") else 0
+    keyed = appearance if message.transition.value in (*TRANSITIONS, "Approved", *REPORTS) else 0
     return Entry(
         event_id=_text(event.event_id),
         key=entry_key(message.transition.value, cause, keyed),
@@ -488,6 +492,54 @@ def action_entry(
 
 # ---- entries to a summary -----------------------------------------------------------------
 @dataclass(frozen=True)
+class VmImpact:
+    """What one VM of the event measured of it (its Completed's or its Measured's impact)."""
+
+    vm: str  # lower case, one of the summary's VMs
+    seconds: float
+    method: str
+
+    def to_json(self, announced: int | None) -> dict[str, Any]:
+        return {
+            "vm": self.vm,
+            "announcedSeconds": announced,
+            "measuredSeconds": self.seconds,
+            "method": self.method or None,
+        }
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def vm_impacts(entries: Iterable[Entry], vms: frozenset[str]) -> tuple[VmImpact, ...]:
+    """Each VM's measurement, from every Completed and Measured entry that carries one (the
+    topic keeps one Completed of a set, each VM's Measured besides): the largest per VM,
+    only VMs of the summary, at most :data:`MAX_METHODS` distinct methods (the rest read as
+    ``unknown``), sorted by VM."""
+    best: dict[str, VmImpact] = {}
+    for entry in entries:
+        impact = entry.details.get("impact") if entry.name in ("Completed", *REPORTS) else None
+        if not isinstance(impact, dict):
+            continue
+        seconds = _number(impact.get("measuredSeconds"))
+        vm = _text(entry.observer.lower(), MAX_VM_NAME)
+        if seconds is None or vm not in vms:
+            continue
+        found = VmImpact(vm, seconds, _text(impact.get("method"), 40))
+        held = best.get(vm)
+        if held is None or (found.seconds, found.method) > (held.seconds, held.method):
+            best[vm] = found
+    methods = sorted({m.method for m in best.values()})[:MAX_METHODS]
+    return tuple(
+        m if m.method in methods else replace(m, method="unknown")
+        for m in sorted(best.values(), key=lambda m: m.vm)
+    )
+
+
+@dataclass(frozen=True)
 class Appearance:
     """One appearance of an event (it comes back after it ended: Scheduled again)."""
 
@@ -515,9 +567,10 @@ class Appearance:
     held: bool = False  # held and not prepared since
     held_pool: str = ""
     restored_at: datetime | None = None
-    measured_seconds: float | None = None
+    measured_seconds: float | None = None  # the largest of the VMs' (else the Completed's)
     measure_method: str = ""
     sources: tuple[str, ...] = ()
+    measured_vms: tuple[VmImpact, ...] = ()  # each VM's own measurement
 
     @property
     def announced_seconds(self) -> int | None:
@@ -566,6 +619,7 @@ class Appearance:
                 "measuredSeconds": self.measured_seconds,
                 "method": self.measure_method or None,
                 "measured": self.measured_seconds is not None,
+                "vms": [m.to_json(self.announced_seconds) for m in self.measured_vms],
             },
             "sources": list(self.sources),
         }
@@ -573,6 +627,7 @@ class Appearance:
     def to_record(self, vms: Sequence[str]) -> dict[str, Any]:
         """The stored form: every field once, the VMs as positions in the summary's list."""
         position = {vm: i for i, vm in enumerate(vms)}
+        methods = sorted({m.method for m in self.measured_vms})
         return {
             "number": self.number,
             "state": self.state,
@@ -601,6 +656,11 @@ class Appearance:
             "measuredSeconds": self.measured_seconds,
             "measureMethod": self.measure_method,
             "sources": list(self.sources),
+            # Each VM's: [its position in the summary's VMs, seconds, index in measureMethods]
+            "measureMethods": methods,
+            "measuredVms": [
+                [position[m.vm], m.seconds, methods.index(m.method)] for m in self.measured_vms
+            ],
         }
 
     @classmethod
@@ -611,6 +671,16 @@ class Appearance:
         number = _int(obj.get("number"))
         measured = obj.get("measuredSeconds")
         resources = obj.get("resources") or []
+        methods = [_text(m, 40) for m in obj.get("measureMethods") or [] if isinstance(m, str)]
+        measured_vms: list[VmImpact] = []
+        for row in obj.get("measuredVms") or []:
+            if not isinstance(row, list) or len(row) != 3:
+                continue
+            at, seconds, method = _int(row[0]), _number(row[1]), _int(row[2])
+            if at is None or not 0 <= at < len(vms) or seconds is None:
+                continue
+            name = methods[method] if method is not None and 0 <= method < len(methods) else ""
+            measured_vms.append(VmImpact(vms[at], seconds, name))
         return cls(
             number=number if number is not None else 1,
             state=str(obj["state"]),
@@ -643,6 +713,7 @@ class Appearance:
             sources=tuple(_text(s) for s in obj.get("sources") or [] if isinstance(s, str))[
                 :MAX_SOURCES
             ],
+            measured_vms=tuple(measured_vms[:MAX_VMS]),
         )
 
 
@@ -816,6 +887,11 @@ def _appearance(number: int, entries: Sequence[Entry], vms: frozenset[str]) -> A
     impact = completed.details.get("impact") if completed is not None else None
     impact = impact if isinstance(impact, dict) else {}
     measured = impact.get("measuredSeconds")
+    per_vm = vm_impacts(entries, vms)
+    if per_vm:  # the largest any VM measured, rather than whichever Completed the topic kept
+        largest = max(per_vm, key=lambda m: (m.seconds, m.method))
+        impact = {"measuredSeconds": largest.seconds, "method": largest.method}
+        measured = largest.seconds
     notice = None
     if scheduled is not None and scheduled.not_before is not None:
         notice = _seconds(scheduled.not_before, scheduled.at)
@@ -849,6 +925,7 @@ def _appearance(number: int, entries: Sequence[Entry], vms: frozenset[str]) -> A
         else None,
         measure_method=_text(impact.get("method"), 40),
         sources=tuple(sorted({e.source for e in transitions if e.source}))[:MAX_SOURCES],
+        measured_vms=per_vm,
     )
 
 
@@ -983,6 +1060,7 @@ def summary_line(summary: EventSummary) -> dict[str, Any]:
         "announcedSeconds": latest.announced_seconds,
         "measuredSeconds": latest.measured_seconds,
         "measureMethod": latest.measure_method or None,
+        "measuredVms": len(latest.measured_vms),
         "held": latest.held_at is not None,
         "approvedBy": latest.approved_by or None,
         "approvalSeconds": _seconds(latest.approved_at, latest.scheduled_at),
@@ -1399,7 +1477,9 @@ def impact_by_type(summaries: Iterable[EventSummary]) -> dict[str, dict[str, Any
         row["completed"] += latest.state == "Completed"
         if latest.announced_seconds is not None:
             row["announced"].append(latest.announced_seconds)
-        if latest.measured_seconds is not None:
+        if latest.measured_vms:  # every VM's figure, not one per event
+            row["measured"].extend(m.seconds for m in latest.measured_vms)
+        elif latest.measured_seconds is not None:
             row["measured"].append(latest.measured_seconds)
     result: dict[str, dict[str, Any]] = {}
     for event_type, row in sorted(by_type.items()):
@@ -1423,7 +1503,9 @@ def timeline_json(timeline: Timeline) -> dict[str, Any]:
         row: dict[str, Any] = {
             "at": _iso(entry.at),
             "recorded": _iso(entry.recorded),
-            "kind": "transition" if entry.is_transition else "action",
+            "kind": "transition"
+            if entry.is_transition
+            else ("report" if entry.name in REPORTS else "action"),
             "name": entry.name,
             "source": entry.source,
             "observer": entry.observer,

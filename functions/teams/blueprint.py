@@ -18,8 +18,8 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
 @service_bus_function(bp, "teams", "%TeamsSubscriptionName%", unverified=True)
 def teams(message: VerifiedMessage | UnverifiedMessage) -> None:
-    if message.message.event is None:
-        return
+    if message.message.event is None or message.message.transition.is_report:
+        return  # a VM's own report (Measured) is no card: its Completed had one
     deps = composition.dependencies()
     notify.notify(
         message,

@@ -51,7 +51,8 @@ UNVERIFIED_PREFIX = (
     ":warning: *Unverified*: this message failed the scope check and nothing acted on it:"
 )
 
-EVENT_TRANSITIONS = frozenset(t for t in Transition if t is not Transition.HEARTBEAT)
+# Reports (Heartbeat, Measured) are no event transition an endpoint could be told about.
+EVENT_TRANSITIONS = frozenset(t for t in Transition if not t.is_report)
 TRIGGERS = frozenset({Transition.SCHEDULED, Transition.UPDATED, Transition.STARTED})
 RESOLVES = frozenset({Transition.COMPLETED, Transition.CANCELLED})
 VM_LOSS = frozenset({"terminate", "preempt"})

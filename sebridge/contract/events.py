@@ -45,6 +45,16 @@ class Transition(StrEnum):
     HEARTBEAT = "Heartbeat"
     PREPARED = "Prepared"
     HELD = "Held"
+    # Not a lifecycle transition: one VM's report of the impact it measured of an event that
+    # completed (data.impact), one message per VM (see measured_message).
+    MEASURED = "Measured"
+
+    @property
+    def is_report(self) -> bool:
+        """Heartbeat and Measured: what one forwarder reports about itself, not a step of an
+        event's lifecycle; the workflows that act on transitions (cards, webhooks, pools, the
+        gate) ignore them."""
+        return self in (Transition.HEARTBEAT, Transition.MEASURED)
 
     @property
     def cloud_event_type(self) -> str:
@@ -318,7 +328,12 @@ def event_message(
     A Completed may carry ``impact`` (``measuredSeconds``, ``method``): what the observer
     measured of the event from inside the VM; it never enters the message id.
     """
-    if transition in (Transition.HEARTBEAT, Transition.PREPARED, Transition.HELD):
+    if transition in (
+        Transition.HEARTBEAT,
+        Transition.PREPARED,
+        Transition.HELD,
+        Transition.MEASURED,
+    ):
         raise ValueError(f"use the {transition.value.lower()}_message builder")
     if transition is Transition.UPDATED and not changes:
         raise ValueError("an Updated transition needs the changed fields")
@@ -480,6 +495,40 @@ def prepared_message(
     )
 
 
+def measured_message(
+    event: ScheduledEvent,
+    observer: Observer,
+    incarnation: int | None,
+    observed_at: datetime,
+    *,
+    appearance: int,
+    impact: Mapping[str, Any],
+) -> Envelope:
+    """What ``observer`` measured of an event that completed (``data.impact``: seconds and a
+    method), sent next to the Completed by the VM that measured it.
+
+    The Completed has one id whoever observes it, so the topic keeps one of a set's N copies;
+    this report is per VM (:func:`sebridge.lifecycle.measured_id`), so every VM's measurement
+    reaches the history while the Completed still reaches every other subscriber once.
+    ``appearance`` is the Completed's (the event's life in the observer's state).
+    """
+    if read_impact(impact, []) is None:
+        raise ValueError("impact is measured seconds and a method")
+    data = event_data(event, observer, incarnation, impact=impact)
+    return _envelope(
+        message_id=lifecycle.measured_id(
+            lifecycle.event_ref(event.event_id), appearance, observer.vm_name
+        ),
+        session_id=lifecycle.event_ref(event.event_id),
+        transition=Transition.MEASURED,
+        source=observer.source,
+        subject=event.key,
+        observed_at=observed_at,
+        data=data,
+        properties=_event_properties(Transition.MEASURED, event, observer),
+    )
+
+
 def held_message(
     event: ScheduledEvent,
     observer: Observer,
@@ -536,8 +585,9 @@ class TransitionMessage:
 
     @property
     def impact(self) -> MeasuredImpact | None:
-        """``data.impact`` of a Completed when it is usable (the reader warned otherwise)."""
-        if self.transition is not Transition.COMPLETED:
+        """``data.impact`` of a Completed or a Measured when it is usable (the reader warned
+        otherwise)."""
+        if self.transition not in (Transition.COMPLETED, Transition.MEASURED):
             return None
         return read_impact(self.data.get("impact"), [])
 
@@ -656,6 +706,8 @@ def _parse(body: bytes | str | Mapping[str, Any], message_id: str | None) -> Tra
         if value is not None and not isinstance(value, dict):
             warnings.append(f"data.{name}: {show(value)} is not an object: ignored")
     read_impact(data.get("impact"), warnings)
+    if transition is Transition.MEASURED and data.get("impact") is None:
+        warnings.append("data.impact: missing on a Measured: nothing measured")
     return TransitionMessage(
         transition=transition,
         message_id=message_id or cloud_event.id,

@@ -163,7 +163,7 @@ def test_each_metric_after_a_scripted_scenario_with_faults(rig: Rig) -> None:
     broker.refuse = lambda _: None
     sim.event("remove", eventId=first)
     assert fw.tick() is None  # Completed
-    assert fw.send_pending() == 1
+    assert fw.send_pending() == 2  # and this VM's Measured
 
     # Approval commands, as the approvals receiver settles them (approvals.py).
     handler = CommandHandler(fw, rig.imds)
@@ -197,12 +197,12 @@ def test_each_metric_after_a_scripted_scenario_with_faults(rig: Rig) -> None:
         ("Cancelled", 0),
     ):
         assert value(m, "sebridge_forwarder_transitions_total", transition=transition) == count
-    # ok: 2 Scheduled, Updated, [Started refused], Completed, Approved (sent by the next
-    # send_pending: not yet) -> 3 ok calls; 1 failed; 1 refused.
+    # ok: 2 Scheduled, Updated, [Started refused], Completed with its Measured, Approved (sent
+    # by the next send_pending: not yet) -> 3 ok calls (5 messages); 1 failed; 1 refused.
     assert value(m, "sebridge_forwarder_publish_attempts_total", result="ok") == 3
     assert value(m, "sebridge_forwarder_publish_attempts_total", result="failed") == 1
     assert value(m, "sebridge_forwarder_publish_attempts_total", result="refused") == 1
-    assert value(m, "sebridge_forwarder_messages_sent_total") == sent_before_scrape == 4
+    assert value(m, "sebridge_forwarder_messages_sent_total") == sent_before_scrape == 5
     assert value(m, "sebridge_forwarder_outbox_depth") == len(pending)
     assert value(m, "sebridge_forwarder_messages_set_aside") == 1
     assert value(m, "sebridge_forwarder_approval_commands_total", outcome="complete") == 1

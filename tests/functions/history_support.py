@@ -35,9 +35,11 @@ from functions.shared.verified import VerifiedMessage
 from sebridge import lifecycle
 from sebridge.contract.events import (
     Envelope,
+    Observer,
     Transition,
     event_message,
     held_message,
+    measured_message,
     parse_message,
     prepared_message,
 )
@@ -91,6 +93,28 @@ class Lifecycle:
         if impact is not None:
             envelope.body["data"]["impact"] = impact
         self.messages.append(envelope)
+
+    def measured(self, vm: str, seconds: float, method: str = "freeze-pause") -> None:
+        """What VM ``vm`` (of the golden observer's availability set) measured of the event, as
+        its forwarder reports it next to its Completed."""
+        event = imds_event(self.event_id, "Started", **self.fields)
+        assert self.life is not None
+        observer = Observer(
+            vm_name=vm,
+            resource_id=golden.OBSERVER.resource_id.removesuffix(golden.OBSERVER.vm_name) + vm,
+            subscription_id=golden.OBSERVER.subscription_id,
+            resource_group=golden.OBSERVER.resource_group,
+        )
+        self.messages.append(
+            measured_message(
+                event,
+                observer,
+                1,
+                self._tick(1),
+                appearance=self.life.appearance,
+                impact={"measuredSeconds": seconds, "method": method},
+            )
+        )
 
     def approved(self, by: str = "approval-gate", reason: str = "policy") -> None:
         event = imds_event(self.event_id, **self.fields)

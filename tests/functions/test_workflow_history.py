@@ -125,6 +125,7 @@ def test_a_completed_event_without_a_measurement_says_so() -> None:
         "measuredSeconds": None,
         "method": None,
         "measured": False,
+        "vms": [],
     }
 
 

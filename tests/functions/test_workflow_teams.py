@@ -41,6 +41,14 @@ def test_one_valid_card_per_transition(app: App, name: str) -> None:
     assert request.headers["content-type"].startswith("application/json")
 
 
+@pytest.mark.timeout(20)
+def test_a_vms_measured_report_posts_no_card(app: App) -> None:
+    """Every VM of a set sends its Measured (issue 26); the event's Completed had its card."""
+    app.deliver("teams", golden.build()["completed"])
+    app.deliver("teams", golden.build()["measured"])
+    assert len(app.teams.cards) == 1
+
+
 @pytest.fixture
 def world(arm_fake: FakeArm) -> None:
     web_vm(arm_fake, "web-1", [])

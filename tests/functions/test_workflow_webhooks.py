@@ -239,6 +239,17 @@ def test_heartbeats_post_nothing(make_hooks_app: MakeHooks, hooks: FakeWebhooks)
 
 
 @pytest.mark.timeout(20)
+def test_measured_reports_post_nothing(make_hooks_app: MakeHooks, hooks: FakeWebhooks) -> None:
+    """A VM's Measured (issue 26) is no transition: no post, and PagerDuty resolves once."""
+    app = make_hooks_app(SLACK_ENDPOINT, GENERIC_ENDPOINT, PD_ENDPOINT)
+    app.deliver("webhooks", golden.build()["measured"])
+    assert hooks.requests == []
+    app.deliver("webhooks", golden.build()["completed"])
+    app.deliver("webhooks", golden.build()["measured"])
+    assert [b["event_action"] for b in hooks.bodies(PAGERDUTY)] == ["resolve"]
+
+
+@pytest.mark.timeout(20)
 def test_429_with_retry_after_is_honoured(make_hooks_app: MakeHooks, hooks: FakeWebhooks) -> None:
     app = make_hooks_app(SLACK_ENDPOINT)
     hooks.fail(SLACK, 429, times=2, retry_after="1")

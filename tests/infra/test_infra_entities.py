@@ -66,10 +66,10 @@ TOPIC_WINDOW_PARAM = "topicDuplicateDetectionWindow"
 # The subscriptions the bridge itself relies on, each with its one filter: the functions bind to
 # all but the last, and audit takes everything. Others are allowed (your own subscriber).
 BUILT_IN_SUBSCRIPTIONS = {
-    "teams": "transition <> 'Heartbeat'",
+    "teams": "transition NOT IN ('Heartbeat', 'Measured')",
     "lb-pools": "transition IN ('Scheduled', 'Updated', 'Started', 'Completed', 'Cancelled')",
     "approval-gate": "transition IN ('Scheduled', 'Updated', 'Prepared', 'Heartbeat')",
-    "webhooks": "transition <> 'Heartbeat'",
+    "webhooks": "transition NOT IN ('Heartbeat', 'Measured')",
     "history": "transition <> 'Heartbeat'",
     "audit": "1=1",
 }

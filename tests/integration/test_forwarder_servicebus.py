@@ -47,12 +47,13 @@ def test_subscriptions_see_what_their_filters_select(emulator: Any, tmp_path: Pa
     ):
         lb = receive_all(emulator.connection_string, "lb-pools", want=len(lifecycle), timeout=30)
         assert fw.alive, fw.stderr_text()[-3000:]
-        audit = receive_all(emulator.connection_string, "audit", want=len(lifecycle) + 1)
+        # ...and the Heartbeat, and the VM's Measured of the reboot it watched (issue 26)
+        audit = receive_all(emulator.connection_string, "audit", want=len(lifecycle) + 2)
         gate = receive_all(emulator.connection_string, "approval-gate", want=2)
         teams = receive_all(emulator.connection_string, "teams", want=len(lifecycle))
     assert [m["subject"] for m in lb] == lifecycle  # one session, in order
     assert len({m["session_id"] for m in lb}) == 1
-    assert sorted(m["subject"] for m in audit) == sorted([*lifecycle, "Heartbeat"])
+    assert sorted(m["subject"] for m in audit) == sorted([*lifecycle, "Heartbeat", "Measured"])
     assert sorted(m["subject"] for m in gate) == ["Heartbeat", "Scheduled"]
     assert [m["subject"] for m in teams] == lifecycle
     for message in lb:

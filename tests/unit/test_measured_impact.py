@@ -14,7 +14,14 @@ from typing import Any
 import jsonschema
 import pytest
 
-from sebridge.contract.events import Transition, event_message, parse_message
+from sebridge import lifecycle
+from sebridge.contract.events import (
+    Observer,
+    Transition,
+    event_message,
+    measured_message,
+    parse_message,
+)
 from sebridge.forwarder.imds.impact import PERSIST_EVERY, Impact
 from sebridge.forwarder.state import ForwarderState
 from tests.fixtures import golden
@@ -39,6 +46,15 @@ def completed(world: World) -> list[dict[str, Any] | None]:
         if envelope.subject == "Completed":
             out.append(envelope.body["data"].get("impact"))
     return out
+
+
+def measured(world: World) -> list[tuple[str, dict[str, Any]]]:
+    """(message id, ``data.impact``) of every Measured delivered."""
+    return [
+        (envelope.message_id, envelope.body["data"]["impact"])
+        for envelope in world.broker.transitions()
+        if envelope.subject == "Measured"
+    ]
 
 
 def freeze_started(world: World, event_id: str = A, **fields: Any) -> None:
@@ -124,6 +140,7 @@ def test_an_event_of_another_vm_is_not_measured() -> None:
     world.imds.set([])
     step(world)
     assert completed(world) == [None]
+    assert measured(world) == []  # nothing measured, nothing reported
 
 
 def test_a_reboot_gap_is_measured_across_a_crash_from_the_state_on_disk() -> None:
@@ -186,7 +203,7 @@ def test_a_crash_between_the_outbox_write_and_the_state_save_loses_no_completed(
     world.store.fail_next = 1  # the Completed is in the outbox, held; its state is not saved
     world.clock.advance(1)
     assert world.forwarder.tick() is None
-    assert world.outbox.held() == 1
+    assert world.outbox.held() == 2  # the Completed and this VM's Measured
     world.clock.advance(5)
     world.restart()  # the crash: the held row is dropped, derived again from the saved state
     step(world)
@@ -296,3 +313,44 @@ def test_a_reader_that_does_not_know_impact_still_reads_the_message() -> None:
     message = parse_message(body)
     assert message.warnings == ()
     assert message.impact is not None and message.impact.method == "some-future-method"
+
+
+def test_each_measurement_also_goes_in_a_measured_of_this_vm() -> None:
+    """Issue 26 in a set: the topic keeps one Completed of the N VMs' copies (one id for the
+    event), so the measurement also travels in a message whose id names this VM."""
+    world = World()
+    world.imds.set([started(A)])
+    step(world)
+    step(world, 7.0)
+    world.imds.set([])
+    step(world)
+    (impact,) = completed(world)
+    ((message_id, reported),) = measured(world)
+    assert reported == impact
+    vm = world.forwarder.observer.vm_name
+    assert message_id == lifecycle.measured_id(A, 1, vm)
+    assert message_id != lifecycle.measured_id(A, 1, vm + "-other")
+    delivered = [e.subject for e in world.broker.transitions()]
+    assert delivered.index("Measured") == delivered.index("Completed") + 1
+
+
+def test_a_measured_fits_the_schema_and_is_per_observer() -> None:
+    event = parse_message(golden.build()["completed"].body_bytes()).event
+    assert event is not None
+    impact = {"measuredSeconds": 4.2, "method": "freeze-pause"}
+    other = Observer(vm_name="web-2")
+    mine = measured_message(
+        event, golden.OBSERVER, 14, golden.OBSERVED_AT, appearance=1, impact=impact
+    )
+    theirs = measured_message(event, other, 9, golden.OBSERVED_AT, appearance=1, impact=impact)
+    jsonschema.validate(mine.body["data"], DATA_SCHEMA, format_checker=FORMATS)
+    assert mine.message_id != theirs.message_id  # both survive duplicate detection
+    assert mine.session_id == golden.build()["completed"].session_id  # the event's session
+    assert mine.subject == mine.application_properties["transition"] == "Measured"
+    message = parse_message(mine.body_bytes())
+    assert message.transition is Transition.MEASURED and message.warnings == ()
+    assert message.impact is not None and message.impact.seconds == 4.2
+    with pytest.raises(ValueError):
+        measured_message(event, other, 9, golden.OBSERVED_AT, appearance=1, impact={"x": 1})
+    with pytest.raises(ValueError, match="measured_message"):
+        event_message(Transition.MEASURED, event, other, 9, golden.OBSERVED_AT, impact=impact)
