@@ -24,7 +24,8 @@ def webhooks(message: VerifiedMessage | UnverifiedMessage) -> None:
     if message.message.event is None:
         return
     deps = composition.dependencies()
-    drain = deps.drain_plan.for_message(message.message, deps.clock())
+    now = deps.clock()
+    drain = deps.drain_plan.for_message(message.message, now)
     try:
         results = webhooks_core.deliver(
             message,
@@ -32,9 +33,14 @@ def webhooks(message: VerifiedMessage | UnverifiedMessage) -> None:
             poster=deps.webhooks,
             impact=deps.impact,
             drain=drain,
+            budget=deps.page_budget,
+            now=now,
         )
     except webhooks_core.DeliveryFailed as exc:
         note(**webhooks_core.counts(exc.results))
         raise
     tally = webhooks_core.counts(results)
-    note("rejected" if tally[webhooks_core.REJECTED] else None, **tally)
+    # The invocation line counts suppressed pages (and says "suppressed" when nothing else went
+    # wrong): the metric an alert on a paging flood reads (docs/monitoring.md).
+    outcome = "rejected" if tally[webhooks_core.REJECTED] else None
+    note(outcome or ("suppressed" if tally[webhooks_core.SUPPRESSED] else None), **tally)
