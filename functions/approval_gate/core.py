@@ -27,7 +27,6 @@ NotBefore.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from functions.shared.ports import (
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
-from sebridge.contract.events import ContractError, Transition, TransitionMessage, parse_message
+from sebridge.contract.events import Transition, TransitionMessage
 
 log = logging.getLogger("sebridge.functions.approval_gate")
 
@@ -186,7 +185,7 @@ class Gate:
                 extra={"eventId": event.key},
             )
             if book is not None:
-                book.drop(event.key)
+                book.drop(verified.scoped_key)
             return
         if book is None:
             log.warning(
@@ -196,33 +195,34 @@ class Gate:
                 extra={"eventId": event.key},
             )
             return
-        book.set(event.key, opening.start, message.message_id or event.key, body_of(message))
+        book.set(
+            verified.scoped_key, opening.start, message.message_id or event.key, body_of(message)
+        )
         log.info(
             "outside the rule's maintenance windows: decided again when one opens at %s",
             opening.start.isoformat(),
             extra={"eventId": event.key, "windowOpens": opening.start.isoformat()},
         )
 
-    def fire(self, event_id: str, tok: str, now: datetime) -> GateOutcome:
-        """A maintenance window opened: decide the event again (its newest message, verified
-        again), if ``tok`` is still its moment and has not fired."""
+    def fire(self, due: moments.Due, now: datetime) -> GateOutcome:
+        """A maintenance window opened: decide the event again in the scope ``due`` names (its
+        newest message there, verified again in that scope), if its token is still that
+        scope's moment and has not fired."""
         book = self._book()
         if book is None:
             return GateOutcome.IGNORED
-        entry = book.due(event_id, tok)
-        if isinstance(entry, str):
-            log.info("scheduled decision not taken: %s", entry, extra={"eventId": event_id})
+        pools = self.guard.pools if self.guard is not None else None
+        taken = book.take(
+            due,
+            lambda message: verify_and_log(
+                "approval_gate", self.arm, message, self.rules, records=pools
+            ),
+        )
+        if isinstance(taken, str):
             return GateOutcome.IGNORED
-        try:
-            body = json.dumps(dict(entry.body)).encode("utf-8")
-            message = parse_message(body, entry.message_id)
-        except ContractError as exc:
-            log.error("scheduled decision dropped: its message is unreadable: %s", exc)
-            book.drop(event_id)
-            return GateOutcome.IGNORED
-        log.info("a maintenance window opened", extra={"eventId": event_id})
-        outcome = self.handle(message, now)
-        book.fired(event_id, tok)
+        log.info("a maintenance window opened", extra={"eventId": due.event_id})
+        outcome = self.decide(taken, now)
+        book.done(due)
         return outcome
 
     def _prepared(

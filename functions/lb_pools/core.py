@@ -39,7 +39,6 @@ pool's lease.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -68,7 +67,12 @@ from functions.shared.ports import (
     TopicPublisher,
     WriteRefused,
 )
-from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
+from functions.shared.verified import (
+    Checked,
+    UnverifiedMessage,
+    VerifiedMessage,
+    verify_and_log,
+)
 from functions.shared.vms import ResolvedVm, VmKind
 from functions.teams.cards import not_restored_card
 from sebridge.contract.events import (
@@ -366,7 +370,7 @@ class LbPools:
                 self._restore_dropped(verified, outcome, now)
             return outcome
         # A cancelled Terminate or Preempt never happened: the VM is still there, put it back.
-        self._drop_moment(event.key)
+        self._drop_moment(verified.scoped_key)
         restore = message.transition is Transition.CANCELLED or restores_afterwards(event)
         self._end(verified, vms, outcome, now, restore=restore)
         return outcome
@@ -377,12 +381,12 @@ class LbPools:
         assert message.event is not None
         return self.plan.moment(message.event, message.observer, seen)
 
-    def _book(self, key: str = moments.KEY) -> moments.MomentBook | None:
-        """The event records' moments of ``key`` (None: no drain-moments queue)."""
+    def _book(self, kind: str = moments.KEY) -> moments.MomentBook | None:
+        """The event records' moments of ``kind`` (None: no drain-moments queue)."""
         if self.scheduler is None or self.pools is None:
             return None
-        command = moments.DUE_COMMAND if key == moments.KEY else moments.DECIDE_COMMAND
-        return moments.MomentBook(self.pools, self.scheduler, key, command)
+        command = moments.DUE_COMMAND if kind == moments.KEY else moments.DECIDE_COMMAND
+        return moments.MomentBook(self.pools, self.scheduler, kind, command)
 
     def _deferred(self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime) -> bool:
         """Whether the drain waits for its moment (scheduled, or already scheduled); False:
@@ -394,19 +398,20 @@ class LbPools:
         book = self._book()
         if book is None:
             return False
-        entry = book.read(event.key)
+        key = verified.scoped_key  # this scope's moment: another's never moves or spends it
+        entry = book.read(key)
         if message.transition is Transition.STARTED:
             if entry is not None and not entry.fired:
-                book.spend(event.key, now)
+                book.spend(key, now)
             return False
         if entry is not None and entry.fired:
             return False  # drained already: this drains again (idempotent), Prepared again
         at = self.drain_at(message, min(message.time or now, now))
         body, message_id = held.body_of(message), message.message_id or event.key
         if at <= now:
-            book.spend(event.key, at, message_id, body)
+            book.spend(key, at, message_id, body)
             return False
-        book.set(event.key, at, message_id, body)
+        book.set(key, at, message_id, body)
         log.info(
             "event %s: %s drained at %s (its drain moment), not now",
             event.key,
@@ -417,35 +422,33 @@ class LbPools:
         outcome.action, outcome.drain_at = "defer", at
         return True
 
-    def _drop_moment(self, event_id: str) -> None:
-        """The event ended (Completed, Cancelled): its moments go (the drain's and the gate's
-        decision at a window's start), and their scheduled messages."""
-        for key in (moments.KEY, moments.DECIDE_KEY):
-            book = self._book(key)
+    def _drop_moment(self, key: str) -> None:
+        """The event ended in the scope ``key`` names (Completed, Cancelled): that scope's
+        moments go (the drain's and the gate's decision at a window's start), and their
+        scheduled messages."""
+        for kind in (moments.KEY, moments.DECIDE_KEY):
+            book = self._book(kind)
             if book is not None:
-                book.drop(event_id)
+                book.drop(key)
 
-    def fire(self, event_id: str, tok: str, now: datetime) -> LbOutcome:
-        """A scheduled drain arrived: drain the event if ``tok`` is still its moment and has
-        not fired (verified again, like a held event); otherwise nothing. Faults propagate
-        (the message is redelivered)."""
+    def fire(self, due: moments.Due, now: datetime) -> LbOutcome:
+        """A scheduled drain arrived: drain the event in the scope ``due`` names if its token
+        is still that scope's moment and has not fired, its stored message verified again in
+        that scope (like a held event); otherwise nothing. Faults propagate (the message is
+        redelivered)."""
         book = self._book()
         if book is None:
             return LbOutcome("ignore", reason="no drain moments configured")
-        entry = book.due(event_id, tok)
-        if isinstance(entry, str):
-            log.info("scheduled drain not done: %s", entry, extra={"eventId": event_id})
-            return LbOutcome("ignore", reason=entry)
-        try:
-            message = parse_message(_json_bytes(entry.body), entry.message_id)
-        except ContractError as exc:
-            log.error("scheduled drain dropped: its message is unreadable: %s", exc)
-            book.records.update_event(event_id, moments.without)
-            return LbOutcome("ignore", reason="unreadable")
-        log.info("drain moment of event %s has come", event_id, extra={"eventId": event_id})
-        outcome = self.handle(message, now, due=True)
-        book.fired(event_id, tok)
+        taken = book.take(due, self._verify)
+        if isinstance(taken, str):
+            return LbOutcome("ignore", reason=taken)
+        log.info("drain moment of event %s has come", due.key, extra={"eventId": due.event_id})
+        outcome = self.handle_verified(taken, now, due=True)
+        book.done(due)
         return outcome
+
+    def _verify(self, message: TransitionMessage) -> Checked:
+        return verify_and_log("lb_pools", self.arm, message, self.rules, records=self.pools)
 
     def _restore_dropped(
         self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime
@@ -1297,10 +1300,6 @@ def _not_restored_details(outcome: LbOutcome) -> dict[str, Any]:
         "vms": ", ".join(names),
         "codes": ", ".join(codes),
     }
-
-
-def _json_bytes(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
 def _held_order(entry: held.HeldEvent) -> tuple[datetime, datetime]:
