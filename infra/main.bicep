@@ -75,6 +75,11 @@ param teamsEnabled bool = true
 @description('Webhook endpoints of the webhooks workflow (WEBHOOKS): objects with name, preset (slack, pagerduty, generic), urlSetting, routingKeySetting, transitions, eventTypes, impactfulOnly, template. No secret here: urlSetting and routingKeySetting name app settings listed in webhookSecretSettings.')
 param webhookEndpoints array = []
 
+@description('New PagerDuty incidents one VM\'s reports may open per hour (WEBHOOK_PAGES_PER_OBSERVER_HOUR, 1-1000).')
+@minValue(1)
+@maxValue(1000)
+param webhookPagesPerObserverHour int = 10
+
 @description('App settings that hold the webhook secrets (URLs, PagerDuty routing keys), e.g. WEBHOOK_OPS_SLACK_URL: each becomes a Key Vault reference to the secret of the same name in lower case with dashes (webhook-ops-slack-url), which you set after deployment.')
 param webhookSecretSettings array = []
 
@@ -273,6 +278,7 @@ module functionApp 'modules/functionapp.bicep' = {
     customSubscriberEnabled: customSubscriberEnabled
     customSubscriptionName: customSubscriptionName
     webhookEndpoints: webhookEndpoints
+    webhookPagesPerObserverHour: webhookPagesPerObserverHour
     webhookSecretSettings: webhookSecretSettings
     heartbeatStoreUrl: storage.outputs.heartbeatContainerUrl
     maximumInstanceCount: functionMaximumInstanceCount

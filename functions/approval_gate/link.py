@@ -9,19 +9,22 @@ On POST the VMs the token names, and those the event names now (its record: an U
 added VMs since the card was made, functions.shared.event_record), are read again in ARM and the
 capacity decision (functions.lb_pools.guard) is asked, under the pools' leases: an event held by
 lb-pools, or one whose VMs are still healthy members a pool cannot spare, is not approved, and
-the page says why (409). A link signed before links named their VMs can only be checked for a
-hold of its event.
+the page says why (409). Every token version takes that one path (:func:`_clear`): a link
+signed before links named their VMs (v1, v2) finds them in the event's record, in the scope
+where its VM was verified, and is refused while the app knows none ("not decided yet").
 """
 
 from __future__ import annotations
 
 import html
 import logging
-from dataclasses import dataclass
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from functions.approval_gate import tokens
-from functions.lb_pools.guard import CapacityGuard
+from functions.lb_pools.guard import CapacityGuard, Clearance
 from functions.shared import event_record
 from functions.shared import scope as trust
 from functions.shared.names import same
@@ -118,21 +121,7 @@ def approve(
     if guard is None:
         act()
         return done[0]
-    if claims.scoped:
-        until = claims.expires_at + LINK_MAINTENANCE
-        try:
-            vms = _affected(guard.arm, claims, guard.pools)
-        except _Unverifiable as exc:
-            vms = [ResolvedVm("?", VmKind.FORBIDDEN, problem=str(exc))]
-        # The event in the token's scope (its observer's placement, as ARM says now): holds,
-        # leaving members and NIC claims are kept per scope (functions.shared.verified).
-        placement = _placement(guard.arm, claims)
-        if placement is None:
-            vms = [ResolvedVm(claims.vm_name, VmKind.FORBIDDEN, problem="its VM is not found")]
-        scoped = scoped_event_key(claims.event_id, placement or "")
-        clearance = guard.clear(scoped, vms, now, until, act)
-    else:
-        clearance = guard.clear_event(claims.event_id, act)
+    clearance = _clear(guard, claims, now, act)
     if not clearance.allowed:
         return Page(
             409,
@@ -144,6 +133,100 @@ def approve(
             ),
         )
     return done[0]
+
+
+def _clear(
+    guard: CapacityGuard, claims: tokens.ApprovalClaims, now: datetime, act: Callable[[], None]
+) -> Clearance:
+    """The one capacity check of every Approve link, whatever its token's version: the event's
+    VMs (the token's and those the event's verified record names in its scope; a token signed
+    without its VMs, v1 or v2, finds its scope in the record), each either out of its pools
+    (claimed for this event) or one its pool can spare, under the pools' leases
+    (:meth:`CapacityGuard.clear`, the check the gate's own early approvals ask). An event the
+    app knows no VMs of (no verified message about it yet) is not approved: not decided yet."""
+    until = claims.expires_at + LINK_MAINTENANCE
+    if not guard.guarded:
+        return guard.clear(claims.event_id, (), now, until, act)
+    scoped = claims if claims.scoped else _scope_from_record(guard.pools, claims)
+    if scoped is None:
+        return guard.refuse(claims.event_id, NOT_DECIDED)
+    try:
+        vms = _affected(guard.arm, scoped, guard.pools)
+    except _Unverifiable as exc:
+        vms = [ResolvedVm("?", VmKind.FORBIDDEN, problem=str(exc))]
+    # The event in the token's scope (its observer's placement, as ARM says now): holds,
+    # leaving members and NIC claims are kept per scope (functions.shared.verified).
+    placement = _placement(guard.arm, scoped)
+    if placement is None:
+        vms = [ResolvedVm(scoped.vm_name, VmKind.FORBIDDEN, problem="its VM is not found")]
+    key = scoped_event_key(claims.event_id, placement or "")
+    return guard.clear(key, vms, now, until, act)
+
+
+NOT_DECIDED = (
+    "the bridge has not decided this event yet (no verified message names its VMs): "
+    "try again in a minute"
+)
+# An ARM id of a VM: a VM resource, or a Uniform scale set's instance.
+_VM_ID = re.compile(
+    r"^/subscriptions/(?P<sub>[^/]+)/resourcegroups/(?P<rg>[^/]+)/providers/microsoft\.compute/"
+    r"(?:virtualmachinescalesets/(?P<ss>[^/]+)/virtualmachines/(?P<n>\d+)|"
+    r"virtualmachines/(?P<vm>[^/]+))$",
+    re.IGNORECASE,
+)
+
+
+def _scope_from_record(
+    pools: PoolStore | None, claims: tokens.ApprovalClaims
+) -> tokens.ApprovalClaims | None:
+    """A token signed without its VMs (v1, v2) completed from the event's verified record: the
+    one scope in which its VM (the token's observer, or the ARM id it acknowledges on) was
+    verified for this event, with the VMs that scope names now. None when no scope (or more
+    than one) knows it: its VMs cannot be told."""
+    if pools is None:
+        return None
+    record = pools.read_event(claims.event_id)
+    scopes = record.get("scopes")
+    found: list[tokens.ApprovalClaims] = []
+    for placement in sorted(scopes) if isinstance(scopes, dict) else []:
+        view = event_record.scope_of(record, str(placement))
+        if view is None:
+            continue
+        target = claims.acknowledge_on.lower()
+        for member in sorted(view.members):
+            parsed = _VM_ID.match(member)
+            if parsed is None:
+                continue
+            name = parsed["vm"] or f"{parsed['ss']}_{parsed['n']}"
+            if not same(name, claims.vm_name) and target not in (member, view.placement):
+                continue
+            where = Observer(
+                vm_name=claims.vm_name,
+                subscription_id=parsed["sub"],
+                resource_group=parsed["rg"],
+                vm_scale_set_name=parsed["ss"] or "",
+            )
+            vms = affected_vms(view.resources, where)
+            found.append(
+                replace(
+                    claims,
+                    subscription=where.subscription_id,
+                    resource_group=where.resource_group,
+                    scale_set=where.vm_scale_set_name,
+                    vms=tuple(vms),
+                )
+            )
+            break
+    if len(found) != 1:
+        if found:
+            log.warning(
+                "approval link for %s: its VM is known in %d scopes of the event",
+                claims.event_id,
+                len(found),
+                extra={"eventId": claims.event_id},
+            )
+        return None
+    return found[0]
 
 
 def _affected(

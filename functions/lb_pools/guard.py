@@ -19,9 +19,9 @@ the event names now (:meth:`CapacityGuard.affected_now`, from the event's record
 keeps, functions.shared.event_record), not those a late Prepared or an old link carried.
 
 A VM the app may not read (403) cannot be checked, so nothing is approved early for it. An
-Approve link signed before the link carried its VMs names only the event: for it the guard can
-only tell whether the event is held somewhere (the pool store's index of held events), and
-refuses it then.
+Approve link of any token version asks :meth:`CapacityGuard.clear` too (one path,
+functions.approval_gate.link): a link signed before links carried their VMs finds them in the
+event's record, and is refused while the app knows none (hostile review of issue 23c, break 1).
 """
 
 from __future__ import annotations
@@ -245,20 +245,10 @@ class CapacityGuard:
         )
         return resolved
 
-    def clear_event(self, event_id: str, act: Callable[[], None]) -> Clearance:
-        """For an approval that names only the event (an Approve link signed before links
-        carried their VMs): refused while the event is held in a pool in any scope its record
-        knows, else ``act``."""
-        if self.guarded:
-            assert self.pools is not None
-            record = self.pools.read_event(event_id)
-            for key, pools in event_record.held_by_scope(record).items():
-                for pool in pools:
-                    if key in held.read(self.pools.peek(pool)):
-                        decision = capacity.Decision(held_in=pool)
-                        return self._refused(event_id, decision.describe(), decision)
-        act()
-        return ALLOWED
+    def refuse(self, event_id: str, reason: str) -> Clearance:
+        """Not approved early, for ``reason`` found before the pools could be asked (an
+        approval whose VMs cannot be told yet), logged as every refusal is."""
+        return self._refused(event_id, reason)
 
     @staticmethod
     def _refused(

@@ -46,6 +46,7 @@ from functions.shared.ports import (
 from functions.shared.scope import TrustRules
 from functions.shared.settings import Settings, load_settings
 from functions.shared.transient import RetryWindow
+from functions.webhooks.budget import PageBudget
 from functions.webhooks.ports import WebhookPoster
 
 log = logging.getLogger("sebridge.functions")
@@ -145,6 +146,14 @@ class Dependencies:
         if self.history_store is None:
             return NoActions()
         return StoreRecorder(self.history, "lb-pools")
+
+    @property
+    def page_budget(self) -> PageBudget | None:
+        """New incidents per observer and hour (functions.webhooks.budget), kept in the pool
+        store; None without one (local runs without LB_POOL_STATE_URL)."""
+        if self.pools is None:
+            return None
+        return PageBudget(self.pools, self.settings.pages_per_observer_hour)
 
     @property
     def impact(self) -> ImpactRules:

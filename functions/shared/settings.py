@@ -47,6 +47,7 @@ APP_SETTING_NAMES: tuple[str, ...] = (
     "CUSTOM_SUBSCRIBER_ENABLED",
     "WebhooksSubscriptionName",
     "WEBHOOKS",
+    "WEBHOOK_PAGES_PER_OBSERVER_HOUR",
     "EVENTGRID_INGEST_ENABLED",
     "EVENTGRID_STATE_URL",
     "AGENTLESS_RESOURCE_GROUPS",
@@ -75,6 +76,8 @@ DEFAULT_HEARTBEAT_STALE = 900
 HEARTBEAT_CONTAINER = "sebridge-heartbeats"
 POOL_STATE_CONTAINER = "sebridge-pools"
 DEFAULT_MIN_HEALTHY = 1
+# New incidents (PagerDuty triggers) one observer may open in an hour (functions.webhooks.budget).
+DEFAULT_PAGES_PER_OBSERVER_HOUR = 10
 MIN_SIGNING_KEY_LENGTH = 32
 KNOWN_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 EVENTGRID_STATE_CONTAINER = "sebridge-eventgrid-state"
@@ -124,6 +127,7 @@ class Settings:
     # subscription is set; endpoint secrets stay out of repr (Endpoint hides them).
     webhooks_subscription: str = ""
     webhooks: tuple[Endpoint, ...] = ()
+    pages_per_observer_hour: int = DEFAULT_PAGES_PER_OBSERVER_HOUR
     # Agentless mode (Event Grid ingestion) and which VMs run without a forwarder.
     eventgrid_ingest_enabled: bool = False
     eventgrid_state_url: str = ""  # "" unless the ingestion is enabled
@@ -447,7 +451,19 @@ def _with_webhooks(settings: Settings, env: Mapping[str, str], problems: list[st
     endpoints = load_endpoints(
         env, problems, subscription=subscription, known_event_types=KNOWN_EVENT_TYPES
     )
-    return replace(settings, webhooks_subscription=subscription, webhooks=endpoints)
+    pages = _int(
+        "WEBHOOK_PAGES_PER_OBSERVER_HOUR",
+        env.get("WEBHOOK_PAGES_PER_OBSERVER_HOUR", str(DEFAULT_PAGES_PER_OBSERVER_HOUR)),
+        problems,
+        minimum=1,
+        maximum=1000,
+    )
+    return replace(
+        settings,
+        webhooks_subscription=subscription,
+        webhooks=endpoints,
+        pages_per_observer_hour=pages,
+    )
 
 
 @dataclass(frozen=True)

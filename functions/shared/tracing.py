@@ -18,19 +18,27 @@ forwarder, Event Grid ingestion and every workflow agree on it without coordinat
 
 Whatever the message says, a span about an event stays in that event's trace: a ``traceparent``
 from another trace (a foreign or forged one) becomes a link, not the parent. Heartbeats have no
-event: their invocation starts a trace of its own.
+event: their invocation starts a trace of its own. And only a verified message joins its event's
+trace: the trigger layer verifies first, with the ARM calls' spans held back
+(:func:`deferred`), then opens the invocation span (in the event's trace, or for a refused
+message in a new trace of its own, ``sebridge.refused=true`` with the reason) and replays them
+under it with their own times (hostile review of issue 23c, break 5).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+from opentelemetry.util import types
 
 from functions.shared.ports import CommandSender, TopicPublisher
 from sebridge.contract import tracecontext
@@ -130,31 +138,126 @@ def invocation_span(
     event_id: str | None,
     message_id: str | None,
     attributes: Mapping[str, str | int] | None = None,
+    refused: str | None = None,
+    start_time: int | None = None,
 ) -> Iterator[trace.Span]:
     """The span of one invocation of ``function`` for a message (``properties``: its
-    application properties) about ``event_id``. An exception is recorded and re-raised."""
-    carried = tracecontext.from_properties(properties)
-    parent, links = _parent(event_id, carried, message_id or f"{function}:{event_id}")
-    context = (
-        trace.set_span_in_context(trace.NonRecordingSpan(_remote(parent)))
-        if parent is not None
-        else otel_context.Context()  # a root: not a child of whatever ran before
-    )
+    application properties) about ``event_id``. An exception is recorded and re-raised.
+    ``refused``: why the message failed the seal or scope check; its span is then the root of a
+    new trace (nothing it carries or names is trusted: it joins no event's trace), with
+    ``sebridge.refused`` and ``sebridge.refusal``. ``start_time``: when the invocation began
+    (ns since the epoch), if before the span opens (verification, :func:`deferred`)."""
     fields: dict[str, str | int] = {"faas.trigger": "pubsub", "sebridge.function": function}
     if message_id:
         fields["messaging.message.id"] = message_id
-    if event_id:
-        fields["sebridge.event_id"] = event_id.strip().lower()
+    links: list[trace.Link] = []
+    if refused is not None:
+        context = otel_context.Context()
+        fields["sebridge.refused"] = "true"
+        fields["sebridge.refusal"] = refused[:256]
+        if event_id:
+            fields["sebridge.claimed_event_id"] = event_id.strip().lower()[:64]
+    else:
+        carried = tracecontext.from_properties(properties)
+        parent, links = _parent(event_id, carried, message_id or f"{function}:{event_id}")
+        context = (
+            trace.set_span_in_context(trace.NonRecordingSpan(_remote(parent)))
+            if parent is not None
+            else otel_context.Context()  # a root: not a child of whatever ran before
+        )
+        if event_id:
+            fields["sebridge.event_id"] = event_id.strip().lower()
     fields.update(attributes or {})
     with _tracer().start_as_current_span(
-        function, context=context, kind=trace.SpanKind.CONSUMER, attributes=fields, links=links
+        function,
+        context=context,
+        kind=trace.SpanKind.CONSUMER,
+        attributes=fields,
+        links=links,
+        start_time=start_time,
     ) as span:
         yield span
 
 
+@dataclass
+class _Held:
+    """A client span held back while its parent is not known yet (:func:`deferred`)."""
+
+    name: str
+    attributes: dict[str, types.AttributeValue]
+    start: int
+    end: int = 0
+    error: BaseException | None = None
+
+
+@dataclass
+class Deferred:
+    """The client spans held back by :func:`deferred`, and when it began."""
+
+    started: int
+    held: list[_Held] = field(default_factory=list)
+
+    def replay(self) -> None:
+        """Emit the held spans as children of the current span, with their own times."""
+        for held in self.held:
+            span = _tracer().start_span(
+                held.name,
+                kind=trace.SpanKind.CLIENT,
+                attributes=held.attributes,
+                start_time=held.start,
+            )
+            if held.error is not None:
+                span.record_exception(held.error)
+                span.set_status(
+                    Status(StatusCode.ERROR, f"{type(held.error).__name__}: {held.error}")
+                )
+            span.end(end_time=held.end or held.start)
+        self.held.clear()
+
+
+_deferred: ContextVar[Deferred | None] = ContextVar("sebridge_deferred_spans", default=None)
+
+
+@contextmanager
+def deferred() -> Iterator[Deferred]:
+    """Hold back the client spans started in this block (in this thread), to be replayed under
+    a parent decided afterwards (:meth:`Deferred.replay`): the trigger layer verifies a message
+    before it knows which trace its invocation belongs to."""
+    pending = Deferred(time.time_ns())
+    token = _deferred.set(pending)
+    try:
+        yield pending
+    finally:
+        _deferred.reset(token)
+
+
+class _HeldSpan(trace.NonRecordingSpan):
+    """What :func:`client_span` yields while spans are held back: its attributes are kept."""
+
+    def __init__(self, held: _Held) -> None:
+        super().__init__(trace.INVALID_SPAN_CONTEXT)
+        self._held = held
+
+    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
+        self._held.attributes[key] = value
+
+
 @contextmanager
 def client_span(name: str, **attributes: str | int) -> Iterator[trace.Span]:
-    """A call to a peer (ARM), a child of the current span."""
+    """A call to a peer (ARM), a child of the current span (held back inside
+    :func:`deferred`)."""
+    pending = _deferred.get()
+    if pending is not None:
+        held = _Held(name, dict(attributes), time.time_ns())
+        pending.held.append(held)
+        try:
+            yield _HeldSpan(held)
+        except BaseException as exc:
+            held.error = exc
+            raise
+        finally:
+            held.end = time.time_ns()
+        return
     with _tracer().start_as_current_span(
         name, kind=trace.SpanKind.CLIENT, attributes=attributes
     ) as span:

@@ -13,10 +13,12 @@ Every Service Bus-triggered function of the app (built-in or your own) is declar
    ``unverified=True`` (the Teams cards, the webhooks' audit endpoints) is also called for a
    refused message, with an :class:`UnverifiedMessage`, and marks its output as unverified.
 
-Steps 3 and 4 run in the invocation's span, a child of the message's ``traceparent`` in the
-event's trace (functions.shared.tracing). Every such trigger is also decorated with
-:func:`log_invocation` (one structured line per invocation, functions/shared/invocations.py). A
-guard test checks that every Service Bus function of ``function_app.py`` was declared this way.
+Step 4 runs in the invocation's span, a child of the message's ``traceparent`` in the event's
+trace (functions.shared.tracing), with step 3's ARM calls replayed under it; a refused message's
+span is the root of a trace of its own (``sebridge.refused``), never in the event's trace.
+Every such trigger is also decorated with :func:`log_invocation` (one structured line per
+invocation, functions/shared/invocations.py). A guard test checks that every Service Bus
+function of ``function_app.py`` was declared this way.
 """
 
 from __future__ import annotations
@@ -123,17 +125,45 @@ def service_bus_function(
     def register(handler: Callable[[Any], None]) -> object:
         def trigger(msg: func.ServiceBusMessage) -> None:
             message = decode(msg, name)
+            properties = _application_properties(msg)
+            if message is None:
+                with tracing.invocation_span(
+                    name, properties=properties, event_id=None, message_id=msg.message_id
+                ):
+                    return
+            # Verified first, its ARM calls' spans held back: only a verified message's
+            # invocation joins its event's trace; a refused one starts a trace of its own.
+            failure: Exception | None = None
+            with tracing.deferred() as verification:
+                deps = composition.dependencies()
+                try:
+                    checked = verify_and_log(
+                        name, deps.arm, message, deps.trust, records=deps.pools
+                    )
+                except Exception as exc:  # noqa: BLE001 - raised again in the span below
+                    failure = exc
+            if failure is not None:  # not verified: its span joins no event's trace
+                with tracing.invocation_span(
+                    name,
+                    properties=properties,
+                    event_id=message.event_id,
+                    message_id=msg.message_id,
+                    refused=f"not verified: {type(failure).__name__}",
+                    start_time=verification.started,
+                ):
+                    verification.replay()
+                    raise failure
+            refused = checked.reason if isinstance(checked, UnverifiedMessage) else None
             with tracing.invocation_span(
                 name,
-                properties=_application_properties(msg),
-                event_id=message.event_id if message is not None else None,
+                properties=properties,
+                event_id=message.event_id,
                 message_id=msg.message_id,
-                attributes={"sebridge.transition": message.transition.value} if message else None,
+                attributes={"sebridge.transition": message.transition.value},
+                refused=refused,
+                start_time=verification.started,
             ):
-                if message is None:
-                    return
-                deps = composition.dependencies()
-                checked = verify_and_log(name, deps.arm, message, deps.trust, records=deps.pools)
+                verification.replay()
                 if isinstance(checked, UnverifiedMessage):
                     # Its own outcome in the invocation line, not "ok": nothing acted on it. A
                     # function that shows unverified messages may still name a finer one.

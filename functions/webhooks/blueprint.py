@@ -24,8 +24,9 @@ def webhooks(message: VerifiedMessage | UnverifiedMessage) -> None:
     if message.message.event is None:
         return
     deps = composition.dependencies()
+    now = deps.clock()
     key = message.scoped_key if isinstance(message, VerifiedMessage) else None
-    drain = deps.drain_plan.for_message(message.message, deps.clock(), key)
+    drain = deps.drain_plan.for_message(message.message, now, key)
     try:
         results = webhooks_core.deliver(
             message,
@@ -33,9 +34,14 @@ def webhooks(message: VerifiedMessage | UnverifiedMessage) -> None:
             poster=deps.webhooks,
             impact=deps.impact,
             drain=drain,
+            budget=deps.page_budget,
+            now=now,
         )
     except webhooks_core.DeliveryFailed as exc:
         note(**webhooks_core.counts(exc.results))
         raise
     tally = webhooks_core.counts(results)
-    note("rejected" if tally[webhooks_core.REJECTED] else None, **tally)
+    # The invocation line counts suppressed pages (and says "suppressed" when nothing else went
+    # wrong): the metric an alert on a paging flood reads (docs/monitoring.md).
+    outcome = "rejected" if tally[webhooks_core.REJECTED] else None
+    note(outcome or ("suppressed" if tally[webhooks_core.SUPPRESSED] else None), **tally)

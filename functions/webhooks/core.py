@@ -23,25 +23,29 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from functions.shared import seal
 from functions.shared.impact import ImpactRules
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage
+from functions.webhooks.budget import PageBudget
 from functions.webhooks.config import Endpoint
 from functions.webhooks.ports import WebhookPoster, WebhookRejected
-from functions.webhooks.presets import Skip, build_body
+from functions.webhooks.presets import PAGERDUTY, Skip, build_body
 from functions.webhooks.templates import message_fields
 
 log = logging.getLogger("sebridge.functions.webhooks")
 
 POSTED, SKIPPED, REJECTED, FAILED = "posted", "skipped", "rejected", "failed"
+SUPPRESSED = "suppressed"  # a trigger beyond its observer's page budget (functions.webhooks.budget)
 MAX_PARALLEL = 4
 
 
 @dataclass(frozen=True)
 class Result:
     endpoint: str
-    status: str  # posted | skipped | rejected | failed
+    status: str  # posted | skipped | rejected | failed | suppressed
     reason: str = ""
 
 
@@ -61,7 +65,7 @@ class DeliveryFailed(Exception):
 def counts(results: Sequence[Result]) -> dict[str, int]:
     return {
         status: sum(r.status == status for r in results)
-        for status in (POSTED, SKIPPED, REJECTED, FAILED)
+        for status in (POSTED, SKIPPED, REJECTED, FAILED, SUPPRESSED)
     }
 
 
@@ -95,6 +99,50 @@ def plan(
     return planned
 
 
+def within_budget(
+    checked: VerifiedMessage | UnverifiedMessage,
+    planned: list[tuple[Endpoint, Any] | Result],
+    budget: PageBudget | None,
+    now: datetime,
+) -> list[tuple[Endpoint, Any] | Result]:
+    """The plan with its PagerDuty triggers suppressed when the observer has no incident left
+    in its hour (functions.webhooks.budget): one WARNING with the reason, each such endpoint a
+    ``suppressed`` result. Resolves, other endpoints and sealed messages (Event Grid) pass."""
+    triggers = [
+        i
+        for i, item in enumerate(planned)
+        if not isinstance(item, Result)
+        and item[0].preset == PAGERDUTY
+        and isinstance(item[1], dict)
+        and item[1].get("event_action") == "trigger"
+    ]
+    if not triggers or budget is None or not isinstance(checked, VerifiedMessage):
+        return planned
+    if seal.is_sealed(checked.message):
+        return planned  # the app's own word (Event Grid): not a VM's claim
+    observer = checked.scope.observer.id
+    admission = budget.admit(observer, checked.scoped_key, now)
+    if admission.allowed:
+        return planned
+    log.warning(
+        "page suppressed for %s from %s: %s",
+        checked.message.event_id,
+        checked.message.observer.vm_name,
+        admission.reason,
+        extra={
+            "eventId": checked.message.event_id,
+            "observer": observer,
+            "reason": admission.reason,
+        },
+    )
+    result = list(planned)
+    for index in triggers:
+        endpoint = planned[index]
+        assert not isinstance(endpoint, Result)
+        result[index] = Result(endpoint[0].name, SUPPRESSED, admission.reason)
+    return result
+
+
 def _post(poster: WebhookPoster, endpoint: Endpoint, body: Any, what: str) -> Result:
     try:
         poster.post(endpoint.name, endpoint.url, body)
@@ -122,10 +170,17 @@ def deliver(
     poster: WebhookPoster | None,
     impact: ImpactRules,
     drain: str | None = None,
+    budget: PageBudget | None = None,
+    now: datetime | None = None,
 ) -> list[Result]:
-    """Post the message to every endpoint that takes it; raise DeliveryFailed if one failed."""
+    """Post the message to every endpoint that takes it, PagerDuty triggers within the
+    observer's page budget; raise DeliveryFailed if one failed."""
     message = checked.message
     planned = plan(checked, endpoints, impact, drain)
+    if budget is not None:
+        if now is None:
+            raise ValueError("a page budget needs the app's clock")
+        planned = within_budget(checked, planned, budget, now)
     jobs = [(i, item) for i, item in enumerate(planned) if not isinstance(item, Result)]
     results: list[Result | None] = [item if isinstance(item, Result) else None for item in planned]
     if jobs and poster is None:

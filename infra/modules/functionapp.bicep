@@ -65,6 +65,11 @@ param calendarWindowDays int = 30
 @description('Webhook endpoints (WEBHOOKS, JSON); secrets only by the name of the app setting holding them.')
 param webhookEndpoints array = []
 
+@description('New PagerDuty incidents one VM\'s reports may open per hour (WEBHOOK_PAGES_PER_OBSERVER_HOUR).')
+@minValue(1)
+@maxValue(1000)
+param webhookPagesPerObserverHour int = 10
+
 @description('App settings holding webhook secrets: each becomes a Key Vault reference to the secret named like it in lower case with dashes (WEBHOOK_OPS_SLACK_URL -> webhook-ops-slack-url). Names: letters, digits and underscores.')
 param webhookSecretSettings array = []
 
@@ -189,6 +194,7 @@ var requiredSettings = {
   HEARTBEAT_STORE_URL: heartbeatStoreUrl
   CUSTOM_SUBSCRIBER_ENABLED: customSubscriberEnabled ? 'true' : 'false'
   WEBHOOKS: string(webhookEndpoints)
+  WEBHOOK_PAGES_PER_OBSERVER_HOUR: string(webhookPagesPerObserverHour)
   EVENTGRID_INGEST_ENABLED: eventGridIngestEnabled ? 'true' : 'false'
   EVENTGRID_STATE_URL: eventGridStateUrl
   AGENTLESS_RESOURCE_GROUPS: join(agentlessResourceGroups, ',')

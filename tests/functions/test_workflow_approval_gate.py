@@ -287,7 +287,12 @@ def test_get_shows_a_form_and_sends_nothing(app: App) -> None:
     assert not app.commands.sent
 
 
-def test_post_sends_the_command_to_the_observer(app: App) -> None:
+def test_post_sends_the_command_to_the_observer(app: App, world: dict[str, str]) -> None:
+    # The gate has seen the event (its record names web-1 and web-2, which web-3 can spare): a
+    # link that names no VMs asks about those (an event the app knows no VMs of is not approved:
+    # test_workflow_capacity_paths).
+    app.deliver("approval_gate", golden.build()["scheduled"])
+    assert not app.commands.sent
     response = app.call("approve", http("POST", {}, {"token": link_token(), "eventId": EVENT_ID}))
     assert response.status_code == 200
     body, session, event_id = the_command(app)

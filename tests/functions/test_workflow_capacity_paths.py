@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -333,3 +334,102 @@ def test_members_approved_early_count_as_gone_for_the_next_drain(
     assert not app.arm.vm_pools(world["web-3"]), "the held event was not tried again"
     prepared = [m for m in app.publisher.published if m.subject == "Prepared"]
     assert EVENT_C in {m.session_id for m in prepared}
+
+
+# ---- every Approve link asks one capacity check, whatever its token's version ------------------
+# (hostile review of issue 23c, break 1: a v1 link, which names no VMs, was checked only for a
+# hold, and approved web-3 while it was one of the pool's 3 healthy members it could not spare.)
+A_DAY_AHEAD = NOW + timedelta(days=1)
+DRAIN_MOMENTS = {"DrainMomentsQueueName": "drain-moments"}
+
+
+def link_token(app: App, world: dict[str, str], version: str) -> str:
+    """C's Approve link as each version signs it: v3 from the card, v1 and v2 (signed before
+    links named their VMs; v2 approves through ARM) as an old card had them."""
+    if version == "v3":
+        return card_token(app, scheduled(EVENT_C, ["web-3"], NotBefore=rfc1123(A_DAY_AHEAD)))
+    target = world["web-1"] if version == "v2" else ""
+    claims = tokens.ApprovalClaims(EVENT_C, "web-1", A_DAY_AHEAD, acknowledge_on=target)
+    return tokens.sign(SIGNING_KEY.encode(), claims)
+
+
+def rfc1123(moment: datetime) -> str:
+    return moment.strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+
+def seen(app: App, message: Envelope) -> None:
+    """What production does with C's Scheduled: lb-pools and the gate (manual) both get it."""
+    app.deliver("lb_pools", message)
+    app.deliver("approval_gate", message)
+
+
+def held_state(app: App) -> None:
+    hold_c(app)
+    app.deliver("approval_gate", scheduled(EVENT_C, ["web-3"]))
+
+
+def undecided(app: App) -> None:
+    """Teams got C's card; lb-pools and the gate have not decided it yet (no claim, no
+    record)."""
+    app.deliver("teams", scheduled(EVENT_C, ["web-3"], NotBefore=rfc1123(A_DAY_AHEAD)))
+
+
+def pending(app: App) -> None:
+    """C's drain moment is a day ahead: nothing drained, nothing held (the reviewer's row)."""
+    seen(app, scheduled(EVENT_C, ["web-3"], NotBefore=rfc1123(A_DAY_AHEAD)))
+
+
+def drained(app: App) -> None:
+    seen(app, scheduled(EVENT_C, ["web-3"]))
+
+
+@dataclass(frozen=True)
+class LinkCase:
+    name: str
+    settings: dict[str, str]
+    state: Callable[[App], None]
+    allowed: bool  # would the gate itself approve C early now?
+
+
+LINK_CASES = [
+    LinkCase("held", {"LB_MIN_HEALTHY": "1"}, held_state, False),
+    LinkCase("undecided", {"LB_MIN_HEALTHY": "3"}, undecided, False),
+    LinkCase("moment-pending", {"LB_MIN_HEALTHY": "3", **DRAIN_MOMENTS}, pending, False),
+    LinkCase("drained", {"LB_MIN_HEALTHY": "1"}, drained, True),
+    LinkCase("spare", {"LB_MIN_HEALTHY": "1", **DRAIN_MOMENTS}, pending, True),
+]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("case", LINK_CASES, ids=[c.name for c in LINK_CASES])
+def test_every_link_version_approves_only_what_the_gate_would(
+    make_app: Callable[..., App], world: dict[str, str], case: LinkCase, version: str
+) -> None:
+    app = make_app(APPROVAL_POLICY=MANUAL, **case.settings)
+    case.state(app)
+    token = link_token(app, world, version)
+    response = app.call("approve", http("POST", token, EVENT_C))
+    page = response.get_body().decode()
+    if not case.allowed:
+        assert response.status_code == 409, page
+        assert "Nothing was sent" in page
+        assert not approved(app, EVENT_C), f"{version} link approved C ({case.name})"
+        assert app.arm.vm_pools(world["web-3"]) or case.name == "held"
+        return
+    assert response.status_code == 200, page
+    assert approved(app, EVENT_C)
+    if case.name == "spare":  # still serving: counted as leaving, so web-2 may not drain now
+        soon = rfc1123(NOW + timedelta(minutes=1))  # a short notice: decided at once
+        app.deliver("lb_pools", scheduled(EVENT_B, ["web-2", "web-1"], NotBefore=soon))
+        assert lowest_healthy(app.arm, world["pool-a"], len(VMS)) == len(VMS), "web-3 ignored"
+
+
+def test_a_link_clicked_before_the_event_is_decided_says_so(
+    make_app: Callable[..., App], world: dict[str, str]
+) -> None:
+    app = make_app(APPROVAL_POLICY=MANUAL, LB_MIN_HEALTHY="3")
+    undecided(app)
+    response = app.call("approve", http("POST", link_token(app, world, "v1"), EVENT_C))
+    assert response.status_code == 409
+    assert "not decided this event yet" in response.get_body().decode()
+    assert not approved(app, EVENT_C)

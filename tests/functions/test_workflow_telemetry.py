@@ -109,7 +109,7 @@ def test_one_event_can_be_followed_through_every_workflow(
     assert sorted(f["function"] for f in found) == _service_bus_functions(full_app)
     for fields in found:
         counts = (
-            {"posted", "skipped", "rejected", "failed"}
+            {"posted", "skipped", "rejected", "failed", "suppressed"}
             if fields["function"] == "webhooks"
             else set()
         )

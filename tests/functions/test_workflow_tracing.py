@@ -25,7 +25,7 @@ from sebridge import servicebus
 from sebridge.contract import tracecontext
 from sebridge.contract.events import Envelope
 from tests.fixtures import golden
-from tests.functions.support import SUB, App, web_vm
+from tests.functions.support import SUB, App, envelope, web_vm
 from tests.support.tracing import collected
 
 pytestmark = pytest.mark.timeout(60)
@@ -193,3 +193,38 @@ def test_nothing_is_configured_without_a_connection_string() -> None:
     assert tracing.configure(
         {"APPLICATIONINSIGHTS_AUTHENTICATION_STRING": "Authorization=AAD"}
     ) is (False)
+
+
+def test_a_refused_message_never_joins_the_events_trace(
+    app: App, world: dict[str, str], spans: InMemorySpanExporter
+) -> None:
+    """Hostile review of issue 23c, break 5: ghost-1 (no such VM) sends a Cancelled with a real
+    event's EventId (and so that event's traceparent). Refused by the scope check, its
+    invocations (and their ARM reads) landed in the event's trace, as children of its span. Now
+    each refused invocation is the root of a trace of its own, says so and why, and its ARM
+    reads are its children."""
+    from tests.functions.test_workflow_webhooks_trust import GHOST
+
+    forged = envelope("Cancelled", GHOST, EventType="Reboot")
+    assert carried(forged).trace_id == tracecontext.trace_id(golden.EVENT_ID)
+    for function in ("lb_pools", "approval_gate"):
+        app.deliver(function, forged)
+    found = list(spans.get_finished_spans())
+    victim = tracecontext.trace_id(golden.EVENT_ID)
+    inside = [
+        s.name for s in found if s.context and trace.format_trace_id(s.context.trace_id) == victim
+    ]
+    assert not inside, f"spans of a refused message in the event's trace: {inside}"
+    invocations = [s for s in found if s.kind is SpanKind.CONSUMER]
+    assert [s.name for s in invocations] == ["lb_pools", "approval_gate"]
+    for invocation in invocations:
+        assert invocation.parent is None and not invocation.links
+        assert invocation.attributes is not None
+        assert invocation.attributes["sebridge.refused"] == "true"
+        assert "ghost-1" in str(invocation.attributes["sebridge.refusal"])
+        assert "sebridge.event_id" not in invocation.attributes
+    reads = [s for s in found if s.name.startswith("ARM ")]
+    assert reads and {parent_id(s) for s in reads} <= {span_id(s) for s in invocations}
+    assert {s.context.trace_id for s in reads if s.context} <= {
+        s.context.trace_id for s in invocations if s.context
+    }

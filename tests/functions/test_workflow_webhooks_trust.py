@@ -84,8 +84,9 @@ def world(arm_fake: FakeArm) -> dict[str, str]:
 
 @pytest.fixture
 def make_hooks_app(make_app: Callable[..., App], hooks: FakeWebhooks) -> Callable[..., App]:
-    def make(endpoints: list[dict[str, Any]]) -> App:
+    def make(endpoints: list[dict[str, Any]], **extra: str) -> App:
         return make_app(
+            **extra,
             WebhooksSubscriptionName="webhooks",
             WEBHOOKS=json.dumps(endpoints),
             WEBHOOK_SLACK_URL=hooks.slack_url(SLACK_TOKEN),
