@@ -49,6 +49,7 @@ from typing import Any
 
 from sebridge.imds import ScheduledEvent
 from sebridge.impact import KNOWN_EVENT_TYPES
+from sebridge.times import shifted
 
 FIRST_SIGHT = "first-sight"  # how a lead of "as soon as the event is seen" is spelled
 MAX_LEAD_SECONDS = 7 * 86_400  # Azure "tries to give 7 days" for degraded hardware
@@ -189,7 +190,7 @@ def drain_moment(event: ScheduledEvent, first_seen: datetime, leads: Leads) -> d
     lead = leads.lead(event.event_type)
     if lead is None:
         return first_seen
-    return max(first_seen, event.not_before - timedelta(seconds=lead))
+    return max(first_seen, shifted(event.not_before, -lead))
 
 
 def check_probe_bound(
@@ -213,7 +214,7 @@ def probe_begins(event: ScheduledEvent, moment: datetime, bound: timedelta) -> d
     moment, but no earlier than ``NotBefore - bound``, so the bounded run ends at NotBefore."""
     if event.not_before is None:
         return moment
-    return max(moment, event.not_before - bound)
+    return max(moment, shifted(event.not_before, -bound))
 
 
 class UnhealthyRuns:
