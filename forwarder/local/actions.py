@@ -134,48 +134,60 @@ class LocalActions:
         jobs: list[Job] = []
         with self.store.lock:
             before = view = self.store.view
-            if view.observer is not None and view.observer != observer:
-                # This VM is known by another name now (its identity resolved or changed): the
-                # events it already knows are judged again under it before the new document.
-                view, reevaluated = self._reevaluate(view, observer, observed_at)
-                jobs += reevaluated
-            changes = diff(view.events, document, observed_at, last_seen=view.observed_at)
-            lives = dict(view.lives)
-            for change in changes:
-                key = change.event.key
-                life, message_id = lifecycle.advance(
-                    lives.pop(key, None), change.transition.value, change.event
-                )
-                lives[key] = life  # re-inserted: the most recently touched come last
-                observed.append(
-                    Observed(
-                        change.transition, change.event, message_id, observer, document.incarnation
+            new: View | None = None
+            try:
+                if view.observer is not None and view.observer != observer:
+                    # This VM is known by another name now (its identity resolved or changed):
+                    # the events it already knows are judged again under it before the new
+                    # document.
+                    view, reevaluated = self._reevaluate(view, observer, observed_at)
+                    jobs += reevaluated
+                changes = diff(view.events, document, observed_at, last_seen=view.observed_at)
+                lives = dict(view.lives)
+                for change in changes:
+                    key = change.event.key
+                    life, message_id = lifecycle.advance(
+                        lives.pop(key, None), change.transition.value, change.event
                     )
+                    lives[key] = life  # re-inserted: the most recently touched come last
+                    observed.append(
+                        Observed(
+                            change.transition,
+                            change.event,
+                            message_id,
+                            observer,
+                            document.incarnation,
+                        )
+                    )
+                present = {event.key for event in document.events}
+                events = remember(view.events, document.events)
+                new = View(
+                    events,
+                    bounded_lives(lives, present),
+                    observed_at,
+                    document.incarnation,
+                    observer,
+                    self._carry_timing(view, events, observed_at),
                 )
-            present = {event.key for event in document.events}
-            events = remember(view.events, document.events)
-            new = View(
-                events,
-                bounded_lives(lives, present),
-                observed_at,
-                document.incarnation,
-                observer,
-                self._carry_timing(view, events, observed_at),
-            )
-            for item in observed:
-                self.preparations.observe(item)
-                jobs += self._record_transition(item, new, observed_at)
-            jobs += self._advance(new, observed_at)
-            self.store.set_view(
-                new,
-                # Like the forwarder's state file: written when something changed (and at stop).
-                persist=bool(changes)
-                or document.incarnation != before.incarnation
-                or new.timing != before.timing
-                or new.observer != before.observer,
-            )
-            if self.probe is not None:
-                self.probe.follow(document.events, observer, self._probe_begins(new))
+                for item in observed:
+                    self.preparations.observe(item)
+                    jobs += self._record_transition(item, new, observed_at)
+                jobs += self._advance(new, observed_at)
+                self.store.set_view(
+                    new,
+                    # Like the forwarder's state file: written when something changed (and at
+                    # stop).
+                    persist=bool(changes)
+                    or document.incarnation != before.incarnation
+                    or new.timing != before.timing
+                    or new.observer != before.observer,
+                )
+            finally:
+                # The probe follows the document whatever failed above (a hook, a timing, the
+                # journal): its verdict never depends on theirs. Without the new view's timing,
+                # the events it knows keep their begins and the others drain at first sight.
+                if self.probe is not None:
+                    self.probe.follow(document.events, observer, self._probe_begins(new or before))
             self.store.flush()  # the one transaction; on failure all of it stays dirty
         for item in observed:
             log.debug("local actions: %s %s", item.transition.value, item.message_id)
@@ -306,16 +318,20 @@ class LocalActions:
         return jobs
 
     def _probe_begins(self, view: View) -> dict[str, datetime]:
-        """When the probe's 503 begins for each event that has not started."""
+        """When the probe's 503 begins for each event that has not started; an event whose
+        begin cannot be worked out is left out (it drains at first sight), logged."""
         assert self.probe is not None
         out = {}
         for key, event in view.events.items():
             timing = view.timing.get(key)
             if timing is None or event.is_started:
                 continue
-            out[key] = timing.probe_from or probe_begins(
-                event, self.moment(event, timing), self.probe.bound
-            )
+            try:
+                out[key] = timing.probe_from or probe_begins(
+                    event, self.moment(event, timing), self.probe.bound
+                )
+            except Exception:
+                log.exception("the drain moment of %s failed: drained at first sight", key)
         return out
 
     def fire_due(self) -> int:
