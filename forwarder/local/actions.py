@@ -57,7 +57,15 @@ from sebridge.forwarder.local.store import LocalStore, Timing, View
 from sebridge.forwarder.local.worker import HookWorker, Job
 from sebridge.forwarder.state import ForwarderState, bounded_lives
 from sebridge.imds import Document, ScheduledEvent, isoformat_utc
-from sebridge.timing import DEFAULT_LEADS, Leads, drain_moment, probe_begins
+from sebridge.times import shifted
+from sebridge.timing import (
+    DEFAULT_LEADS,
+    MAX_RECENT,
+    RECENT_SECONDS,
+    Leads,
+    drain_moment,
+    probe_begins,
+)
 
 __all__ = [
     "DEFAULT_DRAIN_SECONDS",
@@ -118,6 +126,8 @@ class LocalActions:
         self.probe = probe
         self.leads = leads
         self.now = now
+        # Events left out of a recent document: (when, their timing), oldest first.
+        self._recent: dict[str, tuple[datetime, Timing]] = {}
 
     # -- the listener -----------------------------------------------------------------------
     def document_observed(
@@ -219,16 +229,30 @@ class LocalActions:
         return new, jobs
 
     # -- when to act --------------------------------------------------------------------------
-    @staticmethod
     def _carry_timing(
-        view: View, events: Mapping[str, ScheduledEvent], observed_at: datetime
+        self, view: View, events: Mapping[str, ScheduledEvent], observed_at: datetime
     ) -> dict[str, Timing]:
         """The timing of each event of the new view: kept for the events already known, first
         seen now for the new ones (a view from before issue 24 knows events without a timing:
-        first seen at its last poll)."""
+        first seen at its last poll). An event IMDS left out of a document and shows again
+        within :data:`~sebridge.timing.RECENT_SECONDS` keeps the timing it had (first seen, the
+        moment that passed, when the probe's 503 began), remembered for at most
+        :data:`~sebridge.timing.MAX_RECENT` events: a flap restarts nothing."""
+        for key, gone in view.timing.items():
+            if key not in events:
+                self._recent.pop(key, None)
+                self._recent[key] = (observed_at, gone)
+        horizon = shifted(observed_at, -RECENT_SECONDS)
+        for key in [k for k, (gone, _) in self._recent.items() if not horizon <= gone]:
+            del self._recent[key]
+        while len(self._recent) > MAX_RECENT:
+            del self._recent[next(iter(self._recent))]
         out = {}
         for key in events:
-            timing = view.timing.get(key)
+            timing: Timing | None = view.timing.get(key)
+            if timing is None and key in self._recent:
+                timing = replace(self._recent.pop(key)[1], prepare=None)
+                log.info("local actions: %s is back: it keeps its timing", key)
             if timing is None:
                 known = key in view.events and view.observed_at is not None
                 timing = Timing(view.observed_at if known and view.observed_at else observed_at)
@@ -474,6 +498,7 @@ def build_local_actions(
             preparations=preparations,
             upstream=settings.probe_upstream,
             max_unhealthy=settings.probe_max_unhealthy,
+            min_healthy=settings.probe_min_healthy,
         )
         try:
             address, port = probe.bind(settings.probe_address, settings.probe_port)
