@@ -74,7 +74,14 @@ from sebridge.forwarder.ports import (
     StateSaver,
     SystemClock,
 )
-from sebridge.forwarder.state import ForwarderState, bounded_lives, is_identity
+from sebridge.forwarder.state import (
+    MAX_SHOWN_ID,
+    ForwarderState,
+    RecentTransition,
+    bounded_lives,
+    is_identity,
+    recent_transitions,
+)
 from sebridge.imds import Document
 from sebridge.retry import Backoff
 
@@ -364,6 +371,19 @@ class Forwarder:
             observed_at,
             self.impact.keep_only(events),
             self.last_identity if self.identity == RESOLVED else before.identity,
+            recent_transitions(
+                before.transitions,
+                [
+                    RecentTransition(
+                        envelope.session_id,
+                        change.event.event_id[:MAX_SHOWN_ID],
+                        change.transition.value,
+                        envelope.message_id,
+                        observed_at,
+                    )
+                    for change, envelope in zip(changes, envelopes, strict=True)
+                ],
+            ),
         )
         if (
             changes
@@ -703,9 +723,12 @@ class Forwarder:
         """Poll, send and run ``extra_workers``, each on its own thread, until :meth:`stop`;
         then give them ``join_timeout`` seconds in all to end. True when every one did."""
         # The identity is looked up on a thread of its own, so a lookup that hangs never delays a
-        # poll. The first poll waits for the first answer a little (FIRST_LOOKUP_SECONDS), so
-        # that as a rule the local actions judge the first document as this VM, not as its host
-        # name; a lookup slower than that is judged again once it answers.
+        # poll. Correctness never depends on the lookup's speed: whatever the local actions
+        # judged by the host name meanwhile is judged again once it answers (LocalActions.
+        # _reevaluate). The first poll still waits for the first answer a little
+        # (FIRST_LOOKUP_SECONDS): on a usual start (an answer within milliseconds) the first
+        # judgment is then the right one, so no neighbour's hook starts for this VM's event
+        # under the host name (SEBRIDGE_VM_NAME) to run beside its own hooks later.
         self._identity_worker = True
         identity = threading.Thread(
             target=self._guarded(self.identity_loop), name="identity", daemon=True

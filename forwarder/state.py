@@ -36,6 +36,8 @@ MAX_LIVES = 1000  # EventIds remembered for their message ids, present ones and 
 # file is damaged, and reading it whole could exhaust the unit's memory.
 MAX_STATE_BYTES = 32 * 1024 * 1024
 MAX_SQLITE_INTEGER = 2**63 - 1
+MAX_TRANSITIONS = 100  # the last transitions kept for `sebridge status` (across restarts)
+MAX_SHOWN_ID = 200  # characters of an EventId kept with a transition (status shows it)
 KEEP_DAMAGED = 3
 _TEMP_PREFIX = f".{STATE_FILE}."
 _DAMAGED_MARK = ".corrupt-"
@@ -45,6 +47,46 @@ UNUSABLE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTD
 
 class StateDirUnusable(Exception):
     """The state directory cannot be used (read-only, no permission, not a directory)."""
+
+
+@dataclass(frozen=True)
+class RecentTransition:
+    """One transition the forwarder derived, kept with the state so that ``sebridge status``
+    shows the last ones whatever restarts came between."""
+
+    event_ref: str  # the EventId as in session ids (sebridge.lifecycle.event_ref)
+    event_id: str  # the EventId as IMDS gave it (at most MAX_SHOWN_ID characters)
+    transition: str
+    message_id: str
+    at: datetime
+
+    def to_data(self) -> dict[str, str]:
+        return {
+            "eventRef": self.event_ref,
+            "eventId": self.event_id,
+            "transition": self.transition,
+            "messageId": self.message_id,
+            "at": self.at.isoformat(),
+        }
+
+    @classmethod
+    def from_data(cls, value: object) -> RecentTransition | None:
+        """Tolerant: None for a record that is not readable (it is dropped, never damage)."""
+        if not isinstance(value, dict):
+            return None
+        texts = [value.get(name) for name in ("eventRef", "eventId", "transition", "messageId")]
+        at = _moment(value.get("at"))
+        if at is None or not all(isinstance(text, str) and 0 < len(text) <= 256 for text in texts):
+            return None
+        ref, event_id, transition, message_id = (str(text) for text in texts)
+        return cls(ref, event_id, transition, message_id, at)
+
+
+def recent_transitions(
+    kept: tuple[RecentTransition, ...], added: list[RecentTransition]
+) -> tuple[RecentTransition, ...]:
+    """The last MAX_TRANSITIONS of ``kept`` followed by ``added``, oldest first."""
+    return (kept + tuple(added))[-MAX_TRANSITIONS:] if added else kept
 
 
 @dataclass
@@ -66,6 +108,9 @@ class ForwarderState:
     # while instance metadata fails judges this VM's events by it, not by the host name.
     # Optional: an older forwarder ignores it; an unreadable one reads as None.
     identity: Observer | None = None
+    # The last transitions derived (at most MAX_TRANSITIONS, oldest first), for `sebridge
+    # status`. Optional: an older forwarder ignores them; an older file has none.
+    transitions: tuple[RecentTransition, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +122,7 @@ class ForwarderState:
             "lives": {key: life.to_json() for key, life in self.lives.items()},
             "impacts": {key: impact.to_data() for key, impact in self.impacts.items()},
             "identity": self.identity.to_data() if self.identity is not None else None,
+            "transitions": [item.to_data() for item in self.transitions],
             "savedAt": datetime.now(UTC).isoformat(),
         }
 
@@ -120,6 +166,7 @@ class ForwarderState:
             observed_at=_moment(obj.get("observedAt")),
             impacts=impacts,
             identity=_identity(obj.get("identity")),
+            transitions=_transitions(obj.get("transitions")),
         )
 
 
@@ -132,6 +179,18 @@ def _identity(value: object) -> Observer | None:
         return Observer.from_data(value)
     except ContractError:
         return None
+
+
+def _transitions(value: object) -> tuple[RecentTransition, ...]:
+    """The transitions saved by :meth:`ForwarderState.to_json`; none if absent (a state file
+    from before they were kept) or not a list; an unreadable record is left out."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        item
+        for raw in value[-MAX_TRANSITIONS:]
+        if (item := RecentTransition.from_data(raw)) is not None
+    )
 
 
 def is_identity(observer: Observer) -> bool:

@@ -53,9 +53,9 @@ from sebridge.forwarder.local.settings import (  # re-exported: the settings' ol
     add_arguments,
     settings_from_args,
 )
-from sebridge.forwarder.local.store import LocalStore, Timing, View
+from sebridge.forwarder.local.store import MAX_UNJUDGED, LocalStore, Timing, Unjudged, View
 from sebridge.forwarder.local.worker import HookWorker, Job
-from sebridge.forwarder.state import ForwarderState, bounded_lives
+from sebridge.forwarder.state import ForwarderState, bounded_lives, is_identity
 from sebridge.imds import Document, ScheduledEvent, isoformat_utc
 from sebridge.times import shifted
 from sebridge.timing import (
@@ -178,6 +178,7 @@ class LocalActions:
                     document.incarnation,
                     observer,
                     self._carry_timing(view, events, observed_at),
+                    self._unjudged(view.unjudged, observer, observed),
                 )
                 for item in observed:
                     self.preparations.observe(item)
@@ -206,24 +207,72 @@ class LocalActions:
         self.preparations.check_all()
         return observed
 
+    @staticmethod
+    def _unjudged(
+        kept: tuple[Unjudged, ...], observer: Observer, observed: Sequence[Observed]
+    ) -> tuple[Unjudged, ...]:
+        """The transitions to judge again once this VM's identity resolves: none while it is
+        known (judged by instance metadata's name), else those kept plus ``observed``."""
+        if is_identity(observer):
+            return ()
+        added = tuple(
+            Unjudged(item.transition.value, item.message_id, item.event, item.incarnation)
+            for item in observed
+        )
+        out = kept + added
+        if len(out) > MAX_UNJUDGED:
+            log.warning(
+                "local actions: more than %d transitions judged by the host name: the oldest "
+                "will not be judged again when this VM's identity resolves",
+                MAX_UNJUDGED,
+            )
+        return out[-MAX_UNJUDGED:]
+
     def _reevaluate(self, view: View, observer: Observer, now: datetime) -> tuple[View, list[Job]]:
-        """(Under the store's lock.) ``view`` judged again as seen by ``observer``: each known
-        event's latest transition (its Scheduled or Updated, or its Started) is observed again
-        under it, with its own message id, so the hooks, the preparation (Prepared) and the
-        prepare hooks waiting for the drain moment that now concern this VM follow (runs that
-        already ran are never run twice: they are keyed by message id and hook), and those that
-        no longer concern it end."""
-        new = replace(view, observer=observer, timing=dict(view.timing))
+        """(Under the store's lock.) ``view`` judged again as seen by ``observer``, as if it had
+        been this VM's name from the start: every transition judged by a fallback name (the
+        host name) since the last judgment by an identity is observed again under it, in order
+        and with its own message id (events that ended meanwhile too), then each known event's
+        latest transition (its Scheduled or Updated, or its Started) if that was not among them.
+        The hooks of every phase, the preparation (Prepared), the drain moments and the prepare
+        hooks that now concern this VM follow (runs that already ran are never run twice: they
+        are keyed by message id and hook; a prepare hook whose event started or ended is skipped
+        as too late), and those that no longer concern it end. The runs that wait are judged
+        again first (:meth:`HookWorker.rebind`): this VM's own work never waits behind a
+        neighbour's lane."""
+        new = replace(
+            view,
+            observer=observer,
+            timing=dict(view.timing),
+            unjudged=() if is_identity(observer) else view.unjudged,
+        )
         log.info(
-            "local actions: this VM is now %r (was %r): %d known event(s) judged again",
+            "local actions: this VM is now %r (was %r): %d known event(s) and %d transition(s) "
+            "judged again",
             observer.vm_name,
             view.observer.vm_name if view.observer else None,
             len(view.events),
+            len(view.unjudged),
         )
-        jobs: list[Job] = []
+        if self.hooks is not None:
+            self.hooks.rebind(lambda item: replace(item, observer=observer))
+        items: list[Observed] = []
+        for record in view.unjudged:
+            try:
+                transition = Transition(record.transition)
+            except ValueError:
+                log.error("damaged record of %s: not judged again", record.message_id)
+                continue
+            items.append(
+                Observed(transition, record.event, record.message_id, observer, record.incarnation)
+            )
+        judged = {item.message_id for item in items}
         for key, event in view.events.items():
             transition, message_id = latest_transition(event, view.lives.get(key))
-            item = Observed(transition, event, message_id, observer, view.incarnation)
+            if message_id not in judged:
+                items.append(Observed(transition, event, message_id, observer, view.incarnation))
+        jobs: list[Job] = []
+        for item in items:
             self.preparations.observe(item)
             jobs += self._record_transition(item, new, now)
         return new, jobs

@@ -203,9 +203,11 @@ class Journal:
                     "INSERT INTO hook_runs (message_id, hook, event_key, transition, prepare,"
                     " payload, status, attempts, detail, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    # The payload too: a run judged again (this VM's identity resolved) is
+                    # run after a restart with the observer it was judged by last.
                     " ON CONFLICT (message_id, hook) DO UPDATE SET status = excluded.status,"
                     " attempts = excluded.attempts, detail = excluded.detail,"
-                    " updated_at = excluded.updated_at",
+                    " payload = excluded.payload, updated_at = excluded.updated_at",
                     (
                         run.message_id,
                         run.hook,

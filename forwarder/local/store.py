@@ -100,6 +100,45 @@ class Timing:
         )
 
 
+MAX_UNJUDGED = 200  # transitions kept to judge again once this VM's identity resolves
+
+
+@dataclass(frozen=True)
+class Unjudged:
+    """A transition the local actions judged by a fallback name (the host name: this VM's
+    identity was not known yet), kept to be judged again when it is."""
+
+    transition: str
+    message_id: str
+    event: ScheduledEvent
+    incarnation: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "transition": self.transition,
+            "messageId": self.message_id,
+            "event": self.event.to_imds(),
+            "incarnation": self.incarnation,
+        }
+
+    @classmethod
+    def from_json(cls, obj: object) -> Unjudged | None:
+        """Tolerant: None for a damaged record (it is not judged again, nothing else is lost)."""
+        if not isinstance(obj, dict):
+            return None
+        transition, message_id = obj.get("transition"), obj.get("messageId")
+        incarnation = obj.get("incarnation")
+        if not (isinstance(transition, str) and isinstance(message_id, str) and message_id):
+            return None
+        try:
+            event = ScheduledEvent.from_imds(obj.get("event"), strict=False)
+        except (InvalidDocument, TypeError, ValueError):
+            return None
+        if isinstance(incarnation, bool) or not isinstance(incarnation, int):
+            incarnation = None
+        return cls(transition, message_id, event, incarnation)
+
+
 @dataclass
 class View:
     """The local actions' own view of the events: what the next document is diffed against
@@ -112,6 +151,9 @@ class View:
     incarnation: int | None = None
     observer: Observer | None = None  # this VM, as the last document was observed by
     timing: dict[str, Timing] = field(default_factory=dict)
+    # The transitions judged by a fallback name since the last judgment by this VM's identity,
+    # oldest first, at most MAX_UNJUDGED: judged again, in order, when the identity resolves.
+    unjudged: tuple[Unjudged, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,6 +163,7 @@ class View:
             "events": [event.to_imds() for event in self.events.values()],
             "lives": {key: life.to_json() for key, life in self.lives.items()},
             "timing": {key: timing.to_json() for key, timing in self.timing.items()},
+            "unjudged": [item.to_json() for item in self.unjudged],
         }
 
     @classmethod
@@ -160,6 +203,12 @@ class View:
         except ContractError:
             observer = None
         by_key = {event.key: event for event in events}
+        raw_unjudged = obj.get("unjudged")  # none in a journal from before it was kept
+        unjudged = tuple(
+            item
+            for raw in (raw_unjudged if isinstance(raw_unjudged, list) else [])[-MAX_UNJUDGED:]
+            if (item := Unjudged.from_json(raw)) is not None
+        )
         return cls(
             events=by_key,
             lives={str(key): Life.from_json(life) for key, life in raw_lives.items()},
@@ -171,6 +220,7 @@ class View:
                 for key, timing in raw_timing.items()
                 if key in by_key
             },
+            unjudged=unjudged,
         )
 
     @classmethod

@@ -16,6 +16,14 @@ Scheduled by deadline, so that a Preempt's 30 s are never spent waiting:
   taking the waiting event with the earliest NotBefore first (a Started event, or one whose
   NotBefore is unknown, before any other).
 
+An event's hooks queue in the lane of its judgment: own, or a neighbour's. When this VM's
+identity resolves after some of an event's hooks were queued under the host name (the local
+actions judge the event again, :meth:`HookWorker.rebind`), the runs that have not started are
+judged again under the identity (their observer, their lane, their journal record), and the
+event's own work starts at once: a run already started under the earlier judgment finishes in
+the neighbours' pool beside it (it never holds the event's own hooks back). Within one
+transition, runs that have not started keep the order of the hooks file.
+
 At start, :meth:`resume` queues again what the store (the journal) shows unfinished: hooks a
 crash, a reboot or a stop cut short run again (at least once); a hook that finished never runs
 again for the same transition. A prepare hook whose event has started or ended by the time its
@@ -53,6 +61,7 @@ log = logging.getLogger("forwarder.hooks")
 DEFAULT_PARALLEL = 2  # threads the neighbours' events share
 MAX_OWN_WORKERS = 8  # threads for this VM's own events at once
 _EARLIEST = datetime.min.replace(tzinfo=UTC)
+Lane = tuple[str, bool]  # (event key, own): the hooks of one lane run one after another
 
 
 class HookRunner(Protocol):
@@ -78,6 +87,11 @@ class Job:
     @property
     def own(self) -> bool:
         return self.observed.affects_this_vm
+
+    @property
+    def lane(self) -> Lane:
+        """The queue it waits in: its event's, in the lane of its judgment."""
+        return (self.run.event_key, self.own)
 
     @property
     def deadline(self) -> datetime:
@@ -114,9 +128,10 @@ class HookWorker:
         self.base_env = base_env
         self.kill_grace = kill_grace
         self.runner = runner
-        self._queues: dict[str, collections.deque[Job]] = {}
-        self._active: set[str] = set()
-        self._own_threads: dict[str, threading.Thread] = {}
+        self._queues: dict[Lane, collections.deque[Job]] = {}
+        self._active: set[Lane] = set()
+        self._own_threads: dict[Lane, threading.Thread] = {}
+        self._order = {hook.name: index for index, hook in enumerate(hooks.hooks)}
         self._cond = threading.Condition()
         self._stop: threading.Event | None = None
         self.succeeded = 0
@@ -183,8 +198,50 @@ class HookWorker:
             return
         with self._cond:
             for job in jobs:
-                self._queues.setdefault(job.run.event_key, collections.deque()).append(job)
+                self._enqueue(job)
             self._cond.notify_all()
+
+    def _enqueue(self, job: Job) -> None:
+        """(Under the lock.) At the end of its lane, but before the waiting runs of the same
+        transition that come after it in the hooks file (a run judged again joins its lane
+        late)."""
+        queue = self._queues.setdefault(job.lane, collections.deque())
+        rank = self._order.get(job.hook.name, len(self._order))
+        for index, waiting in enumerate(queue):
+            if waiting.run.message_id == job.run.message_id and rank < self._order.get(
+                waiting.hook.name, len(self._order)
+            ):
+                queue.insert(index, job)
+                return
+        queue.append(job)
+
+    def rebind(self, observed: Callable[[Observed], Observed]) -> int:
+        """Judge the runs that wait (not started) again: ``observed`` gives each transition as
+        seen now (this VM's identity resolved). Each moves to the lane of its new judgment, and
+        its journal record carries the new observer (a restart runs it so). Called by the local
+        actions under the store's lock, before they queue what the new judgment calls for.
+        Returns how many changed lanes."""
+        moved = 0
+        with self.store.lock, self._cond:
+            waiting = [job for queue in self._queues.values() for job in queue]
+            for lane in [lane for lane in self._queues if lane not in self._active]:
+                del self._queues[lane]
+            for lane in self._active:
+                self._queues[lane] = collections.deque()
+            for job in waiting:
+                again = observed(job.observed)
+                rebound = replace(job, observed=again)
+                if again != job.observed:
+                    run = self.store.run(job.run.key)
+                    if run is not None and run.status == "pending":
+                        self.store.update_run(replace(run, payload=again.payload()))
+                moved += rebound.lane != job.lane
+                self._enqueue(rebound)
+            for lane in [lane for lane, queue in self._queues.items() if not queue]:
+                if lane not in self._active:
+                    del self._queues[lane]
+            self._cond.notify_all()
+        return moved
 
     def pending(self) -> int:
         with self._cond:
@@ -258,7 +315,7 @@ class HookWorker:
                     (
                         (queue[0].deadline, key)
                         for key, queue in self._queues.items()
-                        if queue and key not in self._active and queue[0].own
+                        if queue and key not in self._active and key[1]
                     ),
                 )
                 for _, key in waiting[: max(0, self.max_own - len(self._own_threads))]:
@@ -266,7 +323,7 @@ class HookWorker:
                     thread = threading.Thread(
                         target=self._own_loop,
                         args=(key, stop),
-                        name=f"hooks-own-{key[:8]}",
+                        name=f"hooks-own-{key[0][:8]}",
                         daemon=True,
                     )
                     self._own_threads[key] = thread
@@ -274,7 +331,7 @@ class HookWorker:
                 self._cond.wait(5.0)  # woken by new work, by an own thread ending and by stop
                 reap_orphans()  # zombies of what hooks orphaned, between runs too
 
-    def _own_loop(self, key: str, stop: threading.Event) -> None:
+    def _own_loop(self, key: Lane, stop: threading.Event) -> None:
         """Run one own event's queue to its end, then hand the event back."""
         try:
             while not stop.is_set():
@@ -307,7 +364,7 @@ class HookWorker:
         candidates = [
             (queue[0].deadline, key)
             for key, queue in self._queues.items()
-            if queue and key not in self._active and (own is None or queue[0].own is own)
+            if queue and key not in self._active and (own is None or key[1] is own)
         ]
         if not candidates:
             return None
@@ -320,9 +377,9 @@ class HookWorker:
             try:
                 self._run_job(job, stop)
             finally:
-                self._release(job.run.event_key)
+                self._release(job.lane)
 
-    def _release(self, key: str) -> None:
+    def _release(self, key: Lane) -> None:
         with self._cond:
             self._active.discard(key)
             if not self._queues.get(key):
@@ -342,7 +399,7 @@ class HookWorker:
             try:
                 self._run_job(job, stop)
             finally:
-                self._release(job.run.event_key)
+                self._release(job.lane)
             count += 1
         return count
 

@@ -1,12 +1,15 @@
 """`sebridge status`: what the forwarder on this VM knows and how it is doing, from its state
 directory alone (no network, no IMDS call).
 
-It reads ``state.json`` (the known events), ``outbox.sqlite3`` (pending and set-aside messages)
-and ``status.json`` (the last poll and send, failures in progress, the last transition of recent
-events, approval commands seen; written by the forwarder every few seconds). Everything is read
-only: the database is opened with ``mode=ro`` (WAL readers never block the writer), no file is
-created, moved or locked for writing, so it is safe while the forwarder runs. A damaged or
-missing part is reported, never a crash.
+It reads ``state.json`` (the known events and the last transitions, saved with them, so they
+survive restarts), ``outbox.sqlite3`` (pending and set-aside messages) and ``status.json`` (the
+last poll and send, failures in progress, the last transition of recent events of the running
+forwarder, approval commands seen; written by the forwarder every few seconds). An event is
+matched to its transitions by its EventId as session ids carry it (an over-long or odd EventId
+as its digest, :func:`sebridge.lifecycle.event_ref`), so each event is listed once.
+Everything is read only: the database is opened with ``mode=ro`` (WAL readers never block the
+writer), no file is created, moved or locked for writing, so it is safe while the forwarder
+runs. A damaged or missing part is reported, never a crash.
 
 Exit codes: 0 healthy; 1 degraded (the health rule of
 :func:`~sebridge.forwarder.observability.observations.assess` fails, the forwarder is not
@@ -33,11 +36,13 @@ from sebridge.forwarder.observability.observations import assess
 from sebridge.forwarder.observability.status_file import STATUS_FILE, WRITE_EVERY
 from sebridge.forwarder.state import MAX_STATE_BYTES, STATE_FILE, ForwarderState
 from sebridge.imds import isoformat_utc
+from sebridge.lifecycle import event_ref
 from sebridge.text import printable
 
 EXIT_HEALTHY, EXIT_DEGRADED, EXIT_NO_STATE = 0, 1, 2
 MAX_STATUS_BYTES = 1024 * 1024
 ASIDE_SHOWN = 20
+TRANSITIONS_SHOWN = 10  # of the last transitions, in the text report (--json: all kept)
 READ_TIMEOUT_MS = 2000
 
 
@@ -47,6 +52,7 @@ class Report:
     reasons: list[str] = field(default_factory=list)  # why degraded
     problems: list[str] = field(default_factory=list)  # parts that could not be read
     events: list[dict[str, Any]] = field(default_factory=list)
+    transitions: list[dict[str, Any]] = field(default_factory=list)  # newest first
     outbox_depth: int | None = None
     aside_count: int | None = None
     aside: list[dict[str, Any]] = field(default_factory=list)
@@ -87,6 +93,7 @@ class Report:
                 "lastError": status.get("lastError"),
             },
             "events": self.events,
+            "lastTransitions": self.transitions,
             "outbox": {
                 "depth": self.outbox_depth,
                 "setAsideCount": self.aside_count,
@@ -198,11 +205,34 @@ def collect(state_dir: Path, now: datetime | None = None) -> Report:
     read_outbox(state_dir / OUTBOX_FILE, report)
     status = read_status(state_dir / STATUS_FILE, report)
     report.status = status
+    # The last transition of each event, by its EventId as session ids carry it: those saved
+    # with the state (every run's), then the running forwarder's (status.json) when later.
     recent: dict[str, dict[str, Any]] = {}
+    if state is not None:
+        for saved in state.transitions:
+            recent.pop(saved.event_ref, None)
+            recent[saved.event_ref] = {
+                "eventId": saved.event_id,
+                "transition": saved.transition,
+                "messageId": saved.message_id,
+                "at": isoformat_utc(saved.at),
+            }
+        report.transitions = [
+            {
+                "eventId": saved.event_id,
+                "transition": saved.transition,
+                "messageId": saved.message_id,
+                "at": isoformat_utc(saved.at),
+            }
+            for saved in reversed(state.transitions)
+        ]
     if status is not None:
         for item in status.get("lastTransitions") or []:
             if isinstance(item, dict) and isinstance(item.get("eventId"), str):
-                recent[item["eventId"].lower()] = item
+                ref = item["eventId"].lower()
+                known = recent.get(ref)
+                if known is None or _later(item.get("at"), known.get("at")):
+                    recent[ref] = {**item, "eventId": (known or item)["eventId"]}
         report.running = _alive(status.get("pid"))
         if report.running is False:
             report.reasons.append(f"the forwarder (pid {status.get('pid')}) is not running")
@@ -211,11 +241,12 @@ def collect(state_dir: Path, now: datetime | None = None) -> Report:
         report.reasons.append(
             f"no {STATUS_FILE}: the forwarder has not run with this version, or not yet"
         )
-    present_keys = set()
+    present_refs = set()
     if state is not None:
-        for key, event in state.events.items():
-            present_keys.add(key.lower())
-            last = recent.get(key.lower(), {})
+        for event in state.events.values():
+            ref = event_ref(event.event_id)
+            present_refs.add(ref)
+            last = recent.get(ref, {})
             report.events.append(
                 {
                     "eventId": event.event_id,
@@ -228,17 +259,33 @@ def collect(state_dir: Path, now: datetime | None = None) -> Report:
                     "lastTransitionAt": last.get("at"),
                 }
             )
-    for key, item in recent.items():
-        if key not in present_keys:
+    for ref, item in recent.items():
+        if ref not in present_refs:
             report.events.append(
                 {
-                    "eventId": key,
+                    "eventId": item.get("eventId") or ref,
                     "present": False,
                     "lastTransition": item.get("transition"),
                     "lastTransitionAt": item.get("at"),
                 }
             )
     return report
+
+
+def _moment(value: object) -> datetime | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else None
+
+
+def _later(value: object, than: object) -> bool:
+    """Whether the time ``value`` is after ``than`` (an unreadable one is never later)."""
+    first, second = _moment(value), _moment(than)
+    return first is not None and (second is None or first > second)
 
 
 def _ago(value: object, now: datetime) -> str:
@@ -284,6 +331,10 @@ def _lines(report: Report, now: datetime) -> list[str]:
             f"  {event['eventId']}  {what}  last transition {event['lastTransition']}"
             f" at {event['lastTransitionAt']}"
         )
+    shown = data["lastTransitions"][:TRANSITIONS_SHOWN]
+    lines.append(f"last transitions (newest first, {len(shown)} of {len(report.transitions)}):")
+    for item in shown:
+        lines.append(f"  {item['at']}  {item['transition']}  {item['eventId']}")
     lines.append(f"approvals seen: {len(data['approvals'])}")
     for item in data["approvals"]:
         if isinstance(item, dict):

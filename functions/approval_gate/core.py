@@ -27,9 +27,8 @@ NotBefore.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -54,7 +53,7 @@ from functions.shared.ports import (
 from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
 from functions.shared.vms import ResolvedVm, VmKind
 from sebridge.contract.commands import CommandError, approve_command, canonical_event_id
-from sebridge.contract.events import ContractError, Transition, TransitionMessage, parse_message
+from sebridge.contract.events import Transition, TransitionMessage
 
 log = logging.getLogger("sebridge.functions.approval_gate")
 
@@ -99,6 +98,9 @@ class Gate:
     guard: CapacityGuard | None = None
     # Where a decision at a window's start is scheduled (the drain-moments queue); None: not.
     scheduler: MomentScheduler | None = None
+    # Outside the windows, unapproved: lb-pools puts back VMs it drained for a window that
+    # closed, until their next moment (LbPools.replan). None: nothing to put back.
+    replan: Callable[[str, datetime], object] | None = None
 
     def handle(self, message: TransitionMessage, now: datetime) -> GateOutcome:
         """Verify ``message`` (the trigger layer does this before :meth:`decide`), then
@@ -149,18 +151,26 @@ class Gate:
             return GateOutcome.NEVER
         if decision.action is Action.MANUAL:
             return GateOutcome.MANUAL
-        if decision.windows and not windows.inside(decision.windows, now):
-            self._await_window(verified, decision.windows, now)
-            return GateOutcome.OUTSIDE_WINDOW
+        opening: windows.Opening | None = None
+        if decision.windows:
+            opening = windows.before(decision.windows, now, event.not_before)
+            if opening is None or not opening.contains(now):
+                self._await_window(verified, opening, now)
+                return GateOutcome.OUTSIDE_WINDOW
         drained = self.impact.is_impactful(event)
         vms = guard.affected_now(verified)
         if (decision.action is Action.APPROVE_WHEN_PREPARED or drained) and not self._prepared(
             verified, vm_side_prepared(message), vms
         ):
             log.info("waiting until the VMs are out of their pools", extra=fields)
+            self._at_close(verified, opening)
             return GateOutcome.WAITING
         reason = f"policy rule {decision.rule}: {decision.action}"
-        return self.approve(verified, now, reason=reason, vms=vms)
+        until = opening.end if opening is not None else None
+        outcome = self.approve(verified, now, reason=reason, vms=vms, until=until)
+        if outcome is GateOutcome.HELD:
+            self._at_close(verified, opening)
+        return outcome
 
     # ---- maintenance windows ---------------------------------------------------------------
     def _book(self) -> moments.MomentBook | None:
@@ -169,60 +179,80 @@ class Gate:
             return None
         return moments.MomentBook(pools, self.scheduler, moments.DECIDE_KEY, moments.DECIDE_COMMAND)
 
+    def _at_close(self, verified: VerifiedMessage, opening: windows.Opening | None) -> None:
+        """Inside a window, not approved (waiting for the drain, or held): decide again when it
+        closes, so VMs drained for it never stay out past it without an approval."""
+        book = self._book()
+        event = verified.message.event
+        if opening is None or book is None or event is None:
+            return
+        book.set(
+            verified.scoped_key,
+            opening.end,
+            verified.message.message_id or event.key,
+            body_of(verified.message),
+        )
+
     def _await_window(
-        self, verified: VerifiedMessage, rule_windows: Sequence[windows.Window], now: datetime
+        self, verified: VerifiedMessage, opening: windows.Opening | None, now: datetime
     ) -> None:
         """Outside every window of the rule: decide again when the next opens, if it opens
-        before NotBefore; else the event waits for its NotBefore."""
+        before NotBefore (``opening``); else the event waits for its NotBefore. Either way,
+        VMs lb-pools drained for a window that closed go back into their pools until the
+        lead before the next opening (or before NotBefore): :meth:`LbPools.replan`."""
         message = verified.message
         event = message.event
         assert event is not None
-        opening = windows.current_or_next(rule_windows, now)
         book = self._book()
-        if event.not_before is None or opening is None or opening.start >= event.not_before:
+        if opening is None:
             log.info(
                 "outside the rule's maintenance windows, and none opens before NotBefore: "
                 "not approved early",
                 extra={"eventId": event.key},
             )
             if book is not None:
-                book.drop(event.key)
-            return
-        if book is None:
+                book.drop(verified.scoped_key)
+        elif book is None:
             log.warning(
                 "a maintenance window opens at %s, but without DrainMomentsQueueName the gate "
                 "cannot decide again then: the event waits for a later message or NotBefore",
                 opening.start.isoformat(),
                 extra={"eventId": event.key},
             )
-            return
-        book.set(event.key, opening.start, message.message_id or event.key, body_of(message))
-        log.info(
-            "outside the rule's maintenance windows: decided again when one opens at %s",
-            opening.start.isoformat(),
-            extra={"eventId": event.key, "windowOpens": opening.start.isoformat()},
-        )
+        else:
+            book.set(
+                verified.scoped_key,
+                opening.start,
+                message.message_id or event.key,
+                body_of(message),
+            )
+            log.info(
+                "outside the rule's maintenance windows: decided again when one opens at %s",
+                opening.start.isoformat(),
+                extra={"eventId": event.key, "windowOpens": opening.start.isoformat()},
+            )
+        if self.replan is not None:
+            self.replan(verified.scoped_key, now)
 
-    def fire(self, event_id: str, tok: str, now: datetime) -> GateOutcome:
-        """A maintenance window opened: decide the event again (its newest message, verified
-        again), if ``tok`` is still its moment and has not fired."""
+    def fire(self, due: moments.Due, now: datetime) -> GateOutcome:
+        """A maintenance window opened: decide the event again in the scope ``due`` names (its
+        newest message there, verified again in that scope), if its token is still that
+        scope's moment and has not fired."""
         book = self._book()
         if book is None:
             return GateOutcome.IGNORED
-        entry = book.due(event_id, tok)
-        if isinstance(entry, str):
-            log.info("scheduled decision not taken: %s", entry, extra={"eventId": event_id})
+        pools = self.guard.pools if self.guard is not None else None
+        taken = book.take(
+            due,
+            lambda message: verify_and_log(
+                "approval_gate", self.arm, message, self.rules, records=pools
+            ),
+        )
+        if isinstance(taken, str):
             return GateOutcome.IGNORED
-        try:
-            body = json.dumps(dict(entry.body)).encode("utf-8")
-            message = parse_message(body, entry.message_id)
-        except ContractError as exc:
-            log.error("scheduled decision dropped: its message is unreadable: %s", exc)
-            book.drop(event_id)
-            return GateOutcome.IGNORED
-        log.info("a maintenance window opened", extra={"eventId": event_id})
-        outcome = self.handle(message, now)
-        book.fired(event_id, tok)
+        log.info("a maintenance window opened", extra={"eventId": due.event_id})
+        outcome = self.decide(taken, now)
+        book.done(due)
         return outcome
 
     def _prepared(
@@ -299,16 +329,21 @@ class Gate:
         *,
         reason: str,
         vms: Sequence[ResolvedVm] | None = None,
+        until: datetime | None = None,
     ) -> GateOutcome:
         """Approve the event early: the command to the observer's forwarder, or the ARM
         acknowledge (agentless, or the fallback), once the capacity decision allows it for
         ``vms`` (what the event names now; default: what the event's record says, else the
-        message)."""
+        message). ``until``: the end of the maintenance window it is approved in: the command
+        expires then (or at NotBefore, if sooner), so no forwarder starts the event after the
+        window closed."""
         message = verified.message
         event = message.event
         assert event is not None
         # Azure starts the event at NotBefore anyway; a command must expire by then.
         expires_at = event.not_before or now + timedelta(minutes=5)
+        if until is not None:
+            expires_at = min(expires_at, until)
         if expires_at <= now:
             log.info("NotBefore has passed, nothing to approve", extra={"eventId": event.key})
             return GateOutcome.TOO_LATE
@@ -329,6 +364,7 @@ class Gate:
             # By the operator's own rules (LB_IMPACTFUL_EVENT_TYPES, the freeze threshold) it
             # takes no capacity: lb-pools leaves its VMs in their pools too.
             act()
+            self._approved(verified.scoped_key)
             return sent[0]
         guard = self.guard or CapacityGuard(self.arm)
         affected = guard.affected_now(verified) if vms is None else vms
@@ -336,7 +372,14 @@ class Gate:
         clearance = guard.clear(verified.scoped_key, affected, now, until, act)
         if not clearance.allowed:
             return GateOutcome.HELD
+        self._approved(verified.scoped_key)
         return sent[0]
+
+    def _approved(self, key: str) -> None:
+        """Approved: no decision at a window's close is needed any more."""
+        book = self._book()
+        if book is not None:
+            book.drop(key)
 
     def _acknowledge(self, target: str, event_id: str, vm_name: str) -> GateOutcome:
         try:

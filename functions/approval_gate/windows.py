@@ -161,6 +161,17 @@ def current_or_next(windows: Iterable[Window], at: datetime) -> Opening | None:
     return best
 
 
+def before(windows: Iterable[Window], at: datetime, not_before: datetime | None) -> Opening | None:
+    """The opening an event is approved in, decided at ``at`` (the deciding app's clock, never
+    the message's time): the one that contains ``at`` or the next to open, if it opens before
+    ``not_before`` (None: no bound). None: the event waits for its NotBefore. lb-pools drains
+    for this opening and the gate decides in it: both ask this, so they agree."""
+    opening = current_or_next(windows, at)
+    if opening is None or (not_before is not None and opening.start >= not_before):
+        return None
+    return opening
+
+
 def inside(windows: Sequence[Window], at: datetime) -> bool:
     opening = current_or_next(windows, at)
     return opening is not None and opening.contains(at)

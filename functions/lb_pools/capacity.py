@@ -31,7 +31,9 @@ bridge never changes them, and ARM's pool document lists only NIC members in
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +44,18 @@ from functions.shared.ports import ArmClient, ArmDocument, PermissionDenied
 from functions.shared.vms import ResolvedVm
 
 POOL_SEGMENT = "/backendaddresspools/"
+# An LB_POOL_BUDGETS key, exactly as documented: ``load-balancer/pool`` or the pool's ARM id
+# (Azure's names: letters, digits, ``_ . -``, starting with a letter or digit).
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9_.\-]{0,78}[A-Za-z0-9_])?"
+_POOL_KEY = re.compile(
+    rf"{_NAME}/{_NAME}"
+    rf"|/subscriptions/[0-9A-Fa-f\-]{{36}}/resourceGroups/[\w.()\-]{{1,90}}"
+    rf"/providers/Microsoft\.Network/loadBalancers/{_NAME}/backendAddressPools/{_NAME}",
+    re.IGNORECASE,
+)
+_UNAVAILABLE = re.compile(r"[0-9]{1,6}%?", re.ASCII)
+
+log = logging.getLogger("sebridge.functions.lb_pools")
 
 
 @dataclass(frozen=True)
@@ -119,8 +133,19 @@ class Budgets:
     per_pool: Mapping[str, Budget] = field(default_factory=dict)
 
     def of(self, pool_id: str) -> Budget:
+        """The budget of ``pool_id`` (a pool ARM reports). A pool that falls back to the default
+        while an LB_POOL_BUDGETS key that never matched a pool names its load balancer or its
+        pool name (``lb-wbe/pool-a`` for ``lb-web/pool-a``) gets a warning for that key, once
+        per process."""
         lower = pool_id.lower()
-        return self.per_pool.get(lower) or self.per_pool.get(short_pool(lower)) or self.default
+        for key in (lower, short_pool(lower)):
+            budget = self.per_pool.get(key)
+            if budget is not None:
+                _matched.add(key)
+                return budget
+        if self.per_pool:
+            _warn_near_misses(self.per_pool, lower)
+        return self.default
 
     @property
     def active(self) -> bool:
@@ -133,14 +158,41 @@ class Budgets:
         return any(b.max_unavailable is not None for b in budgets)
 
 
+_matched: set[str] = set()  # LB_POOL_BUDGETS keys that named a pool ARM reported
+_warned: set[str] = set()  # keys warned about (once per process)
+
+
+def _warn_near_misses(per_pool: Mapping[str, Budget], pool_id: str) -> None:
+    lb_name, pool_name = short_pool(pool_id).split("/", 1) if "/" in pool_id else ("", "")
+    for key in per_pool:
+        if key in _matched or key in _warned:
+            continue
+        key_lb, key_pool = short_pool(key).split("/", 1)
+        if key_lb != lb_name and key_pool != pool_name:
+            continue
+        _warned.add(key)
+        log.warning(
+            "LB_POOL_BUDGETS %r matches no pool ARM has reported (%s gets the global budget): "
+            "check the name",
+            key,
+            short_pool(pool_id),
+            extra={"setting": "LB_POOL_BUDGETS", "pool": pool_id},
+        )
+
+
 def parse_unavailable(text: str, where: str = "LB_MAX_UNAVAILABLE") -> tuple[int | None, bool]:
     """``"2"`` or ``"25%"`` (empty: no maximum); ValueError naming ``where``."""
     value = text.strip()
     if not value:
         return None, False
     percent = value.endswith("%")
-    number = value[:-1].strip() if percent else value
-    if not number.isdigit() or (percent and int(number) > 100) or int(number) > 100_000:
+    number = value[:-1] if percent else value
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    if (
+        not _UNAVAILABLE.fullmatch(value)
+        or (percent and int(number) > 100)
+        or int(number) > 100_000
+    ):
         raise ValueError(
             f"{where}: {text!r} is not a count of members or a percentage (e.g. 2 or 25%)"
         )
@@ -172,8 +224,14 @@ def parse_budgets(min_healthy: int, max_unavailable: str, per_pool: str) -> Budg
                 }
             ):
                 raise ValueError(f"{where}: expected {{'minHealthy': n, 'maxUnavailable': ...}}")
-            if key.count("/") != 1 and POOL_SEGMENT not in key.lower():
-                raise ValueError(f"{where}: name a pool as 'load-balancer/pool' or by its ARM id")
+            if not _POOL_KEY.fullmatch(key):
+                raise ValueError(
+                    f"{where}: name a pool exactly as 'load-balancer/pool' or by its ARM id "
+                    "('/subscriptions/.../loadBalancers/LB/backendAddressPools/POOL'), without "
+                    "spaces"
+                )
+            if key.lower() in pools:
+                raise ValueError(f"{where}: the pool is named twice")
             least = spec.get("minHealthy", min_healthy)
             if isinstance(least, bool) or not isinstance(least, int) or not 0 <= least <= 1000:
                 raise ValueError(f"{where}: minHealthy must be a whole number from 0 to 1000")

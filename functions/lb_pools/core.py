@@ -68,7 +68,12 @@ from functions.shared.ports import (
     TopicPublisher,
     WriteRefused,
 )
-from functions.shared.verified import UnverifiedMessage, VerifiedMessage, verify_and_log
+from functions.shared.verified import (
+    Checked,
+    UnverifiedMessage,
+    VerifiedMessage,
+    verify_and_log,
+)
 from functions.shared.vms import ResolvedVm, VmKind
 from functions.teams.cards import not_restored_card
 from sebridge.contract.events import (
@@ -352,7 +357,7 @@ class LbPools:
         if outcome.refused:
             return outcome
         if action == "drain":
-            if not due and resume_pool is None and self._deferred(verified, outcome, now):
+            if resume_pool is None and self._deferred(verified, outcome, now, due=due):
                 if message.transition is Transition.UPDATED:
                     self._restore_dropped(verified, outcome, now)
                 return outcome
@@ -366,47 +371,56 @@ class LbPools:
                 self._restore_dropped(verified, outcome, now)
             return outcome
         # A cancelled Terminate or Preempt never happened: the VM is still there, put it back.
-        self._drop_moment(event.key)
+        self._drop_moment(verified.scoped_key)
         restore = message.transition is Transition.CANCELLED or restores_afterwards(event)
         self._end(verified, vms, outcome, now, restore=restore)
         return outcome
 
     # ---- the drain moment (functions.lb_pools.moments) --------------------------------------
-    def drain_at(self, message: TransitionMessage, seen: datetime) -> datetime:
-        """When the event of ``message``, seen at ``seen``, is drained (the drain plan)."""
+    def drain_at(self, message: TransitionMessage, now: datetime) -> datetime:
+        """When the event of ``message`` is drained, planned at ``now`` (the drain plan)."""
         assert message.event is not None
-        return self.plan.moment(message.event, message.observer, seen)
+        return self.plan.moment(message.event, message.observer, now)
 
-    def _book(self, key: str = moments.KEY) -> moments.MomentBook | None:
-        """The event records' moments of ``key`` (None: no drain-moments queue)."""
+    def _book(self, kind: str = moments.KEY) -> moments.MomentBook | None:
+        """The event records' moments of ``kind`` (None: no drain-moments queue)."""
         if self.scheduler is None or self.pools is None:
             return None
-        command = moments.DUE_COMMAND if key == moments.KEY else moments.DECIDE_COMMAND
-        return moments.MomentBook(self.pools, self.scheduler, key, command)
+        command = moments.DUE_COMMAND if kind == moments.KEY else moments.DECIDE_COMMAND
+        return moments.MomentBook(self.pools, self.scheduler, kind, command)
 
-    def _deferred(self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime) -> bool:
+    def _deferred(
+        self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime, *, due: bool = False
+    ) -> bool:
         """Whether the drain waits for its moment (scheduled, or already scheduled); False:
         drain now (the moment has come, or there is no drain-moments queue). A drain now is
-        remembered as spent, so a later Updated never undoes it."""
+        remembered as spent, so a later Updated never undoes it. The moment is planned at
+        ``now`` (the app's clock, as the gate decides), never at the message's time: a message
+        that arrives after its window closed is planned for the next window or NotBefore.
+        ``due``: its scheduled moment arrived; drained unless the plan moved it later (the
+        window it was for closed meanwhile), then scheduled again."""
         message = verified.message
         event = message.event
         assert event is not None
         book = self._book()
         if book is None:
             return False
-        entry = book.read(event.key)
+        key = verified.scoped_key  # this scope's moment: another's never moves or spends it
+        entry = book.read(key)
         if message.transition is Transition.STARTED:
             if entry is not None and not entry.fired:
-                book.spend(event.key, now)
+                book.spend(key, now)
             return False
         if entry is not None and entry.fired:
             return False  # drained already: this drains again (idempotent), Prepared again
-        at = self.drain_at(message, min(message.time or now, now))
+        at = self.drain_at(message, now)
         body, message_id = held.body_of(message), message.message_id or event.key
+        if due and entry is not None and at <= entry.at:
+            return False  # its moment came (a delivery a little early drains all the same)
         if at <= now:
-            book.spend(event.key, at, message_id, body)
+            book.spend(key, at, message_id, body)
             return False
-        book.set(event.key, at, message_id, body)
+        book.set(key, at, message_id, body)
         log.info(
             "event %s: %s drained at %s (its drain moment), not now",
             event.key,
@@ -417,35 +431,82 @@ class LbPools:
         outcome.action, outcome.drain_at = "defer", at
         return True
 
-    def _drop_moment(self, event_id: str) -> None:
-        """The event ended (Completed, Cancelled): its moments go (the drain's and the gate's
-        decision at a window's start), and their scheduled messages."""
-        for key in (moments.KEY, moments.DECIDE_KEY):
-            book = self._book(key)
-            if book is not None:
-                book.drop(event_id)
-
-    def fire(self, event_id: str, tok: str, now: datetime) -> LbOutcome:
-        """A scheduled drain arrived: drain the event if ``tok`` is still its moment and has
-        not fired (verified again, like a held event); otherwise nothing. Faults propagate
-        (the message is redelivered)."""
+    def replan(self, key: str, now: datetime) -> LbOutcome:
+        """The gate found the event outside its windows, unapproved: if lb-pools drained it
+        for a window that closed (or one that moved), its plan at ``now`` says a later
+        moment, so its VMs go back into their pools now and are drained again then (the lead
+        before the next window that opens before NotBefore, else before NotBefore). Never
+        out of their pools for days waiting for nothing. A drain the plan still wants now
+        (the lead before NotBefore has come) is left alone. ``key``: the verified scope the
+        gate decided in (its moments are that scope's only)."""
         book = self._book()
         if book is None:
             return LbOutcome("ignore", reason="no drain moments configured")
-        entry = book.due(event_id, tok)
-        if isinstance(entry, str):
-            log.info("scheduled drain not done: %s", entry, extra={"eventId": event_id})
-            return LbOutcome("ignore", reason=entry)
+        entry = book.read(key)
+        if entry is None or not entry.fired:
+            return LbOutcome("ignore", reason="not drained by lb-pools")
         try:
-            message = parse_message(_json_bytes(entry.body), entry.message_id)
+            body = json.dumps(dict(entry.body), separators=(",", ":")).encode("utf-8")
+            message = parse_message(body, entry.message_id)
         except ContractError as exc:
-            log.error("scheduled drain dropped: its message is unreadable: %s", exc)
-            book.records.update_event(event_id, moments.without)
+            log.error("drain not planned again: its message is unreadable: %s", exc)
             return LbOutcome("ignore", reason="unreadable")
-        log.info("drain moment of event %s has come", event_id, extra={"eventId": event_id})
-        outcome = self.handle(message, now, due=True)
-        book.fired(event_id, tok)
+        if message.event is None or message.event.is_started:
+            return LbOutcome("ignore", reason="started")
+        at = self.drain_at(message, now)
+        if at <= now:
+            return LbOutcome("ignore", reason="drained for its moment")
+        checked = self._verify(message)
+        if isinstance(checked, UnverifiedMessage):
+            return LbOutcome("restore", refused=checked.reason)
+        if checked.scoped_key != key:
+            return LbOutcome("ignore", reason="another scope's drain")
+        outcome = LbOutcome("restore")
+        vms = self._allowed(message, list(checked.scope.vms), outcome)
+        if outcome.refused:
+            return outcome
+        log.warning(
+            "event %s was drained for a maintenance window that closed without an approval: "
+            "its VMs go back into their pools until %s",
+            message.event.key,
+            at.isoformat(),
+            extra={"eventId": message.event.key, "drainAt": at.isoformat()},
+        )
+        # The new moment first: a crash after it leaves the VMs out until it (bounded), and
+        # the gate's next look plans again; then the VMs back, as at the event's end.
+        book.drop(key)
+        book.set(key, at, entry.message_id, entry.body)
+        self._end(checked, vms, outcome, now, restore=True)
+        outcome.drain_at = at
         return outcome
+
+    def _drop_moment(self, key: str) -> None:
+        """The event ended in the scope ``key`` names (Completed, Cancelled): that scope's
+        moments go (the drain's and the gate's decision at a window's start), and their
+        scheduled messages."""
+        for kind in (moments.KEY, moments.DECIDE_KEY):
+            book = self._book(kind)
+            if book is not None:
+                book.drop(key)
+
+    def fire(self, due: moments.Due, now: datetime) -> LbOutcome:
+        """A scheduled drain arrived: drain the event in the scope ``due`` names if its token
+        is still that scope's moment and has not fired, its stored message verified again in
+        that scope (like a held event); otherwise nothing. Faults propagate (the message is
+        redelivered)."""
+        book = self._book()
+        if book is None:
+            return LbOutcome("ignore", reason="no drain moments configured")
+        taken = book.take(due, self._verify)
+        if isinstance(taken, str):
+            return LbOutcome("ignore", reason=taken)
+        log.info("drain moment of event %s has come", due.key, extra={"eventId": due.event_id})
+        outcome = self.handle_verified(taken, now, due=True)
+        book.done(due)
+        return outcome
+
+    def _verify(self, message: TransitionMessage) -> Checked:
+        return verify_and_log("lb_pools", self.arm, message, self.rules, records=self.pools)
 
     def _restore_dropped(
         self, verified: VerifiedMessage, outcome: LbOutcome, now: datetime
@@ -1247,39 +1308,46 @@ class LbPools:
     def _resume_once(
         self, pools: list[str], outcome: LbOutcome, now: datetime, *, skip: str
     ) -> list[str]:
-        """One pass over the held events of ``pools``; the pools still holding some."""
+        """One pass over the held events of ``pools``, in one order over all of them
+        (NotBefore, then the oldest hold: the event Azure starts first drains first, whichever
+        pool held it); the pools still holding some."""
         assert self.pools is not None
         still: list[str] = []
-        for pool_id in pools:
-            for entry in sorted(held.read(self.pools.peek(pool_id)).values(), key=_held_order):
-                if entry.event_id == skip:
-                    continue
-                if entry.expired(now):
-                    log.info(
-                        "held event dropped: its NotBefore passed",
-                        extra={"eventId": entry.event_id},
-                    )
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                    continue
-                try:
-                    message = parse_message(entry.body, entry.message_id)
-                except ContractError as exc:
-                    log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                    continue
+        waiting = [
+            (entry, pool_id)
+            for pool_id in pools
+            for entry in held.read(self.pools.peek(pool_id)).values()
+        ]
+        waiting.sort(key=lambda item: (*_held_order(item[0]), item[1]))
+        for entry, pool_id in waiting:
+            if entry.event_id == skip:
+                continue
+            if entry.expired(now):
                 log.info(
-                    "trying held event %s again: %s got members back",
-                    entry.event_id,
-                    capacity.short_pool(pool_id),
+                    "held event dropped: its NotBefore passed",
                     extra={"eventId": entry.event_id},
                 )
-                result = self.handle(message, now, resume_pool=pool_id)
-                if result.held is not None:
-                    still.append(result.held.pool_id.lower())
-                elif result.refused:
-                    self._forget_unlocked([pool_id], entry.event_id, now)
-                elif not result.reason:
-                    outcome.resumed.append(entry.event)
+                self._forget_unlocked([pool_id], entry.event_id, now)
+                continue
+            try:
+                message = parse_message(entry.body, entry.message_id)
+            except ContractError as exc:
+                log.error("unreadable held event dropped: %s", exc, extra={"pool": pool_id})
+                self._forget_unlocked([pool_id], entry.event_id, now)
+                continue
+            log.info(
+                "trying held event %s again: %s got members back",
+                entry.event_id,
+                capacity.short_pool(pool_id),
+                extra={"eventId": entry.event_id},
+            )
+            result = self.handle(message, now, resume_pool=pool_id)
+            if result.held is not None:
+                still.append(result.held.pool_id.lower())
+            elif result.refused:
+                self._forget_unlocked([pool_id], entry.event_id, now)
+            elif not result.reason:
+                outcome.resumed.append(entry.event)
         return sorted(set(still) & set(pools))
 
 
@@ -1297,10 +1365,6 @@ def _not_restored_details(outcome: LbOutcome) -> dict[str, Any]:
         "vms": ", ".join(names),
         "codes": ", ".join(codes),
     }
-
-
-def _json_bytes(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
 def _held_order(entry: held.HeldEvent) -> tuple[datetime, datetime]:

@@ -1,7 +1,8 @@
 """The app's moments: the messages it scheduled to itself on the drain-moments queue.
 
 Registered only with ``DrainMomentsQueueName`` (functions.shared.settings.workflows). The
-message names a command, an event and a moment (functions.lb_pools.moments): ``drain-due``,
+message names a command, an event in its verified scope and a moment
+(functions.lb_pools.moments): ``drain-due``,
 lb-pools drains the event; ``decide-due``, a maintenance window opened and the gate decides
 again. Nothing else in it is trusted: the event's record says what to act on, and that
 contract message is verified again (seal and scope check, as the trigger layer does for the
@@ -27,7 +28,7 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
 def drain_moment(msg: func.ServiceBusMessage) -> None:
     try:
-        command, event_id, token = parse_due(msg.get_body())
+        due = parse_due(msg.get_body())
     except DueError as exc:
         log.error(
             "drain_moment: message %s is not a drain lb-pools scheduled and is dropped: %s",
@@ -38,12 +39,12 @@ def drain_moment(msg: func.ServiceBusMessage) -> None:
         note(DROPPED)
         return
     deps = composition.dependencies()
-    if command == DECIDE_COMMAND:
-        decided = deps.gate.fire(event_id, token, deps.clock())
-        note(eventId=event_id, decide=str(decided))
+    if due.command == DECIDE_COMMAND:
+        decided = deps.gate.fire(due, deps.clock())
+        note(eventId=due.event_id, decide=str(decided))
         return
-    outcome = deps.lb_pools.fire(event_id, token, deps.clock())
-    note(eventId=event_id, drain=outcome.action, reason=outcome.reason or outcome.refused)
+    outcome = deps.lb_pools.fire(due, deps.clock())
+    note(eventId=due.event_id, drain=outcome.action, reason=outcome.reason or outcome.refused)
 
 
 _logged = log_invocation(drain_moment)

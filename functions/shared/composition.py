@@ -120,7 +120,12 @@ class Dependencies:
     @property
     def drain_plan(self) -> DrainPlan:
         """When lb-pools drains an event (it schedules by it; cards and webhooks say it)."""
-        return DrainPlan(self.settings.policy, bool(self.settings.drain_moments_queue), self.impact)
+        return DrainPlan(
+            self.settings.policy,
+            bool(self.settings.drain_moments_queue),
+            self.impact,
+            records=self.pools,
+        )
 
     @property
     def history(self) -> History:
@@ -167,7 +172,13 @@ class Dependencies:
             agentless=agentless,
             guard=self.capacity_guard,
             scheduler=self.moments,
+            replan=self._replan,
         )
+
+    def _replan(self, event_id: str, now: datetime) -> object:
+        """The gate found an event outside its windows: lb-pools puts back what it drained
+        for a window that closed (functions.lb_pools.core.LbPools.replan)."""
+        return self.lb_pools.replan(event_id, now)
 
     @property
     def eventgrid_ingest(self) -> Ingestor:

@@ -112,7 +112,8 @@ def notify(
             )
         except ValueError as exc:  # too many VMs for one link
             log.error("no Approve link for message %s: %s", message.message_id, exc)
-    drain = plan.for_message(message, now) if plan is not None else None
+    key = checked.scoped_key if isinstance(checked, VerifiedMessage) else None
+    drain = plan.for_message(message, now, key) if plan is not None else None
     card = cards.build_card(message, now, approve_url=url, unverified=unverified, drain=drain)
     poster.post(card)
     log.info(

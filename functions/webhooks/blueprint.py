@@ -24,7 +24,8 @@ def webhooks(message: VerifiedMessage | UnverifiedMessage) -> None:
     if message.message.event is None:
         return
     deps = composition.dependencies()
-    drain = deps.drain_plan.for_message(message.message, deps.clock())
+    key = message.scoped_key if isinstance(message, VerifiedMessage) else None
+    drain = deps.drain_plan.for_message(message.message, deps.clock(), key)
     try:
         results = webhooks_core.deliver(
             message,

@@ -62,7 +62,8 @@ FIELDS: dict[str, str] = {
     "vmScaleSetName": "the observer's scale set, or empty",
     "impactful": "true when lb-pools drains the VMs for this event (LB_IMPACTFUL_EVENT_TYPES)",
     "drainText": "Scheduled and Updated of an impactful event: when lb-pools takes the VMs out "
-    "of their pools ('now', 'at 01:30 UTC'); else empty/null",
+    "of their pools ('now', 'at 01:30 UTC', or 'drained at 01:30 UTC' once done); else "
+    "empty/null",
     "approvedBy": "who approved (Approved only), or empty/null",
     "approvalReason": "why (Approved only), or empty/null",
     "summary": "one line: '<eventType> <transition>: <affected>, not before <notBefore>'",

@@ -24,6 +24,7 @@ from sebridge.forwarder.observability.observations import Observations
 from sebridge.forwarder.observability.status_cli import collect
 from sebridge.forwarder.observability.status_file import StatusWriter
 from sebridge.imds import ScheduledEvent
+from tests.support.imds_stub import ImdsStub
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,3 +181,84 @@ def test_no_state_is_exit_2(tmp_path: Path) -> None:
     code, out = status(tmp_path / "empty", "--json")
     assert code == 2 and json.loads(out)["verdict"] == "no-state"
     assert list((tmp_path / "empty").iterdir()) == []
+
+
+def _stub_event(event_id: str) -> dict[str, Any]:
+    return {
+        "EventId": event_id,
+        "EventType": "Reboot",
+        "ResourceType": "VirtualMachine",
+        "Resources": ["vm1"],
+        "EventStatus": "Scheduled",
+        "NotBefore": "Mon, 19 Sep 2050 18:29:47 GMT",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
+
+
+def _status_of_run(state: Path, pid: int) -> bool:
+    path = state / "status.json"
+    return path.exists() and json.loads(path.read_text() or "{}").get("pid") == pid
+
+
+def test_the_last_transitions_survive_a_restart(tmp_path: Path) -> None:
+    """Issue 22e, item 2a: the last transitions were kept only in the running forwarder's
+    memory (status.json): after a restart, an event that ended before it was not listed and no
+    transition of the earlier run was shown. Now they are saved with the state (state.json)."""
+    state = tmp_path / "state"
+    gone, kept = str(uuid.uuid4()), str(uuid.uuid4())
+    with ImdsStub() as imds:
+        imds.set_events([_stub_event(gone), _stub_event(kept)])
+        with forwarder(imds.url, state, poll_interval=0.2) as fw:
+            assert fw.wait_for(lambda lines: any(":Scheduled:1" in x.text for x in lines), 30)
+            imds.set_events([_stub_event(kept)])
+            assert fw.wait_for(lambda lines: any(":Cancelled:1" in x.text for x in lines), 30)
+        with forwarder(imds.url, state, poll_interval=0.2) as fw:
+            assert fw.process is not None
+            pid = fw.process.pid
+            wait_until(lambda: _status_of_run(state, pid), 60, "the new run's status.json")
+            code, out = status(state, "--json")
+            _, text = status(state)
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["forwarder"]["pid"] == pid
+    by_id = {e["eventId"]: e for e in report["events"]}
+    assert by_id[gone]["present"] is False and by_id[gone]["lastTransition"] == "Cancelled"
+    assert by_id[kept]["present"] is True and by_id[kept]["lastTransition"] == "Scheduled"
+    assert sorted((t["eventId"], t["transition"]) for t in report["lastTransitions"]) == sorted(
+        [(gone, "Scheduled"), (kept, "Scheduled"), (gone, "Cancelled")]
+    )
+    assert report["lastTransitions"][0] == {
+        "eventId": gone,
+        "transition": "Cancelled",
+        "messageId": f"{gone}:Cancelled:1",
+        "at": report["lastTransitions"][0]["at"],
+    }
+    assert f"Cancelled  {gone}" in text
+
+
+def test_an_event_with_a_hashed_id_is_listed_once(tmp_path: Path) -> None:
+    """Issue 22e, item 2b: an EventId that is not a plain id (too long, odd characters) is
+    carried as a digest in session ids, so status.json names it by the digest: it was listed
+    twice, once present (by its EventId) and once gone (by the digest)."""
+    state = tmp_path / "state"
+    odd = "Maintenance Event #1 " + "x" * 80
+    with ImdsStub() as imds:
+        imds.set_events([_stub_event(odd)])
+        with forwarder(imds.url, state, poll_interval=0.2) as fw:
+            assert fw.wait_for(lambda lines: any(":Scheduled:1" in x.text for x in lines), 30)
+            wait_until(
+                lambda: (
+                    "Scheduled" in (state / "status.json").read_text()
+                    if (state / "status.json").exists()
+                    else False
+                ),
+                30,
+                "the transition in status.json",
+            )
+            code, out = status(state, "--json")
+    assert code == 0, out
+    events = json.loads(out)["events"]
+    assert len(events) == 1, events
+    assert events[0]["eventId"] == odd and events[0]["present"] is True
+    assert events[0]["lastTransition"] == "Scheduled"

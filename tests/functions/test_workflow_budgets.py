@@ -122,12 +122,77 @@ def test_budgets_are_read_and_refused_by_name() -> None:
         (("2.5", ""), "LB_MAX_UNAVAILABLE: '2.5' is not a count"),
         (("120%", ""), "LB_MAX_UNAVAILABLE: '120%'"),
         (("", "[1]"), "LB_POOL_BUDGETS: expected an object"),
-        (("", '{"pool-a": {"maxUnavailable": 1}}'), "name a pool as 'load-balancer/pool'"),
+        (("", '{"pool-a": {"maxUnavailable": 1}}'), "name a pool exactly as 'load-balancer/pool'"),
         (("", '{"lb/p": {"minHealthy": -1}}'), "minHealthy must be a whole number"),
         (("", '{"lb/p": {"maxUnavailable": "x"}}'), "maxUnavailable: 'x'"),
     ):
         with pytest.raises(ValueError, match=problem):
             parse_budgets(1, *bad)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        " lb-web/pool-a",
+        "lb-web/pool-a ",
+        "lb-web/backendAddressPools/pool-a",
+        "lb web/pool-a",
+        "/subscriptions/x/resourceGroups/rg/providers/Microsoft.Network/loadBalancers/lb/"
+        "backendAddressPools/p",
+    ],
+)
+def test_a_budget_key_must_name_a_pool_in_the_documented_form(key: str) -> None:
+    # Before: accepted, and the pool silently got the global budget.
+    with pytest.raises(ValueError, match=r"LB_POOL_BUDGETS .*name a pool exactly as"):
+        parse_budgets(1, "", json.dumps({key: {"maxUnavailable": 0}}))
+
+
+def test_a_key_that_matches_no_pool_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    budgets = parse_budgets(1, "", '{"lb-wbe/pool-a": {"maxUnavailable": 0}}')
+    pool = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Network/loadBalancers/"
+    with caplog.at_level("WARNING", logger="sebridge.functions.lb_pools"):
+        for _ in range(3):
+            assert budgets.of(pool + "lb-web/backendAddressPools/pool-a") == Budget(1)
+    warned = [r.getMessage() for r in caplog.records if "LB_POOL_BUDGETS" in r.getMessage()]
+    assert len(warned) == 1 and "'lb-wbe/pool-a' matches no pool" in warned[0]
+
+
+def test_a_pool_named_twice_is_refused() -> None:
+    spec = '{"lb-web/pool-a": {"minHealthy": 1}, "LB-WEB/pool-a": {"minHealthy": 3}}'
+    with pytest.raises(ValueError, match="named twice"):
+        parse_budgets(1, "", spec)
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\uff11", "\u0662%", " 2 %", "2 5", "+2", "2%%"])
+def test_max_unavailable_takes_only_ascii_n_or_n_percent(value: str) -> None:
+    # Before: "\u00b2".isdigit() let it through to a raw "invalid literal for int()".
+    with pytest.raises(ValueError, match=r"LB_MAX_UNAVAILABLE: .* is not a count"):
+        parse_budgets(1, value, "")
+
+
+def test_held_events_across_pools_are_released_in_one_not_before_order(
+    make_app: Callable[..., App], arm_fake: FakeArm
+) -> None:
+    # pool-a: web-1,2,3; pool-b: web-1,2,4. "late" is held in pool-a, "early" in pool-b; when
+    # web-1 comes back both pools have room for one: the earlier NotBefore goes first (before:
+    # pool by pool, pool-a's "late" first, and "early" stayed held).
+    lb = arm_fake.add_load_balancer(SUB, RG, "lb-web", ["pool-a", "pool-b"])
+    a, b = f"{lb}/backendAddressPools/pool-a", f"{lb}/backendAddressPools/pool-b"
+    vms = {
+        "web-1": web_vm(arm_fake, "web-1", [a, b]),
+        "web-2": web_vm(arm_fake, "web-2", [a, b]),
+        "web-3": web_vm(arm_fake, "web-3", [a]),
+        "web-4": web_vm(arm_fake, "web-4", [b]),
+    }
+    app = make_app(LB_MIN_HEALTHY="2")
+    app.deliver("lb_pools", _event("x", "web-1", "Sun, 22 Nov 2026 01:40:00 GMT"))
+    app.deliver("lb_pools", _event("a", "web-2", "Sun, 22 Nov 2026 05:00:00 GMT"))
+    app.deliver("lb_pools", _event("c", "web-4", "Sun, 22 Nov 2026 02:00:00 GMT"))
+    assert _out(app, vms) == {"web-1"}
+    app.deliver("lb_pools", _event("x", "web-1", "", "Completed"))
+    assert _out(app, vms) == {"web-4"}
 
 
 def test_a_bad_budget_stops_the_app_at_start(

@@ -9,6 +9,8 @@ states) and the loopback blob storage (leases) over HTTP.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -328,7 +330,21 @@ def test_two_instances_do_not_both_pass_the_guard(
     deps = composition.dependencies()
     instances = [deps.lb_pools, replace(deps.lb_pools, decisions=Batcher())]
     assert instances[0].decisions is not instances[1].decisions
-    arm_fake.slow(0.5, path_contains="/health")
+    # Whoever takes the pool's lease first keeps it (its release waits, at most 10 s) until the
+    # other has been refused it once: the overlap is made, not hoped for (a 0.5 s slow health
+    # read was sometimes over before the second thread started on a loaded machine).
+    storage_fake.hang("release", at_most=10)
+
+    def watch() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if any(c.code == "LeaseAlreadyPresent" for c in list(storage_fake.lease_log)):
+                break
+            time.sleep(0.01)
+        storage_fake.release()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
 
     def handle(instance: LbPools, event_id: str, vm: str) -> None:
         instance.handle(parse_message(scheduled(event_id, vm).body_bytes()), NOW)
@@ -337,6 +353,7 @@ def test_two_instances_do_not_both_pass_the_guard(
         lambda: handle(instances[0], EVENT_A, "web-1"),
         lambda: handle(instances[1], EVENT_B, "web-2"),
     )
+    watcher.join(timeout=15)
     assert not errors
     assert sum(in_pool(app, world, vm) for vm in ("web-1", "web-2")) == 1
     assert len(published(app, "Held")) == 1 and len(published(app, "Prepared")) == 1

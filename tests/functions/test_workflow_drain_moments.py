@@ -15,10 +15,12 @@ import pytest
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.webhooks import GENERIC, FakeWebhooks
 from functions.lb_pools import moments
+from functions.shared.event_record import scoped_event_key
 from functions.teams.cards import FACT_PREFIX
 from sebridge.contract.events import parse_message
 from tests.fixtures import golden
 from tests.functions.support import (
+    AVAILABILITY_SET_ID,
     EVENT_ID,
     NOW,
     RG,
@@ -78,7 +80,9 @@ def test_a_long_notice_drains_at_not_before_minus_the_lead(
     assert _prepared(timed) == [] and timed.arm.writes() == []
     (entry,) = timed.scheduler.scheduled
     assert entry.at == MOMENT
-    assert moments.parse_due(entry.body)[:2] == ("drain-due", EVENT_ID)
+    due = moments.parse_due(entry.body)
+    assert (due.command, due.event_id) == ("drain-due", EVENT_ID)
+    assert due.key == scoped_event_key(EVENT_ID, AVAILABILITY_SET_ID)  # as-web's scope
     timed.clock.now = MOMENT - timedelta(seconds=1)
     assert timed.fire_due() == 0
     assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
@@ -224,7 +228,8 @@ def test_a_message_lb_pools_did_not_schedule_is_dropped(
 
 def test_a_forged_token_for_a_real_event_drains_nothing(timed: App, world: dict[str, str]) -> None:
     timed.deliver("lb_pools", golden.build()["scheduled"])
-    forged = moments.due_body(EVENT_ID, moments.token(EVENT_ID, NOW))
+    key = scoped_event_key(EVENT_ID, AVAILABILITY_SET_ID)
+    forged = moments.due_body(key, moments.token(key, NOW))
     timed.call("drain_moment", due_message(Scheduled(99, forged, NOW, "forged")))
     assert _in_pools(timed, world) == {"web-1": True, "web-2": True}
 
@@ -333,7 +338,8 @@ def test_a_week_of_notice_is_drained_and_approved_in_the_window(
     app.deliver("approval_gate", scheduled)
     app.deliver("teams", scheduled)
     assert _fact(app.teams.cards[-1], "drain-from-pools") == "at 00:55 UTC on Tue 24 Nov"
-    assert sorted((moments.parse_due(e.body)[0], e.at) for e in app.scheduler.pending.values()) == [
+    due = sorted((moments.parse_due(e.body).command, e.at) for e in app.scheduler.pending.values())
+    assert due == [
         ("decide-due", WINDOW_OPENS),
         ("drain-due", WINDOW_OPENS - timedelta(minutes=5)),
     ]
@@ -388,7 +394,7 @@ def test_outside_every_window_the_event_waits_for_its_not_before(
     app.deliver("lb_pools", scheduled)
     app.deliver("approval_gate", scheduled)
     (drain,) = app.scheduler.pending.values()
-    assert moments.parse_due(drain.body)[0] == "drain-due"
+    assert moments.parse_due(drain.body).command == "drain-due"
     assert drain.at == datetime(2026, 11, 27, 11, 55, tzinfo=UTC)
     app.clock.now = drain.at
     app.fire_due()

@@ -3,9 +3,10 @@ what Service Bus and the workflows do: moments set and moved (Scheduled, Updated
 drain now), dropped (Cancelled), scheduled messages delivered when due, delivered again, stale
 ones delivered after a cancel lost the race, and restarts (a new book over the same records).
 
-Invariants: a delivery acts only for the event's current moment, at most once per moment, never
-after the event was dropped or spent; after every step the scheduler holds at most one pending
-message per event, the one the record names."""
+Moments are kept per verified scope: two scopes of one EventId (one record) and another event.
+Invariants: a delivery acts only for its scope's current moment, at most once per moment, never
+after the scope's event was dropped or spent; after every step the scheduler holds at most one
+pending message per event and scope, the one the record names."""
 
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from functions.lb_pools import moments
+from functions.shared.event_record import scoped_event_key
 from tests.functions.support import RecordingScheduler, Scheduled
 
 START = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
-EVENTS = ["e1", "e2"]
+# The event in a scope (functions.shared.verified.scoped_key): e1 in two sets, e2 in one.
+EVENTS = [
+    scoped_event_key("e1", "as-web"),
+    scoped_event_key("e1", "as-db"),
+    scoped_event_key("e2", "as-web"),
+]
 
 
 class Records:
@@ -94,7 +101,8 @@ class Moments(RuleBasedStateMachine):
         self.book = self._new_book()
 
     def _deliver(self, entry: Scheduled) -> None:
-        _, event, tok = moments.parse_due(entry.body)
+        parsed = moments.parse_due(entry.body)
+        event, tok = parsed.key, parsed.token
         self.delivered.append(entry)
         due = self.book.due(event, tok)
         if isinstance(due, str):
@@ -112,7 +120,7 @@ class Moments(RuleBasedStateMachine):
     def one_pending_message_per_event_and_it_is_the_recorded_one(self) -> None:
         for event in EVENTS:
             pending = [
-                e for e in self.scheduler.pending.values() if moments.parse_due(e.body)[1] == event
+                e for e in self.scheduler.pending.values() if moments.parse_due(e.body).key == event
             ]
             entry = self.book.read(event)
             if self.expected[event] is None:

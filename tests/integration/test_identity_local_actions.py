@@ -228,3 +228,91 @@ def test_a_hanging_instance_lookup_never_stalls_the_polls_nor_a_drain(
         between = [r.at for r in imds.requests if r.path == "/metadata/scheduledevents"]
         polls = sum(1 for at in between if first < at < second)
         assert polls >= 4, polls
+
+
+def started(scheduled: dict[str, Any]) -> dict[str, Any]:
+    return {**scheduled, "EventStatus": "Started", "NotBefore": ""}
+
+
+def logging_hooks(etc: Path, *extra: dict[str, Any]) -> tuple[Path, Path]:
+    """A hook on this VM's Scheduled and Started that logs the transition and the VM name it
+    was given, one line a run; the hooks file and the log."""
+    logged = etc / "logged"
+    command = script(
+        etc, "log.sh", f'echo "$SEBRIDGE_EVENT_TRANSITION $SEBRIDGE_VM_NAME" >> {logged}'
+    )
+    hooks = write_hooks(
+        etc, [{"name": "log", "on": ["Scheduled", "Started"], "command": [command]}, *extra]
+    )
+    return hooks, logged
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@needs_root
+def test_an_identity_slower_than_the_first_poll_runs_this_vms_hooks_of_every_phase(
+    imds: ImdsStub, tmp_path: Path
+) -> None:
+    """Issue 22e, item 1: instance metadata answers only after 8 s (longer than the first
+    poll's wait for it), and this VM's event is Scheduled, then Started, before it does.
+    Before, the re-judging observed only the event's latest transition (Started), so its
+    Scheduled hook never ran, and its own hooks queued behind the neighbours' hook (allEvents,
+    a long one) that had started under the host name: none ran within a minute. Now every
+    transition judged by the host name is judged again in order, and the event's own work
+    starts in its own lane at once, with the VM's name."""
+    etc = root_dir(tmp_path)
+    everyone = {
+        "name": "everyone",
+        "on": ["Scheduled"],
+        "allEvents": True,
+        "timeoutSeconds": 300,
+        "command": [script(etc, "slow.sh", "sleep 120")],
+    }
+    hooks, logged = logging_hooks(etc, everyone)
+    imds.instance_hang = 8.0  # under the IMDS client's 10 s deadline: it answers, late
+    reboot = event()
+    imds.set_events([reboot])
+    with forwarder(imds.url, tmp_path / "state", "--hooks-file", str(hooks)) as fw:
+        wait_until(lambda: scheduled_gets(imds) >= 3 or not fw.alive, 30, "polls")
+        imds.set_events([started(reboot)])
+        polls = scheduled_gets(imds)
+        wait_until(lambda: scheduled_gets(imds) >= polls + 3 or not fw.alive, 30, "polls")
+        assert fw.alive, fw.stderr_text()[-3000:]
+        assert imds.instance_in_flight == 1, "the identity resolved too early to test this"
+        assert lines(logged) == []  # judged by the host name meanwhile: not this VM's event
+        wait_until(
+            lambda: len(lines(logged)) >= 2 or not fw.alive,
+            60,
+            "this VM's Scheduled and Started hooks",
+        )
+        assert "hook everyone starting" in fw.stderr_text()  # it went on beside them
+    assert lines(logged) == [f"Scheduled {VM}", f"Started {VM}"]
+
+
+@needs_root
+def test_transitions_judged_by_the_host_name_are_judged_again_after_a_restart(
+    imds: ImdsStub, tmp_path: Path
+) -> None:
+    """Issue 22e, item 1 (the journal): instance metadata fails for a whole run in which this
+    VM's event is Scheduled, then Started; the next run gets the identity. Before, the next run
+    judged again only the latest transition (Started): the Scheduled hook never ran. Now the
+    transitions judged by the host name are kept in the journal's view until the identity
+    judges them."""
+    etc = root_dir(tmp_path)
+    hooks, logged = logging_hooks(etc)
+    state = tmp_path / "state"
+    imds.instance_status = 500
+    reboot = event()
+    imds.set_events([reboot])
+    with forwarder(imds.url, state, "--hooks-file", str(hooks)) as fw:
+        wait_until(lambda: reboot["EventId"] in state_text(state) or not fw.alive, 30, "state")
+        imds.set_events([started(reboot)])
+        wait_until(lambda: '"Started"' in state_text(state) or not fw.alive, 30, "Started")
+        assert fw.alive, fw.stderr_text()[-3000:]
+    assert lines(logged) == []
+    imds.instance_status = 200
+    with forwarder(imds.url, state, "--hooks-file", str(hooks)) as fw:
+        wait_until(lambda: len(lines(logged)) >= 2 or not fw.alive, 60, "the hooks")
+    assert lines(logged) == [f"Scheduled {VM}", f"Started {VM}"]

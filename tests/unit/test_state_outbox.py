@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from sebridge.contract.events import Observer, Transition, event_message, heartbeat_message
 from sebridge.forwarder.delivery.outbox import MEMORY, OUTBOX_FILE, Outbox, OutboxError
 from sebridge.forwarder.durable import boundaries
-from sebridge.forwarder.state import STATE_FILE, ForwarderState, StateStore
+from sebridge.forwarder.state import (
+    MAX_TRANSITIONS,
+    STATE_FILE,
+    ForwarderState,
+    RecentTransition,
+    StateStore,
+    recent_transitions,
+)
 from sebridge.imds import Document
 
 EVENT = {
@@ -250,6 +257,39 @@ def test_the_observation_time_round_trips(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     store.save(ForwarderState(1, {}, observed_at=NOW))
     assert store.load().observed_at == NOW
+
+
+def _recent(index: int) -> RecentTransition:
+    event_id = f"3f1c2c3e-5b7a-4c1d-9e8f-{index:012d}"
+    return RecentTransition(event_id, event_id, "Scheduled", f"{event_id}:Scheduled:1", NOW)
+
+
+def test_the_last_transitions_round_trip_bounded(tmp_path: Path) -> None:
+    """Issue 22e, item 2a: kept with the state, at most MAX_TRANSITIONS, the newest."""
+    store = StateStore(tmp_path)
+    kept = recent_transitions((), [_recent(i) for i in range(MAX_TRANSITIONS + 5)])
+    assert len(kept) == MAX_TRANSITIONS and kept[-1] == _recent(MAX_TRANSITIONS + 4)
+    store.save(ForwarderState(1, {}, transitions=kept))
+    assert store.load().transitions == kept
+
+
+def test_a_state_file_without_or_with_damaged_transitions_loads(tmp_path: Path) -> None:
+    """The tolerant reader: a state file from before they were kept has none; a damaged record
+    is left out, the rest (and the state) kept; nothing is moved aside."""
+    store = StateStore(tmp_path)
+    store.save(ForwarderState(1, {}, transitions=(_recent(1), _recent(2))))
+    document = json.loads(store.path.read_text())
+    del document["transitions"]
+    store.path.write_text(json.dumps(document))
+    assert store.load() == ForwarderState(1, {}, observed_at=None, transitions=())
+    good = _recent(2).to_data()
+    for damaged in (
+        {"transitions": "no"},
+        {"transitions": [1, {"at": "x"}, good, {**good, "eventRef": ""}]},
+    ):
+        store.path.write_text(json.dumps({**document, **damaged}))
+        assert store.load().transitions == (() if damaged["transitions"] == "no" else (_recent(2),))
+    assert not list(tmp_path.glob(f"{STATE_FILE}.corrupt-*"))
 
 
 @pytest.mark.parametrize(
