@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import email.utils
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from sebridge.times import MAX_SPAN_SECONDS, readable
 
 STARTED = "Started"
 
@@ -40,11 +43,19 @@ class InvalidDocument(ValueError):
 MAX_TIME_TEXT = 64  # longer than any real spelling of a date
 
 
+# The year of an RFC 1123 date as written ("19 Sep 2016"): email.utils reads a year of one or two
+# digits as 19xx/20xx (RFC 2822's obsolete two-digit years), so "0001" would become 2001.
+_RFC1123_YEAR = re.compile(r"\b\d{1,2}\s+[A-Za-z]{3,}\s+(\d+)\b")
+
+
 def parse_not_before(value: object) -> datetime | None:
     """RFC 1123 (real IMDS) or ISO 8601 (mock server) to an aware UTC datetime; "" -> None.
 
-    Anything else, including a time that cannot be expressed in UTC (year 9999 with a negative
-    offset), is None: the caller keeps the verbatim value, and one event's odd field never
+    Anything else is None: a time that cannot be expressed in UTC (year 9999 with a negative
+    offset), one outside :data:`sebridge.times.EARLIEST` .. :data:`sebridge.times.LATEST`
+    (year 1: "not a time we can act on", at first sight, never an OverflowError downstream),
+    and an RFC 1123 year written with more than two digits that the parser read as another
+    year ("0001" as 2001). The caller keeps the verbatim value, and one event's odd field never
     fails the document it is in.
     """
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_TIME_TEXT:
@@ -55,17 +66,16 @@ def parse_not_before(value: object) -> datetime | None:
         parsed = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):
         parsed = None
-    if parsed is None:
+    if parsed is not None:
+        written = _RFC1123_YEAR.search(text)
+        if written is not None and len(written[1]) > 2 and int(written[1]) != parsed.year:
+            return None  # read as another year than the one written
+    else:
         try:
             parsed = datetime.fromisoformat(text)
         except (ValueError, OverflowError):
             return None
-    if parsed.tzinfo is None:  # IMDS times are UTC even when the zone is left out
-        parsed = parsed.replace(tzinfo=UTC)
-    try:
-        return parsed.astimezone(UTC)
-    except OverflowError:
-        return None
+    return readable(parsed)  # naive: UTC (IMDS times are UTC even when the zone is left out)
 
 
 def isoformat_utc(moment: datetime) -> str:
@@ -144,18 +154,24 @@ def _resources(obj: Mapping[str, Any], notes: _Notes) -> tuple[str, ...]:
 
 
 def _parse_duration(value: object) -> int | None:
+    """Whole seconds (IMDS sends -1 for unknown); None for anything else, and for a span
+    beyond :data:`sebridge.times.MAX_SPAN_SECONDS` either way (no real maintenance lasts a
+    year, and a time plus it stays representable)."""
+    number: int | None = None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and len(value) <= MAX_TIME_TEXT:
         try:
-            return int(value.strip())
+            number = int(value.strip())
         except ValueError:
             return None
-    return None
+    if number is None or abs(number) > MAX_SPAN_SECONDS:
+        return None
+    return number
 
 
 def _not_before(obj: Mapping[str, Any], notes: _Notes) -> datetime | None:

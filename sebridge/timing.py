@@ -44,11 +44,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sebridge.imds import ScheduledEvent
 from sebridge.impact import KNOWN_EVENT_TYPES
+from sebridge.times import shifted
 
 FIRST_SIGHT = "first-sight"  # how a lead of "as soon as the event is seen" is spelled
 MAX_LEAD_SECONDS = 7 * 86_400  # Azure "tries to give 7 days" for degraded hardware
@@ -64,6 +65,16 @@ DEFAULT_LEAD_SECONDS: Mapping[str, float | None] = {
 REPAIR_GRACE_MINIMUM_SECONDS = 600
 # 90 s under it: the load balancer's view lags the probe by up to interval x threshold.
 DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS = 510
+# Between two runs of 503 the probe answers 200 at least this long, so that the load balancer
+# (and the repairs watching it) see the instance healthy: at least probe interval x threshold
+# (Azure Load Balancer: 5 s x 2 by default; Application Gateway: 30 s x 3).
+DEFAULT_PROBE_MIN_HEALTHY_SECONDS = 90
+MAX_PROBE_MIN_HEALTHY_SECONDS = 3600
+# A drain that goes away keeps its begin and whether it spent the bound this long (IMDS may
+# leave an event out of one document), for at most this many drains.
+RECENT_SECONDS = 600
+MAX_RECENT = 64
+EARLIEST_WALL = datetime(1970, 1, 1, tzinfo=UTC)  # the origin of the wall clock's seconds
 
 
 class TimingError(ValueError):
@@ -189,7 +200,7 @@ def drain_moment(event: ScheduledEvent, first_seen: datetime, leads: Leads) -> d
     lead = leads.lead(event.event_type)
     if lead is None:
         return first_seen
-    return max(first_seen, event.not_before - timedelta(seconds=lead))
+    return max(first_seen, shifted(event.not_before, -lead))
 
 
 def check_probe_bound(
@@ -208,47 +219,132 @@ def check_probe_bound(
     return seconds
 
 
+def check_min_healthy(seconds: float, *, where: str = "--drain-probe-min-healthy-seconds") -> float:
+    """How long the probe answers 200 between two runs of 503: at least 0 (0: no gap), at most
+    :data:`MAX_PROBE_MIN_HEALTHY_SECONDS`. Raises :class:`TimingError`."""
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_PROBE_MIN_HEALTHY_SECONDS:
+        raise TimingError(f"{where} must be between 0 and {MAX_PROBE_MIN_HEALTHY_SECONDS} seconds")
+    return seconds
+
+
 def probe_begins(event: ScheduledEvent, moment: datetime, bound: timedelta) -> datetime:
     """When the drain probe starts answering 503 for ``event`` (not started): at its drain
     moment, but no earlier than ``NotBefore - bound``, so the bounded run ends at NotBefore."""
     if event.not_before is None:
         return moment
-    return max(moment, event.not_before - bound)
+    return max(moment, shifted(event.not_before, -bound))
 
 
 class UnhealthyRuns:
-    """The drain probe's runs of 503 for events that have not started (pure: the caller says
-    what begins when, and the time).
+    """The drain probe's runs of 503 for events that have not started, as the load balancer
+    and automatic repairs see them (pure: the caller says what begins when, and the clocks).
 
     Each drain of a not-started event holds the probe at 503 from its begin time. A run starts
     when the probe goes from 200 to 503 and lasts at most ``bound``: every drain that began
     within a run that reached the bound is *spent* (the probe answers 200 for it until the
-    event starts, when the caller drains regardless). A drain that begins after the run ended
-    starts a new run. Replaying from the begin times alone gives the same runs, so a restart
-    that recomputes the begin times from durable data continues where it was."""
+    event starts, when the caller drains regardless).
 
-    def __init__(self, bound: timedelta) -> None:
+    What the balancer sees is the probe sampled every few seconds, a change counted only after
+    a few samples in a row (interval x threshold). So:
+
+    - after a run, and after any 503 (a started event's), the probe answers 200 for at least
+      ``min_healthy`` before a new run starts: a drain that begins sooner waits for it;
+    - a run whose drains all went away (an event left out of one document) and whose drains
+      come back within ``min_healthy`` goes on as the same run (the balancer may never have
+      seen the 200): its time counts, and a drain keeps its begin and whether it is spent for
+      :data:`RECENT_SECONDS` after it was last seen (at most :data:`MAX_RECENT` of them);
+    - runs are measured on the monotonic clock (``mono``, seconds): a drain's begin is placed
+      on it once, when it begins, so a step of the wall clock neither stretches nor cuts a run.
+
+    Replaying from the begin times alone gives the same runs, so a restart that recomputes the
+    begin times from durable data continues where it was."""
+
+    def __init__(self, bound: timedelta, min_healthy: timedelta = timedelta(0)) -> None:
         self.bound = bound
-        self.run_start: datetime | None = None
+        self.min_healthy = min_healthy
         self.spent: set[str] = set()
+        self._start: float | None = None  # the current run's start (monotonic)
+        self._ended: float | None = None  # when the probe was last 503 (monotonic)
+        self._resumable: float | None = None  # the start of a run cut short, not by the bound
+        self._pinned: dict[str, float] = {}  # a drain's begin (monotonic), once it began
+        self._seen: dict[str, float] = {}  # when each known drain was last given (monotonic)
+        self._now = (datetime.min, 0.0)  # the last (wall, monotonic) reading
 
-    def holding(self, begins: Mapping[str, datetime], now: datetime) -> set[str]:
+    def _wall(self, mono: float) -> datetime:
+        wall, at = self._now
+        return shifted(wall, mono - at)
+
+    @property
+    def run_start(self) -> datetime | None:
+        """When the current run started (None: no run), on the wall clock of the last call."""
+        return None if self._start is None else self._wall(self._start)
+
+    def _forget(self, present: set[str], mono: float) -> None:
+        for key in present:
+            self._seen[key] = mono
+        recent = sorted(self._seen.items(), key=lambda item: item[1], reverse=True)
+        keep = {
+            key
+            for index, (key, seen) in enumerate(recent)
+            if key in present or (index < MAX_RECENT and mono - seen <= RECENT_SECONDS)
+        }
+        self._seen = {key: seen for key, seen in self._seen.items() if key in keep}
+        self._pinned = {key: at for key, at in self._pinned.items() if key in keep}
+        self.spent &= keep
+
+    def holding(
+        self,
+        begins: Mapping[str, datetime],
+        now: datetime,
+        mono: float | None = None,
+        *,
+        forced: bool = False,
+    ) -> set[str]:
         """The drains that hold the probe at 503 at ``now`` (empty: they leave it at 200);
-        ``begins`` holds every current drain of a not-started event, by key."""
-        self.spent &= set(begins)
+        ``begins`` holds every current drain of a not-started event, by key; ``mono`` is the
+        monotonic clock's reading at ``now`` (None: the wall clock's); ``forced``: the probe
+        answers 503 anyway (a started event)."""
+        if mono is None:
+            mono = (now - EARLIEST_WALL).total_seconds()
+        self._now = (now, mono)
+        bound = self.bound.total_seconds()
+        gap = self.min_healthy.total_seconds()
+        self._forget(set(begins), mono)
+        at: dict[str, float] = {}
+        for key, begin in begins.items():
+            pinned = self._pinned.get(key)
+            if pinned is None:
+                pinned = mono - (now - begin).total_seconds()
+                if pinned <= mono:
+                    self._pinned[key] = pinned  # placed on the monotonic clock once begun
+            at[key] = pinned
         while True:
-            active = {k for k, at in begins.items() if k not in self.spent and at <= now}
+            active = {k for k, begin in at.items() if k not in self.spent and begin <= mono}
             if not active:
-                self.run_start = None
+                if self._start is not None:  # cut short (its drains went away): may go on
+                    self._resumable, self._start, self._ended = self._start, None, mono
+                if forced:
+                    self._ended = mono
                 return set()
-            if self.run_start is None:
-                self.run_start = min(begins[k] for k in active)
-            end = self.run_start + self.bound
-            if now < end:
+            if self._start is None:
+                start = min(at[k] for k in active)
+                if self._ended is not None and start < self._ended + gap:
+                    if self._resumable is not None and mono < self._ended + gap:
+                        start = self._resumable  # back before the balancer saw it healthy
+                    else:
+                        start = self._ended + gap
+                if mono < start:
+                    if forced:
+                        self._ended = mono
+                    return set()
+                self._start, self._resumable = start, None
+            end = self._start + bound
+            if mono < end:
+                self._ended = mono
                 return active
-            self.spent |= {k for k in active if begins[k] <= end}
-            self.run_start = None
+            self.spent |= {k for k in active if at[k] <= end}
+            self._start, self._resumable, self._ended = None, None, end
 
     def run_end(self) -> datetime | None:
         """When the current run reaches the bound (None: no run)."""
-        return None if self.run_start is None else self.run_start + self.bound
+        return None if self._start is None else self._wall(self._start + self.bound.total_seconds())

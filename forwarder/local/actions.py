@@ -57,7 +57,15 @@ from sebridge.forwarder.local.store import MAX_UNJUDGED, LocalStore, Timing, Unj
 from sebridge.forwarder.local.worker import HookWorker, Job
 from sebridge.forwarder.state import ForwarderState, bounded_lives, is_identity
 from sebridge.imds import Document, ScheduledEvent, isoformat_utc
-from sebridge.timing import DEFAULT_LEADS, Leads, drain_moment, probe_begins
+from sebridge.times import shifted
+from sebridge.timing import (
+    DEFAULT_LEADS,
+    MAX_RECENT,
+    RECENT_SECONDS,
+    Leads,
+    drain_moment,
+    probe_begins,
+)
 
 __all__ = [
     "DEFAULT_DRAIN_SECONDS",
@@ -118,6 +126,8 @@ class LocalActions:
         self.probe = probe
         self.leads = leads
         self.now = now
+        # Events left out of a recent document: (when, their timing), oldest first.
+        self._recent: dict[str, tuple[datetime, Timing]] = {}
 
     # -- the listener -----------------------------------------------------------------------
     def document_observed(
@@ -134,49 +144,61 @@ class LocalActions:
         jobs: list[Job] = []
         with self.store.lock:
             before = view = self.store.view
-            if view.observer is not None and view.observer != observer:
-                # This VM is known by another name now (its identity resolved or changed): the
-                # events it already knows are judged again under it before the new document.
-                view, reevaluated = self._reevaluate(view, observer, observed_at)
-                jobs += reevaluated
-            changes = diff(view.events, document, observed_at, last_seen=view.observed_at)
-            lives = dict(view.lives)
-            for change in changes:
-                key = change.event.key
-                life, message_id = lifecycle.advance(
-                    lives.pop(key, None), change.transition.value, change.event
-                )
-                lives[key] = life  # re-inserted: the most recently touched come last
-                observed.append(
-                    Observed(
-                        change.transition, change.event, message_id, observer, document.incarnation
+            new: View | None = None
+            try:
+                if view.observer is not None and view.observer != observer:
+                    # This VM is known by another name now (its identity resolved or changed):
+                    # the events it already knows are judged again under it before the new
+                    # document.
+                    view, reevaluated = self._reevaluate(view, observer, observed_at)
+                    jobs += reevaluated
+                changes = diff(view.events, document, observed_at, last_seen=view.observed_at)
+                lives = dict(view.lives)
+                for change in changes:
+                    key = change.event.key
+                    life, message_id = lifecycle.advance(
+                        lives.pop(key, None), change.transition.value, change.event
                     )
+                    lives[key] = life  # re-inserted: the most recently touched come last
+                    observed.append(
+                        Observed(
+                            change.transition,
+                            change.event,
+                            message_id,
+                            observer,
+                            document.incarnation,
+                        )
+                    )
+                present = {event.key for event in document.events}
+                events = remember(view.events, document.events)
+                new = View(
+                    events,
+                    bounded_lives(lives, present),
+                    observed_at,
+                    document.incarnation,
+                    observer,
+                    self._carry_timing(view, events, observed_at),
+                    self._unjudged(view.unjudged, observer, observed),
                 )
-            present = {event.key for event in document.events}
-            events = remember(view.events, document.events)
-            new = View(
-                events,
-                bounded_lives(lives, present),
-                observed_at,
-                document.incarnation,
-                observer,
-                self._carry_timing(view, events, observed_at),
-                self._unjudged(view.unjudged, observer, observed),
-            )
-            for item in observed:
-                self.preparations.observe(item)
-                jobs += self._record_transition(item, new, observed_at)
-            jobs += self._advance(new, observed_at)
-            self.store.set_view(
-                new,
-                # Like the forwarder's state file: written when something changed (and at stop).
-                persist=bool(changes)
-                or document.incarnation != before.incarnation
-                or new.timing != before.timing
-                or new.observer != before.observer,
-            )
-            if self.probe is not None:
-                self.probe.follow(document.events, observer, self._probe_begins(new))
+                for item in observed:
+                    self.preparations.observe(item)
+                    jobs += self._record_transition(item, new, observed_at)
+                jobs += self._advance(new, observed_at)
+                self.store.set_view(
+                    new,
+                    # Like the forwarder's state file: written when something changed (and at
+                    # stop).
+                    persist=bool(changes)
+                    or document.incarnation != before.incarnation
+                    or new.timing != before.timing
+                    or new.observer != before.observer,
+                )
+            finally:
+                # The probe follows the document whatever failed above (a hook, a timing, the
+                # journal): its verdict never depends on theirs. Without the new view's timing,
+                # the events it knows keep their begins and the others drain at first sight.
+                if self.probe is not None:
+                    self.probe.follow(document.events, observer, self._probe_begins(new or before))
             self.store.flush()  # the one transaction; on failure all of it stays dirty
         for item in observed:
             log.debug("local actions: %s %s", item.transition.value, item.message_id)
@@ -256,16 +278,30 @@ class LocalActions:
         return new, jobs
 
     # -- when to act --------------------------------------------------------------------------
-    @staticmethod
     def _carry_timing(
-        view: View, events: Mapping[str, ScheduledEvent], observed_at: datetime
+        self, view: View, events: Mapping[str, ScheduledEvent], observed_at: datetime
     ) -> dict[str, Timing]:
         """The timing of each event of the new view: kept for the events already known, first
         seen now for the new ones (a view from before issue 24 knows events without a timing:
-        first seen at its last poll)."""
+        first seen at its last poll). An event IMDS left out of a document and shows again
+        within :data:`~sebridge.timing.RECENT_SECONDS` keeps the timing it had (first seen, the
+        moment that passed, when the probe's 503 began), remembered for at most
+        :data:`~sebridge.timing.MAX_RECENT` events: a flap restarts nothing."""
+        for key, gone in view.timing.items():
+            if key not in events:
+                self._recent.pop(key, None)
+                self._recent[key] = (observed_at, gone)
+        horizon = shifted(observed_at, -RECENT_SECONDS)
+        for key in [k for k, (gone, _) in self._recent.items() if not horizon <= gone]:
+            del self._recent[key]
+        while len(self._recent) > MAX_RECENT:
+            del self._recent[next(iter(self._recent))]
         out = {}
         for key in events:
-            timing = view.timing.get(key)
+            timing: Timing | None = view.timing.get(key)
+            if timing is None and key in self._recent:
+                timing = replace(self._recent.pop(key)[1], prepare=None)
+                log.info("local actions: %s is back: it keeps its timing", key)
             if timing is None:
                 known = key in view.events and view.observed_at is not None
                 timing = Timing(view.observed_at if known and view.observed_at else observed_at)
@@ -355,16 +391,20 @@ class LocalActions:
         return jobs
 
     def _probe_begins(self, view: View) -> dict[str, datetime]:
-        """When the probe's 503 begins for each event that has not started."""
+        """When the probe's 503 begins for each event that has not started; an event whose
+        begin cannot be worked out is left out (it drains at first sight), logged."""
         assert self.probe is not None
         out = {}
         for key, event in view.events.items():
             timing = view.timing.get(key)
             if timing is None or event.is_started:
                 continue
-            out[key] = timing.probe_from or probe_begins(
-                event, self.moment(event, timing), self.probe.bound
-            )
+            try:
+                out[key] = timing.probe_from or probe_begins(
+                    event, self.moment(event, timing), self.probe.bound
+                )
+            except Exception:
+                log.exception("the drain moment of %s failed: drained at first sight", key)
         return out
 
     def fire_due(self) -> int:
@@ -507,6 +547,7 @@ def build_local_actions(
             preparations=preparations,
             upstream=settings.probe_upstream,
             max_unhealthy=settings.probe_max_unhealthy,
+            min_healthy=settings.probe_min_healthy,
         )
         try:
             address, port = probe.bind(settings.probe_address, settings.probe_port)

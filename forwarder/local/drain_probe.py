@@ -20,7 +20,10 @@ standalone VM; Azure Load Balancer, Application Gateway, anything that probes ov
   of a scale set's automatic instance repairs, which may watch the same probe), and begins no
   earlier than ``NotBefore`` minus that bound. A run that reaches the bound ends: the probe
   answers 200 for the drains that began in it until their event starts
-  (:class:`sebridge.timing.UnhealthyRuns`). A Started event drains regardless.
+  (:class:`sebridge.timing.UnhealthyRuns`). A Started event drains regardless. As the balancer
+  sees it: between two runs (and after a started event's 503) the probe answers 200 for at
+  least ``--drain-probe-min-healthy-seconds``; a run whose event comes back within that gap
+  (left out of one document) goes on; runs are measured on the monotonic clock.
 - ``--drain-seconds`` after the run of 503 began (probe interval x unhealthy threshold + the
   connection drain time: the balancer has stopped sending new connections and the open ones
   had their time), the drain counts as done, and :class:`~sebridge.forwarder.local.preparation.
@@ -70,7 +73,13 @@ from sebridge.forwarder.net.client import (
 )
 from sebridge.imds import ScheduledEvent, isoformat_utc
 from sebridge.impact import ImpactRules
-from sebridge.timing import DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS, UnhealthyRuns, check_probe_bound
+from sebridge.timing import (
+    DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS,
+    DEFAULT_PROBE_MIN_HEALTHY_SECONDS,
+    UnhealthyRuns,
+    check_min_healthy,
+    check_probe_bound,
+)
 
 if TYPE_CHECKING:
     # asyncio and a thread pool: imported when the probe is bound, not by every forwarder.
@@ -187,15 +196,23 @@ class DrainProbe:
         upstream: str | None = None,
         upstream_timeout: float = UPSTREAM_TIMEOUT,
         max_unhealthy: float = DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS,
+        min_healthy: float = DEFAULT_PROBE_MIN_HEALTHY_SECONDS,
         now: Callable[[], datetime] = _utc_now,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.rules = rules
         self.drain_seconds = drain_seconds
         self.preparations = preparations
         self.upstream = Upstream(upstream, upstream_timeout) if upstream else None
         self.max_unhealthy = check_probe_bound(max_unhealthy)
+        self.min_healthy = check_min_healthy(min_healthy)
         self.now = now
-        self._runs = UnhealthyRuns(timedelta(seconds=max_unhealthy))
+        # Runs are measured on the monotonic clock (a test that moves its own wall clock and
+        # gives no monotonic one measures on that wall clock).
+        self.monotonic = monotonic or (time.monotonic if now is _utc_now else None)
+        self._runs = UnhealthyRuns(
+            timedelta(seconds=max_unhealthy), timedelta(seconds=self.min_healthy)
+        )
         self._drains: dict[str, _Drain] = {}
         self._cond = threading.Condition()
         self._server: HttpServer | None = None
@@ -228,6 +245,7 @@ class DrainProbe:
         now = self.now()
         wanted = {event.key: event for event in events if self.applies(event, observer)}
         with self._cond:
+            self._evaluate(now)  # what the probe answered until this document (for the gap)
             for key in [key for key in self._drains if key not in wanted]:
                 ended = self._drains.pop(key)
                 self._lapsed.discard(key)
@@ -262,9 +280,11 @@ class DrainProbe:
         """(Under the lock.) The not-started drains holding the probe at 503 now; logs when
         the level changes and when a run reaches the bound."""
         pending = {key: d.begins for key, d in self._drains.items() if not d.started}
-        holding = self._runs.holding(pending, now)
-        unhealthy = bool(holding) or any(d.started for d in self._drains.values())
-        lapsed = self._runs.spent - self._lapsed
+        forced = any(d.started for d in self._drains.values())
+        mono = self.monotonic() if self.monotonic is not None else None
+        holding = self._runs.holding(pending, now, mono, forced=forced)
+        unhealthy = bool(holding) or forced
+        lapsed = (self._runs.spent & self._drains.keys()) - self._lapsed
         if lapsed:
             self._lapsed |= lapsed
             log.warning(

@@ -26,8 +26,11 @@ from sebridge.impact import (
 from sebridge.timing import (
     DEFAULT_LEADS,
     DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS,
+    DEFAULT_PROBE_MIN_HEALTHY_SECONDS,
+    MAX_PROBE_MIN_HEALTHY_SECONDS,
     Leads,
     TimingError,
+    check_min_healthy,
     check_probe_bound,
     parse_leads,
 )
@@ -50,6 +53,7 @@ class LocalSettings:
     impact: ImpactRules = DEFAULT_RULES
     leads: Leads = DEFAULT_LEADS
     probe_max_unhealthy: float = DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS
+    probe_min_healthy: float = DEFAULT_PROBE_MIN_HEALTHY_SECONDS
 
     @property
     def enabled(self) -> bool:
@@ -66,6 +70,7 @@ class LocalSettings:
             "drainFreezeThresholdSeconds": self.impact.freeze_threshold_seconds,
             "drainLeadSeconds": self.leads.describe(),
             "drainProbeMaxUnhealthySeconds": self.probe_max_unhealthy if self.probe_port else None,
+            "drainProbeMinHealthySeconds": self.probe_min_healthy if self.probe_port else None,
         }
 
 
@@ -134,6 +139,17 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         "set's automatic repairs [SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS] "
         "(default %(default)s)",
     )
+    parser.add_argument(
+        "--drain-probe-min-healthy-seconds",
+        default=env.get(
+            "SEBRIDGE_DRAIN_PROBE_MIN_HEALTHY_SECONDS", f"{DEFAULT_PROBE_MIN_HEALTHY_SECONDS}"
+        ),
+        help="between two runs of 503 before events start, the probe answers 200 at least this "
+        "long, so that the load balancer and automatic repairs see the VM healthy: at least the "
+        "probe interval x threshold they use, 0 to "
+        f"{MAX_PROBE_MIN_HEALTHY_SECONDS} [SEBRIDGE_DRAIN_PROBE_MIN_HEALTHY_SECONDS] "
+        "(default %(default)s)",
+    )
 
 
 def _number(flag: str, value: str, minimum: float, maximum: float) -> float:
@@ -189,8 +205,15 @@ def settings_from_args(args: argparse.Namespace) -> LocalSettings:
         0,
         86_400,
     )
+    gap = _number(
+        "--drain-probe-min-healthy-seconds",
+        str(args.drain_probe_min_healthy_seconds),
+        0,
+        MAX_PROBE_MIN_HEALTHY_SECONDS,
+    )
     try:
         check_probe_bound(bound)
+        check_min_healthy(gap)
     except TimingError as exc:
         raise LocalActionsError(str(exc)) from exc
     if port is not None and drain_seconds >= bound:
@@ -208,4 +231,5 @@ def settings_from_args(args: argparse.Namespace) -> LocalSettings:
         impact=ImpactRules(frozenset(known[t.lower()] for t in types), int(threshold)),
         leads=leads,
         probe_max_unhealthy=bound,
+        probe_min_healthy=gap,
     )

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sebridge.times import readable
+
 SPEC_VERSION = "1.0"
 REQUIRED = ("specversion", "id", "source", "type")
 OPTIONAL_STRINGS = ("subject", "datacontenttype", "dataschema")
@@ -120,7 +122,7 @@ def parse_time(text: str) -> datetime:
         raise CloudEventError(f"time {text[:64]!r} is not an RFC 3339 timestamp") from exc
     if moment.tzinfo is None:
         raise CloudEventError(f"time {text[:64]!r} has no offset")
-    try:
-        return moment.astimezone(UTC)
-    except OverflowError as exc:
-        raise CloudEventError(f"time {text[:64]!r} is out of range") from exc
+    inside = readable(moment)  # the kernel's one range of times (sebridge.times)
+    if inside is None:
+        raise CloudEventError(f"time {text[:64]!r} is out of range (1970 to 9000)")
+    return inside

@@ -25,7 +25,7 @@ from sebridge.forwarder.local.store import LocalStore
 from sebridge.forwarder.local.worker import HookWorker
 from sebridge.imds import ScheduledEvent
 from sebridge.impact import DEFAULT_RULES
-from sebridge.timing import DEFAULT_LEADS, Leads, parse_leads
+from sebridge.timing import DEFAULT_LEADS, RECENT_SECONDS, Leads, parse_leads
 from tests.forwarder.local_support import OBSERVER, Recorder, document, imds_event
 from tests.support.forwarder_fakes import FakeClock
 
@@ -87,7 +87,12 @@ class Forwarder:
             HOOKS, self.store, self.preparations, runner=outside.runner, now=clock.now
         )
         self.probe = DrainProbe(
-            DEFAULT_RULES, 30, preparations=self.preparations, max_unhealthy=BOUND, now=clock.now
+            DEFAULT_RULES,
+            30,
+            preparations=self.preparations,
+            max_unhealthy=BOUND,
+            now=clock.now,
+            monotonic=clock.monotonic,
         )
         self.preparations.preparers = [self.hooks, self.probe]
         self.actions = LocalActions(
@@ -315,6 +320,8 @@ class MomentsModel(RuleBasedStateMachine):
         self.came: dict[str, datetime] = {}  # when its moment came (sticky)
         self.probe_from: dict[str, datetime] = {}  # when the probe's 503 for it began
         self.cause: dict[str, str] = {}  # its latest Scheduled/Updated id
+        # Events left out of a document: (when, first seen, came, probe from).
+        self.recent: dict[str, tuple[datetime, datetime, datetime | None, datetime | None]] = {}
         self.checked = 0
 
     def now(self) -> datetime:
@@ -344,10 +351,27 @@ class MomentsModel(RuleBasedStateMachine):
         now = self.now()
         for key in list(self.first_seen):
             if key not in self.events:
+                # Left out: its timing is remembered for RECENT_SECONDS (by this process).
+                self.recent[key] = (
+                    now,
+                    self.first_seen[key],
+                    self.came.get(key),
+                    self.probe_from.get(key),
+                )
                 for table in (self.first_seen, self.came, self.probe_from, self.cause):
                     table.pop(key, None)
         for key in self.events:
-            self.first_seen.setdefault(key, now)
+            if key in self.first_seen:
+                continue
+            gone = self.recent.pop(key, None)
+            if gone is not None and now - gone[0] <= timedelta(seconds=RECENT_SECONDS):
+                _, self.first_seen[key], came, probe_from = gone
+                if came is not None:
+                    self.came[key] = came
+                if probe_from is not None:
+                    self.probe_from[key] = probe_from
+            else:
+                self.first_seen[key] = now
         derived = self.vm.actions.document_observed(document(*self.events.values()), OBSERVER, now)
         for item in derived:
             if item.transition.value in ("Scheduled", "Updated"):
@@ -410,6 +434,7 @@ class MomentsModel(RuleBasedStateMachine):
     def restart(self) -> None:
         """kill -9 (every write reached the journal: its failures are another test's)."""
         self.vm = Forwarder(self.outside)
+        self.recent.clear()  # the process's memory of events left out
         self.look()
 
     @invariant()

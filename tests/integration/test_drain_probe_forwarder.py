@@ -323,3 +323,60 @@ def test_a_probe_port_in_use_fails_the_start_clearly(sim: RunningSimulator, tmp_
             assert "drain probe cannot listen on 127.0.0.1" in fw.stderr_text()
         finally:
             fw.close()
+
+
+@pytest.mark.parametrize("odd", ["0001-01-01T00:00:00Z", "Mon, 01 Jan 0001 00:00:00 GMT"])
+def test_a_neighbours_year_1_notbefore_never_keeps_the_probe_healthy(
+    odd: str, tmp_path: Path
+) -> None:
+    """Issue 24 review, item 1, the reviewer's real process: a neighbour's Freeze with a
+    NotBefore of year 1 next to a Started Redeploy of this VM. Before: the local actions
+    raised OverflowError on every document before the probe followed it, and the probe
+    answered 200 every second."""
+    from tests.support.imds_stub import ImdsStub
+
+    with ImdsStub() as imds:
+        imds.set_events(
+            [
+                {
+                    "EventId": str(uuid.uuid4()),
+                    "EventType": "Freeze",
+                    "ResourceType": "VirtualMachine",
+                    "Resources": ["web-9"],
+                    "EventStatus": "Scheduled",
+                    "NotBefore": odd,
+                    "EventSource": "Platform",
+                    "DurationInSeconds": 5,
+                },
+                {
+                    "EventId": str(uuid.uuid4()),
+                    "EventType": "Redeploy",
+                    "ResourceType": "VirtualMachine",
+                    "Resources": ["web-1"],
+                    "EventStatus": "Started",
+                    "NotBefore": "",
+                    "EventSource": "Platform",
+                    "DurationInSeconds": -1,
+                },
+            ]
+        )
+        port = reserve_port()  # the forwarder takes a port number, not 0
+        fw = forwarder(
+            imds.url,
+            tmp_path / "state",
+            "--vm-name",
+            "web-1",
+            "--drain-probe-port",
+            str(port),
+            "--drain-probe-address",
+            "127.0.0.1",
+        ).start()
+        try:
+            wait_status(port, 503, timeout=60)
+            gets = len(imds.gets())
+            assert fw.wait_for(lambda _: len(imds.gets()) >= gets + 3, 30)  # polls go on
+            assert status(port) == 503
+        finally:
+            fw.close()
+        log = fw.stderr_text()
+        assert "failed on a document" not in log and "OverflowError" not in log, log[-3000:]

@@ -1,0 +1,222 @@
+"""Issue 24 review, item 3: the drain probe as the load balancer and repairs see it.
+
+In-process on a clock the test moves (wall and monotonic apart, so the wall clock can step),
+with the real local actions, drain probe and journal (tests/forwarder/test_drain_moments.py's
+harness). The load balancer is modelled as Azure's: it probes every 5 s and changes its view
+after 2 answers in a row; automatic repairs watch that view.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from sebridge.imds import ScheduledEvent
+from sebridge.impact import DEFAULT_RULES
+from sebridge.timing import DEFAULT_PROBE_MIN_HEALTHY_SECONDS, parse_leads
+from tests.forwarder.local_support import OBSERVER, imds_event
+from tests.forwarder.test_drain_moments import BOUND, A, B, Forwarder, Outside, reboot
+
+pytestmark = pytest.mark.timeout(300)
+
+INTERVAL, THRESHOLD = 5, 2  # Azure Load Balancer's probe defaults
+# What the balancer may show as unhealthy for one run of 503: the run and its lag.
+LB_BOUND = BOUND + INTERVAL * THRESHOLD
+
+
+class Balancer:
+    """Azure Load Balancer's view of the probe: sampled every INTERVAL seconds of real
+    (monotonic) time at a phase, down after THRESHOLD 503s in a row, up after THRESHOLD 200s.
+    ``stretch``: how long, in real seconds, its current view of "down" has lasted."""
+
+    def __init__(self, phase: int = 0) -> None:
+        self.phase = phase
+        self.down = False
+        self.row = 0  # answers in a row that disagree with the view
+        self.down_since: float | None = None
+        self.longest = 0.0
+
+    def sample(self, mono: float, status: int, exempt: bool = False) -> None:
+        """``exempt``: an event of this VM has started (the bound is for events that have
+        not): the stretch starts again."""
+        if int(mono) % INTERVAL != self.phase:
+            return
+        unhealthy = status == 503
+        self.row = self.row + 1 if unhealthy != self.down else 0
+        if self.row >= THRESHOLD:
+            self.down, self.row = unhealthy, 0
+            self.down_since = mono if unhealthy else None
+        if exempt and self.down:
+            self.down_since = mono
+        if self.down and self.down_since is not None:
+            self.longest = max(self.longest, mono - self.down_since)
+
+
+def watch(vm: Forwarder, seconds: int, *events: ScheduledEvent) -> list[Balancer]:
+    """``seconds`` pass polled every second; every phase of a balancer watches."""
+    balancers = [Balancer(phase) for phase in range(INTERVAL)]
+    for _ in range(seconds):
+        vm.later(1, *events)
+        for balancer in balancers:
+            balancer.sample(vm.outside.clock.mono, vm.status)
+    return balancers
+
+
+def longest(balancers: list[Balancer]) -> float:
+    return max(b.longest for b in balancers)
+
+
+# -- the reviewer's cases --------------------------------------------------------------------------
+def test_two_events_back_to_back_get_a_healthy_gap_the_balancer_sees() -> None:
+    """Before: event A's run reached the bound at 600 and B's began at 601: the balancer saw
+    1010 s of 503 (a single 200 between)."""
+    vm = Forwarder(Outside(), leads=parse_leads("Reboot=600"))
+    a, b = reboot(A, not_before_in=600), reboot(B, not_before_in=600 + 511)
+    vm.poll(a, b)
+    balancers = watch(vm, 1300, a, b)
+    assert longest(balancers) <= LB_BOUND
+    assert all(not b.down for b in balancers) or vm.status == 503
+
+
+def test_an_event_left_out_of_one_document_keeps_its_run() -> None:
+    """Before: the event came back as new: first seen again, a fresh run of 510 s from the
+    flap: the balancer saw 720 s of 503, 210 s past NotBefore."""
+    outside = Outside()
+    vm = Forwarder(outside, leads=parse_leads("Reboot=600"))
+    a = reboot(A, not_before_in=1500)
+    vm.poll(a)
+    balancers = [Balancer(phase) for phase in range(INTERVAL)]
+    statuses = []
+    for second in range(1, 2000):
+        vm.later(1, *([] if second == 1200 else [a]))
+        statuses.append(vm.status)
+        for balancer in balancers:
+            balancer.sample(outside.clock.mono, vm.status)
+    assert longest(balancers) <= LB_BOUND
+    assert statuses[989] == 503 and statuses[1500] == 200  # its one run ends at NotBefore
+    timing = vm.store.view.timing[A.lower()]
+    assert timing.first_seen == reboot(A, not_before_in=0).not_before  # T0: kept
+
+
+def test_a_wall_clock_step_back_never_stretches_a_run() -> None:
+    """Before: runs were measured on the wall clock: a step back of 300 s 410 s into a run gave
+    810 real seconds of 503."""
+    outside = Outside()
+    vm = Forwarder(outside, leads=parse_leads("Reboot=600"))
+    a = reboot(A, not_before_in=3000)
+    vm.poll(a)
+    streak = best = 0
+    for second in range(1, 3400):
+        outside.clock.advance(1)
+        if second == 2900:
+            outside.clock.wall -= timedelta(seconds=300)
+        vm.poll(a)
+        streak = streak + 1 if vm.status == 503 else 0
+        best = max(best, streak)
+    assert 0 < best <= BOUND
+
+
+# -- any sequence, as the balancer sees it ---------------------------------------------------------
+class BalancerModel(RuleBasedStateMachine):
+    """Events of this VM scheduled with any notice, NotBefore passing without a start (Azure
+    late), events left out of a document, started, gone; the wall clock stepping both ways;
+    long leads. Every phase of a 5 s x 2 balancer watches. Invariant: while no event of this
+    VM has started, no balancer shows the VM down longer than the bound and its lag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outside = Outside()
+        self.vm = Forwarder(self.outside, leads=parse_leads("Reboot=600,Freeze=1200"))
+        self.events: dict[str, ScheduledEvent] = {}
+        self.balancers = [Balancer(phase) for phase in range(INTERVAL)]
+
+    def started(self) -> bool:
+        return any(
+            e.is_started and DEFAULT_RULES.is_impactful(e) and OBSERVER.vm_name in e.resources
+            for e in self.events.values()
+        )
+
+    def second(self, shown: list[ScheduledEvent] | None = None) -> None:
+        self.outside.clock.advance(1)
+        self.vm.poll(*(self.events.values() if shown is None else shown))
+        for balancer in self.balancers:
+            balancer.sample(self.outside.clock.mono, self.vm.status, exempt=self.started())
+
+    @rule(
+        event_id=st.sampled_from([A, B]),
+        kind=st.sampled_from(["Reboot", "Freeze", "Preempt"]),
+        notice=st.sampled_from([30, 400, 700, 1111, 1500, 3600]),
+    )
+    def schedule(self, event_id: str, kind: str, notice: int) -> None:
+        if event_id.lower() not in self.events:
+            self.events[event_id.lower()] = imds_event(
+                event_id,
+                event_type=kind,
+                not_before=(self.outside.clock.wall + timedelta(seconds=notice)).strftime(
+                    "%a, %d %b %Y %H:%M:%S GMT"
+                ),
+            )
+        self.second()
+
+    @initialize(notice=st.sampled_from([700, 1111, 1500, 3600]))
+    def a_long_notice(self, notice: int) -> None:
+        """Every sequence starts with a Reboot of this VM whose run comes before NotBefore."""
+        self.schedule(A, "Reboot", notice)
+
+    @rule(seconds=st.sampled_from([1, 5, 60, 300, 600]))
+    def time_passes(self, seconds: int) -> None:
+        for _ in range(seconds):
+            self.second()
+
+    @rule(event_id=st.sampled_from([A, B]), missing=st.sampled_from([1, 3, 20, 200]))
+    def left_out(self, event_id: str, missing: int) -> None:
+        """IMDS leaves the event out of a few documents, then shows it again."""
+        shown = [e for key, e in self.events.items() if key != event_id.lower()]
+        for _ in range(missing):
+            self.second(shown)
+        self.second()  # and shows it again
+
+    @rule(event_id=st.sampled_from([A, B]))
+    def start(self, event_id: str) -> None:
+        event = self.events.get(event_id.lower())
+        if event is not None and not event.is_started:
+            raw = event.to_imds() | {"EventStatus": "Started", "NotBefore": ""}
+            self.events[event.key] = ScheduledEvent.from_imds(raw, strict=False)
+        self.second()
+
+    @rule(event_id=st.sampled_from([A, B]))
+    def gone(self, event_id: str) -> None:
+        self.events.pop(event_id.lower(), None)
+        self.second()
+
+    @rule(step=st.sampled_from([-3600, -300, -30, 30, 300, 3600]))
+    def wall_clock_steps(self, step: int) -> None:
+        self.outside.clock.wall += timedelta(seconds=step)
+        self.second()
+
+    @invariant()
+    def no_balancer_sees_a_longer_run_than_the_bound(self) -> None:
+        assert longest(self.balancers) <= LB_BOUND, [b.longest for b in self.balancers]
+
+    @invariant()
+    def a_started_event_always_drains(self) -> None:
+        if self.started():
+            assert self.vm.status == 503, (self.events, self.vm.probe._drains)
+
+
+BalancerModel.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_balancer_model = BalancerModel.TestCase
+
+
+def test_the_default_gap_covers_the_balancers_we_document() -> None:
+    # Azure Load Balancer 5 s x 2, Application Gateway 30 s x 3 (the slowest default).
+    assert max(5 * 2 + 5, 30 * 3) <= DEFAULT_PROBE_MIN_HEALTHY_SECONDS
