@@ -127,8 +127,14 @@ def service_bus_function(
             message = decode(msg, name)
             properties = _application_properties(msg)
             if message is None:
+                # Its traceparent is the sender's word: a body that breaks the contract proves
+                # nothing about the event it names, so its span starts a trace of its own.
                 with tracing.invocation_span(
-                    name, properties=properties, event_id=None, message_id=msg.message_id
+                    name,
+                    properties=properties,
+                    event_id=None,
+                    message_id=msg.message_id,
+                    refused="breaks contract v1",
                 ):
                     return
             # Verified first, its ARM calls' spans held back: only a verified message's

@@ -25,7 +25,7 @@ from sebridge import servicebus
 from sebridge.contract import tracecontext
 from sebridge.contract.events import Envelope
 from tests.fixtures import golden
-from tests.functions.support import SUB, App, envelope, web_vm
+from tests.functions.support import SUB, App, envelope, sb_message, web_vm
 from tests.support.tracing import collected
 
 pytestmark = pytest.mark.timeout(60)
@@ -228,3 +228,29 @@ def test_a_refused_message_never_joins_the_events_trace(
     assert {s.context.trace_id for s in reads if s.context} <= {
         s.context.trace_id for s in invocations if s.context
     }
+
+
+@pytest.mark.parametrize("body", [b"not json at all", b'{"specversion":"1.0"}', b"[]"])
+def test_a_message_that_breaks_the_contract_never_joins_the_events_trace(
+    app: App, world: dict[str, str], spans: InMemorySpanExporter, body: bytes
+) -> None:
+    """Hostile review 29, break 1: a body the contract reader refuses, sent with a real event's
+    traceparent (its trace id is the EventId's digest: anyone can work it out), put its
+    invocation spans into that event's trace, unmarked. A contract break proves nothing about
+    the event it claims: its span is the root of a trace of its own, marked refused."""
+    forged = envelope("Cancelled", EventType="Reboot")
+    victim = tracecontext.trace_id(golden.EVENT_ID)
+    assert carried(forged).trace_id == victim
+    for function in ("lb_pools", "approval_gate"):
+        app.call(function, sb_message(forged, body=body))
+    found = list(spans.get_finished_spans())
+    inside = [
+        s.name for s in found if s.context and trace.format_trace_id(s.context.trace_id) == victim
+    ]
+    assert not inside, f"spans of a contract-breaking message in the event's trace: {inside}"
+    invocations = [s for s in found if s.kind is SpanKind.CONSUMER]
+    assert [s.name for s in invocations] == ["lb_pools", "approval_gate"]
+    for invocation in invocations:
+        assert invocation.parent is None and invocation.attributes is not None
+        assert invocation.attributes["sebridge.refused"] == "true"
+        assert invocation.attributes["sebridge.refusal"] == "breaks contract v1"
