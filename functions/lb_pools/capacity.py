@@ -168,14 +168,17 @@ def _warn_near_misses(per_pool: Mapping[str, Budget], pool_id: str) -> None:
         if key in _matched or key in _warned:
             continue
         key_lb, key_pool = short_pool(key).split("/", 1)
-        if key_lb != lb_name and key_pool != pool_name:
-            continue
+        near = key_lb == lb_name or key_pool == pool_name
         _warned.add(key)
+        # Every key that has matched nothing when a pool falls back is named, a near miss
+        # (lb-wbe/pool-a) or not (lbweb/poola): one line per key and process, so a key for a
+        # pool not looked up yet costs one line, and a mistyped one is never silent.
         log.warning(
-            "LB_POOL_BUDGETS %r matches no pool ARM has reported (%s gets the global budget): "
-            "check the name",
+            "LB_POOL_BUDGETS %r has matched no pool ARM reported so far (%s gets the global "
+            "budget): check the name%s",
             key,
             short_pool(pool_id),
+            " (it looks like this pool's)" if near else "",
             extra={"setting": "LB_POOL_BUDGETS", "pool": pool_id},
         )
 
@@ -199,6 +202,17 @@ def parse_unavailable(text: str, where: str = "LB_MAX_UNAVAILABLE") -> tuple[int
     return int(number), percent
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (json.loads keeps the last of a repeated
+    key silently: a pool named twice with two budgets would get the second)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"LB_POOL_BUDGETS {key!r}: the pool is named twice")
+        found[key] = value
+    return found
+
+
 def parse_budgets(min_healthy: int, max_unavailable: str, per_pool: str) -> Budgets:
     """The budgets from LB_MIN_HEALTHY, LB_MAX_UNAVAILABLE and LB_POOL_BUDGETS (JSON: pool ->
     ``{"minHealthy": n, "maxUnavailable": "25%"}``); ValueError naming the setting."""
@@ -207,7 +221,7 @@ def parse_budgets(min_healthy: int, max_unavailable: str, per_pool: str) -> Budg
     pools: dict[str, Budget] = {}
     if per_pool.strip():
         try:
-            obj = json.loads(per_pool)
+            obj = json.loads(per_pool, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise ValueError(f"LB_POOL_BUDGETS: not JSON: {exc}") from None
         if not isinstance(obj, Mapping):
@@ -230,12 +244,24 @@ def parse_budgets(min_healthy: int, max_unavailable: str, per_pool: str) -> Budg
                     "('/subscriptions/.../loadBalancers/LB/backendAddressPools/POOL'), without "
                     "spaces"
                 )
-            if key.lower() in pools:
+            if key.lower() in pools or (
+                # a short name and an ARM id of the same pool: which budget would it get?
+                any(
+                    short_pool(other) == short_pool(key.lower())
+                    and (other.startswith("/") != key.startswith("/"))
+                    for other in pools
+                )
+            ):
                 raise ValueError(f"{where}: the pool is named twice")
             least = spec.get("minHealthy", min_healthy)
             if isinstance(least, bool) or not isinstance(least, int) or not 0 <= least <= 1000:
                 raise ValueError(f"{where}: minHealthy must be a whole number from 0 to 1000")
             raw = spec.get("maxUnavailable", max_unavailable)
+            if "maxUnavailable" in spec and not str(raw).strip():
+                raise ValueError(
+                    f"{where} maxUnavailable: empty; leave it out for LB_MAX_UNAVAILABLE, or "
+                    "say 100% for no maximum"
+                )
             count, percent = parse_unavailable(str(raw), f"{where} maxUnavailable")
             pools[key.lower()] = Budget(least, count, percent)
     return Budgets(default, pools)

@@ -156,13 +156,58 @@ def test_a_key_that_matches_no_pool_is_warned_about_once(
         for _ in range(3):
             assert budgets.of(pool + "lb-web/backendAddressPools/pool-a") == Budget(1)
     warned = [r.getMessage() for r in caplog.records if "LB_POOL_BUDGETS" in r.getMessage()]
-    assert len(warned) == 1 and "'lb-wbe/pool-a' matches no pool" in warned[0]
+    assert len(warned) == 1 and "'lb-wbe/pool-a' has matched no pool" in warned[0]
+    assert "looks like this pool's" in warned[0]
 
 
-def test_a_pool_named_twice_is_refused() -> None:
-    spec = '{"lb-web/pool-a": {"minHealthy": 1}, "LB-WEB/pool-a": {"minHealthy": 3}}'
+def test_a_key_that_names_no_pool_at_all_is_warned_about_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hostile review 29, break 3: a key wrong in both parts shared no name with the pool, and
+    the near-miss rule never warned: the budget the operator meant silently never applied."""
+    budgets = parse_budgets(1, "", '{"lbweb/poola": {"maxUnavailable": 1}}')
+    pool = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Network/loadBalancers/"
+    with caplog.at_level("WARNING", logger="sebridge.functions.lb_pools"):
+        assert budgets.of(pool + "lb-web/backendAddressPools/pool-a") == Budget(1)
+    warned = [r.getMessage() for r in caplog.records if "LB_POOL_BUDGETS" in r.getMessage()]
+    assert len(warned) == 1 and "'lbweb/poola' has matched no pool" in warned[0]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        '{"lb-web/pool-a": {"minHealthy": 1}, "LB-WEB/pool-a": {"minHealthy": 3}}',
+        # Hostile review 29, break 2: json.loads kept the last of a repeated key silently, and
+        # a short name beside the same pool's ARM id gave the pool the id's budget alone.
+        '{"lb-web/pool-a": {"maxUnavailable": 1}, "lb-web/pool-a": {"maxUnavailable": "100%"}}',
+        '{"lb-web/pool-a": {"maxUnavailable": 1}, '
+        f'"/subscriptions/{SUB}/resourceGroups/rg/providers/'
+        'Microsoft.Network/loadBalancers/lb-web/backendAddressPools/pool-a": '
+        '{"maxUnavailable": "100%"}}',
+    ],
+)
+def test_a_pool_named_twice_is_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="named twice"):
         parse_budgets(1, "", spec)
+
+
+def test_two_load_balancers_of_one_name_in_two_groups_are_two_pools() -> None:
+    ids = [
+        f"/subscriptions/{SUB}/resourceGroups/{rg}/providers/Microsoft.Network/loadBalancers/lb-web/"
+        "backendAddressPools/pool-a"
+        for rg in ("rg-1", "rg-2")
+    ]
+    budgets = parse_budgets(1, "", json.dumps({i: {"minHealthy": n} for n, i in enumerate(ids)}))
+    assert [budgets.of(i).min_healthy for i in ids] == [0, 1]
+
+
+def test_an_empty_max_unavailable_in_a_pools_entry_is_refused() -> None:
+    # Left out: the global setting. Empty: it silently meant "no maximum" for that pool.
+    with pytest.raises(ValueError, match="maxUnavailable: empty"):
+        parse_budgets(1, "1", '{"lb-web/pool-a": {"maxUnavailable": ""}}')
+    assert parse_budgets(1, "1", '{"lb-web/pool-a": {"minHealthy": 2}}').per_pool[
+        "lb-web/pool-a"
+    ] == Budget(2, 1, False)
 
 
 @pytest.mark.parametrize("value", ["\u00b2", "\uff11", "\u0662%", " 2 %", "2 5", "+2", "2%%"])
