@@ -31,10 +31,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from functions.shared import names
+from sebridge import times
 from sebridge.contract.events import Observer
 from sebridge.imds import InvalidDocument, ScheduledEvent, isoformat_utc
 
@@ -174,12 +175,9 @@ def parse_time(value: object) -> datetime | None:
             return None
     else:
         return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    try:
-        return moment.astimezone(UTC)
-    except (OverflowError, ValueError):
-        return None
+    # The bridge's one range of readable times (sebridge.times): a time of year 1 or 9999 would
+    # make every later notification of the event look older than the one recorded (stale).
+    return times.readable(moment)
 
 
 def valid_vm_name(name: str) -> bool:

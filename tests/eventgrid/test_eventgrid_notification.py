@@ -220,6 +220,11 @@ def test_anything_else_is_refused_never_raised_otherwise(data: Any) -> None:
         ("yesterday", None),
         ("", None),
         (17, None),
+        # Hostile review 29: outside the bridge's readable range (sebridge.times), a recorded
+        # time of 9999 made every later notification of the event stale (its Completed too).
+        ("9999-12-31T23:59:59Z", None),
+        ("0001-01-02T00:00:00Z", None),
+        ("1969-12-31T23:59:59Z", None),
     ],
 )
 def test_event_grid_times(text: object, expected: datetime | None) -> None:
