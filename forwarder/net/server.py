@@ -357,9 +357,12 @@ class HttpServer:
         ready first), however long the accept queue of a flood."""
         loop = self._loop
         assert loop is not None
-        for _ in range(ACCEPT_BATCH):
+        opened = 0
+        for _ in range(4 * ACCEPT_BATCH):  # resets cost one getsockopt each: more of them
+            if opened >= ACCEPT_BATCH:
+                return
             try:
-                sock, _address = self._sock.accept()
+                sock, address = self._sock.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:  # out of descriptors, say: try again in a second
@@ -367,6 +370,15 @@ class HttpServer:
                 loop.remove_reader(self._sock)
                 loop.call_later(ACCEPT_RETRY, self._listen)
                 return
+            try:
+                reset = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
+            except OSError:
+                reset = True
+            if reset:  # reset while it waited in the queue: nothing to answer, no transport
+                self.record("reset", str(address[0]) if address else "?")
+                sock.close()
+                continue
+            opened += 1
             sock.setblocking(False)
             conn = _Connection(self)  # its deadline counts from now
             made = functools.partial(_itself, conn)
