@@ -155,7 +155,9 @@ def test_slow_idle_and_resetting_clients_never_keep_an_answer_past_the_deadline(
     assert {status for status, _ in probe_answers} == {200}
     assert {status for status, _ in healthz_answers} == {200}
     for server in ("drain-probe", "metrics"):
-        assert errors[(server, "timeout")] > 0, errors
+        # 80 slow and idle clients from one address, whose share is 64: dropped to make room
+        # (before the share, at their deadline; either way they are dropped, never kept).
+        assert errors[(server, "evicted")] + errors[(server, "timeout")] > 0, errors
         assert errors[(server, "reset")] > 0, errors
         assert errors[(server, "handler")] == errors[(server, "internal")] == 0, errors
 
