@@ -9,14 +9,24 @@ balancer must reach the probe). The design, and what each part defends against:
 - One deadline per request, from accept to the end of the answer (:data:`DEADLINE`): a client
   that sends a byte every few seconds, or nothing, is dropped when it passes, however often
   it sends. A load balancer's probe is a tiny request sent at once.
-- At most ``max_connections`` at once; one more and a connection still waiting for its request
-  is dropped to make room: first one the peer has already reset or closed, then the oldest one
-  open for at least :data:`SETTLE` s (slow or idle), then a fresh one that has sent part of a
-  request; never one whose whole request is in, read or waiting in the kernel's buffer
-  (peeked): a well-formed client sends it at once. When every one is fresh (a burst after the
-  machine stalled), up to twice as many are let in before the oldest is dropped.
-  A new connection is never refused unanswered, so neither slow clients nor a flood of new
-  connections can crowd a well-formed one out.
+- Connections are accepted at most :data:`ACCEPT_BATCH` per turn of the loop, and every
+  connection whose request has come in is read between two batches: however long the accept
+  queue of a flood, what is ready is served first.
+- At most ``max_connections`` at once, and at most ``max_per_source`` (half of them) from one
+  peer address: one more from an address that holds its share, and one of that address's own
+  connections is dropped for it. One more when full, and one is dropped from the address that
+  holds the most (:data:`SOURCES_LOOKED_AT` in turn, if need be). So a flood from one address
+  only ever evicts its own connections; the load balancer asks from an address of its own
+  (168.63.129.16). Which one of an address's connections, among its oldest
+  :data:`PEEK_AT_MOST` still waiting for their request, each looked into in the kernel's
+  buffer (``MSG_PEEK``, nothing read): first one the peer has reset or closed, then the oldest
+  one open for at least :data:`SETTLE` s that has sent nothing (idle), then one that has sent
+  part of a request (slow); never one whose whole request is in, read or waiting in the
+  kernel's buffer: a well-formed client sends it at once. When every one is fresh (a burst
+  after the machine stalled), up to twice as many are let in before fresh ones are dropped the
+  same way; if even then every one looked at has its whole request in, the newcomer is dropped
+  (they are answered within the deadline, and memory stays bounded). A new connection is
+  otherwise never refused unanswered.
 - The answer is computed by ``handler`` on a small thread pool, within what is left of the
   deadline: a slow handler delays nobody else's request, and its client gets 503.
 - Every error (timeout, eviction, a request that is not HTTP, a reset, a failing handler) is
@@ -33,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import heapq
 import itertools
 import logging
 import re
@@ -50,7 +62,11 @@ DEADLINE = 2.0  # seconds from accept to the end of the answer
 # well within the 1,024 descriptors a service gets by default.
 MAX_CONNECTIONS = 128
 SETTLE = 0.25  # seconds: a connection younger than this is dropped to make room only if need be
-PEEK_AT_MOST = 16  # connections looked into to choose the one dropped
+PEEK_AT_MOST = 16  # connections of one address looked into to choose the one dropped
+SOURCES_LOOKED_AT = 3  # addresses holding the most, looked into in turn for one to drop
+SOURCE_SHARE = 0.5  # of max_connections, at most, held by one address
+ACCEPT_BATCH = 32  # connections accepted per turn of the loop (reads of ready ones between)
+ACCEPT_RETRY = 1.0  # seconds before accepting again after accept failed (no descriptors)
 MAX_HEAD = 8192  # bytes of request line and headers
 LOG_EVERY = 60.0  # seconds: at most one log line per error reason in this time
 HANDLER_THREADS = 2
@@ -213,6 +229,7 @@ class HttpServer:
         logger: logging.Logger,
         deadline: float = DEADLINE,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_source: int | None = None,
         log_every: float = LOG_EVERY,
     ) -> None:
         self.name = name
@@ -230,6 +247,11 @@ class HttpServer:
         host, bound, *_ = self._sock.getsockname()
         self.address = (str(host), int(bound))
         self.connections: dict[_Connection, None] = {}  # open ones, in accept order
+        # The same by the peer's address: at most per_source each (a flood from one address
+        # makes room with its own connections), and a full server drops from the largest.
+        self.by_source: dict[str, dict[_Connection, None]] = {}
+        self.per_source = max_per_source or max(1, int(max_connections * SOURCE_SHARE))
+        self._opening: set[asyncio.Task[Any]] = set()
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -290,17 +312,18 @@ class HttpServer:
         self.pool = concurrent.futures.ThreadPoolExecutor(
             HANDLER_THREADS, thread_name_prefix=f"{self.name}-answer"
         )
-        server = await loop.create_server(
-            lambda: _Connection(self), sock=self._sock, backlog=self.backlog
-        )
+        self._listen()
         started.set()
         try:
             await self._stopping.wait()
         finally:
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
-            server.close()  # and the listening socket with it
+            loop.remove_reader(self._sock)
+            self._sock.close()
             self._closed = True
+            for task in list(self._opening):
+                task.cancel()
             for conn in list(self.connections):
                 conn.drop()
             self.pool.shutdown(wait=False, cancel_futures=True)
@@ -328,44 +351,126 @@ class HttpServer:
             exc_info=exc if isinstance(exc, BaseException) else None,
         )
 
+    def _accept(self) -> None:
+        """Accept at most ACCEPT_BATCH waiting connections, then let the loop turn: every
+        connection whose request has come in is read before the next batch (read what is
+        ready first), however long the accept queue of a flood."""
+        loop = self._loop
+        assert loop is not None
+        opened = 0
+        for _ in range(4 * ACCEPT_BATCH):  # resets cost one getsockopt each: more of them
+            if opened >= ACCEPT_BATCH:
+                return
+            try:
+                sock, address = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # out of descriptors, say: try again in a second
+                self.record("internal", f"accept: {type(exc).__name__}: {exc}")
+                loop.remove_reader(self._sock)
+                loop.call_later(ACCEPT_RETRY, self._listen)
+                return
+            try:
+                reset = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
+            except OSError:
+                reset = True
+            if reset:  # reset while it waited in the queue: nothing to answer, no transport
+                self.record("reset", str(address[0]) if address else "?")
+                sock.close()
+                continue
+            opened += 1
+            sock.setblocking(False)
+            conn = _Connection(self)  # its deadline counts from now
+            made = functools.partial(_itself, conn)
+            task = loop.create_task(loop.connect_accepted_socket(made, sock))
+            self._opening.add(task)
+            task.add_done_callback(functools.partial(self._opened, sock))
+
+    def _listen(self) -> None:
+        if not self._closed and self._loop is not None:
+            self._loop.add_reader(self._sock, self._accept)
+
+    def _opened(self, sock: socket.socket, task: asyncio.Task[Any]) -> None:
+        self._opening.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            sock.close()  # reset before its transport was made: nothing to answer
+
     def admit(self, conn: _Connection) -> bool:
         """Make room for ``conn`` (see the module), then count it in; False when it was reset
-        before it could be (a flood of resets then costs one getsockopt each, and no room)."""
+        before it could be (a flood of resets then costs one getsockopt each, and no room), or
+        when no connection could be dropped for it at twice max_connections."""
         if _reset(conn.transport):
             return False
+        now = conn.accepted
+        mine = self.by_source.get(conn.client)
+        if mine is not None and len(mine) >= self.per_source:
+            victim = self._victim(now, [conn.client], fresh=True)  # its own, fresh or not
+            if victim is not None:
+                self._evict(victim)
         while len(self.connections) >= self.max_connections:
-            victim = self._victim(conn.accepted)
+            largest = heapq.nlargest(SOURCES_LOOKED_AT, self.by_source, key=self._held_by)
+            victim = self._victim(now, largest, fresh=False)
             if victim is None:
                 if len(self.connections) < 2 * self.max_connections:
                     break  # only fresh connections: let them have their chance, up to a point
-                victim = next(
-                    (c for c in self.connections if c.request is None), next(iter(self.connections))
-                )
-            victim.evicted = True
-            self.record("evicted")
-            victim.drop()
+                victim = self._victim(now, largest, fresh=True)
+                if victim is None:  # every one looked at has its whole request in
+                    conn.evicted = True
+                    self.record("evicted", conn.client)
+                    return False
+            self._evict(victim)
         self.connections[conn] = None
+        self.by_source.setdefault(conn.client, {})[conn] = None
         return True
 
-    def _victim(self, now: float) -> _Connection | None:
-        """The connection to drop for a new one: among the oldest that have not sent their
-        whole request, one the peer has reset or closed, else one open for SETTLE seconds
-        (slow or idle), else a fresh one that has sent part of a request but not all of it.
-        Never one whose whole request waits in the kernel's buffer; None when there is none."""
-        fresh_partial = None
-        waiting = (c for c in self.connections if c.request is None)
-        for candidate in itertools.islice(waiting, PEEK_AT_MOST):
-            unread = _peek(candidate.transport)
-            if unread is None:
-                return candidate
-            sent = bytes(candidate.head) + unread
-            if b"\r\n\r\n" in sent:
-                continue
-            if candidate.accepted <= now - SETTLE:
-                return candidate
-            if sent and fresh_partial is None:
-                fresh_partial = candidate
-        return fresh_partial
+    def _held_by(self, source: str) -> int:
+        return len(self.by_source[source])
+
+    def _evict(self, victim: _Connection) -> None:
+        victim.evicted = True
+        self.record("evicted", victim.client)
+        victim.drop()
+
+    def forget(self, conn: _Connection) -> None:
+        """``conn`` is closed: it holds no slot any more."""
+        self.connections.pop(conn, None)
+        held = self.by_source.get(conn.client)
+        if held is not None:
+            held.pop(conn, None)
+            if not held:
+                del self.by_source[conn.client]
+
+    def _victim(self, now: float, sources: list[str], *, fresh: bool) -> _Connection | None:
+        """The connection to drop for a new one, from the first of ``sources`` (the ones
+        holding the most, most first) that has one: among its oldest PEEK_AT_MOST that have not
+        sent their whole request (peeked in the kernel's buffer, without reading), one the
+        peer has reset or closed, else one open for SETTLE seconds that has sent nothing, else
+        one that has sent part of a request; if ``fresh``, then a younger one likewise. Never
+        one whose whole request is in; None when there is none."""
+        for source in sources:
+            best: tuple[int, _Connection] | None = None
+            waiting = (c for c in self.by_source.get(source, {}) if c.request is None)
+            for candidate in itertools.islice(waiting, PEEK_AT_MOST):
+                unread = _peek(candidate.transport)
+                if unread is None:
+                    return candidate  # reset or closed
+                sent = bytes(candidate.head) + unread
+                if b"\r\n\r\n" in sent:
+                    continue  # its answer is on its way: never
+                if candidate.accepted > now - SETTLE:  # fresh: so are all after it
+                    if best is not None or not fresh:
+                        break
+                    if not sent:
+                        return candidate
+                    best = (3, candidate)
+                    continue
+                if not sent:
+                    return candidate  # settled, sent nothing: idle
+                if best is None:
+                    best = (1, candidate)
+            if best is not None:
+                return best[1]
+        return None
 
 
 class _Connection(asyncio.Protocol):
@@ -399,7 +504,8 @@ class _Connection(asyncio.Protocol):
         # Nothing is buffered above the kernel's: once the answer is handed over, it is out.
         transport.set_write_buffer_limits(high=0)
         if not self.server.admit(self):
-            self.server.record("reset", self.client)
+            if not self.evicted:
+                self.server.record("reset", self.client)
             self.drop()
 
     def data_received(self, data: bytes) -> None:
@@ -487,13 +593,17 @@ class _Connection(asyncio.Protocol):
         self._finish()
 
     def _finish(self) -> None:
-        self.server.connections.pop(self, None)
+        self.server.forget(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         task = self._task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
+
+
+def _itself(conn: _Connection) -> _Connection:
+    return conn
 
 
 def _encode(response: Response, *, head_only: bool) -> bytes:

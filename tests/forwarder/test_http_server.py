@@ -5,6 +5,7 @@ the real forwarder are in tests/integration/test_http_server_attacks.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -47,7 +48,8 @@ def closed_by_server(sock: socket.socket) -> bool:
 
 
 def test_a_full_server_drops_a_slow_client_never_the_well_formed_newcomer() -> None:
-    with serving(max_connections=4, deadline=30) as server:
+    # All from one address, which may hold every slot here (the share is tested below).
+    with serving(max_connections=4, max_per_source=4, deadline=30) as server:
         port = server.address[1]
         slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
         try:
@@ -56,11 +58,11 @@ def test_a_full_server_drops_a_slow_client_never_the_well_formed_newcomer() -> N
             opened = time.monotonic()
             wait_until(lambda: len(server.connections) == 4, 10, "four connections in")
             wait_until(lambda: time.monotonic() - opened > SETTLE, 5, "them to settle")
-            for _ in range(3):  # the first takes a slow one's place, the others the freed one
+            for _ in range(3):  # the first takes an idle one's place, the others the freed one
                 assert ask(port)[0] == 200
             assert server.error_counts()["evicted"] == 1
             dropped = [closed_by_server(sock) for sock in slow]
-            assert dropped == [True, False, False, False]  # the oldest
+            assert dropped == [False, False, True, False]  # the oldest that sent nothing
         finally:
             for sock in slow:
                 sock.close()
@@ -92,6 +94,90 @@ def test_a_client_that_reset_is_dropped_first_and_a_waiting_request_is_never_dro
         newcomer.join(10)
         idle.close()
         waiting.close()
+
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def read_all(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    answer = b""
+    with contextlib.suppress(OSError):  # a reset: what came before it is the answer
+        while chunk := sock.recv(4096):
+            answer += chunk
+    return answer
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def test_a_request_waiting_in_the_kernel_is_never_dropped_for_a_burst_of_idle_ones() -> None:
+    """Review 22d, item 1: under a flood the loop falls behind; a probe whose whole request
+    waited in the kernel's buffer, unread, was dropped once twice max_connections fresh idle
+    ones had come in (the oldest waiting one was dropped without a look). The loop is stalled
+    here while the probe and 12 idle connections queue up, as a loaded loop would be."""
+    gate = threading.Event()
+    with serving(max_connections=4, deadline=30) as server:
+        port = server.address[1]
+        assert server._loop is not None
+        server._loop.call_soon_threadsafe(gate.wait, 10)  # the loop stalls
+        probe = socket.create_connection(("127.0.0.1", port), timeout=10)
+        probe.sendall(REQUEST)
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
+        try:
+            gate.set()
+            assert read_all(probe).startswith(b"HTTP/1.1 200"), server.error_counts()
+            wait_until(lambda: server.error_counts()["evicted"] >= 9, 10, "idle ones evicted")
+        finally:
+            gate.set()
+            for sock in [probe, *idle]:
+                sock.close()
+
+
+def test_a_flood_from_one_address_evicts_only_its_own_connections() -> None:
+    """Review 22d, item 1 (b): one address (the attacker, 127.0.0.1) holds at most half the
+    slots; the load balancer (here 127.0.0.2) keeps its connection, even one that has sent
+    nothing yet, and is answered on it."""
+    with serving(max_connections=8, deadline=30) as server:
+        port = server.address[1]
+        lb = connect_from("127.0.0.2", port)
+        wait_until(lambda: len(server.connections) == 1, 10, "the LB's connection in")
+        flood = [connect_from("127.0.0.1", port) for _ in range(40)]
+        try:
+            wait_until(lambda: server.error_counts()["evicted"] == 36, 10, "36 evictions")
+            held = [c.client for c in server.connections]
+            assert held.count("127.0.0.1") == 4 and held.count("127.0.0.2") == 1, held
+            assert [closed_by_server(sock) for sock in flood] == [True] * 36 + [False] * 4
+            lb.sendall(REQUEST)
+            assert read_all(lb).startswith(b"HTTP/1.1 200")
+        finally:
+            for sock in [lb, *flood]:
+                sock.close()
+
+
+def test_when_full_the_victim_comes_from_the_address_holding_the_most() -> None:
+    with serving(max_connections=8, deadline=30) as server:
+        port = server.address[1]
+        lb = connect_from("127.0.0.2", port)
+        wait_until(lambda: len(server.connections) == 1, 10, "the LB's connection in")
+        many = [connect_from("127.0.0.1", port) for _ in range(4)]
+        few = [connect_from("127.0.0.3", port) for _ in range(3)]
+        wait_until(lambda: len(server.connections) == 8, 10, "eight connections in")
+        opened = time.monotonic()
+        wait_until(lambda: time.monotonic() - opened > SETTLE, 5, "them to settle")
+        newcomer = connect_from("127.0.0.4", port)
+        try:
+            wait_until(lambda: server.error_counts()["evicted"] == 1, 10, "an eviction")
+            assert [closed_by_server(s) for s in [lb, *many, *few]] == [False, True] + [False] * 6
+            newcomer.sendall(REQUEST)
+            assert read_all(newcomer).startswith(b"HTTP/1.1 200")
+        finally:
+            for sock in [lb, *many, *few, newcomer]:
+                sock.close()
 
 
 def test_a_handler_slower_than_the_deadline_gets_503_in_time_and_is_counted() -> None:

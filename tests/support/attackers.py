@@ -6,6 +6,9 @@
 - :func:`resets`: connections that send half a request and reset (RST, SO_LINGER 0);
   :func:`reset_flood` runs them in a child process (so the flood does not compete with the
   test's own measuring thread for the GIL).
+- :func:`hold_idle`: up to ``hold`` connections that send nothing, opened as fast as they go
+  (a bounded number), each one the server drops opened again: the idle-connection flood of
+  review 22d, item 1; :func:`idle_flood` runs it in a child process.
 - :func:`ask`: one well-formed GET; its status and how long it took, connect to last byte.
 """
 
@@ -136,10 +139,83 @@ def reset_flood(port: int, count: int, per_second: float | None = None) -> subpr
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL)
 
 
-def ask(port: int, path: str = "/", timeout: float = 10.0) -> tuple[int | None, float]:
-    """One GET on a new connection: (status or None if it failed, seconds it took from the
-    connection's establishment to the answer's last byte: what the server is answerable for)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def hold_idle(
+    port: int,
+    hold: int,
+    seconds: float,
+    opens: int,
+    per_second: float | None = None,
+    source: str = "127.0.0.1",
+) -> int:
+    """Keep up to ``hold`` connections from ``source`` that send nothing, for ``seconds`` or
+    ``opens`` connections, whichever ends first, opening at most ``per_second``; how many were
+    opened."""
+    held: list[socket.socket] = []
+    opened = 0
+    started = time.monotonic()
+    end = started + seconds
+    try:
+        while time.monotonic() < end and opened < opens:
+            if per_second is not None:
+                time.sleep(max(0.0, started + opened / per_second - time.monotonic()))
+            if len(held) >= hold:  # make room: forget the ones the server dropped, else the oldest
+                alive = []
+                for sock in held:
+                    try:
+                        gone = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                    except BlockingIOError:
+                        gone = False
+                    except OSError:
+                        gone = True
+                    if gone:
+                        sock.close()
+                    else:
+                        alive.append(sock)
+                held = alive
+                if len(held) >= hold:
+                    held.pop(0).close()
+            sock = socket.socket()
+            sock.settimeout(1.0)
+            try:
+                sock.bind((source, 0))
+                sock.connect(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                time.sleep(0.01)  # the backlog is full for a moment
+                continue
+            opened += 1
+            held.append(sock)
+    finally:
+        for sock in held:
+            sock.close()
+    return opened
+
+
+def idle_flood(
+    port: int,
+    hold: int,
+    seconds: float,
+    opens: int,
+    per_second: float | None = None,
+    source: str = "127.0.0.1",
+) -> subprocess.Popen[bytes]:
+    """:func:`hold_idle` in a child process (wait() for it; it ends by itself)."""
+    code = (
+        "from tests.support.attackers import hold_idle; "
+        f"hold_idle({port}, {hold}, {seconds!r}, {opens}, {per_second!r}, {source!r})"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL)
+
+
+def ask(
+    port: int, path: str = "/", timeout: float = 10.0, source: str | None = None
+) -> tuple[int | None, float]:
+    """One GET on a new connection (from ``source``, an address of this host, if given):
+    (status or None if it failed, seconds it took from the connection's establishment to the
+    answer's last byte: what the server is answerable for)."""
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=timeout, source_address=(source, 0) if source else None
+    )
     started = time.monotonic()
     try:
         connection.connect()
