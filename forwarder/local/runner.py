@@ -124,7 +124,7 @@ def hook_environment(
     duration = event.duration_in_seconds
     values = {
         "SEBRIDGE_HOOK_NAME": invocation.hook.name,
-        "SEBRIDGE_HOOK_PREPARE": "true" if invocation.hook.prepare else "false",
+        "SEBRIDGE_HOOK_PREPARE": "1" if invocation.hook.prepare else "0",
         "SEBRIDGE_HOOK_ATTEMPT": str(invocation.attempt),
         "SEBRIDGE_VM_NAME": invocation.vm_name,
         "SEBRIDGE_EVENT_TRANSITION": invocation.transition,
