@@ -139,12 +139,14 @@ def _all_pids() -> Iterator[int]:
                 yield int(name)
 
 
-def _carries(pid: int, marker: bytes) -> bool:
+def _markers(pid: int) -> set[bytes]:
+    """The ``SEBRIDGE_HOOK_RUN=...`` entries of ``pid``'s environment (one read)."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
-        return False
-    return marker in environ.split(b"\0")
+        return set()
+    prefix = f"{MARKER}=".encode()
+    return {entry for entry in environ.split(b"\0") if entry.startswith(prefix)}
 
 
 def _own_cgroup() -> Path | None:
@@ -374,12 +376,17 @@ class Containment:
         or in a session or group one of their processes made (``sessions`` grows with what is
         found); and the orphans the subreaper got that belong to no other running hook (its
         main process, cgroup, group, marker, or a session or group its processes made)."""
+        # Under the lock that starting a hook takes: a hook starting meanwhile is either
+        # among the running (its main process theirs) or not yet started, never an orphan.
         with self._lock:
-            others = [run for run in self._running.values() if run not in runs]
+            return self._of_runs_locked(runs, sessions)
+
+    def _of_runs_locked(self, runs: Sequence[Contained], sessions: set[int]) -> set[int]:
+        others = [run for run in self._running.values() if run not in runs]
         ours_cg = self._cgroup_members(runs)
         theirs_cg = self._cgroup_members(others)
-        ours_marks = [f"{MARKER}={run.token}".encode() for run in runs]
-        theirs_marks = [f"{MARKER}={run.token}".encode() for run in others]
+        ours_marks = {f"{MARKER}={run.token}".encode() for run in runs}
+        theirs_marks = {f"{MARKER}={run.token}".encode() for run in others}
         theirs_main = {run.process.pid for run in others}
         their_sessions = {run.pgid for run in others}
         me = os.getpid()
@@ -392,11 +399,12 @@ class Containment:
         ours: set[int] = set()
         theirs: set[int] = set()
         for pid, proc in procs.items():
+            marks = _markers(pid) if ours_marks or theirs_marks else set()
             if (
                 pid in ours_cg
                 or proc.session in sessions
                 or proc.pgrp in sessions
-                or any(_carries(pid, marker) for marker in ours_marks)
+                or bool(marks & ours_marks)
             ):
                 ours.add(pid)
                 sessions |= {proc.session, proc.pgrp} - mine
@@ -405,7 +413,7 @@ class Containment:
                 or pid in theirs_cg
                 or proc.session in their_sessions
                 or proc.pgrp in their_sessions
-                or any(_carries(pid, marker) for marker in theirs_marks)
+                or bool(marks & theirs_marks)
             ):
                 theirs.add(pid)
                 their_sessions |= {proc.session, proc.pgrp} - mine
