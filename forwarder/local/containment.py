@@ -87,6 +87,12 @@ class Ending:
     ended: frozenset[int]
     left: frozenset[int]
 
+    def again(self, contain: Containment) -> Ending:
+        """The same after something else may have ended some of ``left`` (a cgroup's kill)."""
+        contain.reap()
+        gone = frozenset(pid for pid in self.left if not _alive(pid))
+        return Ending(self.ended | gone, self.left - gone)
+
 
 @dataclass(frozen=True)
 class _Proc:
@@ -289,7 +295,9 @@ class Containment:
             self._running.pop(run.process.pid, None)
         sessions = {run.pgid}  # sessions (and groups) the run's processes made
         ending = self._end(lambda: self._of_runs([run], sessions), grace, bound)
-        self._remove_cgroup(run.cgroup)
+        if run.cgroup is not None:  # removing it kills what is still in it (cgroup.kill)
+            self._remove_cgroup(run.cgroup)
+            ending = ending.again(self)
         run.killed = len(ending.ended)
         if ending.ended:
             log.warning(
@@ -319,6 +327,7 @@ class Containment:
         ending = self._end(lambda: self._of_runs(runs, sessions), grace, bound)
         for run in runs:
             self._remove_cgroup(run.cgroup)
+        ending = ending.again(self)
         if ending.ended:
             log.warning(
                 "stopping: ended %d process(es) hooks left (%s)",

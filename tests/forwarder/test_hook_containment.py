@@ -8,6 +8,7 @@ made: root here), and without it the process group, the marker and the subreaper
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -315,3 +316,47 @@ def test_the_hook_worker_stopping_ends_what_hooks_left(tmp_path: Path) -> None:
     assert not worker.is_alive()
     assert [pid for pid in escaped if alive(pid)] == [], "they outlived the hooks worker's stop"
     assert zombie_children() == []
+
+
+def test_what_outlives_the_bound_is_logged_as_still_running_never_as_ended(
+    containment: Containment, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leftover that handles SIGTERM and goes on, with a grace longer than the bound: the
+    end gives up at the bound and says it still runs (before, any process signalled was
+    counted and logged as "ended")."""
+    caplog.set_level(logging.INFO, logger="forwarder.hooks")
+    out = tmp_path / "stubborn"
+    body = (
+        f'setsid sh -c \'trap "echo TERM >> {out}.term" TERM; echo $$ >> {out}; '
+        "while :; do sleep 0.05; done' </dev/null >/dev/null 2>&1 &\n"
+        f"while [ ! -s {out} ]; do sleep 0.02; done\nexit 0"
+    )
+    started = containment.popen(
+        ("/bin/sh", "-c", body),
+        {"PATH": "/usr/bin:/bin"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+    )
+    assert started.process.wait(timeout=30) == 0
+    (stubborn,) = pids(out, 1)
+    try:
+        # The grace outlasts the bound: it only ever gets SIGTERM, which it survives.
+        wait_until(lambda: alive(stubborn), 10, "the stubborn child")
+        containment.end(started, grace=600, bound=1.0)  # its sleeps are ended, maybe not it
+        assert Path(f"{out}.term").exists(), "it never got SIGTERM"
+        messages = [r.getMessage() for r in caplog.records]
+        if started.cgroup is None:
+            assert alive(stubborn)
+            assert any("still running" in m and str(stubborn) in m for m in messages), messages
+            assert not any("ended (" in m and str(stubborn) in m for m in messages), messages
+        else:  # removing the run's cgroup killed it (cgroup.kill): ended, and said so
+            assert not alive(stubborn)
+            assert any("ended (" in m and str(stubborn) in m for m in messages), messages
+            assert not any("still running" in m for m in messages), messages
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stubborn, 9)
+        wait_until(lambda: not alive(stubborn), 10, "the stubborn child to be killed")
+        containment.reap()
