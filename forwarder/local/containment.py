@@ -15,11 +15,19 @@ task limit. Three nets, from the strongest:
    and every process carrying the marker are signalled.
 3. **The forwarder as a child subreaper** (``PR_SET_CHILD_SUBREAPER``): what a hook orphans
    comes back to the forwarder instead of init, so even a child that cleared its environment
-   and left the session is found (a child of the forwarder in another session that is not a
-   running hook) and ended when no other hook is running; and the forwarder reaps them.
+   and left the session is found (a child of the forwarder in another session that belongs to
+   no running hook: not its main process, cgroup, group, marker, or a session its processes
+   made) and ended; and the forwarder reaps them.
 
-The end is SIGTERM to all of it, up to a grace period, then SIGKILL. Hooks started by the
-forwarder run as its own user, so nothing here needs a privilege.
+The end is a loop, bounded in time (:data:`END_BOUND`): signal what is found (SIGTERM, up to a
+grace period, then SIGKILL; SIGKILL at once to a process that ignores SIGTERM), then look again,
+since ending a process brings its children back to the subreaper (the children of a ``setsid``
+leader that ignored SIGTERM come back only after its SIGKILL, and ignore SIGTERM too); what
+came back in a session the run's processes made is the run's even while another hook runs.
+The loop waits on the condition (nothing of the run left), never a fixed time, and the log
+says what was ended and what could not be. When the forwarder stops, :meth:`Containment.
+end_all` ends whatever any hook left (bounded too). Hooks started by the forwarder run as its
+own user, so nothing here needs a privilege.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +55,10 @@ log = logging.getLogger("forwarder.hooks")
 MARKER = "SEBRIDGE_HOOK_RUN"
 LEFTOVER_GRACE = 1.0  # seconds what a finished hook left behind has between SIGTERM and SIGKILL
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to be gone
+END_BOUND = LEFTOVER_GRACE + KILL_WAIT  # seconds ending what a run left may take in all
+LEFTOVER_STOP_GRACE = 0.5  # at a stop: SIGTERM, this, SIGKILL to what hooks left
+LEFTOVER_STOP_BOUND = 1.5  # ... and in all at most this (the forwarder stops within 5 s)
+_SIGTERM_BIT = 1 << (signal.SIGTERM - 1)  # in /proc/<pid>/status SigIgn
 CGROUP_PREFIX = "sebridge-hook-"
 PR_SET_CHILD_SUBREAPER = 36
 # The trampoline: join the run's cgroup, then become the hook. "$0" is the cgroup.procs path;
@@ -66,6 +78,20 @@ class Contained:
     @property
     def pgid(self) -> int:
         return self.process.pid
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What an end found: the processes ended, and those still running after the bound."""
+
+    ended: frozenset[int]
+    left: frozenset[int]
+
+    def again(self, contain: Containment) -> Ending:
+        """The same after something else may have ended some of ``left`` (a cgroup's kill)."""
+        contain.reap()
+        gone = frozenset(pid for pid in self.left if not _alive(pid))
+        return Ending(self.ended | gone, self.left - gone)
 
 
 @dataclass(frozen=True)
@@ -89,6 +115,29 @@ def _stat(pid: int) -> _Proc | None:
         return None
 
 
+def _alive(pid: int) -> bool:
+    proc = _stat(pid)
+    return proc is not None and not proc.zombie
+
+
+def _ignores_term(pid: int) -> bool:
+    """Whether ``pid`` ignores SIGTERM (``trap "" TERM``, inherited across exec): it gets
+    SIGKILL at once, as a grace period would only be waited out."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & _SIGTERM_BIT)
+    except (OSError, IndexError, ValueError):
+        pass
+    return False
+
+
+def _pids(pids: Iterable[int]) -> str:
+    listed = sorted(pids)
+    more = f" and {len(listed) - 10} more" if len(listed) > 10 else ""
+    return ", ".join(str(p) for p in listed[:10]) + more
+
+
 def _all_pids() -> Iterator[int]:
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
@@ -96,12 +145,14 @@ def _all_pids() -> Iterator[int]:
                 yield int(name)
 
 
-def _carries(pid: int, marker: bytes) -> bool:
+def _markers(pid: int) -> set[bytes]:
+    """The ``SEBRIDGE_HOOK_RUN=...`` entries of ``pid``'s environment (one read)."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
-        return False
-    return marker in environ.split(b"\0")
+        return set()
+    prefix = f"{MARKER}=".encode()
+    return {entry for entry in environ.split(b"\0") if entry.startswith(prefix)}
 
 
 def _own_cgroup() -> Path | None:
@@ -135,7 +186,8 @@ class Containment:
         # Who may own a hook's command besides the forwarder's own user (hooks_file).
         self.trusted_owners = tuple(trusted_owners)
         self._lock = threading.Lock()  # around starting a hook and reaping: see reap()
-        self._running: set[int] = set()  # main processes of running hooks (Popen reaps them)
+        # Running hooks by main process (Popen reaps those), each with its marker and cgroup.
+        self._running: dict[int, Contained] = {}
         self._serial = itertools.count(1)
         self._session = os.getsid(0)
         self.subreaper = self._become_subreaper() if subreaper else False
@@ -213,13 +265,14 @@ class Containment:
                         pass_fds=(program,),
                         **options,
                     )
-                    self._running.add(process.pid)
+                    run = Contained(process, token, cgroup)
+                    self._running[process.pid] = run
             except BaseException:
                 self._remove_cgroup(cgroup)
                 raise
         finally:
             os.close(program)
-        return Contained(process, token, cgroup)
+        return run
 
     def terminate(self, run: Contained, grace: float) -> None:
         """End the main process and its group (a timeout, a stop): SIGTERM, up to ``grace``
@@ -234,64 +287,166 @@ class Containment:
             except subprocess.TimeoutExpired:
                 continue
 
-    def end(self, run: Contained, grace: float = LEFTOVER_GRACE) -> int:
-        """After the main process was waited for: end everything it left behind (SIGTERM, up to
-        ``grace`` seconds, SIGKILL), reap it, remove the cgroup. Returns how many were ended."""
+    def end(self, run: Contained, grace: float = LEFTOVER_GRACE, bound: float = END_BOUND) -> int:
+        """After the main process was waited for: end everything it left behind (the loop of
+        the module's docstring, at most ``bound`` seconds), reap it, remove the cgroup. Returns
+        how many were ended; what could not be is logged."""
         with self._lock:
-            self._running.discard(run.process.pid)
-        marker = f"{MARKER}={run.token}".encode()
-        ended: set[int] = set()
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT)):
-            left = self._leftovers(run, marker)
-            if not left:
-                break
-            ended |= left
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-            self._wait_gone(run, marker, wait)
-        self.reap()
-        self._remove_cgroup(run.cgroup)
-        run.killed = len(ended)
-        if ended:
+            self._running.pop(run.process.pid, None)
+        sessions = {run.pgid}  # sessions (and groups) the run's processes made
+        ending = self._end(lambda: self._of_runs([run], sessions), grace, bound)
+        if run.cgroup is not None:  # removing it kills what is still in it (cgroup.kill)
+            self._remove_cgroup(run.cgroup)
+            ending = ending.again(self)
+        run.killed = len(ending.ended)
+        if ending.ended:
             log.warning(
                 "hook run left %d process(es) behind: ended (%s)",
-                len(ended),
-                ", ".join(str(p) for p in sorted(ended)[:10]),
+                len(ending.ended),
+                _pids(ending.ended),
             )
-        return len(ended)
+        if ending.left:
+            log.error(
+                "hook run left %d process(es) behind that could not be ended within %.1f s, "
+                "still running: %s",
+                len(ending.left),
+                bound,
+                _pids(ending.left),
+            )
+        return len(ending.ended)
 
-    def _leftovers(self, run: Contained, marker: bytes) -> set[int]:
-        """Live processes of the run: in its cgroup, its process group, carrying its marker,
-        or (no other hook running) orphans the subreaper got from any hook."""
-        out: set[int] = set()
-        if run.cgroup is not None:
-            with contextlib.suppress(OSError):
-                out |= {int(p) for p in (run.cgroup / "cgroup.procs").read_text().split()}
+    def end_all(
+        self, grace: float = LEFTOVER_STOP_GRACE, bound: float = LEFTOVER_STOP_BOUND
+    ) -> Ending:
+        """When the forwarder stops: end every process its hooks left (orphans the subreaper
+        got, whether or not a hook still runs, and all of any run not ended yet), at most
+        ``bound`` seconds."""
         with self._lock:
-            alone = not self._running
-            running = set(self._running)
-        me = os.getpid()
-        for pid in _all_pids():
-            if pid == me or pid in running:
-                continue
-            proc = _stat(pid)
-            if proc is None or proc.zombie:
-                continue
-            if proc.pgrp == run.pgid or _carries(pid, marker):
-                out.add(pid)
-            elif alone and self.subreaper and proc.ppid == me and proc.session != self._session:
-                out.add(pid)  # an orphan of a hook that left its session and its marker
-        out.discard(me)
-        return {pid for pid in out if (p := _stat(pid)) is not None and not p.zombie}
+            runs = list(self._running.values())
+        sessions = {run.pgid for run in runs}
+        ending = self._end(lambda: self._of_runs(runs, sessions), grace, bound)
+        for run in runs:
+            self._remove_cgroup(run.cgroup)
+        ending = ending.again(self)
+        if ending.ended:
+            log.warning(
+                "stopping: ended %d process(es) hooks left (%s)",
+                len(ending.ended),
+                _pids(ending.ended),
+            )
+        if ending.left:
+            log.error(
+                "stopping: %d process(es) hooks left could not be ended within %.1f s, still "
+                "running: %s",
+                len(ending.left),
+                bound,
+                _pids(ending.left),
+            )
+        return ending
 
-    def _wait_gone(self, run: Contained, marker: bytes, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+    def _end(self, find: Callable[[], set[int]], grace: float, bound: float) -> Ending:
+        """Signal what ``find`` finds until it finds nothing or ``bound`` seconds passed: each
+        process SIGTERM (SIGKILL if it ignores SIGTERM), SIGKILL ``grace`` seconds later; then
+        look again (what ending one brought back to the subreaper is found the next time)."""
+        deadline = time.monotonic() + bound
+        termed: dict[int, float] = {}  # pid: when it got SIGTERM
+        killed: set[int] = set()
+        pause = 0.002
+        while True:
             self.reap()
-            if not self._leftovers(run, marker):
-                return
-            time.sleep(0.02)
+            live = find()
+            now = time.monotonic()
+            if not live or now >= deadline:
+                break
+            sent = False
+            for pid in live:
+                sig: signal.Signals | None = None
+                if pid not in termed:
+                    termed[pid] = now
+                    sig = signal.SIGKILL if _ignores_term(pid) else signal.SIGTERM
+                elif pid not in killed and now - termed[pid] >= grace:
+                    sig = signal.SIGKILL
+                if sig is None:
+                    continue
+                if sig is signal.SIGKILL:
+                    killed.add(pid)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+                sent = True
+            # The condition is polled: short pauses right after a signal, longer after.
+            pause = 0.002 if sent else min(0.05, pause * 2)
+            time.sleep(min(pause, max(0.0, deadline - now)))
+        self.reap()
+        left = {pid for pid in (set(termed) | find()) if _alive(pid)}
+        return Ending(frozenset(set(termed) - left), frozenset(left))
+
+    def _of_runs(self, runs: Sequence[Contained], sessions: set[int]) -> set[int]:
+        """Live processes of ``runs``: in their cgroups, process groups, carrying their markers,
+        or in a session or group one of their processes made (``sessions`` grows with what is
+        found); and the orphans the subreaper got that belong to no other running hook (its
+        main process, cgroup, group, marker, or a session or group its processes made)."""
+        # Under the lock that starting a hook takes: a hook starting meanwhile is either
+        # among the running (its main process theirs) or not yet started, never an orphan.
+        with self._lock:
+            return self._of_runs_locked(runs, sessions)
+
+    def _of_runs_locked(self, runs: Sequence[Contained], sessions: set[int]) -> set[int]:
+        others = [run for run in self._running.values() if run not in runs]
+        ours_cg = self._cgroup_members(runs)
+        theirs_cg = self._cgroup_members(others)
+        ours_marks = {f"{MARKER}={run.token}".encode() for run in runs}
+        theirs_marks = {f"{MARKER}={run.token}".encode() for run in others}
+        theirs_main = {run.process.pid for run in others}
+        their_sessions = {run.pgid for run in others}
+        me = os.getpid()
+        mine = {self._session, os.getpgrp(), 0, 1}
+        procs = {
+            pid: proc
+            for pid in _all_pids()
+            if pid != me and (proc := _stat(pid)) is not None and not proc.zombie
+        }
+        ours: set[int] = set()
+        theirs: set[int] = set()
+        for pid, proc in procs.items():
+            marks = _markers(pid) if ours_marks or theirs_marks else set()
+            if (
+                pid in ours_cg
+                or proc.session in sessions
+                or proc.pgrp in sessions
+                or bool(marks & ours_marks)
+            ):
+                ours.add(pid)
+                sessions |= {proc.session, proc.pgrp} - mine
+            elif (
+                pid in theirs_main
+                or pid in theirs_cg
+                or proc.session in their_sessions
+                or proc.pgrp in their_sessions
+                or bool(marks & theirs_marks)
+            ):
+                theirs.add(pid)
+                their_sessions |= {proc.session, proc.pgrp} - mine
+        if self.subreaper:  # an orphan of a hook that left its session and its marker
+            for pid, proc in procs.items():
+                if (
+                    proc.ppid == me
+                    and pid not in theirs
+                    and proc.session not in mine
+                    and proc.session not in their_sessions
+                    and proc.pgrp not in their_sessions
+                ):
+                    ours.add(pid)
+                    sessions |= {proc.session, proc.pgrp} - mine
+        return ours
+
+    @staticmethod
+    def _cgroup_members(runs: Iterable[Contained]) -> set[int]:
+        out: set[int] = set()
+        for run in runs:
+            if run.cgroup is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    out |= {int(p) for p in (run.cgroup / "cgroup.procs").read_text().split()}
+        return out
 
     def reap(self) -> int:
         """Reap zombies the subreaper inherited: children of the forwarder in another session
@@ -372,3 +527,13 @@ def reap_orphans() -> int:
     with _default_lock:
         contain = _default
     return contain.reap() if contain is not None else 0
+
+
+def end_left_behind(
+    grace: float = LEFTOVER_STOP_GRACE, bound: float = LEFTOVER_STOP_BOUND
+) -> Ending | None:
+    """When the forwarder stops: end every process its hooks left (:meth:`Containment.
+    end_all`); None when no hook was ever started."""
+    with _default_lock:
+        contain = _default
+    return contain.end_all(grace, bound) if contain is not None else None

@@ -32,7 +32,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sebridge.forwarder.local.containment import Contained, Containment, default_containment
+from sebridge.forwarder.local.containment import (
+    LEFTOVER_STOP_BOUND,
+    LEFTOVER_STOP_GRACE,
+    Contained,
+    Containment,
+    default_containment,
+)
 from sebridge.forwarder.local.hooks_file import Hook
 from sebridge.imds import ScheduledEvent, isoformat_utc
 
@@ -124,7 +130,7 @@ def hook_environment(
     duration = event.duration_in_seconds
     values = {
         "SEBRIDGE_HOOK_NAME": invocation.hook.name,
-        "SEBRIDGE_HOOK_PREPARE": "true" if invocation.hook.prepare else "false",
+        "SEBRIDGE_HOOK_PREPARE": "1" if invocation.hook.prepare else "0",
         "SEBRIDGE_HOOK_ATTEMPT": str(invocation.attempt),
         "SEBRIDGE_VM_NAME": invocation.vm_name,
         "SEBRIDGE_EVENT_TRANSITION": invocation.transition,
@@ -226,7 +232,10 @@ def run_hook(
     try:
         return _supervise(invocation, run, now, cancel, kill_grace, contain, started)
     finally:
-        contain.end(run)
+        if cancel.is_set():  # the forwarder stops: it has 5 s in all
+            contain.end(run, LEFTOVER_STOP_GRACE, LEFTOVER_STOP_BOUND)
+        else:
+            contain.end(run)
 
 
 def _supervise(

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sebridge.contract.events import Transition
-from sebridge.forwarder.local.containment import reap_orphans
+from sebridge.forwarder.local.containment import end_left_behind, reap_orphans
 from sebridge.forwarder.local.hooks_file import Hook, HooksFile
 from sebridge.forwarder.local.journal import FAILED, SUCCEEDED, UNFINISHED, Run
 from sebridge.forwarder.local.preparation import Observed, Preparations
@@ -302,6 +302,7 @@ class HookWorker:
             deadline = time.monotonic() + 2.0  # together: the forwarder stops within 5 s
             for thread in [*pool, *own]:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            end_left_behind()  # nothing a hook started outlives the forwarder
 
     def _wake_on(self, stop: threading.Event) -> None:
         stop.wait()

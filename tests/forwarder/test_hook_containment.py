@@ -8,7 +8,10 @@ made: root here), and without it the process group, the marker and the subreaper
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from sebridge.forwarder.local.containment import Containment, _own_cgroup
-from sebridge.forwarder.local.hooks_file import Hook
+from sebridge.forwarder.local.containment import Containment, _own_cgroup, default_containment
+from sebridge.forwarder.local.hooks_file import Hook, parse_hooks
 from sebridge.forwarder.local.runner import Invocation, Outcome, run_hook
 from sebridge.imds import ScheduledEvent
+from tests.forwarder.local_support import Parts
 from tests.support.root import skip_unless_root
 from tests.support.waiting import wait_until
 
@@ -193,3 +197,166 @@ def test_the_run_cgroup_is_removed(tmp_path: Path) -> None:
     assert run(contain, f"cat /proc/self/cgroup > {marker}; sleep 300 &") is Outcome.SUCCEEDED
     assert f"sebridge-hook-{os.getpid()}-" in marker.read_text()  # it ran in its own cgroup
     assert set(contain.cgroup_base.glob(ours)) == before
+
+
+def escape(tmp_path: Path) -> str:
+    """The reviewer's escape hook (review round four, item 2), its pids recorded: a ``setsid``
+    session leader that cleared its environment and ignores SIGTERM, with a background and a
+    foreground child (they inherit the ignored SIGTERM). The children leave the leader's
+    session for no one: they come back to the subreaper only after the leader's SIGKILL."""
+    out = tmp_path / "escaped"
+    inner = tmp_path / "inner.sh"
+    inner.write_text(
+        'trap "" TERM\n'
+        f"echo $$ >> {out}\n"
+        f"/bin/sleep 277 & echo $! >> {out}\n"
+        f"/bin/sh -c 'echo $$ >> {out}; exec /bin/sleep 278'\n"
+    )
+    return (
+        f"setsid env -i /bin/sh {inner} </dev/null >/dev/null 2>&1 &\n"
+        f"while [ ! -s {out} ] || [ $(wc -l < {out}) -lt 3 ]; do sleep 0.02; done\n"
+        "exit 0"
+    )
+
+
+def test_the_escape_hook_leaves_nothing_and_the_log_says_what_was_ended(
+    containment: Containment, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the leader got SIGTERM (ignored) and SIGKILL; its children then came back to
+    the subreaper, were waited on 5 s without a signal and kept running, while the log said
+    "ended (<leader>)". Fails so without cgroups; with one, the cgroup held them all."""
+    caplog.set_level(logging.INFO, logger="forwarder.hooks")
+    assert run(containment, escape(tmp_path)) is Outcome.SUCCEEDED
+    escaped = pids(tmp_path / "escaped", 3)
+    assert [pid for pid in escaped if alive(pid)] == [], "the escape hook's processes outlived it"
+    assert zombie_children() == []
+    ended = " ".join(r.getMessage() for r in caplog.records if "ended (" in r.getMessage())
+    assert all(str(pid) in ended for pid in escaped), ended
+    assert not [r for r in caplog.records if "could not be ended" in r.getMessage()]
+
+
+def test_the_escape_hook_leaves_nothing_while_another_hook_runs(
+    containment: Containment, tmp_path: Path
+) -> None:
+    """Before: with another hook running, the orphans of the escape hook were left for later
+    (they belong to no running hook); the other hook's processes are still left alone."""
+    other = tmp_path / "other"
+    release = tmp_path / "release"
+    body = (
+        f"sleep 300 & echo $! >> {other}\n"
+        f"setsid sh -c 'echo $$ >> {other}; exec sleep 300' &\n"
+        f"while [ ! -e {release} ]; do sleep 0.05; done"
+    )
+    outcomes: list[Outcome] = []
+    long = threading.Thread(target=lambda: outcomes.append(run(containment, body, timeout=60)))
+    long.start()
+    try:
+        its = pids(other, 2)
+        assert run(containment, escape(tmp_path)) is Outcome.SUCCEEDED
+        escaped = pids(tmp_path / "escaped", 3)
+        assert [pid for pid in escaped if alive(pid)] == [], "they waited for the other hook"
+        assert all(alive(pid) for pid in its), "ending one run killed another's processes"
+    finally:
+        release.touch()
+        long.join(timeout=30)
+    assert outcomes == [Outcome.SUCCEEDED]
+    wait_until(lambda: not any(alive(pid) for pid in its), 10, "the other hook's processes ended")
+
+
+def test_the_forwarder_stopping_ends_what_hooks_left(
+    containment: Containment, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run whose end never came (its thread given up at stop): end_all, at stop, ends all
+    it left, the escape hook's processes among them, and says so. Before: nothing did."""
+    caplog.set_level(logging.INFO, logger="forwarder.hooks")
+    started = containment.popen(
+        ("/bin/sh", "-c", escape(tmp_path)),
+        {"PATH": "/usr/bin:/bin"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+    )
+    assert started.process.wait(timeout=30) == 0
+    escaped = pids(tmp_path / "escaped", 3)
+    assert all(alive(pid) for pid in escaped)
+    ending = containment.end_all()
+    assert [pid for pid in escaped if alive(pid)] == [], "they outlived the forwarder's stop"
+    assert set(escaped) <= ending.ended and not ending.left
+    assert zombie_children() == []
+    assert any("stopping: ended" in r.getMessage() for r in caplog.records)
+
+
+def test_the_hook_worker_stopping_ends_what_hooks_left(tmp_path: Path) -> None:
+    """The stop path: HookWorker.run, once stopped, ends what the process's hooks left (a run
+    of the process's one Containment whose end never came). Before: it outlived the stop."""
+    idle = {"name": "idle", "on": ["Completed"], "command": ["/bin/true"]}
+    hooks = parse_hooks({"hooks": [idle]})
+    parts = Parts(tmp_path, hooks)
+    assert parts.worker is not None
+    stop = threading.Event()
+    worker = threading.Thread(target=parts.worker.run, args=(stop,), daemon=True)
+    worker.start()
+    try:
+        started = default_containment().popen(
+            ("/bin/sh", "-c", escape(tmp_path)),
+            {"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+        )
+        assert started.process.wait(timeout=30) == 0
+        escaped = pids(tmp_path / "escaped", 3)
+        assert all(alive(pid) for pid in escaped)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+        parts.journal.close()
+    assert not worker.is_alive()
+    assert [pid for pid in escaped if alive(pid)] == [], "they outlived the hooks worker's stop"
+    assert zombie_children() == []
+
+
+def test_what_outlives_the_bound_is_logged_as_still_running_never_as_ended(
+    containment: Containment, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leftover that handles SIGTERM and goes on, with a grace longer than the bound: the
+    end gives up at the bound and says it still runs (before, any process signalled was
+    counted and logged as "ended")."""
+    caplog.set_level(logging.INFO, logger="forwarder.hooks")
+    out = tmp_path / "stubborn"
+    body = (
+        f'setsid sh -c \'trap "echo TERM >> {out}.term" TERM; echo $$ >> {out}; '
+        "while :; do sleep 0.05; done' </dev/null >/dev/null 2>&1 &\n"
+        f"while [ ! -s {out} ]; do sleep 0.02; done\nexit 0"
+    )
+    started = containment.popen(
+        ("/bin/sh", "-c", body),
+        {"PATH": "/usr/bin:/bin"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+    )
+    assert started.process.wait(timeout=30) == 0
+    (stubborn,) = pids(out, 1)
+    try:
+        # The grace outlasts the bound: it only ever gets SIGTERM, which it survives.
+        wait_until(lambda: alive(stubborn), 10, "the stubborn child")
+        containment.end(started, grace=600, bound=1.0)  # its sleeps are ended, maybe not it
+        assert Path(f"{out}.term").exists(), "it never got SIGTERM"
+        messages = [r.getMessage() for r in caplog.records]
+        if started.cgroup is None:
+            assert alive(stubborn)
+            assert any("still running" in m and str(stubborn) in m for m in messages), messages
+            assert not any("ended (" in m and str(stubborn) in m for m in messages), messages
+        else:  # removing the run's cgroup killed it (cgroup.kill): ended, and said so
+            assert not alive(stubborn)
+            assert any("ended (" in m and str(stubborn) in m for m in messages), messages
+            assert not any("still running" in m for m in messages), messages
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stubborn, 9)
+        wait_until(lambda: not alive(stubborn), 10, "the stubborn child to be killed")
+        containment.reap()

@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -125,6 +126,19 @@ def test_the_event_reaches_the_hook_as_environment_and_stdin(
     assert document["hook"] == {"name": "probe-env", "prepare": False, "attempt": 1}
     assert document["secondsUntilNotBefore"] == (None if status == "Started" else 300)
     assert document["notBefore"] == (None if status == "Started" else "2026-11-22T10:05:00Z")
+
+
+@pytest.mark.parametrize(("prepare", "seen"), [(True, "1"), (False, "0")])
+def test_a_prepare_hook_sees_1_and_any_other_0_as_documented(
+    tmp_path: Path, prepare: bool, seen: str
+) -> None:
+    """docs/vm-actions.md: SEBRIDGE_HOOK_PREPARE is 1 for a prepare hook, 0 for any other
+    (review round four, item 4: it was "true"/"false")."""
+    inv = invocation(dump_command(tmp_path))
+    inv = replace(inv, hook=replace(inv.hook, prepare=prepare))
+    assert run_hook(inv, now=NOW, base_env={}).ok
+    assert read_env(tmp_path / "env")["SEBRIDGE_HOOK_PREPARE"] == seen
+    assert json.loads((tmp_path / "stdin").read_text())["hook"]["prepare"] is prepare
 
 
 def test_hostile_values_from_imds_still_start_the_hook(tmp_path: Path) -> None:
