@@ -187,6 +187,10 @@ class Forwarder:
         self._lock = threading.Lock()  # the heartbeat slot and the unsent Approved messages
         self._heartbeat: Envelope | None = None
         self._unsent: list[Envelope] = []
+        # Sessions whose transitions a poll derived and has not recorded in the outbox yet: the
+        # forwarder's own messages for them (deliver) wait (the outbox keeps per-session order).
+        self._record_lock = threading.Lock()
+        self._unrecorded: frozenset[str] = frozenset()
         self.crashed = False  # a loop thread ended by itself (a bug): main exits non-zero
         if self.state.events:
             log.info(
@@ -340,6 +344,13 @@ class Forwarder:
         self._odd_values.document(document)
         # Before, and independently of, the outbox and the state file: the local actions follow
         # what IMDS shows whatever the disk, the outbox or the broker do.
+        # Until this poll's transitions are recorded, no message of the forwarder's own for
+        # any of these events goes in before them (deliver: per-session order).
+        with self._record_lock:
+            self._unrecorded = self._unrecorded | {
+                lifecycle.event_ref(event.event_id)
+                for event in (*document.events, *self.state.events.values())
+            }
         self._tell_document(document, observed_at)
         before = self.state
         changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
@@ -400,8 +411,12 @@ class Forwarder:
                     f"cannot write the outbox ({exc}): {len(envelopes)} transition(s) not "
                     "recorded yet; derived again on every poll until it can"
                 )
+                with self._record_lock:  # these wait to be recorded by a later poll
+                    self._unrecorded = frozenset(envelope.session_id for envelope in envelopes)
                 self._save_if_failing()
                 return None
+        with self._record_lock:
+            self._unrecorded = frozenset()
         if self.outbox_failing_since is not None:
             self.outbox_failing_since = None
             self._outbox_log.clear("outbox writable again")
@@ -594,11 +609,17 @@ class Forwarder:
         """A message of the forwarder's own that must not be lost nor re-sent under a new id
         (the VM's Prepared): True once it is durably in the outbox; False when the outbox
         cannot take it now (the caller keeps it and tries again later)."""
-        try:
-            self.outbox.put([envelope])
-        except OutboxError as exc:
-            log.debug("cannot write %s to the outbox: %s", envelope.message_id, exc)
-            return False
+        with self._record_lock:
+            if envelope.session_id in self._unrecorded:
+                # Its event's transitions are not recorded yet (the outbox failed, or the poll
+                # that derived them is writing them): it must not go in before them.
+                log.debug("%s waits for its event's transitions", envelope.message_id)
+                return False
+            try:
+                self.outbox.put([envelope])
+            except OutboxError as exc:
+                log.debug("cannot write %s to the outbox: %s", envelope.message_id, exc)
+                return False
         self.outbox_ready.set()
         return True
 
