@@ -316,6 +316,7 @@ def count_subscription(
     """Drain every session of one subscription; (count per subject, message ids as expected)."""
     counts: Counter[str] = Counter()
     ids_ok = True
+    measured: set[str] = set()  # each forwarder's Measured report (not a transition): one each
     deadline = time.monotonic() + timeout
     empty_rounds = 0
     # retry_total=0: with nothing waiting, the SDK would retry the session accept for ~20 s.
@@ -328,6 +329,17 @@ def count_subscription(
                     got = receiver.receive_messages(max_message_count=100, max_wait_time=1)
                     for message in got:
                         subject = str(message.subject)
+                        if subject == "Measured":
+                            report = str(message.message_id)
+                            if (
+                                not report.startswith(f"{event_id}:Measured:1:")
+                                or report in measured
+                                or message.session_id != event_id
+                            ):
+                                ids_ok = False
+                            measured.add(report)
+                            receiver.complete_message(message)
+                            continue
                         counts[subject] += 1
                         expected_id = f"{event_id}:{subject}:1"  # one appearance
                         if message.message_id != expected_id or message.session_id != event_id:

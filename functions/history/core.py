@@ -784,6 +784,7 @@ _PHASE = {
     "Cancelled": 3,
     "Restored": 3,
     "NotRestored": 3,
+    "Measured": 3,  # what a VM measured of it: reported with or after its end
 }
 
 

@@ -143,3 +143,18 @@ def test_the_stored_summary_reads_back_the_same_measurements() -> None:
         }
     )
     assert old.latest.measured_vms == () and old.latest.measured_seconds == 12.0
+
+
+def test_a_measurement_stands_after_the_end_it_measured_whenever_it_arrives() -> None:
+    """The timeline by the event's life (history ordered by appearance and phase): a Measured
+    is a report of the ended appearance, so it follows its Completed even when it arrives
+    first (merging the Measured report with the life order first placed it before Started)."""
+    store = MemoryHistoryStore()
+    history = _history(store)
+    messages = set_life().messages
+    for message in reversed(messages):  # every report before the transitions it follows
+        history.record(verified(message), NOW)
+    summary = stored(store)
+    assert summary is not None
+    names = [r["name"] for r in timeline_json(history.timeline(summary.event_key)[0])["timeline"]]
+    assert names == ["Scheduled", "Started", "Completed", "Measured", "Measured", "Measured"]

@@ -59,8 +59,16 @@ SPEED = 8.0
 SPEEDS: dict[str, float] = {}
 
 
+REPORTS = ("Heartbeat", "Measured")  # what the forwarder reports of itself: no transitions
+
+
 def messages_of(fw: ChildProcess) -> list[dict[str, Any]]:
-    return [m for m in fw.json_lines() if m.get("subject") != "Heartbeat"]
+    """The lifecycle transitions the forwarder printed (its reports left out)."""
+    return [m for m in fw.json_lines() if m.get("subject") not in REPORTS]
+
+
+def measured_of(fw: ChildProcess) -> list[dict[str, Any]]:
+    return [m for m in fw.json_lines() if m.get("subject") == "Measured"]
 
 
 def outbox_holds(state_dir: Path, message_ids: list[str]) -> bool:
@@ -118,8 +126,16 @@ def test_every_scenario_yields_exactly_its_transitions(scenario: str, tmp_path: 
         wait_for_messages(fw, len(expected), budget)
         time.sleep(1.5)  # anything extra would show up now
         messages = messages_of(fw)
+        lines = [m for m in fw.json_lines() if m.get("subject") != "Heartbeat"]
+        reports = measured_of(fw)
     got = [(m["subject"], m["session_id"]) for m in messages]
     assert got == expected, fw.stderr_text()[-3000:]
+    # What it measured (issue 26) follows the Completed it measured, once per appearance.
+    ids = [m["message_id"] for m in lines]
+    for report in reports:
+        ref, _, appearance = report["message_id"].split(":")[:3]
+        assert f"{ref}:Completed:{appearance}" in ids[: ids.index(report["message_id"])]
+    assert len({r["message_id"] for r in reports}) == len(reports)
     assert [m["message_id"] for m in messages] == expected_message_ids(messages)
     assert len({m["message_id"] for m in messages}) == len(messages)
     for message in messages:
