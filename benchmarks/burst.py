@@ -70,6 +70,7 @@ from sebridge.contract.events import Observer, Transition, event_message  # noqa
 from sebridge.imds import Document  # noqa: E402
 from sebridge.logs import JsonFormatter  # noqa: E402
 from sebridge.servicebus import envelope_message  # noqa: E402
+from sebridge.signals import StopSignals  # noqa: E402
 
 SUBSCRIPTION = "00000000-0000-4000-8000-0000000000b5"
 GROUP = "rg-burst"
@@ -115,7 +116,7 @@ def serve(settings_file: str, host_config: HostConfig, functions: list[str] | No
         functions=functions,
     )
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    StopSignals(stop, (signal.SIGTERM,)).install()  # no lock taken in a signal handler
     host.start()
     print(f"listening on {host.url}", flush=True)
     stop.wait(3600)

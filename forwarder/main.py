@@ -16,12 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from sebridge import __version__, servicebus
@@ -37,6 +35,7 @@ from sebridge.forwarder.ports import Publisher
 from sebridge.forwarder.service import Forwarder
 from sebridge.forwarder.state import StateDirUnusable, StateStore, ensure_dir
 from sebridge.logs import setup_logging
+from sebridge.signals import StopSignals
 
 if TYPE_CHECKING:
     from sebridge.forwarder.local.actions import LocalActions
@@ -138,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     stop = threading.Event()
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(name: str) -> None:  # on the signals thread, never in a signal handler
         if not stop.is_set():
-            log.info("received %s: stopping", signal.Signals(signum).name)
-        stop.set()
+            log.info("received %s: stopping", name)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    with StopSignals(stop, on_signal=on_signal):
+        return _run(config, notifier, stop)
+
+
+def _run(config: ForwarderConfig, notifier: Notifier | None, stop: threading.Event) -> int:
     limit = RequestLimit()  # one IMDS budget for the poller and the approvals handler
     try:
         wiring = build_forwarder(config, limit, stop)

@@ -24,17 +24,19 @@ Heartbeats are liveness only: the latest one waits in memory (never behind a ful
 sent after the pending transitions.
 
 A message never leaves the VM without its identity (instance metadata: vmId, resource id; the
-workflows' scope check refuses a message without them). The lookup runs on a thread of its own
-(``identity``), retried with backoff from 1 s up to :data:`OBSERVER_RETRY_SECONDS`, so a lookup
-that hangs never delays a poll. Until it succeeds, transitions wait in the outbox and no
-Heartbeat is built; the local actions (drain probe, hooks, Prepared) judge this VM's events by
-one notion of this VM, :attr:`Forwarder.local_observer`: the identity an earlier run resolved
-(kept in the state file), else the host name; when the identity resolves they re-evaluate their
-view under it. Then every message built without an identity (no vmId nor resource id: under
-whatever host name or ``--vm-name`` it was built) is rebound to the VM's identity as it is sent
-(same message id), rows left in the outbox by an earlier run included. Only an IMDS that
-answers 404 (it serves no instance metadata at all: not Azure's, e.g. Microsoft's mock server)
-lets messages go out under the host name, said at ERROR.
+workflows' scope check refuses a message without them). One check says what is an identity
+(:func:`sebridge.forwarder.state.is_identity`: both named): an answer that names the VM only is
+retried like a failure and said at ERROR (then every :data:`IDENTITY_REMINDER_SECONDS`). The lookup
+runs on a thread of its own (``identity``), retried with backoff from 1 s up to
+:data:`OBSERVER_RETRY_SECONDS`, so a lookup that hangs never delays a poll. Until it succeeds,
+transitions wait in the outbox and no Heartbeat is built; the local actions (drain probe, hooks,
+Prepared) judge this VM's events by one notion of this VM, :attr:`Forwarder.local_observer`: the
+identity an earlier run resolved (kept in the state file), else the host name; when the identity
+resolves they re-evaluate their view under it. Then every message built without an identity (no vmId
+nor resource id: under whatever host name or ``--vm-name`` it was built) is rebound to the VM's
+identity as it is sent (same message id), rows left in the outbox by an earlier run included. Only
+an IMDS that answers 404 (it serves no instance metadata at all: not Azure's, e.g. Microsoft's mock
+server) lets messages go out under the host name, said at ERROR.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ PEEK_ROWS = 100  # outbox rows handed to the publisher at a time (it sends what 
 MAX_POLL_BACKOFF = 5.0
 MAX_SEND_BACKOFF = 30.0  # how late delivery can resume after the broker returns
 OBSERVER_RETRY_SECONDS = 60.0  # the longest wait between two instance metadata lookups
+# An identity that cannot be known (IMDS serves none, or answers without vmId or resource id)
+# is said at ERROR when it starts, then again this often while it lasts.
+IDENTITY_REMINDER_SECONDS = 900.0
 FIRST_LOOKUP_SECONDS = 2.0  # the most the first poll waits for the first identity lookup
 # The VM's identity: looked up (instance metadata), not yet known (transitions wait for it), or
 # not served by this IMDS at all (404: messages go out under the host name).
@@ -170,7 +175,9 @@ class Forwarder:
         self._send_backoff = Backoff(1.0, MAX_SEND_BACKOFF)
         self._next_heartbeat = 0.0
         self._next_observer_try = 0.0
-        self._observer_log = ConditionLog(log)
+        self._observer_log = ConditionLog(
+            log, remind_every=IDENTITY_REMINDER_SECONDS, clock=self.clock.monotonic
+        )
         self._outbox_log = ConditionLog(log, logging.ERROR)
         self._odd_values = OddValueLog(log)
         self.save_failing_since: datetime | None = None
@@ -180,6 +187,10 @@ class Forwarder:
         self._lock = threading.Lock()  # the heartbeat slot and the unsent Approved messages
         self._heartbeat: Envelope | None = None
         self._unsent: list[Envelope] = []
+        # Sessions whose transitions a poll derived and has not recorded in the outbox yet: the
+        # forwarder's own messages for them (deliver) wait (the outbox keeps per-session order).
+        self._record_lock = threading.Lock()
+        self._unrecorded: frozenset[str] = frozenset()
         self.crashed = False  # a loop thread ended by itself (a bug): main exits non-zero
         if self.state.events:
             log.info(
@@ -224,30 +235,17 @@ class Forwarder:
         try:
             found = self.imds.instance_metadata()
         except ImdsError as exc:
-            self._first_lookup.set()
-            delay = self._observer_backoff.next_delay()
-            self._next_observer_try = self.clock.monotonic() + delay
-            self.observer = self._fallback
-            self.last_error = f"instance metadata: {exc}"
-            name = self._fallback.vm_name
-            if exc.status == 404:
-                self.identity = ABSENT
-                self._observer_log.report(
-                    f"instance metadata unavailable ({exc}): this IMDS serves none, so messages "
-                    f"go out as {name!r} without vmId or resource id, and the workflows' scope "
-                    f"check will refuse them; looked up again every {OBSERVER_RETRY_SECONDS:.0f} "
-                    "s at most",
-                    logging.ERROR,
+            return self._lookup_failed(exc)
+        if not is_identity(found):
+            # A 200 with a name but no vmId or resource id: not the VM's identity (the
+            # workflows' scope check would refuse every message built with it).
+            return self._lookup_failed(
+                ImdsError(
+                    f"instance metadata names VM {found.vm_name!r} but no vmId or no resource id",
+                    transient=True,
+                    status=200,
                 )
-            else:
-                self.identity = UNKNOWN
-                local = self.local_observer.vm_name
-                self._observer_log.report(
-                    f"instance metadata unavailable ({exc}): transitions wait in the outbox until "
-                    f"the VM's identity is known (the drain probe and hooks go on as {local!r}); "
-                    f"looked up again with backoff, every {OBSERVER_RETRY_SECONDS:.0f} s at most"
-                )
-            return self.observer
+            )
         self.observer = self._with_override(found)  # before the sender may see RESOLVED
         self.last_identity = self.observer
         self.identity = RESOLVED
@@ -262,11 +260,45 @@ class Forwarder:
         self._first_lookup.set()
         return self.observer
 
+    def _lookup_failed(self, exc: ImdsError) -> Observer:
+        """The identity is not known: the host name meanwhile, looked up again with backoff."""
+        self._first_lookup.set()
+        delay = self._observer_backoff.next_delay()
+        self._next_observer_try = self.clock.monotonic() + delay
+        self.observer = self._fallback
+        self.last_error = f"instance metadata: {exc}"
+        name = self._fallback.vm_name
+        if exc.status == 404:
+            self.identity = ABSENT
+            self._observer_log.report(
+                f"instance metadata unavailable ({exc}): this IMDS serves none, so messages "
+                f"go out as {name!r} without vmId or resource id, and the workflows' scope "
+                f"check will refuse them; looked up again every {OBSERVER_RETRY_SECONDS:.0f} "
+                "s at most",
+                logging.ERROR,
+            )
+        else:
+            self.identity = UNKNOWN
+            local = self.local_observer.vm_name
+            self._observer_log.report(
+                f"instance metadata unavailable ({exc}): transitions wait in the outbox until "
+                f"the VM's identity is known (the drain probe and hooks go on as {local!r}); "
+                f"looked up again with backoff, every {OBSERVER_RETRY_SECONDS:.0f} s at most",
+                # An answer without the identity is no outage that ends by itself: said at
+                # ERROR (and reminded of) like an IMDS that serves none.
+                logging.ERROR if exc.status == 200 else None,
+            )
+        return self.observer
+
     def _bound(self, envelope: Envelope) -> Envelope:
         """``envelope`` with the VM's identity if it was built under a fallback (no vmId nor
         resource id: the host name or ``--vm-name`` of this run or of an earlier one) before the
         identity was known."""
-        if self.identity == RESOLVED and built_without_identity(envelope):
+        if (
+            self.identity == RESOLVED
+            and is_identity(self.observer)
+            and built_without_identity(envelope)
+        ):
             return with_observer(envelope, self.observer)
         return envelope
 
@@ -312,6 +344,13 @@ class Forwarder:
         self._odd_values.document(document)
         # Before, and independently of, the outbox and the state file: the local actions follow
         # what IMDS shows whatever the disk, the outbox or the broker do.
+        # Until this poll's transitions are recorded, no message of the forwarder's own for
+        # any of these events goes in before them (deliver: per-session order).
+        with self._record_lock:
+            self._unrecorded = self._unrecorded | {
+                lifecycle.event_ref(event.event_id)
+                for event in (*document.events, *self.state.events.values())
+            }
         self._tell_document(document, observed_at)
         before = self.state
         changes = diff(before.events, document, observed_at, last_seen=before.observed_at)
@@ -372,8 +411,12 @@ class Forwarder:
                     f"cannot write the outbox ({exc}): {len(envelopes)} transition(s) not "
                     "recorded yet; derived again on every poll until it can"
                 )
+                with self._record_lock:  # these wait to be recorded by a later poll
+                    self._unrecorded = frozenset(envelope.session_id for envelope in envelopes)
                 self._save_if_failing()
                 return None
+        with self._record_lock:
+            self._unrecorded = frozenset()
         if self.outbox_failing_since is not None:
             self.outbox_failing_since = None
             self._outbox_log.clear("outbox writable again")
@@ -566,11 +609,17 @@ class Forwarder:
         """A message of the forwarder's own that must not be lost nor re-sent under a new id
         (the VM's Prepared): True once it is durably in the outbox; False when the outbox
         cannot take it now (the caller keeps it and tries again later)."""
-        try:
-            self.outbox.put([envelope])
-        except OutboxError as exc:
-            log.debug("cannot write %s to the outbox: %s", envelope.message_id, exc)
-            return False
+        with self._record_lock:
+            if envelope.session_id in self._unrecorded:
+                # Its event's transitions are not recorded yet (the outbox failed, or the poll
+                # that derived them is writing them): it must not go in before them.
+                log.debug("%s waits for its event's transitions", envelope.message_id)
+                return False
+            try:
+                self.outbox.put([envelope])
+            except OutboxError as exc:
+                log.debug("cannot write %s to the outbox: %s", envelope.message_id, exc)
+                return False
         self.outbox_ready.set()
         return True
 

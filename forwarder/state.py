@@ -176,9 +176,10 @@ def _identity(value: object) -> Observer | None:
     if not isinstance(value, dict):
         return None
     try:
-        return Observer.from_data(value)
+        observer = Observer.from_data(value)
     except ContractError:
         return None
+    return observer if is_identity(observer) else None  # a name alone is no identity
 
 
 def _transitions(value: object) -> tuple[RecentTransition, ...]:
@@ -194,9 +195,12 @@ def _transitions(value: object) -> tuple[RecentTransition, ...]:
 
 
 def is_identity(observer: Observer) -> bool:
-    """Whether ``observer`` comes from instance metadata (it names a vmId or a resource id),
-    as opposed to a fallback built from the host name or ``--vm-name`` alone."""
-    return bool(observer.vm_id or observer.resource_id)
+    """Whether ``observer`` is the VM's identity as instance metadata gives it: it names both a
+    vmId and a resource id (the workflows' scope check needs them), as opposed to a fallback
+    built from the host name or ``--vm-name`` alone, or an answer that named the VM only. The
+    one check wherever an identity is accepted: the lookup, the identity saved by an earlier
+    run, the local actions' journal, and rebinding a message to it."""
+    return bool(observer.vm_id.strip() and observer.resource_id.strip())
 
 
 def _moment(value: object) -> datetime | None:

@@ -23,13 +23,13 @@ import argparse
 import json
 import signal
 import threading
-from types import FrameType
 
 from emulators.fakes.arm import FakeArm
 from emulators.fakes.blob_etags import FakeConditionalBlobStorage
 from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.teams import FakeTeams
+from sebridge.signals import StopSignals
 
 DEMO_SUBSCRIPTION = "00000000-0000-4000-8000-000000000001"
 DEMO_GROUP = "rg-web"
@@ -126,10 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(settings, indent=2), flush=True)
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
+    StopSignals(stop, (signal.SIGTERM,)).install()  # no lock taken in a signal handler
     try:
         stop.wait(args.seconds)
     except KeyboardInterrupt:

@@ -34,13 +34,12 @@ import ipaddress
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any
 
 from azure.functions.decorators.function_app import FunctionRegister
@@ -81,6 +80,7 @@ from emulators.functions_host.settings import (
     load_local_settings,
     merge_settings,
 )
+from sebridge.signals import StopSignals
 
 DEFAULT_HTTP_PORT = 7071
 SHUTDOWN_GRACE_S = 10.0
@@ -475,11 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    StopSignals(stop).install()  # for the process's life: no lock taken in a signal handler
     try:
         host.start()
     except (HostStartError, OSError) as exc:

@@ -52,7 +52,6 @@ import argparse
 import json
 import logging
 import re
-import signal
 import socket
 import struct
 import sys
@@ -62,7 +61,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -76,6 +74,7 @@ from emulators.imds.scenario import (
     scenario_names,
 )
 from emulators.imds.simulation import ControlError, Simulation, event_ids_of
+from sebridge.signals import StopSignals
 
 log = logging.getLogger("sebridge.imds-sim")
 
@@ -723,11 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    StopSignals(stop).install()  # for the process's life: no lock taken in a signal handler
     thread = threading.Thread(target=server.serve_forever, name="imds-sim", daemon=True)
     thread.start()
     print(f"listening on http://{_url_host(args.host)}:{server.port}", flush=True)

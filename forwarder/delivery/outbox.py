@@ -72,6 +72,16 @@ _SCHEMA = (
 _DAMAGED = frozenset({"SQLITE_NOTADB", "SQLITE_CORRUPT"})
 
 
+# A row's session (None for a row that is not JSON: peek sets it aside).
+_SESSION = "CASE WHEN json_valid({0}.envelope) THEN json_extract({0}.envelope, '$.session_id') END"
+# Ready rows in order, leaving out any behind a held row of the same session.
+_PEEK = (
+    "SELECT seq, envelope FROM outbox o WHERE ready = 1 AND NOT EXISTS ("  # noqa: S608
+    "SELECT 1 FROM outbox h WHERE h.ready = 0 AND h.seq < o.seq AND "
+    f"{_SESSION.format('h')} = {_SESSION.format('o')}) ORDER BY seq LIMIT ?"
+)
+
+
 class OutboxError(Exception):
     """An outbox operation failed (disk full, I/O error); nothing of it took effect."""
 
@@ -250,12 +260,12 @@ class Outbox:
         return int(excess)
 
     def peek(self, limit: int) -> list[tuple[int, Envelope]]:
-        """The oldest ``limit`` rows ready to send, in order. A row that cannot be read back
-        is set aside on the way (it would block everything behind it forever)."""
+        """The oldest ``limit`` rows ready to send, in order, none behind a held row of its
+        session (per-session order: a Prepared put while its Scheduled is held, the state file
+        failing, waits for it). A row that cannot be read back is set aside on the way (it
+        would block everything behind it forever)."""
         with self._reading() as db:
-            rows = db.execute(
-                "SELECT seq, envelope FROM outbox WHERE ready = 1 ORDER BY seq LIMIT ?", (limit,)
-            ).fetchall()
+            rows = db.execute(_PEEK, (limit,)).fetchall()
         out: list[tuple[int, Envelope]] = []
         for seq, text in rows:
             try:

@@ -4,6 +4,8 @@ metrics endpoint to read), and log lines that are written once per condition, no
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -63,21 +65,44 @@ class ConditionLog:
 
     ``report(text)`` logs ``text`` at ``level`` if it differs from what was last reported
     (DEBUG otherwise); ``clear(text)`` logs ``text`` at INFO once when a reported condition
-    ends."""
+    ends. With ``remind_every`` (seconds), a condition reported at ERROR that lasts is logged
+    again at ERROR once every ``remind_every`` seconds (a reminder, not a flood)."""
 
-    def __init__(self, logger: logging.Logger, level: int = logging.WARNING) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        level: int = logging.WARNING,
+        *,
+        remind_every: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger = logger
         self.level = level
+        self.remind_every = remind_every
+        self.clock = clock
         self.current: str | None = None
+        self._logged_at = 0.0
+        self._since = 0.0
 
     def report(self, text: str, level: int | None = None) -> bool:
         """True when the line was logged at ``level`` (this log's own unless given): the
-        condition is new or changed."""
+        condition is new or changed, or a reminder of it was due."""
+        level = self.level if level is None else level
+        now = self.clock()
         if text == self.current:
+            if (
+                self.remind_every is not None
+                and level >= logging.ERROR
+                and now - self._logged_at >= self.remind_every
+            ):
+                self._logged_at = now
+                self.logger.log(level, "%s (still, for %.0f s)", text, now - self._since)
+                return True
             self.logger.debug("%s (still)", text)
             return False
         self.current = text
-        self.logger.log(self.level if level is None else level, "%s", text)
+        self._logged_at = self._since = now
+        self.logger.log(level, "%s", text)
         return True
 
     def clear(self, text: str) -> None:

@@ -66,6 +66,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from sebridge.contract.events import (
     Envelope,
+    Observer,
     Transition,
     derived_message_id,
     observed_by,
@@ -87,6 +88,13 @@ from sebridge.imds import ScheduledEvent, parse_not_before
 from sebridge.impact import DEFAULT_RULES
 from sebridge.lifecycle import content_digest
 from tests.support.forwarder_fakes import OBSERVER, T0, World
+
+# Instance metadata answers that name the VM but are not its identity.
+NAME_ONLY_ANSWERS = [
+    Observer(vm_name="vm1"),
+    Observer(vm_name="vm1", vm_id=OBSERVER.vm_id),
+    Observer(vm_name="vm1", resource_id=OBSERVER.resource_id),
+]
 
 EXAMPLES = int(os.environ.get("SEBRIDGE_STATE_MACHINE_EXAMPLES", "2000"))
 GAP = timedelta(seconds=30)  # README: a gap that can hide a Started
@@ -488,9 +496,16 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
             "IMDS answered 503 to GET instance (injected)", transient=True, status=503
         )
 
+    @rule(answer=st.sampled_from(NAME_ONLY_ANSWERS))
+    def answer_instance_metadata_without_the_identity(self, answer: Observer) -> None:
+        """200 with a name but no vmId or resource id (review round four, item 3): no
+        identity; nothing may leave with it (nothing_leaves_without_the_vms_identity)."""
+        self.world.imds.instance_answer = answer
+
     @rule()
     def restore_instance_metadata(self) -> None:
         self.world.imds.instance_error = None
+        self.world.imds.instance_answer = None
 
     @precondition(lambda self: len(self.refused) < 2)
     @rule()
@@ -533,7 +548,9 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
             [
                 (e.session_id, e.message_id)
                 for e in self.world.broker.transitions()
-                if e.subject != "Prepared"  # the local actions': checked on their own
+                # Prepared is the local actions' (checked on its own); Measured is this VM's
+                # report next to a Completed (checked by the measurement invariant).
+                if e.subject not in ("Prepared", "Measured")
             ]
         )
 
@@ -623,7 +640,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
         world = self.world
         world.imds.fail_next = world.store.fail_next = world.outbox.fail_writes = 0
         world.broker.fail_next = world.broker.lose_ack_next = 0
-        world.imds.instance_error = None
+        world.imds.instance_error = world.imds.instance_answer = None
         self.journal_fail_next = 0
         self.refuse_next = False
         if not world.forwarder.observer_resolved:

@@ -23,7 +23,15 @@ from sebridge.forwarder.service import Forwarder
 from sebridge.forwarder.state import ForwarderState
 from sebridge.imds import Document, InvalidDocument
 
-OBSERVER = Observer(vm_name="vm1", resource_group="rg", subscription_id="sub")
+# What instance metadata answers: an identity names a vmId and a resource id (is_identity).
+OBSERVER = Observer(
+    vm_name="vm1",
+    vm_id="6b1d7c55-0000-4000-8000-0000000000f1",
+    resource_id="/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Compute/"
+    "virtualMachines/vm1",
+    resource_group="rg",
+    subscription_id="sub",
+)
 T0 = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
 
 
@@ -52,6 +60,7 @@ class FakeImds:
         self.incarnation = 1
         self.fail_next = 0
         self.instance_error: ImdsError | None = None
+        self.instance_answer: Observer | None = None  # answered instead of OBSERVER when set
         self.gets = 0
         self.lookups: list[float] = []  # when instance metadata was asked (set by the test's clock)
         self.clock: FakeClock | None = None
@@ -77,7 +86,7 @@ class FakeImds:
             self.lookups.append(self.clock.monotonic())
         if self.instance_error is not None:
             raise self.instance_error
-        return OBSERVER
+        return OBSERVER if self.instance_answer is None else self.instance_answer
 
 
 class FakeStore:

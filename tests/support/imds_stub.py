@@ -50,7 +50,8 @@ class ImdsStub:
         self.trickle_every = 3.0  # seconds between the bytes of a trickling body
         self.stall_for = 120.0  # seconds a stalled request is held (or until the server stops)
         self.instance_status = 404  # instance metadata: 404 with an HTML page, or 200
-        # What instance metadata's "compute" holds (None: a name, resource group, subscription).
+        # What instance metadata's "compute" holds (None: a name, vmId, resource id, group and
+        # subscription).
         self.instance_compute: dict[str, Any] | None = None
         self.instance_hang = 0.0  # seconds an instance metadata request is held before it answers
         self.instance_in_flight = 0  # instance metadata requests being held now
@@ -162,8 +163,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.imds.instance_status != 200:
             self._send(self.imds.instance_status, NOT_FOUND_HTML.encode(), "text/html")
             return
-        compute = self.imds.instance_compute or {
+        compute = self.imds.instance_compute or {  # an identity, as Azure's always is
             "name": "stub-vm",
+            "vmId": "5a5a5a5a-0000-4000-8000-000000000001",
+            "resourceId": "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Compute/"
+            "virtualMachines/stub-vm",
             "resourceGroupName": "rg",
             "subscriptionId": "sub",
         }
