@@ -187,18 +187,24 @@ def start_event_grid(
     return platform, acknowledgements
 
 
+PER_CAUSE = ("Updated", "Prepared", "Held", "Measured")  # more than one per appearance
+
+
 def one_message_per_transition(seen: list[dict[str, Any]]) -> list[str]:
     """Problems when one transition reached the topic more than once (empty: none did).
 
     ``seen`` items carry ``event``, ``transition`` and ``message_id``. Scheduled, Started and
     the ends happen once per appearance of an event (``<ref>:<Transition>:<appearance>``); an
-    Updated once per resulting content. Two copies of one transition under different ids would
-    mean the two sources disagreed on the id and duplicate detection could not help."""
+    Updated once per resulting content, a Prepared or Held once per message that caused it
+    (``<ref>:<T>:<appearance>:<cause digest>``: a Scheduled, then an Updated that added VMs), a
+    Measured once per VM: those are counted by their whole id. Two copies of one transition
+    under different ids would mean the two sources disagreed on the id and duplicate detection
+    could not help."""
     counts: dict[tuple[str, ...], int] = {}
     for item in seen:
         message_id = str(item.get("message_id") or "")
         parts = message_id.split(":")
-        if item["transition"] == "Updated":
+        if item["transition"] in PER_CAUSE:
             key: tuple[str, ...] = (item["event"].key, message_id)
         else:
             appearance = parts[2] if len(parts) > 2 else "?"

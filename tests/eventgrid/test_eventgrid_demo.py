@@ -71,8 +71,20 @@ def test_the_duplicate_check_catches_two_ids_for_one_transition() -> None:
         {"event": event, "transition": "Updated", "message_id": "e1:Updated:1:abc:1"},
         {"event": event, "transition": "Updated", "message_id": "e1:Updated:1:def:1"},
         {"event": event, "transition": "Scheduled", "message_id": "e1:Scheduled:2"},
+        # A Prepared per cause (the Scheduled, then an Updated that added a VM) and a Measured
+        # per VM: several in one appearance, each once (the demo counted the two Prepared of
+        # one appearance as a duplicate once their ids named the appearance).
+        {"event": event, "transition": "Prepared", "message_id": "e1:Prepared:1:aaaa"},
+        {"event": event, "transition": "Prepared", "message_id": "e1:Prepared:1:bbbb"},
+        {"event": event, "transition": "Measured", "message_id": "e1:Measured:1:vm1"},
+        {"event": event, "transition": "Measured", "message_id": "e1:Measured:1:vm2"},
+        {"event": event, "transition": "Prepared", "message_id": "x-other:Prepared:1:aaaa"},
+        {"event": event, "transition": "Prepared", "message_id": "e1:Prepared:1:aaaa"},
     ]
-    assert one_message_per_transition(seen) == ["Scheduled 1 of e1 reached the topic 2 times"]
+    assert one_message_per_transition(seen) == [
+        "Scheduled 1 of e1 reached the topic 2 times",
+        "e1:Prepared:1:aaaa of e1 reached the topic 2 times",
+    ]
 
 
 def test_the_demo_refuses_an_unknown_source() -> None:
