@@ -782,9 +782,9 @@ _PHASE = {
     "Started": 2,
     "Completed": 3,
     "Cancelled": 3,
-    "Restored": 3,
-    "NotRestored": 3,
-    "Measured": 3,  # what a VM measured of it: reported with or after its end
+    "Restored": 4,  # what follows the end: lb-pools put the VMs back
+    "NotRestored": 4,
+    "Measured": 4,  # what a VM measured of it: reported with or after its end
 }
 
 

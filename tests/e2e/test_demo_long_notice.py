@@ -66,5 +66,12 @@ def test_long_notice_drains_at_the_moment_and_approves_in_the_window() -> None:
     # Not drained at first sight: the window opens at least 40 s after the run starts, the
     # drain is its lead before that; and the approval waited for the window, not the Prepared.
     assert drained - scheduled >= 40 - LONG_NOTICE_LEAD - 15, result.stdout
-    assert approved - prepared >= LONG_NOTICE_LEAD - 5, result.stdout
+    assert approved >= prepared, result.stdout
+    # The approval waited for the window: the history's Approved is at or after the window's
+    # opening the policy line names (a slow drain may publish Prepared late, so the gap from
+    # Prepared to the approval is no measure of it: CI saw 8 s after an 11 s drain).
+    opening = re.search(r"approve only in the window \w+ (\d\d:\d\d)-", result.stdout)
+    stamp = re.search(r"T(\d\d:\d\d:\d\d)\.\d+Z\s+Approved\s", result.stdout)
+    assert opening and stamp, result.stdout
+    assert stamp.group(1) >= opening.group(1) + ":00", result.stdout
     assert "web-1: back in lb-web/pool-a" in result.stdout
