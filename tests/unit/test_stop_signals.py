@@ -115,11 +115,19 @@ def test_the_harness_catches_a_handler_that_takes_the_stop_events_lock() -> None
 
 
 def test_the_previous_handlers_come_back_after_close() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    stop = threading.Event()
-    with StopSignals(stop, (signal.SIGTERM,), on_signal=lambda name: None):
-        assert signal.getsignal(signal.SIGTERM) is not before
-        signal.raise_signal(signal.SIGTERM)
-        assert stop.wait(5), "SIGTERM did not set the stop event"
-    assert signal.getsignal(signal.SIGTERM) is before
-    assert signal.set_wakeup_fd(-1) == -1  # nothing left pointing at a closed pipe
+    # A handler of this test's own as "before": another test in this worker may have left
+    # StopSignals' handler installed (a fresh clone's run met exactly that).
+    def before(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, before)
+    try:
+        stop = threading.Event()
+        with StopSignals(stop, (signal.SIGTERM,), on_signal=lambda name: None):
+            assert signal.getsignal(signal.SIGTERM) is not before
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.wait(5), "SIGTERM did not set the stop event"
+        assert signal.getsignal(signal.SIGTERM) is before
+        assert signal.set_wakeup_fd(-1) == -1  # nothing left pointing at a closed pipe
+    finally:
+        signal.signal(signal.SIGTERM, previous)
