@@ -126,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(settings, indent=2), flush=True)
     stop = threading.Event()
 
-    StopSignals(stop, (signal.SIGTERM,)).install()  # no lock taken in a signal handler
+    # No lock taken in a signal handler; closed on return, so a caller's own handlers and
+    # wakeup fd come back (tests run this main in their own process).
     try:
-        stop.wait(args.seconds)
+        with StopSignals(stop, (signal.SIGTERM,)):
+            stop.wait(args.seconds)
     except KeyboardInterrupt:
         pass
     finally:

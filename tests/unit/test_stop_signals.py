@@ -121,6 +121,9 @@ def test_the_previous_handlers_come_back_after_close() -> None:
         pass
 
     previous = signal.signal(signal.SIGTERM, before)
+    # Likewise the wakeup fd: an emulator's main() run in this worker installs one for the
+    # process's life, so start from none and check that none is what comes back.
+    previous_fd = signal.set_wakeup_fd(-1)
     try:
         stop = threading.Event()
         with StopSignals(stop, (signal.SIGTERM,), on_signal=lambda name: None):
@@ -131,3 +134,4 @@ def test_the_previous_handlers_come_back_after_close() -> None:
         assert signal.set_wakeup_fd(-1) == -1  # nothing left pointing at a closed pipe
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.set_wakeup_fd(previous_fd)
