@@ -139,9 +139,10 @@ class HttpPeer:
 
     def _serve(self, conn: socket.socket) -> None:
         buffer = b""
+        idle = threading.Event()  # the server dropped the connection for idling
         try:
             while not self.stopping.is_set():
-                request, buffer = self._read_request(conn, buffer)
+                request, buffer = self._read_request(conn, buffer, idle)
                 if request is None:
                     return
                 with self._lock:
@@ -158,18 +159,24 @@ class HttpPeer:
         except OSError:
             return
         finally:
+            # Closed first, counted after: a test that waits for the count may then rely on
+            # the FIN having been sent (counted first, the client could poll before it left).
             with self._lock:
                 self._open.discard(conn)
-                self._stats.closed += 1
             conn.close()
+            with self._lock:
+                self._stats.closed += 1
+                if idle.is_set():
+                    self._stats.closed_idle += 1
 
-    def _read_request(self, conn: socket.socket, buffer: bytes) -> tuple[Request | None, bytes]:
+    def _read_request(
+        self, conn: socket.socket, buffer: bytes, idle: threading.Event
+    ) -> tuple[Request | None, bytes]:
         while b"\r\n\r\n" not in buffer:
             try:
                 chunk = conn.recv(65536)
             except TimeoutError:  # idle for close_idle_after: the server drops the connection
-                with self._lock:
-                    self._stats.closed_idle += 1
+                idle.set()  # counted once it is closed
                 return None, b""
             if not chunk:
                 return None, b""
