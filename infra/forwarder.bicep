@@ -53,6 +53,11 @@ param drainLead string = ''
 @maxValue(599)
 param drainProbeMaxUnhealthySeconds int = 510
 
+@description('Least time the drain probe answers 200 between two runs of 503, so that the load balancer and automatic repairs see the instance healthy again (--drain-probe-min-healthy-seconds). 0: no gap.')
+@minValue(0)
+@maxValue(3600)
+param drainProbeMinHealthySeconds int = 90
+
 // The script and the unit travel inside the command, base64-encoded: the VM runs exactly the
 // files of this commit, needs no download location, and no value can break the shell quoting.
 var scriptBase64 = loadFileAsBase64('scripts/install-forwarder.sh')
@@ -61,7 +66,8 @@ var unitBase64 = loadFileAsBase64('scripts/sebridge-forwarder.service')
 var drainProbePortText = drainProbePort == 0 ? '' : string(drainProbePort)
 var drainSecondsText = drainProbePort == 0 ? '' : string(drainSeconds)
 var drainProbeMaxUnhealthyText = drainProbePort == 0 ? '' : string(drainProbeMaxUnhealthySeconds)
-var installCommand = 'mkdir -p sebridge && cd sebridge && echo ${scriptBase64} | base64 -d > install-forwarder.sh && echo ${unitBase64} | base64 -d > sebridge-forwarder.service && SEBRIDGE_NAMESPACE="$(echo ${base64(serviceBusNamespace)} | base64 -d)" AZURE_CLIENT_ID="$(echo ${base64(forwarderIdentityClientId)} | base64 -d)" SEBRIDGE_PACKAGE="$(echo ${base64(packageSource)} | base64 -d)" SEBRIDGE_HOOKS_JSON="$(echo ${base64(hooksJson)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_PORT="$(echo ${base64(drainProbePortText)} | base64 -d)" SEBRIDGE_DRAIN_SECONDS="$(echo ${base64(drainSecondsText)} | base64 -d)" SEBRIDGE_DRAIN_LEAD="$(echo ${base64(drainLead)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS="$(echo ${base64(drainProbeMaxUnhealthyText)} | base64 -d)" bash install-forwarder.sh'
+var drainProbeMinHealthyText = drainProbePort == 0 ? '' : string(drainProbeMinHealthySeconds)
+var installCommand = 'mkdir -p sebridge && cd sebridge && echo ${scriptBase64} | base64 -d > install-forwarder.sh && echo ${unitBase64} | base64 -d > sebridge-forwarder.service && SEBRIDGE_NAMESPACE="$(echo ${base64(serviceBusNamespace)} | base64 -d)" AZURE_CLIENT_ID="$(echo ${base64(forwarderIdentityClientId)} | base64 -d)" SEBRIDGE_PACKAGE="$(echo ${base64(packageSource)} | base64 -d)" SEBRIDGE_HOOKS_JSON="$(echo ${base64(hooksJson)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_PORT="$(echo ${base64(drainProbePortText)} | base64 -d)" SEBRIDGE_DRAIN_SECONDS="$(echo ${base64(drainSecondsText)} | base64 -d)" SEBRIDGE_DRAIN_LEAD="$(echo ${base64(drainLead)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS="$(echo ${base64(drainProbeMaxUnhealthyText)} | base64 -d)" SEBRIDGE_DRAIN_PROBE_MIN_HEALTHY_SECONDS="$(echo ${base64(drainProbeMinHealthyText)} | base64 -d)" bash install-forwarder.sh'
 // The extension reruns whenever what it would install changes.
 var updateTag = empty(forceUpdateTag) ? uniqueString(installCommand) : forceUpdateTag
 

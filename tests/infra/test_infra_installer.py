@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from infra_helpers import INFRA, REPO, parse
 
+from sebridge.timing import DEFAULT_PROBE_MIN_HEALTHY_SECONDS, MAX_PROBE_MIN_HEALTHY_SECONDS
 from tests.support.root import NEEDS_ROOT, requires_root
 
 SCRIPT = INFRA / "scripts" / "install-forwarder.sh"
@@ -401,6 +402,7 @@ def _render_install_command(namespace: str, client_id: str, package: str, **opti
         "drainSecondsText": optional.get("drainSecondsText", ""),
         "drainLead": optional.get("drainLead", ""),
         "drainProbeMaxUnhealthyText": optional.get("drainProbeMaxUnhealthyText", ""),
+        "drainProbeMinHealthyText": optional.get("drainProbeMinHealthyText", ""),
     }
     rendered = template
     for name, value in files.items():
@@ -642,6 +644,7 @@ def test_extension_command_ships_the_hooks_file_and_probe_settings_verbatim(tmp_
         drainSecondsText="40",
         drainLead="Reboot=600,Freeze=first-sight",
         drainProbeMaxUnhealthyText="480",
+        drainProbeMinHealthyText="120",
     )
     root = tmp_path / "root"
     root.mkdir()
@@ -663,6 +666,7 @@ def test_extension_command_ships_the_hooks_file_and_probe_settings_verbatim(tmp_
     )
     assert values["SEBRIDGE_DRAIN_LEAD"] == "Reboot=600,Freeze=first-sight"
     assert values["SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS"] == "480"
+    assert values["SEBRIDGE_DRAIN_PROBE_MIN_HEALTHY_SECONDS"] == "120"
     # Left empty (the defaults), nothing about hooks or the probe is configured.
     plain = _render_install_command(NAMESPACE, CLIENT_ID, "scheduled-events-bridge==0.2.0")
     root2 = tmp_path / "root2"
@@ -682,6 +686,7 @@ def test_extension_command_ships_the_hooks_file_and_probe_settings_verbatim(tmp_
         "SEBRIDGE_DRAIN_PROBE_PORT",
         "SEBRIDGE_DRAIN_LEAD",
         "SEBRIDGE_DRAIN_PROBE_MAX_UNHEALTHY_SECONDS",
+        "SEBRIDGE_DRAIN_PROBE_MIN_HEALTHY_SECONDS",
     } & set(read_env_file(root2 / ENV_PATH))
 
 
@@ -692,6 +697,11 @@ def test_forwarder_bicep_hooks_and_probe_parameters_are_optional() -> None:
     assert params["drainSeconds"]["default"] == 30
     assert params["drainLead"]["default"] == ""
     assert params["drainProbeMaxUnhealthySeconds"]["default"] == 510
+    assert params["drainProbeMinHealthySeconds"]["default"] == DEFAULT_PROBE_MIN_HEALTHY_SECONDS
+    text = (INFRA / "forwarder.bicep").read_text()
+    # The same range as the forwarder's own check: a value Bicep lets through is never refused
+    # at the VM, where the failure would only show in the unit's journal.
+    assert f"@maxValue({MAX_PROBE_MIN_HEALTHY_SECONDS})\nparam drainProbeMinHealthySeconds" in text
 
 
 def test_unit_is_type_notify_with_a_watchdog_above_the_slowest_healthy_poll() -> None:

@@ -122,10 +122,10 @@ class Process:
         self.hooks = HookWorker(
             HOOKS, store, self.preparations, runner=outside.runner, now=outside.clock.now
         )
-        # min_healthy=0: the healthy gap between unhealthy runs (issue 24) is replayed from the
-        # restart, not from when the last 503 ended, so a crash defers the next drain by the
-        # gap and P is cancelled before its Prepared; kept out of this test of write
-        # boundaries, and an open item of issue 24.
+        # min_healthy=0: a restart whose view still shows a started event answers 503 for it
+        # at once (the balancer sees that 503), so the healthy gap counts from the restart and
+        # a later event's drain waits for it; in this test's quick world P would be cancelled
+        # before its Prepared. The gap has tests of its own; this one is of write boundaries.
         self.probe = DrainProbe(
             DEFAULT_RULES,
             0,
