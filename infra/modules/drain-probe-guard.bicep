@@ -5,7 +5,9 @@
 // (a long Freeze, a Redeploy) drains regardless. So the combination is refused before anything
 // is written: the port of the probe repairs watch is read from the load balancer (reference()
 // in the branch of ?: that is not taken is never evaluated). Repairs that watch the Application
-// Health extension, or a probe on another port, pass.
+// Health extension are refused the same way when the extension probes the drain probe's port
+// (its settings.port, or 80 or 443 by its protocol when it names none); repairs that watch a
+// probe or an extension on another port pass.
 //
 // No resource here, on purpose: checkov's Bicep parser (pycep-parser 0.5) predates fail(), so
 // the infra tests let checkov skip this one file and evaluate its expressions themselves
@@ -25,10 +27,18 @@ param repairsPolicy object
 @description('Resource id of the scale set\'s health probe (networkProfile.healthProbe.id; empty when it has none).')
 param healthProbeId string
 
+@description('The scale set\'s VM extensions (virtualMachineProfile.extensionProfile.extensions; [] when it has none): repairs watch the Application Health extension when it is among them.')
+param extensions array
+
 var repairsOn = (drainProbePort != 0) && ((repairsPolicy.?enabled) ?? false)
 var repairsProbePort = ((!repairsOn) || empty(healthProbeId)) ? 0 : reference(healthProbeId, '2023-09-01').port
 var repairsWatchDrainProbe = repairsOn && (repairsProbePort == drainProbePort)
-var refusal = 'Scale set ${vmssName}: its automatic instance repairs watch the load balancer probe ${healthProbeId} on port ${drainProbePort}, the drain probe\'s port. The drain probe answers 503 while the VM drains (bounded before the event starts, for as long as it lasts once it has), and repairs would replace, reimage or restart the instance. Fix one of: give repairs a probe of their own (a second load balancer probe on the application\'s health port, set as networkProfile.healthProbe), or watch the Application Health extension instead, or disable automaticRepairsPolicy, or deploy with drainProbePort 0 (docs/vm-actions.md).'
+var healthExtensions = filter(extensions, e => ((((e.?properties.?publisher) ?? '') == 'Microsoft.ManagedServices') && startsWith(string((e.?properties.?type) ?? ''), 'ApplicationHealth')))
+var healthExtensionPorts = map(healthExtensions, e => (e.?properties.?settings.?port) ?? ((toLower(string((e.?properties.?settings.?protocol) ?? 'http')) == 'https') ? 443 : 80))
+var extensionWatchesDrainProbe = repairsOn && contains(healthExtensionPorts, drainProbePort)
+var refusal = 'Scale set ${vmssName}: its automatic instance repairs watch the load balancer probe ${healthProbeId} on port ${drainProbePort}, the drain probe\'s port. The drain probe answers 503 while the VM drains (bounded before the event starts, for as long as it lasts once it has), and repairs would replace, reimage or restart the instance. Fix one of: give repairs a probe of their own (a second load balancer probe on the application\'s health port, set as networkProfile.healthProbe), or watch the Application Health extension instead (on the application\'s own port), or disable automaticRepairsPolicy, or deploy with drainProbePort 0 (docs/vm-actions.md).'
+
+var extensionRefusal = 'Scale set ${vmssName}: its automatic instance repairs watch the Application Health extension, which probes port ${drainProbePort}, the drain probe\'s port. The drain probe answers 503 while the VM drains (bounded before the event starts, for as long as it lasts once it has), and repairs would replace, reimage or restart the instance. Fix one of: point the extension\'s settings.port at the application\'s own health endpoint, or disable automaticRepairsPolicy, or deploy with drainProbePort 0 (docs/vm-actions.md).'
 
 @description('The scale set\'s name, once the check passed (fail() stops the deployment otherwise).')
-output vmssName string = repairsWatchDrainProbe ? fail(refusal) : vmssName
+output vmssName string = repairsWatchDrainProbe ? fail(refusal) : (extensionWatchesDrainProbe ? fail(extensionRefusal) : vmssName)

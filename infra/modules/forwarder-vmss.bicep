@@ -17,7 +17,7 @@ param installCommand string
 @description('Changing it reruns the extension.')
 param forceUpdateTag string
 
-@description('Port of the drain probe the installer configures (0: off). Refused when the scale set\'s automatic instance repairs watch a load balancer probe on this port.')
+@description('Port of the drain probe the installer configures (0: off). Refused when the scale set\'s automatic instance repairs watch a load balancer probe or the Application Health extension on this port.')
 @minValue(0)
 @maxValue(65535)
 param drainProbePort int = 0
@@ -37,6 +37,7 @@ module drainProbeGuard 'drain-probe-guard.bicep' = {
     drainProbePort: drainProbePort
     repairsPolicy: (vmss.properties.?automaticRepairsPolicy) ?? {}
     healthProbeId: (vmss.properties.?virtualMachineProfile.?networkProfile.?healthProbe.?id) ?? ''
+    extensions: (vmss.properties.?virtualMachineProfile.?extensionProfile.?extensions) ?? []
   }
 }
 

@@ -12,6 +12,7 @@ left out: what the scale set's deployment writes waits for it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -46,11 +47,14 @@ class Guard:
         self.symbols = symbols  # resource symbols: what ARM reads for them
         self.probes = probes  # resource id -> the probe's properties, for reference()
         self.referenced: list[str] = []
+        self.scope: dict[str, Any] = {}  # a lambda's variable while its body is evaluated
 
     def var(self, name: str) -> Any:
         return self.eval(self.tree["variables"][name]["value"])
 
     def name(self, name: str) -> Any:
+        if name in self.scope:
+            return self.scope[name]
         if name in self.params:
             return self.params[name]
         if name in self.symbols:
@@ -69,9 +73,21 @@ class Guard:
             self.access(base, op["operands"]["operand_1"]), op["operands"]["operand_2"]
         )
 
+    def call(self, function: Mapping[str, Any], item: Any) -> Any:
+        """A lambda (``x => ...``) applied to ``item``."""
+        assert function["type"] == "lambda_expression", function
+        detail = function["detail"]
+        saved, self.scope = self.scope, {**self.scope, detail["var_1"]: item}
+        try:
+            return self.eval(detail["expression"])
+        finally:
+            self.scope = saved
+
     def eval(self, node: Any) -> Any:
         if isinstance(node, bool | int | float) or node is None:
             return node
+        if isinstance(node, list):
+            return [self.eval(item) for item in node]
         if isinstance(node, str):
             if "${" in node:
                 return re.sub(r"\$\{(\w+)\}", lambda m: str(self.name(m.group(1))), node)
@@ -85,6 +101,21 @@ class Guard:
                 raise DeploymentFailed(self.eval(args["arg_1"]).replace("\\'", "'"))
             if fn["type"] == "empty":
                 return not self.eval(args["item_to_test"])
+            if fn["type"] == "filter":
+                items = self.eval(args["input_array"])
+                return [item for item in items if self.call(args["expression"], item)]
+            if fn["type"] == "map":
+                return [self.call(args["arg_2"], item) for item in self.eval(args["arg_1"])]
+            if fn["type"] == "contains":
+                return self.eval(args["item_to_find"]) in self.eval(args["container"])
+            if fn["type"] == "starts_with":
+                text = self.eval(args["string_to_search"])
+                return text.lower().startswith(self.eval(args["string_to_find"]).lower())
+            if fn["type"] == "to_lower":
+                return self.eval(args["string_to_change"]).lower()
+            if fn["type"] == "string":
+                value = self.eval(args["value_to_convert"])
+                return value if isinstance(value, str) else json.dumps(value)
             if fn["type"] == "reference":
                 resource_id = self.eval(args["resource_identifier"])
                 self.referenced.append(resource_id)
@@ -113,7 +144,9 @@ class Guard:
         raise AssertionError(f"operator not modelled: {kind}")
 
 
-def scale_set(*, repairs: bool | None, probe: str | None) -> dict[str, Any]:
+def scale_set(
+    *, repairs: bool | None, probe: str | None, extensions: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     properties: dict[str, Any] = {"virtualMachineProfile": {"networkProfile": {}}}
     if repairs is not None:
         properties["automaticRepairsPolicy"] = {"enabled": repairs, "gracePeriod": "PT10M"}
@@ -121,7 +154,31 @@ def scale_set(*, repairs: bool | None, probe: str | None) -> dict[str, Any]:
         properties["virtualMachineProfile"]["networkProfile"]["healthProbe"] = {
             "id": PROBE_ID.format(name=probe)
         }
+    if extensions is not None:
+        properties["virtualMachineProfile"]["extensionProfile"] = {"extensions": extensions}
     return {"name": "web", "location": "westeurope", "properties": properties}
+
+
+def extension(
+    settings: dict[str, Any],
+    *,
+    kind: str = "ApplicationHealthLinux",
+    publisher: str = "Microsoft.ManagedServices",
+) -> dict[str, Any]:
+    """A scale set's VM extension as ARM returns it in extensionProfile.extensions."""
+    return {
+        "name": "HealthExtension",
+        "properties": {
+            "publisher": publisher,
+            "type": kind,
+            "typeHandlerVersion": "2.0",
+            "autoUpgradeMinorVersion": True,
+            "settings": settings,
+        },
+    }
+
+
+LOGS = extension({"workspaceId": "x"}, kind="OmsAgentForLinux", publisher="Microsoft.Azure.Monitor")
 
 
 PROBES = {
@@ -157,6 +214,29 @@ def test_a_scale_set_whose_repairs_watch_the_drain_probe_is_refused_with_the_fix
 
 
 @pytest.mark.parametrize(
+    ("settings", "kind", "port"),
+    [
+        ({"protocol": "http", "port": 8081, "requestPath": "/"}, "ApplicationHealthLinux", 8081),
+        ({"protocol": "tcp", "port": 8081}, "ApplicationHealthWindows", 8081),
+        ({"protocol": "http", "requestPath": "/"}, "ApplicationHealthLinux", 80),  # its default
+        ({"protocol": "https", "requestPath": "/"}, "ApplicationHealthLinux", 443),
+    ],
+    ids=["http", "tcp-windows", "http-default-port", "https-default-port"],
+)
+def test_repairs_that_watch_the_health_extension_on_the_drain_probe_port_are_refused(
+    settings: dict[str, Any], kind: str, port: int
+) -> None:
+    """The Application Health extension probes from inside the VM, so it reaches the drain
+    probe as well as the load balancer does: repairs watching it would see the drain's 503."""
+    vmss = scale_set(repairs=True, probe=None, extensions=[LOGS, extension(settings, kind=kind)])
+    with pytest.raises(DeploymentFailed) as refused:
+        deploy(vmss, port)
+    message = str(refused.value)
+    assert "web" in message and str(port) in message and "Application Health extension" in message
+    assert "settings.port" in message and "disable automaticRepairsPolicy" in message
+
+
+@pytest.mark.parametrize(
     ("vmss", "port", "reads_the_probe"),
     [
         (scale_set(repairs=True, probe="app-health"), 8081, True),  # repairs watch another probe
@@ -164,8 +244,46 @@ def test_a_scale_set_whose_repairs_watch_the_drain_probe_is_refused_with_the_fix
         (scale_set(repairs=None, probe="sebridge-drain"), 8081, False),  # no repairs policy
         (scale_set(repairs=True, probe=None), 8081, False),  # repairs on the health extension
         (scale_set(repairs=True, probe="sebridge-drain"), 0, False),  # no drain probe
+        (  # repairs on the health extension, which probes the application's own port
+            scale_set(
+                repairs=True,
+                probe=None,
+                extensions=[LOGS, extension({"protocol": "http", "port": 8080})],
+            ),
+            8081,
+            False,
+        ),
+        (  # the extension probes the drain probe's port, but repairs are off
+            scale_set(repairs=False, probe=None, extensions=[extension({"port": 8081})]),
+            8081,
+            False,
+        ),
+        (  # no port: https probes 443, not the drain probe's 80
+            scale_set(repairs=True, probe=None, extensions=[extension({"protocol": "https"})]),
+            80,
+            False,
+        ),
+        (  # another extension with a "port" setting is not what repairs watch
+            scale_set(
+                repairs=True,
+                probe=None,
+                extensions=[extension({"port": 8081}, kind="CustomScript")],
+            ),
+            8081,
+            False,
+        ),
     ],
-    ids=["other-probe", "repairs-off", "no-policy", "health-extension", "probe-off"],
+    ids=[
+        "other-probe",
+        "repairs-off",
+        "no-policy",
+        "health-extension",
+        "probe-off",
+        "extension-other-port",
+        "extension-repairs-off",
+        "extension-https-default",
+        "not-a-health-extension",
+    ],
 )
 def test_other_scale_sets_are_accepted(
     vmss: dict[str, Any], port: int, reads_the_probe: bool
