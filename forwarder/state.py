@@ -26,6 +26,7 @@ from sebridge.forwarder.durable import atomic_write
 from sebridge.forwarder.imds.impact import Impact
 from sebridge.imds import InvalidDocument, ScheduledEvent
 from sebridge.lifecycle import Life
+from sebridge.times import stored
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class RecentTransition:
         if not isinstance(value, dict):
             return None
         texts = [value.get(name) for name in ("eventRef", "eventId", "transition", "messageId")]
-        at = _moment(value.get("at"))
+        at = stored(value.get("at"))
         if at is None or not all(isinstance(text, str) and 0 < len(text) <= 256 for text in texts):
             return None
         ref, event_id, transition, message_id = (str(text) for text in texts)
@@ -163,7 +164,7 @@ class ForwarderState:
             events={e.key: e for e in events},
             outbox_seq=outbox_seq,
             lives=lives,
-            observed_at=_moment(obj.get("observedAt")),
+            observed_at=stored(obj.get("observedAt")),
             impacts=impacts,
             identity=_identity(obj.get("identity")),
             transitions=_transitions(obj.get("transitions")),
@@ -201,18 +202,6 @@ def is_identity(observer: Observer) -> bool:
     one check wherever an identity is accepted: the lookup, the identity saved by an earlier
     run, the local actions' journal, and rebinding a message to it."""
     return bool(observer.vm_id.strip() and observer.resource_id.strip())
-
-
-def _moment(value: object) -> datetime | None:
-    """An aware ISO 8601 time written by :meth:`ForwarderState.to_json`; None if unreadable
-    (then the observation gap counts as long, as for a state file from before it was kept)."""
-    if not isinstance(value, str) or len(value) > 64:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-        return moment.astimezone(UTC) if moment.tzinfo else None
-    except (ValueError, OverflowError):
-        return None
 
 
 def bounded_lives(lives: dict[str, Life], present: set[str]) -> dict[str, Life]:

@@ -34,29 +34,62 @@ def readable(moment: datetime) -> datetime | None:
     return moment if EARLIEST <= moment <= LATEST else None
 
 
-def clamp(moment: datetime) -> datetime:
-    """``moment`` in UTC, held to :data:`EARLIEST` .. :data:`LATEST`."""
+def clamp(moment: datetime, earliest: datetime = EARLIEST, latest: datetime = LATEST) -> datetime:
+    """``moment`` in UTC (a naive one is taken as UTC), held to ``earliest`` .. ``latest`` (by
+    default the bridge's range; a store with a range of its own passes that)."""
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     try:
         moment = moment.astimezone(UTC)
     except OverflowError:
-        return EARLIEST if moment.year < 5000 else LATEST
-    return min(max(moment, EARLIEST), LATEST)
+        return earliest if moment.year < 5000 else latest
+    return min(max(moment, earliest), latest)
 
 
-def shifted(moment: datetime, seconds: float | timedelta) -> datetime:
-    """``moment + seconds`` held to :data:`EARLIEST` .. :data:`LATEST` (never raises)."""
+def shifted(
+    moment: datetime,
+    seconds: float | timedelta,
+    earliest: datetime = EARLIEST,
+    latest: datetime = LATEST,
+) -> datetime:
+    """``moment + seconds`` held to ``earliest`` .. ``latest`` (never raises)."""
     if isinstance(seconds, timedelta):
         delta = seconds
     elif seconds != seconds:  # NaN: no shift
-        return clamp(moment)
+        return clamp(moment, earliest, latest)
     else:
         try:
             delta = timedelta(seconds=seconds)
         except OverflowError:  # more days than a timedelta holds
-            return LATEST if seconds > 0 else EARLIEST
+            return latest if seconds > 0 else earliest
     try:
-        return clamp(clamp(moment) + delta)
+        return clamp(clamp(moment, earliest, latest) + delta, earliest, latest)
     except OverflowError:
-        return EARLIEST if delta < timedelta(0) else LATEST
+        return earliest if delta < timedelta(0) else latest
+
+
+def parse_iso(value: object) -> datetime | None:
+    """A time as the bridge writes it: ISO 8601 text with ``Z`` or an offset (at most 64
+    characters), or an aware datetime (what a store's SDK returns); not yet converted nor
+    range-checked. None for anything else, a time without a zone among them (the bridge never
+    writes one, so its zone would be a guess). Callers then apply a range: :func:`stored`, or
+    :func:`clamp` with a store's own."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str) and 0 < len(value) <= 64:
+        try:
+            moment = datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    else:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def stored(value: object) -> datetime | None:
+    """The one reader of a time read back from the bridge's own records and files (a state or
+    status file, a blob, a table row): in UTC and within the bridge's range, else None. Text
+    that is not a time, a time without a zone or a far-off one (a damaged record) never reaches
+    a comparison with an aware ``now``, where it would raise."""
+    moment = parse_iso(value)
+    return readable(moment) if moment is not None else None

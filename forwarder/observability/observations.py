@@ -35,6 +35,7 @@ from sebridge.contract.events import Envelope
 from sebridge.forwarder.observability.health import Health
 from sebridge.forwarder.ports import ImdsError
 from sebridge.imds import isoformat_utc
+from sebridge.times import stored
 
 STATUS_VERSION = 1
 STALE_AFTER = 30.0
@@ -77,16 +78,6 @@ def _iso(moment: datetime | None) -> str | None:
     return isoformat_utc(moment) if moment is not None else None
 
 
-def _moment(value: object) -> datetime | None:
-    if not isinstance(value, str) or len(value) > 64:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else None
-
-
 IDENTITY_UNKNOWN_LIMIT = 300.0  # seconds the VM's identity may stay unknown with messages waiting
 
 
@@ -97,7 +88,7 @@ def assess(status: Mapping[str, Any], now: datetime, *, slack: float = 0.0) -> l
     reasons: list[str] = []
     interval = status.get("pollInterval")
     limit = stale_after(interval if isinstance(interval, int | float) else 1.0) + slack
-    last_poll = _moment(status.get("lastSuccessfulPoll"))
+    last_poll = stored(status.get("lastSuccessfulPoll"))
     if last_poll is None:
         reasons.append("no successful poll of IMDS yet")
     else:
@@ -108,10 +99,10 @@ def assess(status: Mapping[str, Any], now: datetime, *, slack: float = 0.0) -> l
         ("stateSaveFailingSince", "the state file cannot be saved"),
         ("outboxWriteFailingSince", "the outbox cannot be written"),
     ):
-        since = _moment(status.get(key))
+        since = stored(status.get(key))
         if since is not None:
             reasons.append(f"{what} since {isoformat_utc(since)}")
-    unknown = _moment(status.get("identityUnknownSince"))
+    unknown = stored(status.get("identityUnknownSince"))
     depth = status.get("outboxDepth")
     if (
         unknown is not None
@@ -123,7 +114,7 @@ def assess(status: Mapping[str, Any], now: datetime, *, slack: float = 0.0) -> l
             f"the VM's identity (instance metadata) unknown since {isoformat_utc(unknown)}: "
             f"{depth} message(s) wait to be sent"
         )
-    failing = _moment(status.get("publishFailingSince"))
+    failing = stored(status.get("publishFailingSince"))
     if failing is not None and (now - failing).total_seconds() > SEND_FAILING_LIMIT:
         reasons.append(f"sending to Service Bus failing since {isoformat_utc(failing)}")
     return reasons

@@ -38,6 +38,7 @@ from sebridge.forwarder.state import MAX_STATE_BYTES, STATE_FILE, ForwarderState
 from sebridge.imds import isoformat_utc
 from sebridge.lifecycle import event_ref
 from sebridge.text import printable
+from sebridge.times import stored
 
 EXIT_HEALTHY, EXIT_DEGRADED, EXIT_NO_STATE = 0, 1, 2
 MAX_STATUS_BYTES = 1024 * 1024
@@ -272,19 +273,9 @@ def collect(state_dir: Path, now: datetime | None = None) -> Report:
     return report
 
 
-def _moment(value: object) -> datetime | None:
-    if not isinstance(value, str) or len(value) > 64:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else None
-
-
 def _later(value: object, than: object) -> bool:
     """Whether the time ``value`` is after ``than`` (an unreadable one is never later)."""
-    first, second = _moment(value), _moment(than)
+    first, second = stored(value), stored(than)
     return first is not None and (second is None or first > second)
 
 

@@ -23,6 +23,7 @@ import requests
 from functions.adapters.arm import TokenCredential
 from functions.adapters.retry import RetryPolicy, send
 from sebridge.imds import isoformat_utc
+from sebridge.times import stored
 
 log = logging.getLogger("sebridge.functions.heartbeats")
 
@@ -113,7 +114,10 @@ class BlobHeartbeatStore:
             raise HeartbeatStoreError(f"heartbeat store read: HTTP {response.status_code}")
         try:
             text = json.loads(response.content)["lastHeartbeat"]
-            return datetime.fromisoformat(text.replace("Z", "+00:00"))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("unreadable heartbeat record for %s: %s", vm_name, exc)
             return None
+        moment = stored(text)
+        if moment is None:
+            log.warning("unreadable heartbeat record for %s: lastHeartbeat is not a time", vm_name)
+        return moment

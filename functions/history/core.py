@@ -67,7 +67,7 @@ from typing import Any, Protocol
 from functions.shared import names
 from functions.shared.transient import RetryWindow, TransientFault, within
 from functions.shared.verified import VerifiedMessage
-from sebridge import lifecycle
+from sebridge import lifecycle, times
 from sebridge.contract.events import Transition, TransitionMessage
 from sebridge.imds import isoformat_utc
 
@@ -151,33 +151,18 @@ def _json(value: object) -> str:
 
 def clamp_time(moment: datetime) -> datetime:
     """``moment`` in UTC, held to what Azure Table can store (1601 to 9999)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    try:
-        moment = moment.astimezone(UTC)
-    except OverflowError:
-        return EARLIEST if moment.year < 5000 else LATEST
-    return min(max(moment, EARLIEST), LATEST)
+    return times.clamp(moment, EARLIEST, LATEST)
 
 
 def shifted(moment: datetime, delta: timedelta) -> datetime:
     """``moment + delta`` held to 1601..9999 (never an OverflowError)."""
-    try:
-        return clamp_time(clamp_time(moment) + delta)
-    except OverflowError:
-        return EARLIEST if delta < timedelta(0) else LATEST
+    return times.shifted(moment, delta, EARLIEST, LATEST)
 
 
 def _time(value: object) -> datetime | None:
     """A stored time back (our own ISO 8601 text); None for anything else."""
-    if isinstance(value, datetime):
-        return clamp_time(value)
-    if isinstance(value, str) and value:
-        try:
-            return clamp_time(datetime.fromisoformat(value.replace("Z", "+00:00")))
-        except ValueError:
-            return None
-    return None
+    moment = times.parse_iso(value)
+    return clamp_time(moment) if moment is not None else None
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -46,6 +46,7 @@ from functions.shared.event_record import event_of
 from sebridge.contract.cloudevents import CloudEvent
 from sebridge.contract.events import DATA_SCHEMA, TransitionMessage
 from sebridge.imds import ScheduledEvent, isoformat_utc
+from sebridge.times import stored
 
 log = logging.getLogger("sebridge.functions.lb_pools")
 
@@ -145,15 +146,6 @@ def observer_key(message: TransitionMessage) -> str:
     return f"{observer.resource_group}/{observer.vm_name}".lower()
 
 
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def read(state: Mapping[str, Any]) -> dict[str, HeldEvent]:
     """The held events in a pool's state; unreadable entries are skipped with a warning."""
     held = state.get("held")
@@ -164,7 +156,7 @@ def read(state: Mapping[str, Any]) -> dict[str, HeldEvent]:
         if not isinstance(entry, Mapping):
             log.warning("unreadable held entry dropped", extra={"eventId": str(event_id)[:64]})
             continue
-        held_at, body = _time(entry.get("heldAt")), entry.get("message")
+        held_at, body = stored(entry.get("heldAt")), entry.get("message")
         message_id = entry.get("messageId")
         if held_at is None or not isinstance(body, dict) or not isinstance(message_id, str):
             log.warning("unreadable held entry dropped", extra={"eventId": str(event_id)[:64]})
@@ -175,7 +167,7 @@ def read(state: Mapping[str, Any]) -> dict[str, HeldEvent]:
             message_id,
             body,
             held_at,
-            _time(entry.get("notBefore")),
+            stored(entry.get("notBefore")),
             observer if isinstance(observer, str) else "",
         )
     return result
@@ -256,7 +248,7 @@ def _read_leaving(state: Mapping[str, Any], key: str = "leaving") -> dict[str, L
         return {}
     result: dict[str, Leaving] = {}
     for event_id, entry in raw.items():
-        until = _time(entry.get("until")) if isinstance(entry, Mapping) else None
+        until = stored(entry.get("until")) if isinstance(entry, Mapping) else None
         ipcs = entry.get("ipConfigurations") if isinstance(entry, Mapping) else None
         if until is None or not isinstance(ipcs, list):
             log.warning("unreadable leaving entry dropped", extra={"eventId": str(event_id)[:64]})

@@ -55,6 +55,7 @@ from functions.shared.ports import MomentScheduler, PoolStore
 from functions.shared.verified import Checked, UnverifiedMessage, VerifiedMessage
 from sebridge.contract.events import ContractError, TransitionMessage, parse_message
 from sebridge.imds import isoformat_utc
+from sebridge.times import stored
 
 log = logging.getLogger("sebridge.functions.moments")
 
@@ -103,20 +104,10 @@ class Pending:
         }
 
 
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else None
-
-
 def _entry(entry: object) -> Pending | None:
     if not isinstance(entry, Mapping):
         return None
-    at = _time(entry.get("at"))
+    at = stored(entry.get("at"))
     tok = entry.get("token")
     sequence = entry.get("sequence")
     body = entry.get("message")

@@ -36,6 +36,7 @@ from typing import Any
 
 from sebridge.contract.events import Transition
 from sebridge.imds import isoformat_utc
+from sebridge.times import stored
 
 log = logging.getLogger("sebridge.functions.event_record")
 
@@ -121,22 +122,13 @@ def rank(transition: str) -> int:
     return _RANK.get(transition, 0)
 
 
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def scope_of(record: Mapping[str, Any], placement: str) -> ScopeView | None:
     """The scope's view of the event, or None (nothing noted, or unreadable)."""
     scopes = record.get("scopes")
     entry = scopes.get(placement.lower()) if isinstance(scopes, Mapping) else None
     if not isinstance(entry, Mapping):
         return None
-    observed = _time(entry.get("observedAt"))
+    observed = stored(entry.get("observedAt"))
     resources = entry.get("resources")
     members = entry.get("members")
     if observed is None or not isinstance(resources, list):

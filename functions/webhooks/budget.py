@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sebridge.imds import isoformat_utc
+from sebridge.times import stored
 
 log = logging.getLogger("sebridge.functions.webhooks")
 
@@ -47,15 +48,6 @@ class Admission:
     reason: str = ""
 
 
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def spend(
     record: dict[str, Any], event_key: str, now: datetime, limit: int
 ) -> tuple[bool, Admission]:
@@ -65,7 +57,7 @@ def spend(
     kept: list[dict[str, str]] = []
     pages = record.get("pages")
     for entry in pages if isinstance(pages, list) else []:
-        at = _time(entry.get("at")) if isinstance(entry, dict) else None
+        at = stored(entry.get("at")) if isinstance(entry, dict) else None
         event = entry.get("event") if isinstance(entry, dict) else None
         if at is not None and isinstance(event, str) and since < at <= now + WINDOW:
             kept.append({"event": event, "at": isoformat_utc(at)})

@@ -19,7 +19,8 @@ from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.storage import FakeBlobStorage
 from emulators.fakes.webhooks import PAGERDUTY, SLACK, FakeWebhooks
 from functions.adapters.pool_state import BlobPoolStore
-from functions.webhooks.budget import PageBudget
+from functions.webhooks.budget import PageBudget, spend
+from sebridge.imds import isoformat_utc
 from tests.functions.support import NOW, POOL_CONTAINER, App, at_once, envelope
 from tests.functions.test_workflow_webhooks_trust import (  # noqa: F401 - fixtures
     ENDPOINTS,
@@ -96,3 +97,14 @@ def test_instances_share_one_budget(
 def admitted(budgets: list[PageBudget]) -> set[str]:
     record = budgets[0].store.read_event("page-budget:" + OBSERVER)  # type: ignore[attr-defined]
     return {entry["event"] for entry in record["pages"]}
+
+
+@pytest.mark.parametrize("at", ["2026-11-26T10:00:00", "1969-01-01T00:00:00Z", "not a time", 7])
+def test_a_damaged_entry_in_a_budget_record_is_dropped_not_raised(at: object) -> None:
+    """A page budget record is read back from the blob store: an entry whose time has no zone
+    (the bridge never writes one) used to be compared with the aware clock and raise, failing
+    every webhook delivery of that observer. It is dropped, and the budget counts on."""
+    record: dict[str, object] = {"pages": [{"event": "old", "at": at}]}
+    changed, answer = spend(record, "new", NOW, 2)
+    assert answer.allowed and changed
+    assert record["pages"] == [{"event": "new", "at": isoformat_utc(NOW)}]

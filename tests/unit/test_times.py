@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sebridge.contract.cloudevents import CloudEventError, parse_time
 from sebridge.imds import ScheduledEvent, parse_not_before
-from sebridge.times import EARLIEST, LATEST, shifted
+from sebridge.times import EARLIEST, LATEST, clamp, parse_iso, shifted, stored
 from sebridge.timing import MAX_LEAD_SECONDS, Leads, drain_moment, probe_begins
 
 DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
@@ -147,3 +147,58 @@ def test_a_message_time_outside_the_range_is_refused_with_a_reason() -> None:
         with pytest.raises(CloudEventError, match="out of range"):
             parse_time(text)
     assert parse_time("2026-11-22T10:00:00Z") == datetime(2026, 11, 22, 10, tzinfo=UTC)
+
+
+# ---- the one reader of stored times (sebridge.times.stored) --------------------------------
+
+
+@given(st.one_of(st.text(max_size=80), st.integers(), st.none(), st.floats(), st.lists(st.text())))
+@settings(max_examples=300, deadline=None)
+def test_a_stored_time_reads_as_an_aware_utc_time_in_range_or_as_none(value: object) -> None:
+    moment = stored(value)
+    assert moment is None or (moment.tzinfo is UTC and EARLIEST <= moment <= LATEST)
+
+
+@given(EDGE, OFFSET)
+@settings(max_examples=300, deadline=None)
+def test_what_the_bridge_writes_reads_back_as_the_same_time(moment: datetime, zone: object) -> None:
+    assert isinstance(zone, timezone) or zone is UTC
+    try:
+        aware = moment.replace(tzinfo=zone)  # type: ignore[arg-type]
+        in_utc = aware.astimezone(UTC)
+    except OverflowError:
+        assert stored(moment.replace(tzinfo=zone).isoformat()) is None  # type: ignore[arg-type]
+        return
+    read = stored(aware.isoformat())
+    if EARLIEST <= in_utc <= LATEST:
+        assert read == in_utc and read is not None and read.tzinfo is UTC
+    else:
+        assert read is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2026-11-26T10:00:00",  # no zone: never written by the bridge, its zone a guess
+        datetime(2026, 11, 26, 10),  # the same as a datetime
+        "1969-12-31T23:59:59Z",
+        "9999-12-31T23:59:59-01:00",  # past datetime.max in UTC
+        "2026-11-26T10:00:00Z" + " " * 60,  # longer than any time
+        "",
+        "yesterday",
+    ],
+)
+def test_a_damaged_stored_time_is_none(value: object) -> None:
+    assert stored(value) is None
+
+
+def test_z_in_either_case_and_offsets_read_as_utc() -> None:
+    expected = datetime(2026, 11, 26, 10, tzinfo=UTC)
+    assert stored("2026-11-26T10:00:00Z") == expected
+    assert stored("2026-11-26T10:00:00z") == expected
+    assert stored("2026-11-26T11:00:00+01:00") == expected
+    assert parse_iso(datetime(2026, 11, 26, 10, tzinfo=UTC)) == expected
+    # A store with a range of its own clamps what parse_iso gives (the history's table range).
+    table_latest = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    far = parse_iso("9999-12-31T23:59:59-01:00")
+    assert far is not None and clamp(far, EARLIEST, table_latest) == table_latest
