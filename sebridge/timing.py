@@ -257,7 +257,9 @@ class UnhealthyRuns:
       on it once, when it begins, so a step of the wall clock neither stretches nor cuts a run.
 
     Replaying from the begin times alone gives the same runs, so a restart that recomputes the
-    begin times from durable data continues where it was."""
+    begin times from durable data continues a run that was going on; what replay cannot give
+    back (when the probe was last 503: a started event's, a run cut short) is replaced by the
+    restart itself, the end of the time the probe was refused (:meth:`restarted`)."""
 
     def __init__(self, bound: timedelta, min_healthy: timedelta = timedelta(0)) -> None:
         self.bound = bound
@@ -344,6 +346,17 @@ class UnhealthyRuns:
                 return active
             self.spent |= {k for k in active if at[k] <= end}
             self._start, self._resumable, self._ended = None, None, end
+
+    def restarted(self) -> None:
+        """The process starts again: while it was down its probe was refused, which the
+        balancer and repairs count as unhealthy, and when the probe was last 503 was lost with
+        the process. So unless the replay from the durable begin times shows a run going on (it
+        goes on, its bound counted from its start), the probe answers 200 for ``min_healthy``
+        from now before a new run starts (call after the first :meth:`holding`)."""
+        if self._start is None:
+            mono = self._now[1]
+            self._ended = mono if self._ended is None else max(self._ended, mono)
+            self._resumable = None
 
     def run_end(self) -> datetime | None:
         """When the current run reaches the bound (None: no run)."""

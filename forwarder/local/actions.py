@@ -127,7 +127,6 @@ class LocalActions:
         self.leads = leads
         self.now = now
         # Events left out of a recent document: (when, their timing), oldest first.
-        self._recent: dict[str, tuple[datetime, Timing]] = {}
 
     # -- the listener -----------------------------------------------------------------------
     def document_observed(
@@ -171,14 +170,16 @@ class LocalActions:
                     )
                 present = {event.key for event in document.events}
                 events = remember(view.events, document.events)
+                timing, recent = self._carry_timing(view, events, observed_at)
                 new = View(
                     events,
                     bounded_lives(lives, present),
                     observed_at,
                     document.incarnation,
                     observer,
-                    self._carry_timing(view, events, observed_at),
+                    timing,
                     self._unjudged(view.unjudged, observer, observed),
+                    recent,
                 )
                 for item in observed:
                     self.preparations.observe(item)
@@ -191,6 +192,7 @@ class LocalActions:
                     persist=bool(changes)
                     or document.incarnation != before.incarnation
                     or new.timing != before.timing
+                    or new.recent != before.recent
                     or new.observer != before.observer,
                 )
             finally:
@@ -280,33 +282,36 @@ class LocalActions:
     # -- when to act --------------------------------------------------------------------------
     def _carry_timing(
         self, view: View, events: Mapping[str, ScheduledEvent], observed_at: datetime
-    ) -> dict[str, Timing]:
+    ) -> tuple[dict[str, Timing], dict[str, tuple[datetime, Timing]]]:
         """The timing of each event of the new view: kept for the events already known, first
         seen now for the new ones (a view from before issue 24 knows events without a timing:
         first seen at its last poll). An event IMDS left out of a document and shows again
         within :data:`~sebridge.timing.RECENT_SECONDS` keeps the timing it had (first seen, the
         moment that passed, when the probe's 503 began), remembered for at most
-        :data:`~sebridge.timing.MAX_RECENT` events: a flap restarts nothing."""
+        :data:`~sebridge.timing.MAX_RECENT` events: a flap restarts nothing. That memory is
+        part of the view (journaled with it): a restart between the two documents forgets
+        nothing. Returns the new view's timing and memory."""
+        recent = dict(view.recent)
         for key, gone in view.timing.items():
             if key not in events:
-                self._recent.pop(key, None)
-                self._recent[key] = (observed_at, gone)
+                recent.pop(key, None)
+                recent[key] = (observed_at, gone)
         horizon = shifted(observed_at, -RECENT_SECONDS)
-        for key in [k for k, (gone, _) in self._recent.items() if not horizon <= gone]:
-            del self._recent[key]
-        while len(self._recent) > MAX_RECENT:
-            del self._recent[next(iter(self._recent))]
+        for key in [k for k, (gone, _) in recent.items() if not horizon <= gone]:
+            del recent[key]
+        while len(recent) > MAX_RECENT:
+            del recent[next(iter(recent))]
         out = {}
         for key in events:
             timing: Timing | None = view.timing.get(key)
-            if timing is None and key in self._recent:
-                timing = replace(self._recent.pop(key)[1], prepare=None)
+            if timing is None and key in recent:
+                timing = replace(recent.pop(key)[1], prepare=None)
                 log.info("local actions: %s is back: it keeps its timing", key)
             if timing is None:
                 known = key in view.events and view.observed_at is not None
                 timing = Timing(view.observed_at if known and view.observed_at else observed_at)
             out[key] = timing
-        return out
+        return out, recent
 
     def moment(self, event: ScheduledEvent, timing: Timing) -> datetime:
         """The event's drain moment: the one that passed, or the one to come."""
@@ -443,7 +448,8 @@ class LocalActions:
         the forwarder's state as its view), drain again for what the view shows, queue the
         hooks a crash cut short and those whose moment came while it was down, and publish
         what was prepared but not yet published."""
-        if not self.store.load() and fallback is not None:
+        restarted = self.store.load()
+        if not restarted and fallback is not None:
             log.info(
                 "local actions: no view in the journal yet: starting from the forwarder's state"
             )
@@ -453,10 +459,13 @@ class LocalActions:
             view = self.store.view
             if view.events.keys() - view.timing.keys():
                 at = view.observed_at or self.now()
-                self.store.set_view(replace(view, timing=self._carry_timing(view, view.events, at)))
+                timing, recent = self._carry_timing(view, view.events, at)
+                self.store.set_view(replace(view, timing=timing, recent=recent))
                 view = self.store.view
         if self.probe is not None and view.observer is not None:
             self.probe.follow(view.events.values(), view.observer, self._probe_begins(view))
+        if self.probe is not None and restarted:
+            self.probe.restarted()
             if self.probe.draining:
                 log.info("draining again after a restart, from the journal's view")
         if self.hooks is not None:

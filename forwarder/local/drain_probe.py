@@ -276,6 +276,22 @@ class DrainProbe:
             self._evaluate(now)
             self._cond.notify_all()
 
+    def restarted(self) -> None:
+        """After a restart, once the journal's view is followed: a drain whose run the replay
+        does not show going on waits the healthy gap from now (UnhealthyRuns.restarted)."""
+        with self._cond:
+            now = self.now()
+            self._evaluate(now)
+            self._runs.restarted()
+            holding = self._evaluate(now)
+            if not holding and any(not d.started for d in self._drains.values()):
+                log.info(
+                    "drain probe: 200 for at least %g s after the restart before a new run of "
+                    "503 (the balancer saw the probe down meanwhile)",
+                    self.min_healthy,
+                )
+            self._cond.notify_all()
+
     def _evaluate(self, now: datetime) -> set[str]:
         """(Under the lock.) The not-started drains holding the probe at 503 now; logs when
         the level changes and when a run reaches the bound."""

@@ -36,6 +36,7 @@ from sebridge.forwarder.observability.health import ConditionLog
 from sebridge.forwarder.state import MAX_LIVES, ForwarderState
 from sebridge.imds import InvalidDocument, ScheduledEvent
 from sebridge.lifecycle import Life
+from sebridge.timing import MAX_RECENT
 
 log = logging.getLogger("forwarder.local")
 
@@ -139,6 +140,23 @@ class Unjudged:
         return cls(transition, message_id, event, incarnation)
 
 
+def _recent(raw: object) -> dict[str, tuple[datetime, Timing]]:
+    """Tolerant: the entries that read (none in a journal from before they were kept); a
+    damaged one is dropped, and its event, should it come back, starts afresh."""
+    out: dict[str, tuple[datetime, Timing]] = {}
+    for key, entry in (raw.items() if isinstance(raw, dict) else ()):
+        if len(out) >= MAX_RECENT or not isinstance(entry, dict):
+            continue
+        try:
+            out[str(key)] = (
+                _time(entry.get("goneAt"), "goneAt"),
+                Timing.from_json(entry.get("timing")),
+            )
+        except ValueError:
+            continue
+    return out
+
+
 @dataclass
 class View:
     """The local actions' own view of the events: what the next document is diffed against
@@ -154,6 +172,10 @@ class View:
     # The transitions judged by a fallback name since the last judgment by this VM's identity,
     # oldest first, at most MAX_UNJUDGED: judged again, in order, when the identity resolves.
     unjudged: tuple[Unjudged, ...] = ()
+    # The timing of events IMDS left out of a document lately, by key: (when they went, their
+    # timing), oldest first, at most MAX_RECENT (sebridge.timing): one that comes back keeps
+    # its timing, across a restart too.
+    recent: dict[str, tuple[datetime, Timing]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -164,6 +186,10 @@ class View:
             "lives": {key: life.to_json() for key, life in self.lives.items()},
             "timing": {key: timing.to_json() for key, timing in self.timing.items()},
             "unjudged": [item.to_json() for item in self.unjudged],
+            "recent": {
+                key: {"goneAt": _time_text(gone), "timing": timing.to_json()}
+                for key, (gone, timing) in self.recent.items()
+            },
         }
 
     @classmethod
@@ -221,6 +247,7 @@ class View:
                 if key in by_key
             },
             unjudged=unjudged,
+            recent=_recent(obj.get("recent")),
         )
 
     @classmethod
