@@ -33,7 +33,7 @@ param extensions array
 var repairsOn = (drainProbePort != 0) && ((repairsPolicy.?enabled) ?? false)
 var repairsProbePort = ((!repairsOn) || empty(healthProbeId)) ? 0 : reference(healthProbeId, '2023-09-01').port
 var repairsWatchDrainProbe = repairsOn && (repairsProbePort == drainProbePort)
-var healthExtensions = filter(extensions, e => ((((e.?properties.?publisher) ?? '') == 'Microsoft.ManagedServices') && startsWith(string((e.?properties.?type) ?? ''), 'ApplicationHealth')))
+var healthExtensions = filter(extensions, e => ((((e.?properties.?publisher) ?? '') =~ 'Microsoft.ManagedServices') && startsWith(string((e.?properties.?type) ?? ''), 'ApplicationHealth')))
 var healthExtensionPorts = map(healthExtensions, e => (e.?properties.?settings.?port) ?? ((toLower(string((e.?properties.?settings.?protocol) ?? 'http')) == 'https') ? 443 : 80))
 var extensionWatchesDrainProbe = repairsOn && contains(healthExtensionPorts, drainProbePort)
 var refusal = 'Scale set ${vmssName}: its automatic instance repairs watch the load balancer probe ${healthProbeId} on port ${drainProbePort}, the drain probe\'s port. The drain probe answers 503 while the VM drains (bounded before the event starts, for as long as it lasts once it has), and repairs would replace, reimage or restart the instance. Fix one of: give repairs a probe of their own (a second load balancer probe on the application\'s health port, set as networkProfile.healthProbe), or watch the Application Health extension instead (on the application\'s own port), or disable automaticRepairsPolicy, or deploy with drainProbePort 0 (docs/vm-actions.md).'

@@ -139,6 +139,11 @@ class Guard:
             return not self.eval(ops["bool_value"])
         if kind == "equals":
             return self.eval(ops["operand_1"]) == self.eval(ops["operand_2"])
+        if kind == "equals_case_insensitive":  # =~ (strings; ARM compares them ignoring case)
+            left, right = self.eval(ops["operand_1"]), self.eval(ops["operand_2"])
+            if isinstance(left, str) and isinstance(right, str):
+                return left.lower() == right.lower()
+            return bool(left == right)
         if kind == "not_equals":
             return self.eval(ops["operand_1"]) != self.eval(ops["operand_2"])
         raise AssertionError(f"operator not modelled: {kind}")
@@ -213,22 +218,33 @@ def test_a_scale_set_whose_repairs_watch_the_drain_probe_is_refused_with_the_fix
     assert "disable automaticRepairsPolicy" in message
 
 
+MS = "Microsoft.ManagedServices"
+
+
 @pytest.mark.parametrize(
-    ("settings", "kind", "port"),
+    ("settings", "kind", "port", "publisher"),
     [
-        ({"protocol": "http", "port": 8081, "requestPath": "/"}, "ApplicationHealthLinux", 8081),
-        ({"protocol": "tcp", "port": 8081}, "ApplicationHealthWindows", 8081),
-        ({"protocol": "http", "requestPath": "/"}, "ApplicationHealthLinux", 80),  # its default
-        ({"protocol": "https", "requestPath": "/"}, "ApplicationHealthLinux", 443),
+        (
+            {"protocol": "http", "port": 8081, "requestPath": "/"},
+            "ApplicationHealthLinux",
+            8081,
+            MS,
+        ),
+        ({"protocol": "tcp", "port": 8081}, "ApplicationHealthWindows", 8081, MS),
+        ({"protocol": "http", "requestPath": "/"}, "ApplicationHealthLinux", 80, MS),  # default
+        ({"protocol": "https", "requestPath": "/"}, "ApplicationHealthLinux", 443, MS),
+        # ARM returns the publisher as it was written: any case names the same publisher.
+        ({"port": 8081}, "ApplicationHealthLinux", 8081, "microsoft.managedservices"),
     ],
-    ids=["http", "tcp-windows", "http-default-port", "https-default-port"],
+    ids=["http", "tcp-windows", "http-default-port", "https-default-port", "publisher-case"],
 )
 def test_repairs_that_watch_the_health_extension_on_the_drain_probe_port_are_refused(
-    settings: dict[str, Any], kind: str, port: int
+    settings: dict[str, Any], kind: str, port: int, publisher: str
 ) -> None:
     """The Application Health extension probes from inside the VM, so it reaches the drain
     probe as well as the load balancer does: repairs watching it would see the drain's 503."""
-    vmss = scale_set(repairs=True, probe=None, extensions=[LOGS, extension(settings, kind=kind)])
+    health = extension(settings, kind=kind, publisher=publisher)
+    vmss = scale_set(repairs=True, probe=None, extensions=[LOGS, health])
     with pytest.raises(DeploymentFailed) as refused:
         deploy(vmss, port)
     message = str(refused.value)
