@@ -7,7 +7,8 @@
 // in the branch of ?: that is not taken is never evaluated). Repairs that watch the Application
 // Health extension are refused the same way when the extension probes the drain probe's port
 // (its settings.port, or 80 or 443 by its protocol when it names none); repairs that watch a
-// probe or an extension on another port pass.
+// probe or an extension on another port, or a TCP one (it sees the port open, not the 503),
+// pass.
 //
 // No resource here, on purpose: checkov's Bicep parser (pycep-parser 0.5) predates fail(), so
 // the infra tests let checkov skip this one file and evaluate its expressions themselves
@@ -31,10 +32,14 @@ param healthProbeId string
 param extensions array
 
 var repairsOn = (drainProbePort != 0) && ((repairsPolicy.?enabled) ?? false)
-var repairsProbePort = ((!repairsOn) || empty(healthProbeId)) ? 0 : reference(healthProbeId, '2023-09-01').port
-var repairsWatchDrainProbe = repairsOn && (repairsProbePort == drainProbePort)
+var repairsProbe = ((!repairsOn) || empty(healthProbeId)) ? {} : reference(healthProbeId, '2023-09-01')
+// A TCP probe sees only that the port accepts connections, which the drain probe does while it
+// answers 503: only an HTTP(S) probe on the port sees the drain.
+var repairsProbeSeesAnswers = toLower(string((repairsProbe.?protocol) ?? 'http')) != 'tcp'
+var repairsWatchDrainProbe = repairsOn && repairsProbeSeesAnswers && (((repairsProbe.?port) ?? 0) == drainProbePort)
 var healthExtensions = filter(extensions, e => ((((e.?properties.?publisher) ?? '') =~ 'Microsoft.ManagedServices') && startsWith(string((e.?properties.?type) ?? ''), 'ApplicationHealth')))
-var healthExtensionPorts = map(healthExtensions, e => (e.?properties.?settings.?port) ?? ((toLower(string((e.?properties.?settings.?protocol) ?? 'http')) == 'https') ? 443 : 80))
+var healthExtensionsSeeingAnswers = filter(healthExtensions, e => (toLower(string((e.?properties.?settings.?protocol) ?? 'http')) != 'tcp'))
+var healthExtensionPorts = map(healthExtensionsSeeingAnswers, e => (e.?properties.?settings.?port) ?? ((toLower(string((e.?properties.?settings.?protocol) ?? 'http')) == 'https') ? 443 : 80))
 var extensionWatchesDrainProbe = repairsOn && contains(healthExtensionPorts, drainProbePort)
 var refusal = 'Scale set ${vmssName}: its automatic instance repairs watch the load balancer probe ${healthProbeId} on port ${drainProbePort}, the drain probe\'s port. The drain probe answers 503 while the VM drains (bounded before the event starts, for as long as it lasts once it has), and repairs would replace, reimage or restart the instance. Fix one of: give repairs a probe of their own (a second load balancer probe on the application\'s health port, set as networkProfile.healthProbe), or watch the Application Health extension instead (on the application\'s own port), or disable automaticRepairsPolicy, or deploy with drainProbePort 0 (docs/vm-actions.md).'
 

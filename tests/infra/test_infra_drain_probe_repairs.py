@@ -187,6 +187,7 @@ LOGS = extension({"workspaceId": "x"}, kind="OmsAgentForLinux", publisher="Micro
 
 
 PROBES = {
+    PROBE_ID.format(name="tcp-on-drain-port"): {"protocol": "Tcp", "port": 8081},
     PROBE_ID.format(name="sebridge-drain"): {"protocol": "Http", "port": 8081, "requestPath": "/"},
     PROBE_ID.format(name="app-health"): {"protocol": "Http", "port": 8080, "requestPath": "/h"},
 }
@@ -230,13 +231,13 @@ MS = "Microsoft.ManagedServices"
             8081,
             MS,
         ),
-        ({"protocol": "tcp", "port": 8081}, "ApplicationHealthWindows", 8081, MS),
+        ({"protocol": "http", "port": 8081}, "ApplicationHealthWindows", 8081, MS),
         ({"protocol": "http", "requestPath": "/"}, "ApplicationHealthLinux", 80, MS),  # default
         ({"protocol": "https", "requestPath": "/"}, "ApplicationHealthLinux", 443, MS),
         # ARM returns the publisher as it was written: any case names the same publisher.
         ({"port": 8081}, "ApplicationHealthLinux", 8081, "microsoft.managedservices"),
     ],
-    ids=["http", "tcp-windows", "http-default-port", "https-default-port", "publisher-case"],
+    ids=["http", "windows", "http-default-port", "https-default-port", "publisher-case"],
 )
 def test_repairs_that_watch_the_health_extension_on_the_drain_probe_port_are_refused(
     settings: dict[str, Any], kind: str, port: int, publisher: str
@@ -255,6 +256,15 @@ def test_repairs_that_watch_the_health_extension_on_the_drain_probe_port_are_ref
 @pytest.mark.parametrize(
     ("vmss", "port", "reads_the_probe"),
     [
+        # A TCP probe or extension on the port sees it open, not the 503: no hazard.
+        (scale_set(repairs=True, probe="tcp-on-drain-port"), 8081, True),
+        (
+            scale_set(
+                repairs=True, probe=None, extensions=[extension({"protocol": "tcp", "port": 8081})]
+            ),
+            8081,
+            False,
+        ),
         (scale_set(repairs=True, probe="app-health"), 8081, True),  # repairs watch another probe
         (scale_set(repairs=False, probe="sebridge-drain"), 8081, False),  # repairs off
         (scale_set(repairs=None, probe="sebridge-drain"), 8081, False),  # no repairs policy
@@ -290,6 +300,8 @@ def test_repairs_that_watch_the_health_extension_on_the_drain_probe_port_are_ref
         ),
     ],
     ids=[
+        "tcp-probe",
+        "tcp-extension",
         "other-probe",
         "repairs-off",
         "no-policy",
