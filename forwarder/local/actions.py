@@ -126,7 +126,6 @@ class LocalActions:
         self.probe = probe
         self.leads = leads
         self.now = now
-        # Events left out of a recent document: (when, their timing), oldest first.
 
     # -- the listener -----------------------------------------------------------------------
     def document_observed(

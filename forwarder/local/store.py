@@ -144,7 +144,7 @@ def _recent(raw: object) -> dict[str, tuple[datetime, Timing]]:
     """Tolerant: the entries that read (none in a journal from before they were kept); a
     damaged one is dropped, and its event, should it come back, starts afresh."""
     out: dict[str, tuple[datetime, Timing]] = {}
-    for key, entry in (raw.items() if isinstance(raw, dict) else ()):
+    for key, entry in raw.items() if isinstance(raw, dict) else ():
         if len(out) >= MAX_RECENT or not isinstance(entry, dict):
             continue
         try:
