@@ -352,11 +352,12 @@ class UnhealthyRuns:
         balancer and repairs count as unhealthy, and when the probe was last 503 was lost with
         the process. So unless the replay from the durable begin times shows a run going on (it
         goes on, its bound counted from its start), the probe answers 200 for ``min_healthy``
-        from now before a new run starts (call after the first :meth:`holding`)."""
+        from now before a new run starts; a run the replay shows cut short (its drains left
+        out of the document) may go on if they come back within that gap, as without a
+        restart (call after the first :meth:`holding`)."""
         if self._start is None:
             mono = self._now[1]
             self._ended = mono if self._ended is None else max(self._ended, mono)
-            self._resumable = None
 
     def run_end(self) -> datetime | None:
         """When the current run reaches the bound (None: no run)."""

@@ -293,6 +293,12 @@ class LocalActions:
         recent = dict(view.recent)
         for key, gone in view.timing.items():
             if key not in events:
+                left = view.events.get(key)
+                if gone.probe_from is not None and not self._drained(left, view.observer):
+                    # Remembered as a drain (replayed at a restart) only if it held the probe
+                    # at 503 as an event that had not started: a returning one gets its begin
+                    # worked out again from its moment.
+                    gone = replace(gone, probe_from=None)
                 recent.pop(key, None)
                 recent[key] = (observed_at, gone)
         horizon = shifted(observed_at, -RECENT_SECONDS)
@@ -311,6 +317,16 @@ class LocalActions:
                 timing = Timing(view.observed_at if known and view.observed_at else observed_at)
             out[key] = timing
         return out, recent
+
+    def _drained(self, event: ScheduledEvent | None, observer: Observer | None) -> bool:
+        """Whether ``event`` drained this VM through the probe, not started."""
+        return (
+            self.probe is not None
+            and event is not None
+            and observer is not None
+            and not event.is_started
+            and self.probe.applies(event, observer)
+        )
 
     def moment(self, event: ScheduledEvent, timing: Timing) -> datetime:
         """The event's drain moment: the one that passed, or the one to come."""
@@ -464,7 +480,13 @@ class LocalActions:
         if self.probe is not None and view.observer is not None:
             self.probe.follow(view.events.values(), view.observer, self._probe_begins(view))
         if self.probe is not None and restarted:
-            self.probe.restarted()
+            self.probe.restarted(
+                {
+                    key: timing.probe_from
+                    for key, (_, timing) in view.recent.items()
+                    if timing.probe_from is not None
+                }
+            )
             if self.probe.draining:
                 log.info("draining again after a restart, from the journal's view")
         if self.hooks is not None:

@@ -276,11 +276,19 @@ class DrainProbe:
             self._evaluate(now)
             self._cond.notify_all()
 
-    def restarted(self) -> None:
-        """After a restart, once the journal's view is followed: a drain whose run the replay
-        does not show going on waits the healthy gap from now (UnhealthyRuns.restarted)."""
+    def restarted(self, recent: Mapping[str, datetime] | None = None) -> None:
+        """After a restart, once the journal's view is followed. ``recent``: the begins of the
+        drains (not started) whose events IMDS left out of a document lately, from the
+        journal. They are replayed with the present ones, so a run they were in, or the bound
+        they spent, is known again; then a drain whose run the replay does not show going on
+        waits the healthy gap from now (UnhealthyRuns.restarted)."""
         with self._cond:
             now = self.now()
+            mono = self.monotonic() if self.monotonic is not None else None
+            if recent:
+                pending = {key: d.begins for key, d in self._drains.items() if not d.started}
+                forced = any(d.started for d in self._drains.values())
+                self._runs.holding({**recent, **pending}, now, mono, forced=forced)
             self._evaluate(now)
             self._runs.restarted()
             holding = self._evaluate(now)

@@ -185,6 +185,26 @@ def test_an_event_left_out_across_a_restart_keeps_its_timing_and_the_bound_holds
     assert longest(balancers) <= LB_BOUND, [b.longest for b in balancers]
 
 
+def test_a_spent_drain_left_out_across_a_restart_stays_healthy_until_it_starts() -> None:
+    """Round three: a drain that spent its bound was left out of a document, the forwarder
+    restarted, the event came back: the spent mark had lived only in memory, so it got a second
+    full run (and a Prepared) that the same sequence without the restart never gives."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    event = reboot(A, not_before_in=60)  # first sight: 503 from T0; Azure is late
+    vm.poll(event)
+    vm.later(BOUND + 10, event)
+    assert vm.status == 200  # spent
+    prepared = vm.prepared()
+    vm.later(2)  # left out of two documents
+    outside.clock.advance(3)  # kill -9, down 3 s
+    vm = Forwarder(outside)
+    assert first_503(vm, 600, event) is None  # 200 until it starts
+    assert vm.prepared() == prepared
+    vm.later(1, reboot(A, not_before_in=60, status="Started"))
+    assert vm.status == 503
+
+
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
 class BalancerModel(RuleBasedStateMachine):
     """Events of this VM scheduled with any notice, NotBefore passing without a start (Azure
