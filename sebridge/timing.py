@@ -258,8 +258,8 @@ class UnhealthyRuns:
 
     Replaying from the begin times alone gives the same runs, so a restart that recomputes the
     begin times from durable data continues a run that was going on; what replay cannot give
-    back (when the probe was last 503: a started event's, a run cut short) is replaced by the
-    restart itself, the end of the time the probe was refused (:meth:`restarted`)."""
+    back (when the probe was last 503: a started event's, a run cut short) comes from the
+    caller, who keeps when the probe last stopped answering 503 (:meth:`restarted`)."""
 
     def __init__(self, bound: timedelta, min_healthy: timedelta = timedelta(0)) -> None:
         self.bound = bound
@@ -347,17 +347,19 @@ class UnhealthyRuns:
             self.spent |= {k for k in active if at[k] <= end}
             self._start, self._resumable, self._ended = None, None, end
 
-    def restarted(self) -> None:
-        """The process starts again: while it was down its probe was refused, which the
-        balancer and repairs count as unhealthy, and when the probe was last 503 was lost with
-        the process. So unless the replay from the durable begin times shows a run going on (it
-        goes on, its bound counted from its start), the probe answers 200 for ``min_healthy``
-        from now before a new run starts; a run the replay shows cut short (its drains left
-        out of the document) may go on if they come back within that gap, as without a
-        restart (call after the first :meth:`holding`)."""
-        if self._start is None:
-            mono = self._now[1]
-            self._ended = mono if self._ended is None else max(self._ended, mono)
+    def restarted(self, healthy_since: datetime) -> None:
+        """The process starts again; ``healthy_since``: when the probe last stopped answering
+        503 before (kept durably by the caller), which a fresh instance does not know. Unless
+        the replay from the durable begin times shows a run going on (it goes on, its bound
+        counted from its start), a new run waits ``min_healthy`` from then; a run the replay
+        shows cut short may go on, as without a restart (call after the first
+        :meth:`holding`)."""
+        if self._start is not None:
+            return
+        wall, mono = self._now
+        ended = mono - (wall - healthy_since).total_seconds()
+        if ended <= mono:
+            self._ended = ended if self._ended is None else max(self._ended, ended)
 
     def run_end(self) -> datetime | None:
         """When the current run reaches the bound (None: no run)."""

@@ -53,7 +53,14 @@ from sebridge.forwarder.local.settings import (  # re-exported: the settings' ol
     add_arguments,
     settings_from_args,
 )
-from sebridge.forwarder.local.store import MAX_UNJUDGED, LocalStore, Timing, Unjudged, View
+from sebridge.forwarder.local.store import (
+    MAX_UNJUDGED,
+    Gone,
+    LocalStore,
+    Timing,
+    Unjudged,
+    View,
+)
 from sebridge.forwarder.local.worker import HookWorker, Job
 from sebridge.forwarder.state import ForwarderState, bounded_lives, is_identity
 from sebridge.imds import Document, ScheduledEvent, isoformat_utc
@@ -200,6 +207,7 @@ class LocalActions:
                 # the events it knows keep their begins and the others drain at first sight.
                 if self.probe is not None:
                     self.probe.follow(document.events, observer, self._probe_begins(new or before))
+                    self._keep_probe_healthy_since()
             self.store.flush()  # the one transaction; on failure all of it stays dirty
         for item in observed:
             log.debug("local actions: %s %s", item.transition.value, item.message_id)
@@ -207,6 +215,15 @@ class LocalActions:
             self.hooks.queue(jobs)
         self.preparations.check_all()
         return observed
+
+    def _keep_probe_healthy_since(self) -> None:
+        """(Under the store's lock.) Journal when the probe last stopped answering 503, once it
+        changes (at most once a run): after a restart the healthy gap counts from it."""
+        assert self.probe is not None
+        since = self.probe.healthy_since
+        view = self.store.view
+        if since is not None and since != view.probe_healthy_since:
+            self.store.set_view(replace(view, probe_healthy_since=since))
 
     @staticmethod
     def _unjudged(
@@ -281,7 +298,7 @@ class LocalActions:
     # -- when to act --------------------------------------------------------------------------
     def _carry_timing(
         self, view: View, events: Mapping[str, ScheduledEvent], observed_at: datetime
-    ) -> tuple[dict[str, Timing], dict[str, tuple[datetime, Timing]]]:
+    ) -> tuple[dict[str, Timing], dict[str, Gone]]:
         """The timing of each event of the new view: kept for the events already known, first
         seen now for the new ones (a view from before issue 24 knows events without a timing:
         first seen at its last poll). An event IMDS left out of a document and shows again
@@ -291,31 +308,26 @@ class LocalActions:
         part of the view (journaled with it): a restart between the two documents forgets
         nothing. Returns the new view's timing and memory."""
         recent = dict(view.recent)
-        for key, gone in view.timing.items():
+        for key, timing in view.timing.items():
             if key not in events:
-                left = view.events.get(key)
-                if gone.probe_from is not None and not self._drained(left, view.observer):
-                    # Remembered as a drain (replayed at a restart) only if it held the probe
-                    # at 503 as an event that had not started: a returning one gets its begin
-                    # worked out again from its moment.
-                    gone = replace(gone, probe_from=None)
                 recent.pop(key, None)
-                recent[key] = (observed_at, gone)
+                drained = self._drained(view.events.get(key), view.observer)
+                recent[key] = Gone(observed_at, timing, drained)
         horizon = shifted(observed_at, -RECENT_SECONDS)
-        for key in [k for k, (gone, _) in recent.items() if not horizon <= gone]:
+        for key in [k for k, gone in recent.items() if not horizon <= gone.at]:
             del recent[key]
         while len(recent) > MAX_RECENT:
             del recent[next(iter(recent))]
         out = {}
         for key in events:
-            timing: Timing | None = view.timing.get(key)
-            if timing is None and key in recent:
-                timing = replace(recent.pop(key)[1], prepare=None)
+            kept: Timing | None = view.timing.get(key)
+            if kept is None and key in recent:
+                kept = replace(recent.pop(key).timing, prepare=None)
                 log.info("local actions: %s is back: it keeps its timing", key)
-            if timing is None:
+            if kept is None:
                 known = key in view.events and view.observed_at is not None
-                timing = Timing(view.observed_at if known and view.observed_at else observed_at)
-            out[key] = timing
+                kept = Timing(view.observed_at if known and view.observed_at else observed_at)
+            out[key] = kept
         return out, recent
 
     def _drained(self, event: ScheduledEvent | None, observer: Observer | None) -> bool:
@@ -482,10 +494,11 @@ class LocalActions:
         if self.probe is not None and restarted:
             self.probe.restarted(
                 {
-                    key: timing.probe_from
-                    for key, (_, timing) in view.recent.items()
-                    if timing.probe_from is not None
-                }
+                    key: gone.timing.probe_from
+                    for key, gone in view.recent.items()
+                    if gone.drained and gone.timing.probe_from is not None
+                },
+                view.probe_healthy_since,
             )
             if self.probe.draining:
                 log.info("draining again after a restart, from the journal's view")

@@ -217,6 +217,7 @@ class DrainProbe:
         self._cond = threading.Condition()
         self._server: HttpServer | None = None
         self._unhealthy = False  # the level last logged
+        self.healthy_since: datetime | None = None  # when the probe last stopped answering 503
         self._lapsed: set[str] = set()  # drains logged as having reached the bound
         self.answers = {200: 0, 503: 0}
 
@@ -276,12 +277,17 @@ class DrainProbe:
             self._evaluate(now)
             self._cond.notify_all()
 
-    def restarted(self, recent: Mapping[str, datetime] | None = None) -> None:
+    def restarted(
+        self,
+        recent: Mapping[str, datetime] | None = None,
+        healthy_since: datetime | None = None,
+    ) -> None:
         """After a restart, once the journal's view is followed. ``recent``: the begins of the
         drains (not started) whose events IMDS left out of a document lately, from the
         journal. They are replayed with the present ones, so a run they were in, or the bound
-        they spent, is known again; then a drain whose run the replay does not show going on
-        waits the healthy gap from now (UnhealthyRuns.restarted)."""
+        they spent, is known again. ``healthy_since``: when the probe last stopped answering 503
+        before the restart (journaled): a new run waits the healthy gap from it
+        (UnhealthyRuns.restarted)."""
         with self._cond:
             now = self.now()
             mono = self.monotonic() if self.monotonic is not None else None
@@ -290,14 +296,10 @@ class DrainProbe:
                 forced = any(d.started for d in self._drains.values())
                 self._runs.holding({**recent, **pending}, now, mono, forced=forced)
             self._evaluate(now)
-            self._runs.restarted()
-            holding = self._evaluate(now)
-            if not holding and any(not d.started for d in self._drains.values()):
-                log.info(
-                    "drain probe: 200 for at least %g s after the restart before a new run of "
-                    "503 (the balancer saw the probe down meanwhile)",
-                    self.min_healthy,
-                )
+            if healthy_since is not None:
+                self._runs.restarted(healthy_since)
+            self._evaluate(now)
+            self.healthy_since = self.healthy_since or healthy_since
             self._cond.notify_all()
 
     def _evaluate(self, now: datetime) -> set[str]:
@@ -320,6 +322,8 @@ class DrainProbe:
             )
         if unhealthy != self._unhealthy:
             self._unhealthy = unhealthy
+            if not unhealthy:
+                self.healthy_since = now
             log.info("drain probe: %s", "503 (draining)" if unhealthy else "200 (healthy)")
         return holding
 

@@ -140,20 +140,47 @@ class Unjudged:
         return cls(transition, message_id, event, incarnation)
 
 
-def _recent(raw: object) -> dict[str, tuple[datetime, Timing]]:
+def _lenient_time(value: object) -> datetime | None:
+    """A time of the view that may be missing or damaged without the rest being lost."""
+    try:
+        return None if value is None else _time(value, "a time")
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Gone:
+    """An event IMDS left out of a document lately: when, its timing, and whether it held the
+    drain probe at 503 then (an event of this VM that had not started)."""
+
+    at: datetime
+    timing: Timing
+    drained: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "goneAt": _time_text(self.at),
+            "timing": self.timing.to_json(),
+            "drained": self.drained,
+        }
+
+
+def _recent(raw: object) -> dict[str, Gone]:
     """Tolerant: the entries that read (none in a journal from before they were kept); a
     damaged one is dropped, and its event, should it come back, starts afresh."""
-    out: dict[str, tuple[datetime, Timing]] = {}
+    out: dict[str, Gone] = {}
     for key, entry in raw.items() if isinstance(raw, dict) else ():
         if len(out) >= MAX_RECENT or not isinstance(entry, dict):
             continue
         try:
-            out[str(key)] = (
+            gone = Gone(
                 _time(entry.get("goneAt"), "goneAt"),
                 Timing.from_json(entry.get("timing")),
+                entry.get("drained") is True,
             )
         except ValueError:
             continue
+        out[str(key)] = gone
     return out
 
 
@@ -175,7 +202,10 @@ class View:
     # The timing of events IMDS left out of a document lately, by key: (when they went, their
     # timing), oldest first, at most MAX_RECENT (sebridge.timing): one that comes back keeps
     # its timing, across a restart too.
-    recent: dict[str, tuple[datetime, Timing]] = field(default_factory=dict)
+    recent: dict[str, Gone] = field(default_factory=dict)
+    # When the drain probe last stopped answering 503 (a run's end, a started event's end):
+    # after a restart, the healthy gap counts from it.
+    probe_healthy_since: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -186,10 +216,8 @@ class View:
             "lives": {key: life.to_json() for key, life in self.lives.items()},
             "timing": {key: timing.to_json() for key, timing in self.timing.items()},
             "unjudged": [item.to_json() for item in self.unjudged],
-            "recent": {
-                key: {"goneAt": _time_text(gone), "timing": timing.to_json()}
-                for key, (gone, timing) in self.recent.items()
-            },
+            "probeHealthySince": _time_text(self.probe_healthy_since),
+            "recent": {key: gone.to_json() for key, gone in self.recent.items()},
         }
 
     @classmethod
@@ -248,6 +276,7 @@ class View:
             },
             unjudged=unjudged,
             recent=_recent(obj.get("recent")),
+            probe_healthy_since=_lenient_time(obj.get("probeHealthySince")),
         )
 
     @classmethod

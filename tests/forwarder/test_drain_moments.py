@@ -25,7 +25,13 @@ from sebridge.forwarder.local.store import LocalStore
 from sebridge.forwarder.local.worker import HookWorker
 from sebridge.imds import ScheduledEvent
 from sebridge.impact import DEFAULT_RULES
-from sebridge.timing import DEFAULT_LEADS, RECENT_SECONDS, Leads, parse_leads
+from sebridge.timing import (
+    DEFAULT_LEADS,
+    DEFAULT_PROBE_MIN_HEALTHY_SECONDS,
+    RECENT_SECONDS,
+    Leads,
+    parse_leads,
+)
 from tests.forwarder.local_support import OBSERVER, Recorder, document, imds_event
 from tests.support.forwarder_fakes import FakeClock
 
@@ -319,6 +325,7 @@ class MomentsModel(RuleBasedStateMachine):
         self.first_seen: dict[str, datetime] = {}  # per present event (this appearance)
         self.came: dict[str, datetime] = {}  # when its moment came (sticky)
         self.probe_from: dict[str, datetime] = {}  # when the probe's 503 for it began
+        self.rerun_from: dict[str, datetime] = {}  # the earliest a fresh run may start for it
         self.cause: dict[str, str] = {}  # its latest Scheduled/Updated id
         # Events left out of a document: (when, first seen, came, probe from).
         self.recent: dict[str, tuple[datetime, datetime, datetime | None, datetime | None]] = {}
@@ -358,7 +365,13 @@ class MomentsModel(RuleBasedStateMachine):
                     self.came.get(key),
                     self.probe_from.get(key),
                 )
-                for table in (self.first_seen, self.came, self.probe_from, self.cause):
+                for table in (
+                    self.first_seen,
+                    self.came,
+                    self.probe_from,
+                    self.cause,
+                    self.rerun_from,
+                ):
                     table.pop(key, None)
         for key in self.events:
             if key in self.first_seen:
@@ -370,6 +383,12 @@ class MomentsModel(RuleBasedStateMachine):
                     self.came[key] = came
                 if probe_from is not None:
                     self.probe_from[key] = probe_from
+                    if now - gone[0] > timedelta(seconds=DEFAULT_PROBE_MIN_HEALTHY_SECONDS):
+                        # Back after the balancer saw the probe healthy for the whole gap: a
+                        # run cut short may start afresh, at the earliest the gap after it went.
+                        self.rerun_from[key] = gone[0] + timedelta(
+                            seconds=DEFAULT_PROBE_MIN_HEALTHY_SECONDS
+                        )
             else:
                 self.first_seen[key] = now
         derived = self.vm.actions.document_observed(document(*self.events.values()), OBSERVER, now)
@@ -472,7 +491,9 @@ class MomentsModel(RuleBasedStateMachine):
                 key
                 for key in applies
                 if key in self.probe_from
-                and now - timedelta(seconds=BOUND) < self.probe_from[key] <= now
+                and now - timedelta(seconds=BOUND)
+                < max(self.probe_from[key], self.rerun_from.get(key, self.probe_from[key]))
+                <= now
             ]
             assert recent, (now, self.probe_from)
 

@@ -249,8 +249,16 @@ def run(crash_at: int | None) -> Outcome_:
                     process = Process(outside)
                     continue  # IMDS still shows the step's document: the step again
                 index += 1
-            for _ in range(3):
-                process.step()
+            settled = 0
+            while settled < 3:  # a few more rounds; a crash among them is recovered the same way
+                try:
+                    process.step()
+                except Crash:
+                    process.close()
+                    dead.clear()
+                    process = Process(outside)
+                    continue
+                settled += 1
         process.close()
     transitions: dict[str, list[str]] = {}
     for envelope in outside.broker.transitions():
