@@ -476,12 +476,17 @@ class LocalActions:
         hooks a crash cut short and those whose moment came while it was down, and publish
         what was prepared but not yet published."""
         restarted = self.store.load()
+        lost = False
         if not restarted and fallback is not None:
             log.info(
                 "local actions: no view in the journal yet: starting from the forwarder's state"
             )
             self.store.set_view(View.of(fallback))
             self.store.flush()
+            # The forwarder ran before, but the journal's view was lost (damaged, or from before
+            # it was kept): when its drains began is unknown, so nothing is replayed and a new
+            # run waits the whole healthy gap from now.
+            lost = fallback.observed_at is not None
         with self.store.lock:
             view = self.store.view
             if view.events.keys() - view.timing.keys():
@@ -489,18 +494,31 @@ class LocalActions:
                 timing, recent = self._carry_timing(view, view.events, at)
                 self.store.set_view(replace(view, timing=timing, recent=recent))
                 view = self.store.view
+        if self.probe is not None and lost:
+            self.probe.restarted({}, False, self.now())
         if self.probe is not None and view.observer is not None:
-            self.probe.follow(view.events.values(), view.observer, self._probe_begins(view))
-        if self.probe is not None and restarted:
-            self.probe.restarted(
-                {
+            begins = self._probe_begins(view)
+            started = any(
+                event.is_started and self.probe.applies(event, view.observer)
+                for event in view.events.values()
+            )
+            if restarted:
+                # Before the probe follows the view: the drains present and those left out
+                # lately are replayed together, in one history, as they ran before the restart;
+                # the healthy gap counts from the probe's last 503 before it.
+                drains = {
+                    key: begin
+                    for key, begin in begins.items()
+                    if self._drained(view.events[key], view.observer)
+                }
+                left_out = {
                     key: gone.timing.probe_from
                     for key, gone in view.recent.items()
                     if gone.drained and gone.timing.probe_from is not None
-                },
-                view.probe_healthy_since,
-            )
-            if self.probe.draining:
+                }
+                self.probe.restarted({**left_out, **drains}, started, view.probe_healthy_since)
+            self.probe.follow(view.events.values(), view.observer, begins)
+            if (restarted or lost) and self.probe.draining:
                 log.info("draining again after a restart, from the journal's view")
         if self.hooks is not None:
             self.hooks.resume()

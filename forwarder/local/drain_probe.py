@@ -279,28 +279,23 @@ class DrainProbe:
 
     def restarted(
         self,
-        recent: Mapping[str, datetime] | None = None,
-        healthy_since: datetime | None = None,
+        begins: Mapping[str, datetime],
+        started: bool,
+        healthy_since: datetime | None,
     ) -> None:
-        """After a restart, once the journal's view is followed. ``recent``: the begins of the
-        drains (not started) whose events IMDS left out of a document lately, from the
-        journal. They are replayed with the present ones, so a run they were in, or the bound
-        they spent, is known again. ``healthy_since``: when the probe last stopped answering 503
-        before the restart (journaled): a new run waits the healthy gap from it
-        (UnhealthyRuns.restarted)."""
+        """After a restart, before the probe follows the journal's view: replay in one history
+        the begins of the drains (not started) the view holds and of those whose events IMDS
+        left out of a document lately, so a run they were in goes on, a bound they spent stays
+        spent; ``started``: a started event of this VM holds the probe at 503 anyway;
+        ``healthy_since``: when the probe last stopped answering 503 before the restart (from
+        the journal): a new run waits the healthy gap from it (UnhealthyRuns.restarted)."""
         with self._cond:
             now = self.now()
             mono = self.monotonic() if self.monotonic is not None else None
-            if recent:
-                pending = {key: d.begins for key, d in self._drains.items() if not d.started}
-                forced = any(d.started for d in self._drains.values())
-                self._runs.holding({**recent, **pending}, now, mono, forced=forced)
-            self._evaluate(now)
+            self._runs.holding(begins, now, mono, forced=started)
             if healthy_since is not None:
                 self._runs.restarted(healthy_since)
-            self._evaluate(now)
             self.healthy_since = self.healthy_since or healthy_since
-            self._cond.notify_all()
 
     def _evaluate(self, now: datetime) -> set[str]:
         """(Under the lock.) The not-started drains holding the probe at 503 now; logs when

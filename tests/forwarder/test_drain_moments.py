@@ -23,6 +23,7 @@ from sebridge.forwarder.local.preparation import Preparations
 from sebridge.forwarder.local.runner import HookResult, Invocation, Outcome
 from sebridge.forwarder.local.store import LocalStore
 from sebridge.forwarder.local.worker import HookWorker
+from sebridge.forwarder.state import ForwarderState
 from sebridge.imds import ScheduledEvent
 from sebridge.impact import DEFAULT_RULES
 from sebridge.timing import (
@@ -84,7 +85,12 @@ class Outside:
 class Forwarder:
     """The local actions as build_local_actions composes them, on the outside's journal."""
 
-    def __init__(self, outside: Outside, leads: Leads = DEFAULT_LEADS) -> None:
+    def __init__(
+        self,
+        outside: Outside,
+        leads: Leads = DEFAULT_LEADS,
+        fallback: ForwarderState | None = None,
+    ) -> None:
         self.outside = outside
         clock = outside.clock
         self.store = LocalStore(outside.journal)
@@ -104,7 +110,7 @@ class Forwarder:
         self.actions = LocalActions(
             self.store, self.preparations, self.hooks, self.probe, leads=leads, now=clock.now
         )
-        self.actions.start()
+        self.actions.start(fallback=fallback)
         self.tick()
 
     def poll(self, *events: ScheduledEvent) -> None:

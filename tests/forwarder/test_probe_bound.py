@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from sebridge.forwarder.local.journal import MEMORY, Journal
+from sebridge.forwarder.state import ForwarderState
 from sebridge.imds import ScheduledEvent
 from sebridge.impact import DEFAULT_RULES
 from sebridge.timing import DEFAULT_PROBE_MIN_HEALTHY_SECONDS, parse_leads
@@ -203,6 +205,44 @@ def test_a_spent_drain_left_out_across_a_restart_stays_healthy_until_it_starts()
     assert vm.prepared() == prepared
     vm.later(1, reboot(A, not_before_in=60, status="Started"))
     assert vm.status == 503
+
+
+def test_two_drains_spent_in_one_run_stay_spent_when_one_was_left_out_at_the_restart() -> None:
+    """Round four: R and P spent their bound in one run; R was left out of the last document
+    before a kill -9, P was not. The restart replayed P first and R after it, as if R had run
+    on its own later: R got a second full run and a third Prepared."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    r, p = reboot(A, not_before_in=60), reboot(B, not_before_in=65)
+    vm.poll(r)
+    vm.later(5, r)
+    vm.later(600, r, p)  # both in one run, spent at 510 s
+    assert vm.status == 200
+    prepared = vm.prepared()
+    vm.later(1, p)  # R left out
+    outside.clock.advance(3)  # kill -9, down 3 s
+    vm = Forwarder(outside)
+    assert first_503(vm, 700, r, p) is None  # 200 until they start
+    assert vm.prepared() == prepared
+
+
+def test_a_lost_journal_view_waits_the_gap_rather_than_guessing_when_a_run_began() -> None:
+    """Round four: the journal's view was damaged during a run; the forwarder started again from
+    its state file, whose last observation is not when the drain began, and held a fresh run:
+    the balancer saw 503 for longer than the bound. Now nothing is replayed from a guess: the
+    probe answers 200 for the whole healthy gap first."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    event = reboot(A, not_before_in=60)  # first sight: 503 from T0
+    vm.poll(event)
+    vm.later(500, event)
+    assert vm.status == 503
+    state = ForwarderState(events={event.key: event}, observed_at=outside.clock.now())
+    outside.journal = Journal(MEMORY)  # the view is gone
+    outside.clock.advance(3)
+    vm = Forwarder(outside, fallback=state)
+    came = first_503(vm, 700, event)
+    assert came is not None and came >= GAP  # 200 for the gap: the runs stay apart
 
 
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
