@@ -271,6 +271,7 @@ class UnhealthyRuns:
         self._pinned: dict[str, float] = {}  # a drain's begin (monotonic), once it began
         self._seen: dict[str, float] = {}  # when each known drain was last given (monotonic)
         self._now = (datetime.min, 0.0)  # the last (wall, monotonic) reading
+        self._answered_200: float | None = None  # the last reading no drain held (monotonic)
 
     def _wall(self, mono: float) -> datetime:
         wall, at = self._now
@@ -320,6 +321,7 @@ class UnhealthyRuns:
                 if pinned <= mono:
                     self._pinned[key] = pinned  # placed on the monotonic clock once begun
             at[key] = pinned
+        answered_200 = self._answered_200  # the last reading that found no drain holding
         while True:
             active = {k for k, begin in at.items() if k not in self.spent and begin <= mono}
             if not active:
@@ -327,14 +329,23 @@ class UnhealthyRuns:
                     self._resumable, self._start, self._ended = self._start, None, mono
                 if forced:
                     self._ended = mono
+                else:
+                    self._answered_200 = mono
                 return set()
             if self._start is None:
                 start = min(at[k] for k in active)
+                resumed = False
                 if self._ended is not None and start < self._ended + gap:
                     if self._resumable is not None and mono < self._ended + gap:
                         start = self._resumable  # back before the balancer saw it healthy
+                        resumed = True
                     else:
                         start = self._ended + gap
+                if not resumed and answered_200 is not None:
+                    # A new run never starts before the probe last answered 200: a drain that
+                    # comes back with an old begin (left out longer than the gap) gets its run
+                    # from now, not one already partly or wholly spent in the past.
+                    start = max(start, answered_200)
                 if mono < start:
                     if forced:
                         self._ended = mono
@@ -359,6 +370,10 @@ class UnhealthyRuns:
         wall, mono = self._now
         ended = mono - (wall - healthy_since).total_seconds()
         if ended <= mono:
+            if ended + self.min_healthy.total_seconds() > mono:
+                # Down within the gap: the balancer saw the probe refused, so the gap starts
+                # again from the restart.
+                ended = mono
             self._ended = ended if self._ended is None else max(self._ended, ended)
 
     def run_end(self) -> datetime | None:

@@ -332,6 +332,9 @@ class MomentsModel(RuleBasedStateMachine):
         self.came: dict[str, datetime] = {}  # when its moment came (sticky)
         self.probe_from: dict[str, datetime] = {}  # when the probe's 503 for it began
         self.rerun_from: dict[str, datetime] = {}  # the earliest a fresh run may start for it
+        # When each EventId first drained this VM (its probe_from may be older: an event that
+        # named another VM and came back naming this one gets its first run then).
+        self.applied_from: dict[str, datetime] = {}
         self.cause: dict[str, str] = {}  # its latest Scheduled/Updated id
         # Events left out of a document: (when, first seen, came, probe from).
         self.recent: dict[str, tuple[datetime, datetime, datetime | None, datetime | None]] = {}
@@ -344,6 +347,8 @@ class MomentsModel(RuleBasedStateMachine):
         """What a poll or a tick finds: the moments that came, the probe's begins."""
         now = self.now()
         for key, event in self.events.items():
+            if OBSERVER.vm_name in event.resources and DEFAULT_RULES.is_impactful(event):
+                self.applied_from.setdefault(key, now)
             lead = LEAD.get(event.event_type)
             nb = event.not_before
             moment = (
@@ -391,10 +396,8 @@ class MomentsModel(RuleBasedStateMachine):
                     self.probe_from[key] = probe_from
                     if now - gone[0] > timedelta(seconds=DEFAULT_PROBE_MIN_HEALTHY_SECONDS):
                         # Back after the balancer saw the probe healthy for the whole gap: a
-                        # run cut short may start afresh, at the earliest the gap after it went.
-                        self.rerun_from[key] = gone[0] + timedelta(
-                            seconds=DEFAULT_PROBE_MIN_HEALTHY_SECONDS
-                        )
+                        # run cut short starts afresh, from its return.
+                        self.rerun_from[key] = now
             else:
                 self.first_seen[key] = now
         derived = self.vm.actions.document_observed(document(*self.events.values()), OBSERVER, now)
@@ -498,7 +501,11 @@ class MomentsModel(RuleBasedStateMachine):
                 for key in applies
                 if key in self.probe_from
                 and now - timedelta(seconds=BOUND)
-                < max(self.probe_from[key], self.rerun_from.get(key, self.probe_from[key]))
+                < max(
+                    self.probe_from[key],
+                    self.rerun_from.get(key, self.probe_from[key]),
+                    self.applied_from.get(key, self.probe_from[key]),
+                )
                 <= now
             ]
             assert recent, (now, self.probe_from)

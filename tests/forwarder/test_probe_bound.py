@@ -245,6 +245,50 @@ def test_a_lost_journal_view_waits_the_gap_rather_than_guessing_when_a_run_began
     assert came is not None and came >= GAP  # 200 for the gap: the runs stay apart
 
 
+def test_an_event_back_after_the_gap_gets_a_whole_run_and_prepared_waits_for_it() -> None:
+    """Round five: an event left out of the documents for longer than the gap came back with a
+    run counted from the gap's end, in the past: 300 s away left it 300 s of 503, 590 s away
+    10 s, and its drain counted as done (Prepared) the instant the 503 began."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    event = reboot(A, not_before_in=60)  # first sight: 503 from T0
+    vm.poll(event)
+    vm.later(5, event)
+    vm.later(300)  # left out for 300 s
+    vm.later(1, event)
+    assert vm.status == 503
+    assert vm.probe.preparation_status(A.lower()) == "pending"  # not drained yet: just began
+    assert first_200(vm, BOUND - 2, event) is None  # a whole run
+
+
+def test_a_restart_within_the_gap_starts_the_gap_again() -> None:
+    """Round five: a kill -9 6 s into the gap after a run, down 5 s: the next run began when the
+    gap counted from the run's end was over, so the balancer saw 5 s of 200, the refused
+    probe, then 503 again."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    a = reboot(A, not_before_in=60)  # first sight: 503 from T0, spent at the bound
+    vm.poll(a)
+    vm.later(BOUND, a)
+    assert vm.status == 200
+    b = reboot(B, not_before_in=BOUND + 20)  # drains at first sight too
+    vm.later(6, a, b)
+    assert vm.status == 200  # within the gap
+    outside.clock.advance(5)  # kill -9, down 5 s
+    vm = Forwarder(outside)
+    came = first_503(vm, 300, a, b)
+    assert came is not None and came >= GAP  # the gap again, from the restart
+
+
+def first_200(vm: Forwarder, seconds: int, *events: ScheduledEvent) -> int | None:
+    """How many seconds from now the probe first answers 200 (None: not within ``seconds``)."""
+    for second in range(1, seconds + 1):
+        vm.later(1, *events)
+        if vm.status == 200:
+            return second
+    return None
+
+
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
 class BalancerModel(RuleBasedStateMachine):
     """Events of this VM scheduled with any notice, NotBefore passing without a start (Azure
