@@ -322,8 +322,15 @@ class LocalActions:
         for key in events:
             kept: Timing | None = view.timing.get(key)
             if kept is None and key in recent:
-                kept = replace(recent.pop(key).timing, prepare=None)
+                gone = recent.pop(key)
+                kept = replace(gone.timing, prepare=None)
                 log.info("local actions: %s is back: it keeps its timing", key)
+                away = (observed_at - gone.at).total_seconds()
+                if self.probe is not None and kept.probe_from and away > self.probe.min_healthy:
+                    # Back after the balancer saw the probe healthy for the whole gap: its run
+                    # starts afresh now (a run never starts before the probe last answered
+                    # 200). Journaled, so that a restart replays this run, not the old one.
+                    kept = replace(kept, probe_from=observed_at)
             if kept is None:
                 known = key in view.events and view.observed_at is not None
                 kept = Timing(view.observed_at if known and view.observed_at else observed_at)

@@ -261,6 +261,29 @@ def test_an_event_back_after_the_gap_gets_a_whole_run_and_prepared_waits_for_it(
     assert first_200(vm, BOUND - 2, event) is None  # a whole run
 
 
+@pytest.mark.parametrize("away", [300, 520])
+def test_an_event_back_after_the_gap_keeps_its_fresh_run_across_a_restart(away: int) -> None:
+    """Round six: the fresh run of an event back after the gap was known only in memory; a
+    restart replayed the old begin, so the run was cut short (away 300 s: 199 s of 503) or
+    spent at once (away 520 s: none, and its Prepared never came)."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    event = reboot(A, not_before_in=60)  # first sight: 503 from T0
+    vm.poll(event)
+    vm.later(5, event)
+    vm.later(away)  # left out
+    vm.later(2, event)  # back: a fresh run
+    assert vm.status == 503
+    outside.clock.advance(3)  # kill -9, down 3 s
+    vm = Forwarder(outside)
+    assert vm.status == 503
+    assert first_200(vm, BOUND - 20, event) is None  # the run goes on from the return
+    assert any(
+        message_id.endswith(":Prepared:2") or ":Prepared:2:" in message_id
+        for message_id in vm.prepared()
+    ), vm.prepared()
+
+
 def test_a_restart_within_the_gap_starts_the_gap_again() -> None:
     """Round five: a kill -9 6 s into the gap after a run, down 5 s: the next run began when the
     gap counted from the run's end was over, so the balancer saw 5 s of 200, the refused

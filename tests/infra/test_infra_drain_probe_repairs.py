@@ -234,10 +234,19 @@ MS = "Microsoft.ManagedServices"
         ({"protocol": "http", "port": 8081}, "ApplicationHealthWindows", 8081, MS),
         ({"protocol": "http", "requestPath": "/"}, "ApplicationHealthLinux", 80, MS),  # default
         ({"protocol": "https", "requestPath": "/"}, "ApplicationHealthLinux", 443, MS),
+        # A port written as a string names the same port.
+        ({"protocol": "http", "port": "8081"}, "ApplicationHealthLinux", 8081, MS),
         # ARM returns the publisher as it was written: any case names the same publisher.
         ({"port": 8081}, "ApplicationHealthLinux", 8081, "microsoft.managedservices"),
     ],
-    ids=["http", "windows", "http-default-port", "https-default-port", "publisher-case"],
+    ids=[
+        "http",
+        "windows",
+        "http-default-port",
+        "https-default-port",
+        "port-text",
+        "publisher-case",
+    ],
 )
 def test_repairs_that_watch_the_health_extension_on_the_drain_probe_port_are_refused(
     settings: dict[str, Any], kind: str, port: int, publisher: str
