@@ -127,11 +127,12 @@ def test_a_wall_clock_step_back_never_stretches_a_run() -> None:
 GAP = DEFAULT_PROBE_MIN_HEALTHY_SECONDS
 
 
-def first_503(vm: Forwarder, seconds: int, *events: ScheduledEvent) -> int | None:
-    """How many seconds from now the probe first answers 503 (None: not within ``seconds``)."""
+def first(status: int, vm: Forwarder, seconds: int, *events: ScheduledEvent) -> int | None:
+    """How many seconds from now the probe first answers ``status`` (None: not within
+    ``seconds``), IMDS showing ``events``, polled once a second."""
     for second in range(1, seconds + 1):
         vm.later(1, *events)
-        if vm.status == 503:
+        if vm.status == status:
             return second
     return None
 
@@ -152,7 +153,7 @@ def test_a_restart_just_after_a_started_event_ended_keeps_the_healthy_gap() -> N
     vm.later(2, p)
     vm = Forwarder(outside)  # kill -9 and start again
     assert vm.status == 200
-    came = first_503(vm, 200, p)
+    came = first(503, vm, 200, p)
     assert came is not None
     assert ended + 2 + came >= ended + GAP  # seconds since S's last 503
 
@@ -201,7 +202,7 @@ def test_a_spent_drain_left_out_across_a_restart_stays_healthy_until_it_starts()
     vm.later(2)  # left out of two documents
     outside.clock.advance(3)  # kill -9, down 3 s
     vm = Forwarder(outside)
-    assert first_503(vm, 600, event) is None  # 200 until it starts
+    assert first(503, vm, 600, event) is None  # 200 until it starts
     assert vm.prepared() == prepared
     vm.later(1, reboot(A, not_before_in=60, status="Started"))
     assert vm.status == 503
@@ -222,7 +223,7 @@ def test_two_drains_spent_in_one_run_stay_spent_when_one_was_left_out_at_the_res
     vm.later(1, p)  # R left out
     outside.clock.advance(3)  # kill -9, down 3 s
     vm = Forwarder(outside)
-    assert first_503(vm, 700, r, p) is None  # 200 until they start
+    assert first(503, vm, 700, r, p) is None  # 200 until they start
     assert vm.prepared() == prepared
 
 
@@ -241,7 +242,7 @@ def test_a_lost_journal_view_waits_the_gap_rather_than_guessing_when_a_run_began
     outside.journal = Journal(MEMORY)  # the view is gone
     outside.clock.advance(3)
     vm = Forwarder(outside, fallback=state)
-    came = first_503(vm, 700, event)
+    came = first(503, vm, 700, event)
     assert came is not None and came >= GAP  # 200 for the gap: the runs stay apart
 
 
@@ -258,7 +259,7 @@ def test_an_event_back_after_the_gap_gets_a_whole_run_and_prepared_waits_for_it(
     vm.later(1, event)
     assert vm.status == 503
     assert vm.probe.preparation_status(A.lower()) == "pending"  # not drained yet: just began
-    assert first_200(vm, BOUND - 2, event) is None  # a whole run
+    assert first(200, vm, BOUND - 2, event) is None  # a whole run
 
 
 @pytest.mark.parametrize("away", [300, 520])
@@ -277,7 +278,7 @@ def test_an_event_back_after_the_gap_keeps_its_fresh_run_across_a_restart(away: 
     outside.clock.advance(3)  # kill -9, down 3 s
     vm = Forwarder(outside)
     assert vm.status == 503
-    assert first_200(vm, BOUND - 20, event) is None  # the run goes on from the return
+    assert first(200, vm, BOUND - 20, event) is None  # the run goes on from the return
     assert any(
         message_id.endswith(":Prepared:2") or ":Prepared:2:" in message_id
         for message_id in vm.prepared()
@@ -299,17 +300,8 @@ def test_a_restart_within_the_gap_starts_the_gap_again() -> None:
     assert vm.status == 200  # within the gap
     outside.clock.advance(5)  # kill -9, down 5 s
     vm = Forwarder(outside)
-    came = first_503(vm, 300, a, b)
+    came = first(503, vm, 300, a, b)
     assert came is not None and came >= GAP  # the gap again, from the restart
-
-
-def first_200(vm: Forwarder, seconds: int, *events: ScheduledEvent) -> int | None:
-    """How many seconds from now the probe first answers 200 (None: not within ``seconds``)."""
-    for second in range(1, seconds + 1):
-        vm.later(1, *events)
-        if vm.status == 200:
-            return second
-    return None
 
 
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
