@@ -63,15 +63,11 @@ def test_the_default_demo_completes_the_loop_in_order() -> None:
     ), history[1]
     rows = [line.split()[1] for line in history[2:] if line.startswith("    ")]
     # The VM's own Measured report (when it measured) stands after the Completed it measured,
-    # beside the restore: the two race, the rest is the event's life.
-    assert [r for r in rows if r != "Measured"] == [
-        "Scheduled",
-        "Prepared",
-        "Approved",
-        "Started",
-        "Completed",
-        "Restored",
-    ]
+    # beside the restore: the two race, and so do Prepared and the forwarder's Approved (above);
+    # the rest is the event's life.
+    life = [r for r in rows if r != "Measured"]
+    assert life[0] == "Scheduled" and sorted(life[1:3]) == ["Approved", "Prepared"], rows
+    assert life[3:] == ["Started", "Completed", "Restored"], rows
     assert all(i > rows.index("Completed") for i, r in enumerate(rows) if r == "Measured")
     elapsed = float(re.search(r"OK in ([\d.]+) s", result.stdout).group(1))  # type: ignore[union-attr]
     assert elapsed < 120

@@ -302,20 +302,35 @@ def test_concurrent_invocations_do_not_both_pass_the_guard(
     app: App, world: dict[str, str], arm_fake: FakeArm
 ) -> None:
     """Two events on one pool of two, handled at the same moment by two invocations of one
-    instance: the health query is slow (0.5 s), so without serialisation both would see two
-    healthy members and drain. The instance decides them in turn (in one batch, or the second
-    behind the first), under one lease."""
+    instance: the health query is held while both are under way, so without serialisation both
+    would see two healthy members and drain. The instance decides them in turn (in one batch, or
+    the second behind the first), under one lease."""
     from functions.shared import composition
 
-    arm_fake.slow(0.5, path_contains="/health")
+    decisions = composition.dependencies().pool_decisions
+    # The health read is held (10 s at most) until the second invocation has met the first in
+    # the instance's batches: the overlap is made, not hoped for (a fixed 0.5 s slow read was
+    # sometimes over before the second thread started on a loaded machine).
+    overlapped = threading.Event()
+    arm_fake.slow(10, path_contains="/health", until=overlapped)
+
+    def watch() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (decisions.waited or decisions.largest > 1):
+            time.sleep(0.01)
+        overlapped.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     errors = at_once(
         lambda: app.deliver("lb_pools", scheduled(EVENT_A, "web-1")),
         lambda: app.deliver("lb_pools", scheduled(EVENT_B, "web-2")),
     )
+    watcher.join(timeout=15)
     assert not errors
     assert sum(in_pool(app, world, vm) for vm in ("web-1", "web-2")) == 1
     assert len(published(app, "Held")) == 1 and len(published(app, "Prepared")) == 1
-    decisions = composition.dependencies().pool_decisions
+    assert decisions is composition.dependencies().pool_decisions
     assert decisions.waited == 1 or decisions.largest == 2, "the decisions never overlapped"
 
 
