@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, retry_after, send
+from functions.adapters.sessions import Session
 from functions.shared import names, tracing, write_window
 from functions.shared.ports import (
     AcknowledgeRefused,
@@ -166,7 +167,7 @@ class ArmRestClient:
         # public cloud, another host in sovereign clouds (the Bicep sets ARM_ENDPOINT from
         # environment().resourceManager).
         self._scope = f"{self._endpoint}/.default"
-        self._session = session or requests.Session()
+        self._session = session or Session()
         self._policy = policy
         self._sleep = sleep
 

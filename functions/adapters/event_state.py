@@ -26,6 +26,7 @@ import requests
 
 from functions.adapters.arm import TokenCredential
 from functions.adapters.retry import RetryPolicy, send
+from functions.adapters.sessions import Session
 from functions.eventgrid_ingest.core import StateConflict
 
 log = logging.getLogger("sebridge.functions.event_state")
@@ -51,7 +52,7 @@ class BlobEventStateStore:
     ) -> None:
         self._container = container_url.rstrip("/")
         self._credential = credential
-        self._session = session or requests.Session()
+        self._session = session or Session()
         self._policy = policy or RetryPolicy(attempts=3, max_total_wait=5.0, base_delay=0.2)
         self._sleep = sleep
 

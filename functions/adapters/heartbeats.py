@@ -22,6 +22,7 @@ import requests
 
 from functions.adapters.arm import TokenCredential
 from functions.adapters.retry import RetryPolicy, send
+from functions.adapters.sessions import Session
 from sebridge.imds import isoformat_utc
 from sebridge.times import stored
 
@@ -47,7 +48,7 @@ class BlobHeartbeatStore:
     ) -> None:
         self._container = container_url.rstrip("/")
         self._credential = credential
-        self._session = session or requests.Session()
+        self._session = session or Session()
         self._policy = policy or RetryPolicy(attempts=3, max_total_wait=10.0)
         self._sleep = sleep
 

@@ -46,6 +46,7 @@ import requests
 from functions.adapters.arm import TokenCredential
 from functions.adapters.heartbeats import STORAGE_API_VERSION, STORAGE_SCOPE
 from functions.adapters.retry import RetryPolicy, send
+from functions.adapters.sessions import Session
 from functions.shared import event_record
 from functions.shared.event_record import event_of
 from functions.shared.ports import PoolBusy
@@ -168,7 +169,7 @@ class BlobPoolStore:
             raise ValueError("a blob lease lasts 15 to 60 seconds")
         self._container = container_url.rstrip("/")
         self._credential = credential
-        self._session = session or requests.Session()
+        self._session = session or Session()
         self._policy = policy or RetryPolicy(attempts=3, max_total_wait=10.0, timeout=10.0)
         self.lease_seconds = lease_seconds
         self.renew_every = renew_every or max(1.0, lease_seconds / 3)

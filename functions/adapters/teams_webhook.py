@@ -8,6 +8,7 @@ from typing import Any
 import requests
 
 from functions.adapters.retry import RetryPolicy, redact_urllib3_logs, send
+from functions.adapters.sessions import Session
 from functions.teams.cards import teams_payload
 
 log = logging.getLogger("sebridge.functions.teams")
@@ -22,7 +23,7 @@ class TeamsWebhookPoster:
         self, url: str, *, session: requests.Session | None = None, policy: RetryPolicy
     ) -> None:
         self._url = url  # a secret: its query string carries the workflow's signature
-        self._session = session or requests.Session()
+        self._session = session or Session()
         self._policy = policy
         redact_urllib3_logs()
 

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import requests
 
 from functions.adapters.retry import RetryPolicy, TransientHttpError, redact_urllib3_logs, send
+from functions.adapters.sessions import Session
 from functions.webhooks.ports import WebhookRejected
 
 USER_AGENT = "sebridge-webhooks"
@@ -71,7 +72,7 @@ class HttpWebhookPoster:
     """
 
     def __init__(self, *, session: requests.Session | None = None, policy: RetryPolicy) -> None:
-        self._session = session or requests.Session()
+        self._session = session or Session()
         self._policy = policy
         redact_urllib3_logs()
         _install_redactor()

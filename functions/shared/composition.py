@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from functions.adapters.sessions import Session
 from functions.approval_gate.agentless import AgentlessRules
 from functions.approval_gate.core import Fallback, Gate
 from functions.eventgrid_ingest.core import EventStateStore, Ingestor
@@ -213,7 +214,6 @@ def settings() -> Settings:
 
 def build(config: Settings, **overrides: Any) -> Dependencies:
     """Production adapters for ``config``; keyword arguments replace single adapters."""
-    import requests
     from azure.identity import DefaultAzureCredential
 
     from functions.adapters.arm import ArmRestClient
@@ -231,7 +231,7 @@ def build(config: Settings, **overrides: Any) -> Dependencies:
     from functions.adapters.teams_webhook import TeamsOff, TeamsWebhookPoster
 
     credential = overrides.pop("credential", None) or DefaultAzureCredential()
-    session = requests.Session()
+    session = Session()
     parts: dict[str, Any] = {}
     if "teams" not in overrides and not config.teams_enabled:
         parts["teams"] = TeamsOff()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 
@@ -86,7 +87,7 @@ def make_app(
 ) -> Iterator[Callable[..., App]]:
     """Import function_app with these extra settings; real adapters talk to the fakes."""
 
-    def make(**extra: str) -> App:
+    def make(*, overrides: Mapping[str, Any] | None = None, **extra: str) -> App:
         for name, value in {**base_env(teams_fake, arm_fake, storage_fake), **extra}.items():
             monkeypatch.setenv(name, value)
         commands, publisher, clock = RecordingCommands(), RecordingPublisher(), Clock()
@@ -96,7 +97,12 @@ def make_app(
         moments = {"moments": scheduler} if scheduler is not None else {}
         composition.use(
             composition.build(
-                config, commands=commands, publisher=publisher, clock=clock, **moments
+                config,
+                commands=commands,
+                publisher=publisher,
+                clock=clock,
+                **moments,
+                **(overrides or {}),
             )
         )
         if "function_app" in sys.modules:

@@ -23,16 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulators.azurite import Azurite
 from emulators.fakes.arm import FakeArm
-from emulators.fakes.identity import FakeIdentity
 from emulators.fakes.webhooks import FakeWebhooks
 from sebridge.contract.events import ContractError, Envelope, parse_message
 from tests.fixtures import golden
+from tests.functions.history_support import MemoryHistoryStore
 from tests.functions.support import RG, SUB, App, envelope, sb_message, web_vm
-from tests.support.storage import azurite_storage, unique
-
-__all__ = ["azurite_storage"]  # the module's Azurite, for the history
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,16 +47,31 @@ def hooks() -> Iterator[FakeWebhooks]:
     server.stop()
 
 
+HistoryWhere = tuple[dict[str, str], dict[str, Any]]  # (settings, composition overrides)
+
+
+@pytest.fixture
+def history_store() -> HistoryWhere:
+    """Where the app below keeps its history: here the in-memory store of the history's own
+    tests, since what this module checks is decided before any store is written (a refused
+    body reaches none; through Azurite, the history was half of this module's CPU). The table
+    adapter is tested against Azurite (tests/integration/test_history_azurite.py,
+    test_workflow_history_app.py), and test_workflow_odd_times.py, whose odd times do reach
+    the table, puts this app's history there."""
+    return (
+        {"HISTORY_TABLE_URL": "https://history.invalid/sebridgehistory"},  # never reached
+        {"history_store": MemoryHistoryStore()},
+    )
+
+
 @pytest.fixture
 def make_app(
-    make_app: Callable[..., App],
-    hooks: FakeWebhooks,
-    azurite_storage: tuple[Azurite, FakeIdentity],
+    make_app: Callable[..., App], hooks: FakeWebhooks, history_store: HistoryWhere
 ) -> Callable[..., App]:
     """The functions app with every workflow of the topic registered: Teams, lb-pools, the
-    approval gate, webhooks (Slack, PagerDuty, generic, at the fake) and the history (a table
-    of its own in Azurite)."""
-    storage, _ = azurite_storage
+    approval gate, webhooks (Slack, PagerDuty, generic, at the fake) and the history (in
+    ``history_store``)."""
+    history_settings, overrides = history_store
 
     def make(**extra: str) -> App:
         endpoints = [
@@ -81,9 +92,9 @@ def make_app(
             "WEBHOOK_PD_ROUTING_KEY": ROUTING_KEY,
             "WEBHOOK_GENERIC_URL": hooks.generic_url("hook-secret-path-42"),
             "HistorySubscriptionName": "history",
-            "HISTORY_TABLE_URL": storage.table_url(unique("history")),
+            **history_settings,
         }
-        app = make_app(**{**settings, **extra})
+        app = make_app(overrides=overrides, **{**settings, **extra})
         EFFECTS_OF[id(app)] = (hooks,)
         return app
 

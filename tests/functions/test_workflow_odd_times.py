@@ -18,17 +18,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from emulators.azurite import Azurite
 from emulators.fakes.arm import FakeArm
+from emulators.fakes.identity import FakeIdentity
 from tests.functions.support import RG, SUB, App, envelope, web_vm
 from tests.functions.test_workflow_contract_errors import (
     FUNCTIONS,
-    azurite_storage,
+    HistoryWhere,
     hooks,
     make_app,
 )
+from tests.support.storage import azurite_storage, unique
 from tests.unit.test_times import EDGE, rfc1123
 
 __all__ = ["azurite_storage", "hooks", "make_app"]
+
+
+@pytest.fixture
+def history_store(azurite_storage: tuple[Azurite, FakeIdentity]) -> HistoryWhere:
+    """The history in a table of its own in Azurite: odd times reach the table here."""
+    storage, _ = azurite_storage
+    return {"HISTORY_TABLE_URL": storage.table_url(unique("history"))}, {}
+
 
 pytestmark = pytest.mark.timeout(300)
 
