@@ -20,9 +20,9 @@ Bus SDK calls (``get_token``; ``get_token_info`` as well, for azure-core's own p
   5xx; connection errors, timeouts, a cut body) are retried with exponential backoff and full
   jitter, 429's Retry-After honoured, within :data:`RETRY_SECONDS` in all (IMDS asks for 70 s on
   410), then a :class:`TokenError`;
-- permanent ones (400: no such identity on this VM, 401, 403, any other status; a body that is
-  not a JSON object, a token that is not a non-empty string, an ``expires_on`` that is not a
-  sane epoch) raise a :class:`TokenError` at once, naming the status and IMDS's
+- permanent ones (400: no such identity on this VM, 401, 403, any other status; a body over
+  64 KiB or not a JSON object, a token that is not a non-empty string, an ``expires_on`` that
+  is not a sane epoch) raise a :class:`TokenError` at once, naming the status and IMDS's
   ``error_description``, never the token;
 - every request goes through :class:`DeadlineHttp` (one deadline, a bounded body) and ends at
   once when ``cancel`` is set, as do the pauses between attempts.
@@ -294,8 +294,9 @@ class ImdsTokenCredential:
             )
         except RequestCancelled as exc:
             raise TokenError("stopping", transient=True) from exc
-        except (DeadlineExceeded, TransportError, BodyTooLarge) as exc:
-            # A cut or oversized body is no answer either: IMDS's are ~2 KB.
+        except BodyTooLarge as exc:  # IMDS's are about 2 KB: this is not IMDS
+            raise TokenError(f"IMDS's answer is larger than {MAX_BODY_BYTES} bytes") from exc
+        except (DeadlineExceeded, TransportError) as exc:  # a cut body is no answer either
             what = f"{type(exc).__name__}: {exc}"
             raise TokenError(f"IMDS did not answer ({what})", transient=True) from exc
         if answer.status == 200:
