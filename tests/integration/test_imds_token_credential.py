@@ -425,3 +425,21 @@ def test_stopping_ends_a_retrying_request_at_once() -> None:
         with pytest.raises(TokenError, match="stopping"):
             cred.get_token(SCOPE)
         assert time.monotonic() - started < 0.5 + SLACK
+
+
+# -- choosing it ----------------------------------------------------------------------------------
+
+
+def test_the_vm_s_identity_is_the_default_and_azure_identity_s_chain_a_setting() -> None:
+    from sebridge.forwarder import signin
+
+    assert parse_config(["--namespace", "ns.example"], env={}).credential == "managed-identity"
+    chosen = parse_config(["--namespace", "ns.example"], env={"SEBRIDGE_CREDENTIAL": "default"})
+    assert chosen.credential == "default"
+    assert chosen.describe()["credential"] == "default"
+    with pytest.raises(ConfigError, match="--credential"):
+        parse_config(["--namespace", "ns.example"], env={"SEBRIDGE_CREDENTIAL": "az"})
+    own = signin.credential("managed-identity", CLIENT_ID)
+    assert isinstance(own, ImdsTokenCredential) and own.client_id == CLIENT_ID
+    chain = signin.credential("default", CLIENT_ID)
+    assert type(chain).__name__ == "DefaultAzureCredential"
