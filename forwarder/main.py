@@ -81,8 +81,11 @@ class Wiring:
     credential: Any = None
 
 
-def build_forwarder(config: ForwarderConfig, limit: RequestLimit, stop: threading.Event) -> Wiring:
-    """Raises StateDirUnusable when the state directory cannot be used."""
+def build_forwarder(
+    config: ForwarderConfig, limit: RequestLimit, stop: threading.Event, credential: Any = None
+) -> Wiring:
+    """Raises StateDirUnusable when the state directory cannot be used. ``credential``: from
+    :func:`build_credential`."""
     ensure_dir(config.state_dir)
     try:
         outbox = Outbox(config.state_dir, max_rows=config.outbox_max)
@@ -95,7 +98,6 @@ def build_forwarder(config: ForwarderConfig, limit: RequestLimit, stop: threadin
         priority=True,
         cancel=stop,
     )
-    credential = build_credential(config, stop)
     publisher = build_publisher(config, credential)
     try:
         forwarder = Forwarder(
@@ -160,7 +162,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run(config: ForwarderConfig, notifier: Notifier | None, stop: threading.Event) -> int:
     limit = RequestLimit()  # one IMDS budget for the poller and the approvals handler
     try:
-        wiring = build_forwarder(config, limit, stop)
+        credential = build_credential(config, stop)
+    except ValueError as exc:  # e.g. AZURE_POD_IDENTITY_AUTHORITY_HOST is no http(s) URL
+        log.error("cannot sign in: %s", exc)
+        print(f"sebridge forwarder: {exc}", file=sys.stderr)
+        return 2
+    try:
+        wiring = build_forwarder(config, limit, stop, credential)
     except StateDirUnusable as exc:
         log.error("state directory %s cannot be used: %s", config.state_dir, exc)
         return EXIT_STATE_DIR

@@ -187,7 +187,10 @@ class ImdsTokenCredential:
         self._wait = (cancel or threading.Event()).wait
         self._clock = clock
         self._backoff = backoff or Backoff(1.0, 16.0, floor=0.0)
-        self._http = DeadlineHttp(self.authority, max_body=MAX_BODY_BYTES, cancel=cancel)
+        try:
+            self._http = DeadlineHttp(self.authority, max_body=MAX_BODY_BYTES, cancel=cancel)
+        except ValueError as exc:
+            raise ValueError(f"{AUTHORITY_SETTING}: {exc}") from exc
         self._lock = threading.Lock()
         self._tokens: dict[str, _Token] = {}
         self._last_attempt: dict[str, float] = {}

@@ -9,9 +9,13 @@ loopback URL) or an environment naming one.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -135,6 +139,22 @@ def test_the_identity_fake_is_found_through_the_pod_identity_setting(fake: FakeI
 def test_without_the_setting_the_authority_is_imds_itself() -> None:
     # Only built, never asked: no traffic to 169.254.169.254 from a test.
     assert ImdsTokenCredential(environ={}).authority == "http://169.254.169.254"
+
+
+def test_an_authority_that_is_no_http_url_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=AUTHORITY_SETTING):
+        ImdsTokenCredential(environ={AUTHORITY_SETTING: "ftp://127.0.0.1"})
+    env = {**os.environ, AUTHORITY_SETTING: "127.0.0.1:80"}  # no scheme: not a URL
+    args = ["--namespace", "ns.example", "--imds-endpoint", "http://127.0.0.1:9"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "sebridge.cli", "forwarder", *args, "--state-dir", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"sebridge forwarder: {AUTHORITY_SETTING}: not an http(s) URL" in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -316,7 +336,7 @@ def test_a_permanent_refusal_is_one_request_and_a_clear_error(
         b"<html>proxy error</html>",
         b"[]",
         json.dumps({"access_token": 7, "expires_on": "1"}).encode(),
-        json.dumps({"expires_on": str(int(time.time()) + 3600)}).encode(),
+        json.dumps({"expires_on": "1795000000"}).encode(),  # no token
         json.dumps({"access_token": TOKEN, "expires_on": "soon"}).encode(),
         json.dumps({"access_token": TOKEN, "expires_on": "1"}).encode(),
         json.dumps({"access_token": TOKEN}).encode(),
