@@ -13,6 +13,12 @@ from sebridge.forwarder.delivery.outbox import DEFAULT_MAX_ROWS
 from sebridge.forwarder.delivery.publisher import STANDARD_MAX_MESSAGE_BYTES
 from sebridge.forwarder.imds.client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
 from sebridge.forwarder.local import settings as local_actions
+from sebridge.forwarder.signin import (
+    CREDENTIALS,
+    MANAGED_IDENTITY,
+    check_client_id,
+    check_credential,
+)
 from sebridge.servicebus import add_connection_arguments, check_endpoint, check_transport
 from sebridge.values import parse_bool
 
@@ -36,6 +42,9 @@ class ForwarderConfig:
     namespace: str | None = None
     connection_string: str | None = None
     client_id: str | None = None
+    # With a namespace: the VM's managed identity (the forwarder's own, through IMDS), or
+    # azure-identity's default chain (sebridge.forwarder.signin).
+    credential: str = MANAGED_IDENTITY
     servicebus_transport: str = "amqp"  # or "websocket": AMQP over WebSockets on 443
     servicebus_endpoint: str | None = None  # sb://host[:port]: a gateway, a route, an emulator
     topic: str = DEFAULT_TOPIC
@@ -65,6 +74,7 @@ class ForwarderConfig:
             "namespace": self.namespace,
             "connectionString": "<set>" if self.connection_string else None,
             "clientId": self.client_id,
+            "credential": self.credential,
             "serviceBusTransport": self.servicebus_transport,
             "serviceBusEndpoint": self.servicebus_endpoint,
             "topic": self.topic,
@@ -119,6 +129,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="state and outbox directory [SEBRIDGE_STATE_DIR] (default %(default)s)",
     )
     add_connection_arguments(p, env)
+    p.add_argument(
+        "--credential",
+        choices=CREDENTIALS,
+        default=default("SEBRIDGE_CREDENTIAL", MANAGED_IDENTITY),
+        help="how --namespace signs in: managed-identity (the VM's, through IMDS's token "
+        "endpoint) or default (azure-identity's DefaultAzureCredential: environment, az login, "
+        "...; off Azure) [SEBRIDGE_CREDENTIAL] (default %(default)s)",
+    )
     p.add_argument(
         "--topic",
         default=default("SEBRIDGE_TOPIC", DEFAULT_TOPIC),
@@ -245,6 +263,15 @@ def config_from_args(args: argparse.Namespace) -> ForwarderConfig:
     except ValueError as exc:
         raise ConfigError(f"--servicebus-endpoint: {exc}") from exc
     try:
+        credential = check_credential(args.credential)
+    except ValueError as exc:
+        raise ConfigError(f"--credential: {exc}") from exc
+    if args.namespace and args.client_id:
+        try:
+            check_client_id(args.client_id)
+        except ValueError as exc:
+            raise ConfigError(f"--client-id: {exc}") from exc
+    try:
         local = local_actions.settings_from_args(args)
     except local_actions.LocalActionsError as exc:
         raise ConfigError(str(exc)) from exc
@@ -256,6 +283,7 @@ def config_from_args(args: argparse.Namespace) -> ForwarderConfig:
         namespace=args.namespace or None,
         connection_string=args.connection_string or None,
         client_id=args.client_id or None,
+        credential=credential,
         servicebus_transport=transport,
         servicebus_endpoint=endpoint,
         topic=args.topic,

@@ -20,9 +20,10 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sebridge import __version__, servicebus
+from sebridge.forwarder import signin
 from sebridge.forwarder.config import ConfigError, ForwarderConfig, parse_config
 from sebridge.forwarder.delivery.outbox import Outbox, OutboxError
 from sebridge.forwarder.delivery.publisher import DryRunPublisher, ServiceBusPublisher
@@ -47,7 +48,15 @@ STOP_WITHIN = 5.0
 CLOSE_TIMEOUT = 1.0
 
 
-def build_publisher(config: ForwarderConfig) -> Publisher:
+def build_credential(config: ForwarderConfig, stop: threading.Event) -> Any:
+    """The one token credential of the process (the sender and the approvals receiver share
+    its cache), or None: dry-run, or a connection string."""
+    if config.dry_run or config.connection_string or not config.namespace:
+        return None
+    return signin.credential(config.credential, config.client_id, cancel=stop)
+
+
+def build_publisher(config: ForwarderConfig, credential: Any = None) -> Publisher:
     if config.dry_run:
         return DryRunPublisher(sys.stdout)
     servicebus.load_sdk()  # before the sender and the approvals worker start on their threads
@@ -56,6 +65,7 @@ def build_publisher(config: ForwarderConfig) -> Publisher:
         namespace=config.namespace,
         connection_string=config.connection_string,
         client_id=config.client_id,
+        credential=credential,
         max_message_size=config.max_message_size,
         transport=config.servicebus_transport,
         endpoint=config.servicebus_endpoint,
@@ -68,10 +78,14 @@ class Wiring:
     imds: ImdsClient
     outbox: Outbox
     publisher: Publisher
+    credential: Any = None
 
 
-def build_forwarder(config: ForwarderConfig, limit: RequestLimit, stop: threading.Event) -> Wiring:
-    """Raises StateDirUnusable when the state directory cannot be used."""
+def build_forwarder(
+    config: ForwarderConfig, limit: RequestLimit, stop: threading.Event, credential: Any = None
+) -> Wiring:
+    """Raises StateDirUnusable when the state directory cannot be used. ``credential``: from
+    :func:`build_credential`."""
     ensure_dir(config.state_dir)
     try:
         outbox = Outbox(config.state_dir, max_rows=config.outbox_max)
@@ -84,7 +98,7 @@ def build_forwarder(config: ForwarderConfig, limit: RequestLimit, stop: threadin
         priority=True,
         cancel=stop,
     )
-    publisher = build_publisher(config)
+    publisher = build_publisher(config, credential)
     try:
         forwarder = Forwarder(
             imds=imds,
@@ -100,7 +114,7 @@ def build_forwarder(config: ForwarderConfig, limit: RequestLimit, stop: threadin
         outbox.close()
         imds.close()
         raise StateDirUnusable(str(exc)) from exc
-    return Wiring(forwarder, imds, outbox, publisher)
+    return Wiring(forwarder, imds, outbox, publisher, credential)
 
 
 def _bounded(what: str, call: Callable[[], object], seconds: float) -> bool:
@@ -148,7 +162,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run(config: ForwarderConfig, notifier: Notifier | None, stop: threading.Event) -> int:
     limit = RequestLimit()  # one IMDS budget for the poller and the approvals handler
     try:
-        wiring = build_forwarder(config, limit, stop)
+        credential = build_credential(config, stop)
+    except ValueError as exc:  # e.g. AZURE_POD_IDENTITY_AUTHORITY_HOST is no http(s) URL
+        log.error("cannot sign in: %s", exc)
+        print(f"sebridge forwarder: {exc}", file=sys.stderr)
+        return 2
+    try:
+        wiring = build_forwarder(config, limit, stop, credential)
     except StateDirUnusable as exc:
         log.error("state directory %s cannot be used: %s", config.state_dir, exc)
         return EXIT_STATE_DIR
@@ -188,7 +208,7 @@ def _run(config: ForwarderConfig, notifier: Notifier | None, stop: threading.Eve
         if not config.dry_run:
             from sebridge.forwarder.approvals.receiver import approvals_worker
 
-            workers += (approvals_worker(forwarder, config, limit),)
+            workers += (approvals_worker(forwarder, config, limit, wiring.credential),)
         clean = forwarder.run(workers)
         log.info("stopped: %d poll(s), %d message(s) pending", forwarder.polls, _depth(forwarder))
         return 1 if forwarder.crashed else 0
@@ -198,6 +218,8 @@ def _run(config: ForwarderConfig, notifier: Notifier | None, stop: threading.Eve
             telemetry.stopping()
         clean = _bounded("Service Bus", wiring.publisher.close, CLOSE_TIMEOUT) and clean
         clean = _bounded("IMDS", wiring.imds.close, CLOSE_TIMEOUT / 4) and clean
+        if wiring.credential is not None:
+            clean = _bounded("credential", wiring.credential.close, CLOSE_TIMEOUT / 4) and clean
         if clean:
             wiring.outbox.close()
             if local is not None:

@@ -103,10 +103,14 @@ def open_receiver(client: Any, queue: str, session_id: str) -> Any:
 
 
 def approvals_worker(
-    forwarder: Forwarder, config: ForwarderConfig, limit: RequestLimit | None = None
+    forwarder: Forwarder,
+    config: ForwarderConfig,
+    limit: RequestLimit | None = None,
+    credential: Any = None,
 ) -> Callable[[], None]:
     """The receiver thread's body: reconnects with backoff until the forwarder stops.
-    ``limit`` is the IMDS request budget it shares with the poller (which has priority)."""
+    ``limit`` is the IMDS request budget it shares with the poller (which has priority);
+    ``credential`` the process's token credential (None: servicebus.client's default)."""
     stop = forwarder.stop_event
     handler = CommandHandler(
         forwarder,
@@ -129,6 +133,7 @@ def approvals_worker(
                     namespace=config.namespace,
                     connection_string=config.connection_string,
                     client_id=config.client_id,
+                    credential=credential,
                     transport=config.servicebus_transport,
                     endpoint=config.servicebus_endpoint,
                     retry_total=1,

@@ -72,6 +72,7 @@ class ServiceBusPublisher:
         namespace: str | None = None,
         connection_string: str | None = None,
         client_id: str | None = None,
+        credential: Any = None,
         max_message_size: int = STANDARD_MAX_MESSAGE_BYTES,
         transport: str = "amqp",
         endpoint: str | None = None,
@@ -83,6 +84,7 @@ class ServiceBusPublisher:
         self._namespace = namespace
         self._connection_string = connection_string
         self._client_id = client_id
+        self._credential = credential  # None: servicebus.client's (DefaultAzureCredential)
         self._client: Any = None
         self._sender: Any = None
 
@@ -92,6 +94,7 @@ class ServiceBusPublisher:
                 namespace=self._namespace,
                 connection_string=self._connection_string,
                 client_id=self._client_id,
+                credential=self._credential,
                 transport=self.transport,
                 endpoint=self.endpoint,
                 retry_total=1,

@@ -1,0 +1,50 @@
+"""How the forwarder signs in to Service Bus with ``--namespace``: ``--credential``.
+
+- ``managed-identity`` (the default, as on a VM): the forwarder's own token credential for
+  IMDS's identity endpoint (:mod:`sebridge.forwarder.imds.token`); azure-identity, cryptography
+  and msal are never imported (10.7 MiB of RSS, docs/performance.md);
+- ``default``: azure-identity's DefaultAzureCredential (environment, workload identity, managed
+  identity, ``az login``, ...): a developer running the forwarder off Azure against a real
+  namespace.
+
+One credential per process: the publisher and the approvals receiver share its token cache.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from sebridge import servicebus
+
+MANAGED_IDENTITY = "managed-identity"
+DEFAULT_CHAIN = "default"
+CREDENTIALS = (MANAGED_IDENTITY, DEFAULT_CHAIN)
+
+_GUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+
+
+def check_client_id(client_id: str) -> str:
+    """``client_id`` if it is a GUID (a managed identity's client id), else a ValueError: it is
+    checked before it reaches a URL."""
+    if not isinstance(client_id, str) or not _GUID.fullmatch(client_id):
+        raise ValueError(f"a managed identity's client id is a GUID, not {client_id[:80]!r}")
+    return client_id
+
+
+def check_credential(kind: str) -> str:
+    """``kind`` if it names one of :data:`CREDENTIALS`, else a ValueError saying so."""
+    if kind not in CREDENTIALS:
+        raise ValueError(f"credential must be one of {', '.join(CREDENTIALS)}, not {kind!r}")
+    return kind
+
+
+def credential(kind: str, client_id: str | None, cancel: threading.Event | None = None) -> Any:
+    """The token credential ``kind`` names, for the user-assigned identity ``client_id`` if
+    set; ``cancel`` ends the managed identity's requests and pauses at once."""
+    if check_credential(kind) == DEFAULT_CHAIN:
+        return servicebus.identity(client_id)
+    from sebridge.forwarder.imds.token import ImdsTokenCredential
+
+    return ImdsTokenCredential(client_id, cancel=cancel)
