@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from emulators.demo import scenario, vm_side
@@ -50,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.1 <= args.speed <= 20 or args.timeout <= 0:
         print("sebridge demo: --speed must be 0.1..20 and --timeout positive", file=sys.stderr)
         return 2
+    # SIGTERM (`timeout`, a CI job cancelled, systemd) ends the demo as Ctrl-C does: as a
+    # KeyboardInterrupt in the main thread, so that every stand-in it started is stopped on the
+    # way out. By default SIGTERM ended this process alone and left the emulator, the
+    # simulator and the forwarder running for ever.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     logging.basicConfig(
         level=logging.WARNING,
         stream=sys.stderr,

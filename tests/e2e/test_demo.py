@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -91,3 +95,66 @@ def test_demo_lists_its_scenarios_and_refuses_unknown_ones() -> None:
         check=False,
     )
     assert wrong.returncode == 2 and "unknown scenario" in wrong.stderr
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now (from /proc: children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigterm_ends_the_demo_and_every_stand_in_it_started() -> None:
+    """`timeout`, a cancelled CI job or systemd end the demo with SIGTERM: it must stop what
+    it started (by default SIGTERM ended the demo alone and left the emulator, the simulator
+    and the forwarder running for ever)."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "sebridge.cli", "demo", "--speed", "1", "--timeout", "180"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    started: set[int] = set()
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # the stand-ins are all up before this line
+            if line.startswith("running the scenario"):
+                break
+        started = _descendants(demo.pid)
+        assert len(started) >= 3, "the demo started no stand-ins?"
+        demo.send_signal(signal.SIGTERM)
+        demo.wait(timeout=150)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(p) for p in started):
+            time.sleep(0.2)
+        assert not [p for p in started if _alive(p)], "stand-ins outlived the demo"
+    finally:
+        for pid in [demo.pid, *started]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        demo.wait(timeout=10)
