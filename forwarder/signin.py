@@ -12,25 +12,17 @@ One credential per process: the publisher and the approvals receiver share its t
 
 from __future__ import annotations
 
-import re
 import threading
 from typing import Any
 
 from sebridge import servicebus
+from sebridge.forwarder.client_id import check_client_id
+
+__all__ = ["CREDENTIALS", "check_client_id", "check_credential", "credential"]
 
 MANAGED_IDENTITY = "managed-identity"
 DEFAULT_CHAIN = "default"
 CREDENTIALS = (MANAGED_IDENTITY, DEFAULT_CHAIN)
-
-_GUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
-
-
-def check_client_id(client_id: str) -> str:
-    """``client_id`` if it is a GUID (a managed identity's client id), else a ValueError: it is
-    checked before it reaches a URL."""
-    if not isinstance(client_id, str) or not _GUID.fullmatch(client_id):
-        raise ValueError(f"a managed identity's client id is a GUID, not {client_id[:80]!r}")
-    return client_id
 
 
 def check_credential(kind: str) -> str:

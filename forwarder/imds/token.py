@@ -44,6 +44,7 @@ from urllib.parse import urlencode
 from azure.core.credentials import AccessToken, AccessTokenInfo
 from azure.core.exceptions import ClientAuthenticationError
 
+from sebridge.forwarder.client_id import check_client_id
 from sebridge.forwarder.net.client import (
     BodyTooLarge,
     DeadlineExceeded,
@@ -51,7 +52,6 @@ from sebridge.forwarder.net.client import (
     RequestCancelled,
     TransportError,
 )
-from sebridge.forwarder.signin import check_client_id
 from sebridge.retry import Backoff, parse_retry_after
 
 log = logging.getLogger(__name__)
