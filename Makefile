@@ -14,12 +14,13 @@ PYTEST_ARGS ?=
 # tables, pinned by emulators/azurite/package-lock.json and installed with npm ci (no scripts).
 AZURITE_DIR := emulators/azurite
 AZURITE := $(AZURITE_DIR)/node_modules/.installed
-# make test runs pytest on this many processes (pytest-xdist; 0: one process): twice the cores.
-# The suite mostly waits on real processes over loopback, so more workers than cores pays, but
-# it also needs ~11 minutes of CPU: see docs/local-development.md "Development" for what was measured on 2 cores.
+# make test runs pytest on this many processes (pytest-xdist; 0: one process): three times the
+# cores. Many tests wait on real processes over loopback (a 30 s outage, a kill -9 loop), and
+# more workers keep both cores busy meanwhile; the suite also needs ~19 minutes of CPU: see
+# docs/local-development.md "Development" for what was measured on 2 cores.
 # --dist loadgroup keeps tests that share an expensive fixture on one worker; tests/conftest.py
 # starts the slow tests first.
-PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(3 * (os.cpu_count() or 1))')
 # make check: the directories of the fast tests, without those marked slow.
 CHECK_TESTS ?= tests/unit tests/functions tests/contract
 CHECK_WORKERS ?= 4
