@@ -68,11 +68,14 @@ def test_python_310_is_refused_before_anything_is_created(tmp_path: Path) -> Non
     assert not venv.exists()
 
 
-def test_the_hint_names_the_goal_that_was_asked_for(tmp_path: Path) -> None:
-    # `make demo` depends on the environment: the check runs first and names `demo`.
-    proc, venv = make_install(tmp_path, PYTHON_310, "demo")
+@pytest.mark.parametrize("goal", ["demo", "test"])
+def test_the_hint_names_the_goal_that_was_asked_for(tmp_path: Path, goal: str) -> None:
+    # `make demo` depends on the environment: the check runs first and names `demo`; `make
+    # test` makes its environments in a make of its own, and the hint still names `test`.
+    proc, venv = make_install(tmp_path, PYTHON_310, goal, f"CHECKOV_VENV={tmp_path / 'ck'}")
     assert proc.returncode != 0
-    assert "make PYTHON=python3.11 demo" in proc.stderr
+    assert f"make PYTHON=python3.11 {goal}" in proc.stderr
+    assert "test-deps" not in proc.stderr.replace("make[1]", "")
     assert not venv.exists()
 
 
