@@ -12,10 +12,11 @@ Bus SDK calls (``get_token``; ``get_token_info`` as well, for azure-core's own p
   (the project's identity fake and benchmarks use it), else http://169.254.169.254;
 - one token per resource, cached, refreshed when within 5 minutes of ``expires_on`` or past
   ``refresh_in`` (IMDS's, else half the lifetime of a token of 2 hours or more, as
-  azure-identity sets it); a refresh that fails while the token is still valid keeps the token
-  and is tried again 30 s later at the earliest (azure-core's convention); with ``claims`` the
-  cache is skipped;
-- one request at a time (a lock): callers that arrive meanwhile take the answer it brought;
+  azure-identity sets it); while the token is still valid a refresh is one attempt (one
+  request's deadline) and nobody waits for it: a failed one keeps the token and the next is
+  30 s after it ended (azure-core's convention); with ``claims`` the cache is skipped;
+- one request at a time per resource: without a valid token, callers that arrive meanwhile
+  wait for the answer it brings and share it, a failure too (:meth:`ImdsTokenCredential._get`);
 - transient answers (404: the identity is not ready yet, 408, 410: IMDS is being updated, 429,
   5xx; connection errors, timeouts, a cut body) are retried with exponential backoff and full
   jitter, 429's Retry-After honoured, within :data:`RETRY_SECONDS` in all (IMDS asks for 70 s on
@@ -37,7 +38,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
@@ -87,6 +88,15 @@ class _Token:
     expires_on: int
     refresh_on: int | None
     token_type: str
+
+
+@dataclass
+class _Flight:
+    """One token request under way: who waits for it takes its answer, a failure too."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    token: _Token | None = None
+    error: TokenError | None = None
 
 
 def _resource(scopes: tuple[str, ...]) -> str:
@@ -181,6 +191,8 @@ class ImdsTokenCredential:
             env = os.environ if environ is None else environ
             authority = env.get(AUTHORITY_SETTING, "").strip() or IMDS_AUTHORITY
         self.authority = authority.strip().rstrip("/")
+        if any(c.isspace() or not c.isprintable() for c in self.authority):
+            raise ValueError(f"{AUTHORITY_SETTING}: a URL has no spaces or control characters")
         self.request_timeout = request_timeout
         self.retry_seconds = retry_seconds
         self._cancel = cancel
@@ -193,7 +205,8 @@ class ImdsTokenCredential:
             raise ValueError(f"{AUTHORITY_SETTING}: {exc}") from exc
         self._lock = threading.Lock()
         self._tokens: dict[str, _Token] = {}
-        self._last_attempt: dict[str, float] = {}
+        self._last_attempt: dict[str, float] = {}  # when the last request for a resource ended
+        self._flights: dict[str, _Flight] = {}  # the request under way for a resource
         self.requests = 0  # token requests sent (attempts), for tests and logs
 
     # -- the azure-core protocol ------------------------------------------------------------
@@ -228,27 +241,65 @@ class ImdsTokenCredential:
 
     # -- the cache --------------------------------------------------------------------------
     def _get(self, resource: str, claims: str | None) -> _Token:
-        with self._lock:  # one request at a time; who waited finds the fresh token cached
+        """The cached token, or one request's: never more than one request at a time for a
+        resource, and never a wait while a valid token is cached.
+
+        - A valid token, due for a refresh: one caller makes one attempt (one request's
+          deadline, not the whole retry budget: the Service Bus SDK calls this on its send
+          path), and everyone, that caller too should the attempt fail, keeps the valid token
+          meanwhile; the next attempt is 30 s after this one ended.
+        - No valid token: one caller asks within the whole retry budget; callers that arrive
+          meanwhile wait for that answer and share it, the failure too (each starting a budget
+          of its own made the last of N callers wait N budgets).
+        """
+        if claims:  # a challenge: a token for these claims, never cached nor shared
+            return self._request(resource)
+        with self._lock:
             now = self._clock()
-            cached = None if claims else self._tokens.get(resource)
+            cached = self._tokens.get(resource)
             if cached is not None and not self._refresh_due(cached, now):
                 return cached
-            if cached is not None and cached.expires_on > now:
-                # Still valid: refresh, but never more often than every 30 s, and keep it
-                # should the refresh fail.
-                if now - self._last_attempt.get(resource, 0.0) < REFRESH_RETRY_AFTER:
-                    return cached
-                self._last_attempt[resource] = now
-                try:
-                    fresh = self._request(resource)
-                except TokenError as exc:
-                    log.warning("managed identity token refresh failed, still valid: %s", exc)
-                    return cached
+            flight = self._flights.get(resource)
+            valid = cached if cached is not None and cached.expires_on > now else None
+            if valid is not None and (
+                flight is not None
+                or now - self._last_attempt.get(resource, -REFRESH_RETRY_AFTER)
+                < REFRESH_RETRY_AFTER
+            ):
+                return valid
+            leads = flight is None
+            if flight is None:
+                flight = self._flights[resource] = _Flight()
+        if not leads:
+            flight.done.wait()  # the leader's request ends within its budget
+            if flight.token is not None:
+                return flight.token
+            raise flight.error or TokenError("no managed identity token", transient=True)
+        token: _Token | None = None
+        error: TokenError | None = None
+        try:
+            if valid is not None:
+                token = self._attempt(resource, self.request_timeout)
             else:
-                self._last_attempt[resource] = now
-                fresh = self._request(resource)
-            self._tokens[resource] = fresh
-            return fresh
+                token = self._request(resource)
+        except TokenError as exc:
+            error = exc
+        finally:
+            with self._lock:
+                self._last_attempt[resource] = self._clock()
+                self._flights.pop(resource, None)
+                if token is not None:
+                    self._tokens[resource] = token
+            flight.token = token
+            flight.error = error if token is None else None
+            flight.done.set()
+        if token is not None:
+            return token
+        assert error is not None
+        if valid is not None:
+            log.warning("managed identity token refresh failed, still valid: %s", error)
+            return valid
+        raise error
 
     @staticmethod
     def _refresh_due(token: _Token, now: float) -> bool:

@@ -255,6 +255,79 @@ def test_concurrent_callers_make_one_request() -> None:
         assert len(peer.requests) == 1
 
 
+def together(calls: int, call: Callable[[], object]) -> list[tuple[float, object]]:
+    """``call`` on ``calls`` threads at once: each one's seconds and result (or exception)."""
+    start = threading.Barrier(calls)
+    out: list[tuple[float, object]] = []
+
+    def run() -> None:
+        start.wait()
+        began = time.monotonic()
+        try:
+            result: object = call()
+        except Exception as exc:
+            result = exc
+        out.append((time.monotonic() - began, result))
+
+    threads = [threading.Thread(target=run) for _ in range(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(out) == calls
+    return out
+
+
+def test_a_valid_token_is_never_waited_for_while_imds_stalls() -> None:
+    """Review 21's B1: a refresh against a stalled IMDS held every caller (the SDK's sender and
+    the approvals receiver) for the whole retry budget, the second for two, although the
+    cached token had minutes left. Now the refresh is one attempt, and nobody waits for it."""
+    clock = Clock()
+    now = int(clock.now)
+    stalled, released = threading.Event(), threading.Event()
+
+    def respond(request: Request) -> tuple[int, bytes]:
+        if stalled.is_set():
+            released.wait(30)  # never answers in time
+        return 200, token_body(now + 3600)
+
+    with HttpPeer(respond) as peer:
+        with credential(peer, clock=clock, request_timeout=1.0, retry_seconds=20) as cred:
+            first = cred.get_token(SCOPE)
+            clock.now = now + 3350  # 250 s left: the refresh is due
+            stalled.set()
+            results = together(2, lambda: cred.get_token(SCOPE))
+            assert [r for _, r in results] == [first, first]
+            assert max(seconds for seconds, _ in results) < 1.0 + SLACK
+            assert len(peer.requests) == 2  # the first token, one refresh attempt
+            clock.now = now + 3370  # 20 s after: no new attempt yet, no wait
+            began = time.monotonic()
+            assert cred.get_token(SCOPE) == first
+            assert time.monotonic() - began < 0.5
+            assert len(peer.requests) == 2
+            released.set()
+
+
+def test_callers_without_a_token_share_one_budget_and_its_failure() -> None:
+    """Review 21's B2: with IMDS answering 410, four callers failed after 2.1, 3.2, 4.5 and
+    6.8 s of a 3 s budget, each waiting for the lock then starting a budget of its own."""
+    gone = json.dumps({"error": "gone", "error_description": "updating"}).encode()
+    with HttpPeer(lambda r: (410, gone)) as peer:
+        with credential(peer, retry_seconds=3.0) as cred:
+            results = together(4, lambda: cred.get_token(SCOPE))
+    assert all(isinstance(r, TokenError) and "410" in str(r) for _, r in results), results
+    assert max(seconds for seconds, _ in results) < 3.0 + SLACK
+    assert len({id(r) for _, r in results}) == 1  # one answer, shared
+
+
+@pytest.mark.parametrize(
+    "authority", ["http://127.0.0.1:1/a\r\nX-Injected: 1", "http://127.0.0.1:1/a b"]
+)
+def test_an_authority_with_spaces_or_control_characters_is_refused(authority: str) -> None:
+    with pytest.raises(ValueError, match=AUTHORITY_SETTING):
+        ImdsTokenCredential(authority=authority)
+
+
 # -- transient and permanent answers ------------------------------------------------------------
 
 
