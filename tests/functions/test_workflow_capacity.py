@@ -298,6 +298,7 @@ def test_a_member_probed_up_right_after_a_resume_attempt_resumes_the_held_event(
     assert in_pool(app, world, "web-1") and not in_pool(app, world, "web-2")
 
 
+@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 def test_concurrent_invocations_do_not_both_pass_the_guard(
     app: App, world: dict[str, str], arm_fake: FakeArm
 ) -> None:

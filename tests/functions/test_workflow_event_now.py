@@ -185,6 +185,7 @@ def test_an_event_held_again_elsewhere_is_held_only_there(
     assert not held_in(app, pool_b["pool-b"], EVENT_C), "still held where it names nothing"
 
 
+@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 def test_a_held_event_that_ends_is_forgotten_where_it_was_held(
     make_app: Callable[..., App],
     world: dict[str, str],  # noqa: F811 - the fixture

@@ -78,6 +78,7 @@ class Model:
     drained_for: dict[str, set[str]] = field(default_factory=dict)  # event -> VMs it drained
 
 
+@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 def test_overlapping_and_moving_events_keep_their_promises(
     arm_fake: FakeArm, storage_fake: FakeBlobStorage, identity_fake: FakeIdentity
 ) -> None:

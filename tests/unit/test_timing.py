@@ -223,6 +223,7 @@ def test_replaying_from_the_begin_times_gives_the_same_runs() -> None:
     assert fresh.spent == {"a"} and fresh.run_start == T0 + timedelta(seconds=550)
 
 
+@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 @settings(max_examples=200, deadline=None)
 @given(
     begins=st.dictionaries(st.sampled_from("abcde"), st.integers(0, 3000), max_size=5),

@@ -202,6 +202,7 @@ json_values = st.recursive(
 PROPERTY = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 @PROPERTY
 @given(
     values=st.dictionaries(st.sampled_from(EVENT_FIELDS), json_values, max_size=len(EVENT_FIELDS)),
@@ -258,6 +259,7 @@ MESSAGE_FIELDS = (
 )
 
 
+@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 @PROPERTY
 @given(
     transition=st.sampled_from(sorted(golden.build())),
