@@ -462,6 +462,7 @@ class Forwarder:
         ):
             self._save()
         self._release_saved()
+        self._tell_recorded()
         for change, envelope in zip(changes, envelopes, strict=True):
             log.info(
                 "%s %s (%s, %s) incarnation %s",
@@ -638,6 +639,21 @@ class Forwarder:
                 follow(document, self.local_observer, observed_at)
             except Exception:
                 log.exception("listener %r failed on a document; ignored", listener)
+
+    def _tell_recorded(self) -> None:
+        """Tell the listeners that want it (``poll_recorded``) that this poll's transitions are
+        in the outbox: what :meth:`deliver` refused while the poll was deriving them
+        (a Prepared, which must not go in before its event's transitions) may go in now. A
+        retry from inside the poll (``document_observed``) is always refused, so a Prepared
+        whose one-shot attempt met a poll in progress waited for ever (seen under load)."""
+        for listener in self.listeners:
+            recorded = getattr(listener, "poll_recorded", None)
+            if recorded is None:
+                continue
+            try:
+                recorded()
+            except Exception:
+                log.exception("listener %r failed after a poll; ignored", listener)
 
     def _flush_unsent(self) -> None:
         with self._lock:

@@ -213,8 +213,16 @@ class LocalActions:
             log.debug("local actions: %s %s", item.transition.value, item.message_id)
         if self.hooks is not None:
             self.hooks.queue(jobs)
-        self.preparations.check_all()
+        self.preparations.check_all()  # in the forwarder, refused until the poll recorded
         return observed
+
+    def poll_recorded(self) -> None:
+        """A poll's transitions are in the outbox (Forwarder._tell_recorded): a Prepared
+        that is ready, or that the outbox refused while they were not, goes in now, after
+        them. From inside the poll (document_observed) the forwarder refuses it for as long as
+        the poll derives its event's transitions: with only those tries, a Prepared whose own
+        attempt (a hook or the drain ending) met a poll in progress waited for ever."""
+        self.preparations.check_all()
 
     def _keep_probe_healthy_since(self) -> None:
         """(Under the store's lock.) Journal when the probe last stopped answering 503, once it

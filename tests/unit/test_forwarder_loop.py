@@ -334,6 +334,53 @@ def test_listeners_see_recorded_transitions_and_every_tick() -> None:
     assert delivered(world) == [("Scheduled", A)]  # a broken listener changes nothing
 
 
+def test_a_message_refused_during_a_poll_goes_in_once_that_poll_recorded_its_events() -> None:
+    """The VM's own message for an event (a Prepared) never goes into the outbox before the
+    event's transitions: while a poll derives them, deliver refuses it. A hook or the drain
+    probe finishing at that moment tried once; the retries came from inside later polls, which
+    refuse it too, so the Prepared waited for ever (a CI run under load: no Prepared, the
+    event started unapproved). Listeners are now told once each poll has recorded them."""
+    from sebridge.contract.events import prepared_message
+    from sebridge.imds import ScheduledEvent
+
+    world = World()
+    event = ScheduledEvent.from_imds(scheduled(A))
+    prepared = prepared_message(
+        event,
+        world.forwarder.observer,
+        1,
+        world.clock.now(),
+        source=world.forwarder.observer.source,
+        prepared_vms=[world.forwarder.observer.vm_name],
+        cause="Scheduled|hooks|vm",
+        prepared_by="hooks",
+    )
+    answers: list[tuple[str, bool]] = []
+
+    class Preparation:
+        """Tries to deliver the Prepared when a poll is under way (as the hook thread did),
+        then again whenever the forwarder says a poll recorded its transitions."""
+
+        def __init__(self) -> None:
+            self.waiting = False
+
+        def document_observed(self, document: object, observer: object, at: object) -> None:
+            if not answers:
+                answers.append(("during the poll", world.forwarder.deliver(prepared)))
+                self.waiting = not answers[-1][1]
+
+        def poll_recorded(self) -> None:
+            if self.waiting:
+                self.waiting = not world.forwarder.deliver(prepared)
+                answers.append(("after the poll", not self.waiting))
+
+    world.forwarder.listeners = [Preparation()]
+    world.imds.set([scheduled(A)])
+    poll_and_send(world)
+    assert answers == [("during the poll", False), ("after the poll", True)]
+    assert delivered(world) == [("Scheduled", A), ("Prepared", A)]
+
+
 def test_a_heartbeat_with_health_follows_the_data_schema() -> None:
     import json
     from importlib import resources
