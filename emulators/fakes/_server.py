@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 MAX_BODY = 1 << 20
@@ -59,7 +59,7 @@ class LoopbackServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, port: int = 0) -> LoopbackServer:
+    def start(self, port: int = 0) -> Self:
         """Serve on 127.0.0.1:``port`` (0: a free one) in a thread."""
         fake = self
 
@@ -126,7 +126,7 @@ class LoopbackServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> LoopbackServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

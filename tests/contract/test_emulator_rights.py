@@ -51,10 +51,8 @@ def assignments() -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def identity() -> Iterator[FakeIdentity]:
-    fake = FakeIdentity()
-    fake.start()
-    yield fake
-    fake.stop()
+    with FakeIdentity() as fake:
+        yield fake
 
 
 @pytest.fixture(scope="module")

@@ -363,10 +363,8 @@ def test_a_configuration_the_forwarder_would_refuse(sim: RunningSimulator) -> No
 
 @pytest.fixture(scope="module")
 def identity() -> Iterator[FakeIdentity]:
-    fake = FakeIdentity()
-    fake.start()
-    yield fake
-    fake.stop()
+    with FakeIdentity() as fake:
+        yield fake
 
 
 _oid = FakeIdentity.object_id

@@ -46,10 +46,8 @@ _IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| (\s*)(\S+)$")
 
 @pytest.fixture
 def identity() -> Iterator[FakeIdentity]:
-    fake = FakeIdentity()
-    fake.start()
-    yield fake
-    fake.stop()
+    with FakeIdentity() as fake:
+        yield fake
 
 
 @pytest.fixture

@@ -76,10 +76,8 @@ class Clock:
 
 @pytest.fixture
 def fake() -> Iterator[FakeIdentity]:
-    identity = FakeIdentity()
-    identity.start()
-    yield identity
-    identity.stop()
+    with FakeIdentity() as identity:
+        yield identity
 
 
 def credential(peer: HttpPeer, **options: object) -> ImdsTokenCredential:
