@@ -186,28 +186,21 @@ def somaxconn(default: int = 4096) -> int:
         return default
 
 
-def _reset(transport: asyncio.BaseTransport) -> bool:
+def _reset(sock: socket.socket) -> bool:
     """Whether the peer reset the connection (a pending ECONNRESET): one getsockopt on the
-    transport's own socket, no descriptor duplicated, nothing read."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return True
+    accepted socket, nothing read; True once it is closed."""
     try:
-        error: int = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
     except OSError:
         return True
-    return error != 0
 
 
-def _peek(transport: asyncio.BaseTransport) -> bytes | None:
-    """What waits in the kernel's buffer of a connection, not yet read (up to MAX_HEAD bytes);
-    None when the peer has reset or closed it."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return None
+def _peek(sock: socket.socket) -> bytes | None:
+    """What waits in the kernel's buffer of an accepted socket, not yet read (up to MAX_HEAD
+    bytes); None when the peer has reset or closed it, or it is closed. One recv on the socket
+    itself (no descriptor duplicated): a flood makes the server do this for every newcomer."""
     try:
-        with sock.dup() as dup:
-            data: bytes = dup.recv(MAX_HEAD, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        data: bytes = sock.recv(MAX_HEAD, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except BlockingIOError:
         return b""
     except OSError:
@@ -370,17 +363,13 @@ class HttpServer:
                 loop.remove_reader(self._sock)
                 loop.call_later(ACCEPT_RETRY, self._listen)
                 return
-            try:
-                reset = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
-            except OSError:
-                reset = True
-            if reset:  # reset while it waited in the queue: nothing to answer, no transport
+            if _reset(sock):  # reset while it waited in the queue: nothing to answer, no transport
                 self.record("reset", str(address[0]) if address else "?")
                 sock.close()
                 continue
             opened += 1
             sock.setblocking(False)
-            conn = _Connection(self)  # its deadline counts from now
+            conn = _Connection(self, sock)  # its deadline counts from now
             made = functools.partial(_itself, conn)
             task = loop.create_task(loop.connect_accepted_socket(made, sock))
             self._opening.add(task)
@@ -399,7 +388,7 @@ class HttpServer:
         """Make room for ``conn`` (see the module), then count it in; False when it was reset
         before it could be (a flood of resets then costs one getsockopt each, and no room), or
         when no connection could be dropped for it at twice max_connections."""
-        if _reset(conn.transport):
+        if _reset(conn.sock):
             return False
         now = conn.accepted
         mine = self.by_source.get(conn.client)
@@ -451,7 +440,7 @@ class HttpServer:
             best: tuple[int, _Connection] | None = None
             waiting = (c for c in self.by_source.get(source, {}) if c.request is None)
             for candidate in itertools.islice(waiting, PEEK_AT_MOST):
-                unread = _peek(candidate.transport)
+                unread = _peek(candidate.sock)
                 if unread is None:
                     return candidate  # reset or closed
                 sent = bytes(candidate.head) + unread
@@ -478,8 +467,9 @@ class _Connection(asyncio.Protocol):
     which connections have sent theirs), answered once, and the connection closed; at the
     deadline it is dropped, whatever it is doing."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: HttpServer, sock: socket.socket) -> None:
         self.server = server
+        self.sock = sock  # the accepted socket its transport wraps: peeked, never read
         self.accepted = time.monotonic()
         self.head = bytearray()
         self.request: Request | None = None  # once the whole head is in
