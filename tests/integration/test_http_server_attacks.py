@@ -169,12 +169,16 @@ def test_the_load_balancer_is_answered_under_a_flood_of_idle_connections(
     """Review 22d, item 1: two local processes each kept up to 1,000 connections that send
     nothing and opened up to 1,500 new ones a second; the load balancer's probe was reset or
     timed out 3 to 5 times in 8 to 13, and answered in up to 3.4 s. Here: two such floods from
-    127.0.0.1 (each at most 9,000 connections in 6 s), the load balancer from 127.0.0.2 every
-    100 ms, 30 times: every one answered 200 within the deadline."""
+    127.0.0.1 (each at most 9,000 connections in 6 s, 500 new ones a second: 30 times
+    what the 64 slots of one address, each held up to the 2 s deadline, can take), the load
+    balancer from 127.0.0.2 every 100 ms, 30 times: every one answered 200 within the deadline.
+    (Paced, unlike the review's 1,500 a second: time a connection waits in the kernel's accept
+    queue is time the server had no CPU for, and on a CI machine sharing two cores among six
+    test processes and both floods that measures the machine, not the server.)"""
     probe, _ = servers
     port = probe.address[1]
     FAILURES.clear()
-    floods = [idle_flood(port, 1000, 6.0, 9000, 1500) for _ in range(2)]
+    floods = [idle_flood(port, 1000, 6.0, 9000, 500) for _ in range(2)]
     try:
         wait_until(lambda: probe.http_errors()["evicted"] > 500, 30, "the flood to bite")
         lb = Asker(port, "/", 30, every=0.1, source="127.0.0.2")
