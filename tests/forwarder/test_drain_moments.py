@@ -321,7 +321,10 @@ class MomentsModel(RuleBasedStateMachine):
     present, not-started event of this VM whose moment came has had the prepare hooks of its
     current cause run, and no hook ran twice for one transition; while the probe answers 503
     with no started event, a drain began within the last bound (of this VM's impactful events,
-    at ``max(moment, NotBefore - bound)``), and a started one always drains it."""
+    at ``max(moment, NotBefore - bound)``, and never before the last of a healthy gap's worth
+    of 200s read from the probe: an event back under its old EventId with a begin in the past
+    starts its run then),
+    and a started one always drains it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -335,6 +338,11 @@ class MomentsModel(RuleBasedStateMachine):
         # When each EventId first drained this VM (its probe_from may be older: an event that
         # named another VM and came back naming this one gets its first run then).
         self.applied_from: dict[str, datetime] = {}
+        # The probe's latest readings of 200 in a row, first and last: once they span the
+        # healthy gap (so no run of 503 goes on across them), a run begins after the last,
+        # whatever its drains' begin times say (one that came back of another kind, say).
+        self.healthy_from: datetime | None = None
+        self.healthy_at: datetime | None = None
         self.cause: dict[str, str] = {}  # its latest Scheduled/Updated id
         # Events left out of a document: (when, first seen, came, probe from).
         self.recent: dict[str, tuple[datetime, datetime, datetime | None, datetime | None]] = {}
@@ -491,24 +499,38 @@ class MomentsModel(RuleBasedStateMachine):
             for key, event in self.events.items()
             if OBSERVER.vm_name in event.resources and DEFAULT_RULES.is_impactful(event)
         }
+        now = self.now()
         if any(event.is_started for event in applies.values()):
             assert self.vm.status == 503
+            self.healthy_from = None
             return
-        if self.vm.status == 503:
-            now = self.now()
-            recent = [
-                key
-                for key in applies
-                if key in self.probe_from
-                and now - timedelta(seconds=BOUND)
-                < max(
-                    self.probe_from[key],
-                    self.rerun_from.get(key, self.probe_from[key]),
-                    self.applied_from.get(key, self.probe_from[key]),
-                )
-                <= now
-            ]
-            assert recent, (now, self.probe_from)
+        if self.vm.status == 200:
+            self.healthy_from = self.healthy_from or now
+            self.healthy_at = now
+            return
+        gap = timedelta(seconds=DEFAULT_PROBE_MIN_HEALTHY_SECONDS)
+        settled = (
+            self.healthy_at
+            if self.healthy_from is not None
+            and self.healthy_at is not None
+            and self.healthy_at - self.healthy_from >= gap
+            else None
+        )
+        self.healthy_from = None
+        recent = [
+            key
+            for key in applies
+            if key in self.probe_from
+            and now - timedelta(seconds=BOUND)
+            < max(
+                self.probe_from[key],
+                self.rerun_from.get(key, self.probe_from[key]),
+                self.applied_from.get(key, self.probe_from[key]),
+                settled or self.probe_from[key],
+            )
+            <= now
+        ]
+        assert recent, (now, self.probe_from, settled)
 
 
 MomentsModel.TestCase.settings = settings(
