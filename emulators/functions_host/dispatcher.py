@@ -14,7 +14,13 @@ Semantics follow the Functions Service Bus extension (v5):
   for tryTimeout, and the broker hands a session that gets messages to a waiting accept at
   once. (Accepts of 2 s each, as before, made every idle thread open a new connection every
   2 s: with 4 session triggers x 16 threads, ~30 connection set-ups a second, which kept the
-  host's CPU busy and delayed the accept of a new session by up to ~0.9 s.)
+  host's CPU busy and delayed the accept of a new session by up to ~0.9 s.) At most
+  :data:`ACCEPTORS` of a trigger's threads wait in an accept at once; the others wait for
+  their turn without a connection. The sync SDK wakes a waiting accept about four times a
+  second (an SSL read with a timeout, then a sleep), so 4 triggers x 64 threads all waiting
+  kept the host at half a core and the emulator busy while nothing happened. A thread leaves
+  the accept as soon as it holds a session and the next one starts its accept at once: a
+  burst of sessions is taken ACCEPTORS at a time, each in one round trip.
 - Plain triggers run maxConcurrentCalls receivers. cardinality many receives up to
   maxMessageBatchSize messages and invokes once with the list; they are settled together.
 - Any receiver fault (broker gone, link detached) closes that thread's client and reconnects
@@ -68,6 +74,7 @@ from sebridge.retry import Backoff
 RECEIVE_WAIT_S = 0.5  # one receive call's wait: also how quickly a thread notices stop
 SETTLE_ATTEMPTS = 3  # complete/abandon tries before the message is left to redelivery
 MIN_ACCEPT_INTERVAL_S = 0.5  # a broker that refuses accepts at once must not be spun on
+ACCEPTORS = 4  # of a session trigger's threads, at most this many wait in an accept at once
 
 
 def describe_error(exc: BaseException) -> str:
@@ -113,6 +120,7 @@ class Dispatcher:
         self._factory = factory
         self._stop = threading.Event()
         self._workers: list[_ReceiverWorker] = []
+        self._gates: dict[str, _AcceptGate] = {}  # per session trigger, by function name
         self._renewer: AutoLockRenewer | None = None
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
@@ -130,6 +138,8 @@ class Dispatcher:
                 if function.trigger.sessions
                 else self._options.max_concurrent_calls
             )
+            if function.trigger.sessions:
+                self._gates[function.spec.name] = _AcceptGate(ACCEPTORS, self._stop)
             for index in range(min(count, MAX_CONCURRENT_RECEIVERS)):
                 worker = _ReceiverWorker(self, function, index)
                 self._workers.append(worker)
@@ -138,6 +148,8 @@ class Dispatcher:
     def stop(self, grace: float = 10.0) -> None:
         """Stop receiving; wait up to `grace` seconds for invocations in flight to settle."""
         self._stop.set()
+        for gate in self._gates.values():
+            gate.wake_all()
         deadline = time.monotonic() + grace
         for worker in self._workers:
             if worker.accepting:
@@ -168,6 +180,9 @@ class Dispatcher:
     def stopping(self) -> threading.Event:
         return self._stop
 
+    def gate(self, function: str) -> _AcceptGate:
+        return self._gates[function]
+
     def warn_once(self, key: str, message: str, **fields: Any) -> None:
         with self._warn_lock:
             if key in self._warned:
@@ -179,6 +194,35 @@ class Dispatcher:
         if trigger.auto_complete is not None:
             return trigger.auto_complete
         return self._options.auto_complete
+
+
+class _AcceptGate:
+    """Lets at most ``size`` threads of one session trigger wait in an accept at once; the
+    others wait here, idle, until one leaves (or ``stop`` is set and :meth:`wake_all` runs)."""
+
+    def __init__(self, size: int, stop: threading.Event) -> None:
+        self._free = size
+        self._stop = stop
+        self._cond = threading.Condition()
+
+    def enter(self) -> bool:
+        """Wait for a turn to accept; False once stopping (the thread then leaves)."""
+        with self._cond:
+            while self._free <= 0 and not self._stop.is_set():
+                self._cond.wait()
+            if self._stop.is_set():
+                return False
+            self._free -= 1
+            return True
+
+    def leave(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify()
+
+    def wake_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
 
 class _StoppedAcceptFilter(logging.Filter):
@@ -304,27 +348,16 @@ class _ReceiverWorker(threading.Thread):
         stop = self.dispatcher.stopping
         idle = max(0.1, self._options.session_idle_timeout.total_seconds())
         accept_wait = max(0.1, self._options.try_timeout.total_seconds())
+        gate = self.dispatcher.gate(self.function.spec.name)
         while not stop.is_set():
-            started = time.monotonic()
-            receiver = self._receiver(
-                client, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=accept_wait
-            )
-            self.accepting = True
+            if not gate.enter():
+                break
             try:
-                if stop.is_set():  # stop() may have looked before this thread said it accepts
-                    raise OperationTimeoutError(message="stopping")
-                receiver.__enter__()
-            except (OperationTimeoutError, SessionCannotBeLockedError):
-                # No session is waiting: not a fault. Close the half-open link and ask again.
-                self._safe_close(receiver)
-                self._backoff.reset()
-                stop.wait(max(0.0, MIN_ACCEPT_INTERVAL_S - (time.monotonic() - started)))
-                continue
-            except Exception:
-                self._safe_close(receiver)
-                raise
+                receiver = self._accept(client, accept_wait)
             finally:
-                self.accepting = False
+                gate.leave()  # holding a session, or after the pause: the next one accepts
+            if receiver is None:
+                continue
             with receiver:
                 self._backoff.reset()
                 session = receiver.session
@@ -342,6 +375,31 @@ class _ReceiverWorker(threading.Thread):
                     if messages:
                         self._handle(receiver, messages, locked_until=session.locked_until_utc)
                         idle_until = time.monotonic() + idle
+
+    def _accept(self, client: ServiceBusClient, wait: float) -> ServiceBusReceiver | None:
+        """The next available session's receiver, open; None when none came within ``wait``
+        (after a pause of MIN_ACCEPT_INTERVAL_S from the start, should the broker refuse at
+        once, or stop)."""
+        stop = self.dispatcher.stopping
+        started = time.monotonic()
+        receiver = self._receiver(client, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=wait)
+        self.accepting = True
+        try:
+            if stop.is_set():  # stop() may have looked before this thread said it accepts
+                raise OperationTimeoutError(message="stopping")
+            receiver.__enter__()
+        except (OperationTimeoutError, SessionCannotBeLockedError):
+            # No session is waiting: not a fault. Close the half-open link and ask again.
+            self._safe_close(receiver)
+            self._backoff.reset()
+            stop.wait(max(0.0, MIN_ACCEPT_INTERVAL_S - (time.monotonic() - started)))
+            return None
+        except Exception:
+            self._safe_close(receiver)
+            raise
+        finally:
+            self.accepting = False
+        return receiver
 
     def _safe_close(self, receiver: ServiceBusReceiver) -> None:
         try:
