@@ -59,7 +59,9 @@ def build_credential(config: ForwarderConfig, stop: threading.Event) -> Any:
 def build_publisher(config: ForwarderConfig, credential: Any = None) -> Publisher:
     if config.dry_run:
         return DryRunPublisher(sys.stdout)
-    servicebus.load_sdk()  # before the sender and the approvals worker start on their threads
+    # Before the sender and the approvals worker start on their threads; without the
+    # administration client, which the forwarder never uses (6.4 MiB on every VM).
+    servicebus.load_sdk(administration=False)
     return ServiceBusPublisher(
         config.topic,
         namespace=config.namespace,

@@ -106,12 +106,57 @@ def add_connection_arguments(parser: argparse.ArgumentParser, env: Mapping[str, 
     )
 
 
-def load_sdk() -> None:
+# The SDK's administration package and its generated REST layer: azure.servicebus imports the
+# first for one helper class (DictMixin, in its _models) and, through its __init__, its whole
+# client, which brings azure.core's requests transport (requests, urllib3, charset_normalizer,
+# idna) and the REST models. Nothing that sends or receives uses them.
+_ADMINISTRATION = ("azure.servicebus.management", "azure.servicebus.management._generated")
+
+
+def load_sdk(*, administration: bool = True) -> None:
     """Import the SDK now, on the calling thread. A process that first imports it from two
     threads at once can fail: Python's per-module import locks reported a deadlock among
     azure.core's modules to one thread and a KeyError for 'azure.servicebus' to the other
-    (seen in the forwarder: its sender connecting while the approvals worker started)."""
-    import azure.servicebus.exceptions  # noqa: F401
+    (seen in the forwarder: its sender connecting while the approvals worker started).
+
+    ``administration=False`` (the forwarder: it only sends and receives) imports the SDK
+    without running the administration packages' ``__init__`` (see :data:`_ADMINISTRATION`):
+    6.4 MiB less resident memory on every VM. Their modules the SDK needs are imported as
+    usual; the packages themselves are dropped from ``sys.modules`` afterwards, so a later
+    ``import azure.servicebus.management`` gets the whole package. Should a version of the SDK
+    need more of them at import, it is imported the usual way instead."""
+    import sys
+
+    if "azure.servicebus" in sys.modules or administration:
+        import azure.servicebus.exceptions
+
+        return
+    import importlib.util
+    import os
+    import types
+
+    spec = importlib.util.find_spec("azure.servicebus")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("azure-servicebus is not installed", name="azure.servicebus")
+    root = os.path.dirname(spec.origin)
+    placed = []
+    for name in _ADMINISTRATION:
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [os.path.join(root, *name.split(".")[2:])]
+            package.__package__ = name
+            sys.modules[name] = package
+            placed.append(name)
+    try:
+        import azure.servicebus.exceptions
+    except ImportError:
+        for name in [n for n in sys.modules if n.startswith("azure.servicebus")]:
+            del sys.modules[name]
+        import azure.servicebus.exceptions  # noqa: F401
+    finally:
+        for name in placed:
+            if sys.modules.get(name) is not None and not hasattr(sys.modules[name], "__file__"):
+                del sys.modules[name]
 
 
 def client(

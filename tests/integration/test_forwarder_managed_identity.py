@@ -5,8 +5,9 @@ emulator's TLS listener with tokens from the identity fake, which stands in for 
 endpoint through AZURE_POD_IDENTITY_AUTHORITY_HOST (as in benchmarks/forwarder_poll.py). The
 process runs with ``python -X importtime``: the interpreter itself names every module the
 process imports, from start-up to the last publish, on stderr; azure.identity, cryptography and
-msal must not be among them (10.7 MiB of RSS: docs/performance.md). Its memory map is read too
-(/proc/<pid>/maps): no extension module of cryptography is loaded.
+msal must not be among them (10.7 MiB of RSS: docs/performance.md), nor the SDK's
+administration client and the requests stack it brings (6.4 MiB more). Its memory map is read
+too (/proc/<pid>/maps): no extension module of cryptography is loaded.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 CLIENT_ID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 FORBIDDEN = ("azure.identity", "cryptography", "msal")
+# What azure.servicebus imports through its administration package, which sending and
+# receiving never use (sebridge.servicebus.load_sdk).
+ADMINISTRATION = ("requests", "urllib3", "azure.servicebus.management._management_client")
 # Settings through which azure-identity (or anything else) could find another identity.
 IDENTITY_SETTINGS = (
     "AZURE_CLIENT_ID",
@@ -122,6 +126,7 @@ def test_the_forwarder_publishes_with_its_own_credential_and_no_azure_identity(
     modules = imported(log)
     assert {"azure.servicebus", "sebridge.forwarder.imds.token"} <= modules  # it did report
     assert not {m for m in modules if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN}
+    assert not modules & set(ADMINISTRATION), sorted(modules & set(ADMINISTRATION))
     assert "_ssl" in maps or "libssl" in maps  # the map shows extension modules ...
     assert "cryptography" not in maps  # ... and cryptography's is not one of them
     assert "eyJ" not in log  # no token in the logs
