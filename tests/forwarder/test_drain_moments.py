@@ -339,10 +339,13 @@ class MomentsModel(RuleBasedStateMachine):
         # named another VM and came back naming this one gets its first run then).
         self.applied_from: dict[str, datetime] = {}
         # The probe's latest readings of 200 in a row, first and last: once they span the
-        # healthy gap (so no run of 503 goes on across them), a run begins after the last,
-        # whatever its drains' begin times say (one that came back of another kind, say).
+        # healthy gap (so no run of 503 goes on across them), the run of 503 that follows
+        # began after the last of them (run_floor), whatever its drains' begin times say (an
+        # event back under its EventId with a begin in the past, say). After a shorter
+        # streak the run may go on: it keeps the floor it had.
         self.healthy_from: datetime | None = None
         self.healthy_at: datetime | None = None
+        self.run_floor: datetime | None = None
         self.cause: dict[str, str] = {}  # its latest Scheduled/Updated id
         # Events left out of a document: (when, first seen, came, probe from).
         self.recent: dict[str, tuple[datetime, datetime, datetime | None, datetime | None]] = {}
@@ -509,14 +512,12 @@ class MomentsModel(RuleBasedStateMachine):
             self.healthy_at = now
             return
         gap = timedelta(seconds=DEFAULT_PROBE_MIN_HEALTHY_SECONDS)
-        settled = (
-            self.healthy_at
-            if self.healthy_from is not None
-            and self.healthy_at is not None
-            and self.healthy_at - self.healthy_from >= gap
-            else None
-        )
-        self.healthy_from = None
+        if self.healthy_from is not None:  # the first 503 read after some 200s
+            assert self.healthy_at is not None
+            if self.healthy_at - self.healthy_from >= gap:
+                self.run_floor = self.healthy_at
+            self.healthy_from = None
+        floor = self.run_floor
         recent = [
             key
             for key in applies
@@ -526,11 +527,11 @@ class MomentsModel(RuleBasedStateMachine):
                 self.probe_from[key],
                 self.rerun_from.get(key, self.probe_from[key]),
                 self.applied_from.get(key, self.probe_from[key]),
-                settled or self.probe_from[key],
+                floor or self.probe_from[key],
             )
             <= now
         ]
-        assert recent, (now, self.probe_from, settled)
+        assert recent, (now, self.probe_from, floor)
 
 
 MomentsModel.TestCase.settings = settings(

@@ -87,6 +87,7 @@ from sebridge.forwarder.service import OBSERVER_RETRY_SECONDS, Forwarder
 from sebridge.imds import ScheduledEvent, parse_not_before
 from sebridge.impact import DEFAULT_RULES
 from sebridge.lifecycle import content_digest
+from sebridge.timing import RECENT_SECONDS
 from tests.support.forwarder_fakes import OBSERVER, T0, World
 
 # Instance metadata answers that name the VM but are not its identity.
@@ -168,6 +169,10 @@ class ContinuousObserver:
     raws: list[dict[str, Any]] = field(default_factory=list)  # the event each was derived from
     # (key, appearance) -> when its drain moment was first found to have come
     due: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    # key -> (when a document first left it out, when its moment had come, if it had): one
+    # back within RECENT_SECONDS keeps that moment in its next appearance, as the forwarder
+    # keeps an event's timing across a flap (docs/reliability.md, issue 24)
+    gone: dict[str, tuple[datetime, datetime | None]] = field(default_factory=dict)
 
     def look_at_moments(self, now: datetime) -> None:
         """The timing rule, on the events as last observed: the moment of an event has come
@@ -207,6 +212,20 @@ class ContinuousObserver:
             life.ended = True
         return f"{key}:{transition}:{life.appearance}"
 
+    def _carry_moments(self, current: dict[str, dict[str, Any]], at: datetime) -> None:
+        for key in self.known:
+            if key not in current:
+                life = self.lives.get(key)
+                came = self.due.get((key, life.appearance)) if life is not None else None
+                self.gone[key] = (at, came)
+        horizon = at - timedelta(seconds=RECENT_SECONDS)
+        self.gone = {key: gone for key, gone in self.gone.items() if horizon <= gone[0]}
+        for key in current:
+            if key not in self.known and key in self.gone:
+                _, came = self.gone.pop(key)
+                if came is not None:
+                    self.due.setdefault((key, self.lives[key].appearance), came)
+
     def observe(self, events: list[dict[str, Any]], at: datetime) -> None:
         current: dict[str, dict[str, Any]] = {}
         for raw in events:
@@ -239,6 +258,7 @@ class ContinuousObserver:
         for key, transition, raw in out:
             self.derived.append((key, transition, self._id(key, transition, raw)))
             self.raws.append(raw)
+        self._carry_moments(current, at)
         # Started never goes back: an event known Started that reads Scheduled stays Started.
         self.known = {
             key: (
