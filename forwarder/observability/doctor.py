@@ -8,8 +8,9 @@ flags: every ``sebridge forwarder`` flag is accepted) and checks, each within a 
 - ``imds``: IMDS answers and scheduled events are enabled (the first call after 24 h without
   one may take up to 2 minutes: said before waiting, and waited for at most ``--imds-timeout``),
   and the VM's name (its session on ``approvals``);
-- ``token``: the identity gets an Entra token for Service Bus (managed identity; skipped with a
-  connection string);
+- ``token``: the forwarder's credential (``--credential``: its own managed-identity one, or
+  azure-identity's default chain) gets an Entra token for Service Bus; the same credential
+  signs the ``send`` and ``receive`` checks in (skipped with a connection string);
 - ``send``: it may send to the topic: it sends one Heartbeat (harmless, and what the README's
   Verify step then looks for on the topic);
 - ``receive``: it may receive from its own session on ``approvals``: it peeks (never settles or
@@ -44,6 +45,7 @@ from typing import Any, TextIO, TypeVar
 
 from sebridge import __version__, servicebus
 from sebridge.contract.events import Envelope, Observer, heartbeat_message
+from sebridge.forwarder import signin
 from sebridge.forwarder.config import ConfigError, ForwarderConfig, build_parser, config_from_args
 from sebridge.forwarder.delivery.publisher import PublishError, ServiceBusPublisher
 from sebridge.forwarder.imds.client import FIRST_CALL_READ_TIMEOUT, ImdsClient, hostname_observer
@@ -285,6 +287,10 @@ class Doctor:
         self.token_failed = False
         self.heartbeat_id: str | None = None
         self.stuck = False  # a check's thread was left behind
+        # The forwarder's credential, made once as it makes it (namespace configurations only);
+        # ``cancel`` ends its requests when the doctor is done.
+        self.cancel = threading.Event()
+        self.credential: Any = None
 
     # -- config -----------------------------------------------------------------------------
     def check_config(self) -> Check:
@@ -411,6 +417,25 @@ class Doctor:
             return Check(name, SKIP, "no Service Bus token (above)")
         return None
 
+    def _credential(self) -> Any:
+        """The forwarder's token credential, made as ``sebridge forwarder`` makes it (its
+        ``--credential`` and client id), once: the token, send and receive checks share it, as
+        the forwarder's publisher and approvals receiver do. None with a connection string."""
+        config = self.config
+        if config is None or config.connection_string or not config.namespace:
+            return None
+        if self.credential is None:
+            self.credential = signin.credential(
+                config.credential, config.client_id, cancel=self.cancel
+            )
+        return self.credential
+
+    def _credential_name(self) -> str:
+        assert self.config is not None
+        if self.config.credential == signin.DEFAULT_CHAIN:
+            return "azure-identity's default chain (--credential default)"
+        return "the forwarder's managed-identity credential (IMDS's token endpoint)"
+
     def check_token(self) -> Check:
         skip = self._service_bus_skip("token")
         if skip is not None:
@@ -422,27 +447,30 @@ class Doctor:
         who = (
             f"client id {config.client_id}" if config.client_id else "the system-assigned identity"
         )
+        via = f"through {self._credential_name()}"
         try:
-            credential = servicebus.identity(config.client_id)
+            credential = self._credential()
             token = bounded(lambda: credential.get_token(servicebus.TOKEN_SCOPE), self.args.timeout)
         except CheckTimeout as exc:
             self.stuck = self.token_failed = True
             return Check(
-                "token", FAIL, f"no Service Bus token for {who}: {exc}", self._identity_fix()
+                "token", FAIL, f"no Service Bus token for {who} {via}: {exc}", self._identity_fix()
             )
-        except Exception as exc:  # noqa: BLE001 - azure-identity raises several kinds
+        except Exception as exc:  # noqa: BLE001 - TokenError, azure-identity's several kinds
             self.token_failed = True
             return Check(
                 "token",
                 FAIL,
-                f"no Service Bus token for {who}: {_first_line(exc)}",
+                f"no Service Bus token for {who} {via}: {_first_line(exc)}",
                 self._identity_fix(),
             )
         self.principal = token_object_id(token.token)
         left = max(0, int(token.expires_on - time.time()))
         whose = f" (object id {self.principal})" if self.principal else ""
         return Check(
-            "token", OK, f"a Service Bus token for {who}{whose}, valid for {left // 60} min"
+            "token",
+            OK,
+            f"a Service Bus token for {who}{whose} {via}, valid for {left // 60} min",
         )
 
     def _identity_fix(self) -> str:
@@ -505,6 +533,7 @@ class Doctor:
             namespace=config.namespace,
             connection_string=config.connection_string,
             client_id=config.client_id,
+            credential=self._credential(),
             max_message_size=config.max_message_size,
             transport=config.servicebus_transport,
             endpoint=config.servicebus_endpoint,
@@ -525,6 +554,13 @@ class Doctor:
             f"sent a Heartbeat to topic {config.topic} (message id {envelope.message_id}, "
             f"session {envelope.session_id})",
         )
+
+    def _close_credential(self) -> None:
+        """Done with Service Bus: end the credential's requests (a call left behind by a
+        deadline stops asking IMDS) and close it."""
+        self.cancel.set()
+        if self.credential is not None:
+            self._close(self.credential.close)
 
     def _close(self, close: Callable[[], object]) -> None:
         """Close an SDK client within a few seconds, or leave it behind (never raises)."""
@@ -573,12 +609,14 @@ class Doctor:
         config = self.config
         session = self._vm_name()
         queue = f"queue {config.reply_queue}"
+        credential = self._credential()
 
         def peek() -> int:
             client = servicebus.client(
                 namespace=config.namespace,
                 connection_string=config.connection_string,
                 client_id=config.client_id,
+                credential=credential,
                 transport=config.servicebus_transport,
                 endpoint=config.servicebus_endpoint,
                 retry_total=0,
@@ -795,9 +833,12 @@ class Doctor:
             record(self.check_imds(notice))
         else:
             record(Check("imds", SKIP, "no valid configuration"))
-        record(self.check_token())
-        record(self.check_send())
-        record(self.check_receive())
+        try:
+            record(self.check_token())
+            record(self.check_send())
+            record(self.check_receive())
+        finally:
+            self._close_credential()
         record(self.check_unit())
         record(self.check_forwarder())
         record(self.check_hooks())

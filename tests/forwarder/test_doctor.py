@@ -4,7 +4,9 @@ emulator's role assignments), the forwarder itself (its drain probe and status),
 installer's environment file, and a systemctl on PATH that says what a unit's state is.
 
 Never IMDS or Entra for real: every run names the simulator's URL, and a run that signs in has
-IDENTITY_ENDPOINT pointing at the fake, so azure-identity asks nothing else.
+AZURE_POD_IDENTITY_AUTHORITY_HOST pointing at the fake (the forwarder's own managed-identity
+credential asks there) and, for azure-identity's chain, IDENTITY_ENDPOINT too, so neither asks
+anything else.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from sebridge import __version__, servicebus
 from sebridge.contract.commands import ApproveCommand
 from sebridge.forwarder.observability.doctor import read_env_file, run
 from tests.support import docs
+from tests.support.http_peers import HttpPeer
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +53,14 @@ def in_an_hour() -> datetime:
 FORWARDERS = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"  # client id: Data Sender + Data Receiver
 SEND_ONLY = "1f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"  # client id: Data Sender only
 RECEIVE_ONLY = "2f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"  # client id: Data Receiver only
+
+# Where the credentials find a managed identity: cleared, then set to loopback by each test.
+IDENTITY_SETTINGS = {
+    "AZURE_CLIENT_ID",
+    "IDENTITY_ENDPOINT",
+    "IDENTITY_HEADER",
+    "AZURE_POD_IDENTITY_AUTHORITY_HOST",
+}
 
 UNIT_STATES = {
     "active": "LoadState=loaded\nActiveState=active\nSubState=running\nNRestarts=0\nResult=success",
@@ -81,7 +92,7 @@ def systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
     for name in list(os.environ):
-        if name.startswith("SEBRIDGE_") or name in {"AZURE_CLIENT_ID", "IDENTITY_ENDPOINT"}:
+        if name.startswith("SEBRIDGE_") or name in IDENTITY_SETTINGS:
             monkeypatch.delenv(name)
     return state
 
@@ -397,9 +408,10 @@ def signed_in(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    """azure-identity finds the fake (and nothing else); the SDK trusts the emulator's
-    certificate, as it trusts Azure's: through certifi's bundle, which gains it."""
-    for name, value in identity.environ().items():
+    """The forwarder's managed-identity credential finds the fake as a VM's IMDS (and nothing
+    else); the SDK trusts the emulator's certificate, as it trusts Azure's: through certifi's
+    bundle, which gains it."""
+    for name, value in identity.vm_environ().items():
         monkeypatch.setenv(name, value)
     assert secure_bus.ca_cert is not None
     bundle = tmp_path / "bundle.pem"
@@ -429,8 +441,16 @@ def _installed_env_file(tmp_path: Path, client_id: str, **settings: str) -> Path
     return root / "etc" / "sebridge" / "forwarder.env"
 
 
+@pytest.fixture
+def unassigned() -> Iterator[HttpPeer]:
+    """An IMDS identity endpoint for a VM the identity is not assigned to: 400, as IMDS answers."""
+    body = json.dumps({"error": "invalid_request", "error_description": "Identity not found"})
+    with HttpPeer(lambda request: (400, body.encode())) as peer:
+        yield peer
+
+
 def _signed_in_doctor(
-    tmp_path: Path, sim: RunningSimulator, bus: EmulatorProcess, client_id: str
+    tmp_path: Path, sim: RunningSimulator, bus: EmulatorProcess, client_id: str, *args: str
 ) -> tuple[int, dict[str, dict[str, str]], dict[str, Any]]:
     env_file = _installed_env_file(
         tmp_path,
@@ -440,7 +460,7 @@ def _signed_in_doctor(
     )
     settings = read_env_file(env_file)
     assert settings["AZURE_CLIENT_ID"] == client_id
-    return doctor("--env-file", str(env_file), "--state-dir", str(tmp_path / "state"))
+    return doctor("--env-file", str(env_file), "--state-dir", str(tmp_path / "state"), *args)
 
 
 @pytest.mark.usefixtures("signed_in")
@@ -459,9 +479,57 @@ def test_the_forwarders_identity_with_its_roles_passes(
     )
     assert checks["token"]["status"] == "ok"
     assert f"object id {FakeIdentity.object_id(FORWARDERS)}" in checks["token"]["what"]
+    assert "through the forwarder's managed-identity credential" in checks["token"]["what"]
     assert checks["send"]["status"] == "ok" and checks["receive"]["status"] == "ok"
+    assert document["configuration"]["credential"] == "managed-identity"
     # No token in what it prints.
     assert "eyJ" not in json.dumps(document)
+
+
+@pytest.mark.usefixtures("signed_in")
+def test_send_and_receive_sign_in_with_the_forwarders_credential_too(
+    sim: RunningSimulator,
+    secure_bus: EmulatorProcess,
+    tmp_path: Path,
+    identity: FakeIdentity,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """azure-identity's chain would fail here (its App Service endpoint refuses the header);
+    the forwarder never asks it, so neither may any of the doctor's checks."""
+    monkeypatch.setenv("IDENTITY_ENDPOINT", identity.environ()["IDENTITY_ENDPOINT"])
+    monkeypatch.setenv("IDENTITY_HEADER", "not-the-header")  # the endpoint refuses: 401
+    code, checks, _ = _signed_in_doctor(tmp_path, sim, secure_bus, FORWARDERS)
+    assert code == 0, checks
+    assert "through the forwarder's managed-identity credential" in checks["token"]["what"]
+    assert checks["send"]["status"] == "ok", checks["send"]
+    assert checks["receive"]["status"] == "ok", checks["receive"]
+
+
+@pytest.mark.usefixtures("signed_in")
+def test_credential_default_signs_in_through_azure_identitys_chain(
+    sim: RunningSimulator,
+    secure_bus: EmulatorProcess,
+    tmp_path: Path,
+    identity: FakeIdentity,
+    unassigned: HttpPeer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With --credential default the forwarder signs in through azure-identity (here its App
+    Service flavour, the fake), never through its own credential (whose IMDS would refuse)."""
+    for name, value in identity.environ().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", unassigned.url)
+    code, checks, document = _signed_in_doctor(
+        tmp_path, sim, secure_bus, FORWARDERS, "--credential", "default"
+    )
+    assert code == 0, checks
+    assert document["configuration"]["credential"] == "default"
+    token = checks["token"]
+    assert token["status"] == "ok"
+    assert "through azure-identity's default chain (--credential default)" in token["what"]
+    assert f"object id {FakeIdentity.object_id(FORWARDERS)}" in token["what"]
+    assert checks["send"]["status"] == "ok" and checks["receive"]["status"] == "ok"
+    assert not unassigned.requests  # the forwarder's own credential was never asked
 
 
 @pytest.mark.usefixtures("signed_in")
@@ -492,18 +560,30 @@ def test_without_data_receiver_receive_fails_naming_the_role_and_the_queue(
     assert "Azure Service Bus Data Receiver on queue approvals" in receive["fix"]
 
 
+@pytest.mark.usefixtures("signed_in")
 def test_no_token_fails_with_how_to_attach_the_identity(
     identity: FakeIdentity,
+    unassigned: HttpPeer,
     sim: RunningSimulator,
     secure_bus: EmulatorProcess,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("IDENTITY_ENDPOINT", identity.environ()["IDENTITY_ENDPOINT"])
-    monkeypatch.setenv("IDENTITY_HEADER", "not-the-header")  # the endpoint refuses: 401
+    """IMDS refuses the forwarder's token: the doctor fails the token even though
+    azure-identity's chain (which the forwarder does not use) would get one here."""
+    for name, value in identity.environ().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", unassigned.url)
     code, checks, _ = _signed_in_doctor(tmp_path, sim, secure_bus, FORWARDERS)
     assert code == 1
     assert checks["token"]["status"] == "FAIL"
+    what = checks["token"]["what"]
+    assert what.startswith(
+        f"no Service Bus token for client id {FORWARDERS} through the forwarder's "
+        "managed-identity credential"
+    )
+    assert "IMDS answered 400: invalid_request: Identity not found" in what
+    assert f"is the identity with client id {FORWARDERS} assigned to this VM?" in what
     assert "az vm identity assign" in checks["token"]["fix"]
     assert "forwarderIdentityClientId" in checks["token"]["fix"]
     assert checks["send"]["status"] == "skip" and checks["receive"]["status"] == "skip"
