@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -35,7 +36,7 @@ from sebridge import __version__, servicebus
 from sebridge.contract.commands import ApproveCommand
 from sebridge.forwarder.observability.doctor import read_env_file, run
 from tests.support import docs
-from tests.support.http_peers import HttpPeer
+from tests.support.http_peers import HttpPeer, Style
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -587,6 +588,43 @@ def test_no_token_fails_with_how_to_attach_the_identity(
     assert "az vm identity assign" in checks["token"]["fix"]
     assert "forwarderIdentityClientId" in checks["token"]["fix"]
     assert checks["send"]["status"] == "skip" and checks["receive"]["status"] == "skip"
+
+
+def test_a_token_request_that_never_ends_is_bounded_then_stopped(
+    sim: RunningSimulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IMDS takes the forwarder's token request and never answers: the check fails at its
+    deadline with the identity fix, and the request left behind ends with the doctor (its
+    credential's cancel), not after the credential's own 70 s of retries."""
+    with HttpPeer(lambda request: (200, b"{}"), Style(answer=False)) as silent:
+        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", silent.url)
+        out, err = io.StringIO(), io.StringIO()
+        code, stuck = run(
+            [
+                "--json", "--no-env-files", "--imds-endpoint", sim.base_url,
+                "--namespace", "127.0.0.1", "--client-id", FORWARDERS,
+                "--state-dir", str(tmp_path / "state"), "--timeout", "2",
+            ],
+            out=out,
+            err=err,
+        )  # fmt: skip
+        assert stuck  # the check's thread was left behind at its deadline...
+        checks = {c["name"]: c for c in json.loads(out.getvalue())["checks"]}
+        token = checks["token"]
+        assert code == 1 and token["status"] == "FAIL"
+        assert token["what"] == (
+            f"no Service Bus token for client id {FORWARDERS} through the forwarder's "
+            "managed-identity credential (IMDS's token endpoint): no answer within 2 s"
+        )
+        assert "az vm identity assign" in token["fix"]
+        assert checks["send"]["status"] == "skip" and checks["receive"]["status"] == "skip"
+        assert silent.requests  # it did ask the forwarder's IMDS
+        # ...and ends at once: one request takes 10 s, the retries 70 s.
+        wait_until(
+            lambda: not any(t.name == "doctor-check" for t in threading.enumerate()),
+            3,
+            "the token check's thread to end",
+        )
 
 
 def test_the_readme_lists_every_check_and_the_verify_step_runs_the_doctor(
