@@ -99,6 +99,7 @@ def deliver_all(app: App, first: str, not_before: str, duration: object, kind: s
     assert len(app.teams.cards) > cards  # the notification went out
 
 
+@pytest.mark.slow  # about 10 s on its own (each example runs every workflow over Azurite)
 @settings(
     max_examples=30,
     deadline=None,
