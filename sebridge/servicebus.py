@@ -155,8 +155,12 @@ def load_sdk(*, administration: bool = True) -> None:
         import azure.servicebus.exceptions  # noqa: F401
     finally:
         for name in placed:
-            if sys.modules.get(name) is not None and not hasattr(sys.modules[name], "__file__"):
+            bare = sys.modules.get(name)
+            if bare is not None and not hasattr(bare, "__file__"):
                 del sys.modules[name]
+                parent, _, child = name.rpartition(".")
+                if getattr(sys.modules.get(parent), child, None) is bare:
+                    delattr(sys.modules[parent], child)  # bound again by the next import
 
 
 def client(

@@ -49,7 +49,10 @@ def test_without_administration_the_sdk_loads_without_requests_and_still_builds_
         + SENDS
         + "lean = sorted(m for m in ('requests', 'urllib3', 'azure.servicebus.management')"
         " if m in sys.modules)\n"
+        "import azure.servicebus\n"
+        "assert not hasattr(azure.servicebus, 'management')\n"
         "from azure.servicebus.management import ServiceBusAdministrationClient\n"
+        "assert azure.servicebus.management.ServiceBusAdministrationClient\n"
         "print(json.dumps({'lean': lean, 'admin': ServiceBusAdministrationClient.__name__,"
         " 'requests_later': 'requests' in sys.modules}))"
     )
