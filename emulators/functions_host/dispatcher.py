@@ -26,7 +26,8 @@ Semantics follow the Functions Service Bus extension (v5):
 - Any receiver fault (broker gone, link detached) closes that thread's client and reconnects
   after exponential backoff with jitter; nothing here exits on it.
 On stop, threads finish the invocation in flight and settle it, then close their receivers;
-a thread waiting in an accept has its connection closed, so it leaves at once.
+a thread waiting in an accept has its connection closed, so it leaves at once (one the SDK
+keeps in a handshake with a broker that stopped answering is not waited for past a second).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ RECEIVE_WAIT_S = 0.5  # one receive call's wait: also how quickly a thread notic
 SETTLE_ATTEMPTS = 3  # complete/abandon tries before the message is left to redelivery
 MIN_ACCEPT_INTERVAL_S = 0.5  # a broker that refuses accepts at once must not be spun on
 ACCEPTORS = 4  # of a session trigger's threads, at most this many wait in an accept at once
+ACCEPT_LEAVE_S = 1.0  # at stop, how long a thread torn out of its accept is waited for
 
 
 def describe_error(exc: BaseException) -> str:
@@ -158,8 +160,14 @@ class Dispatcher:
                 worker.closed_for_stop = True
                 worker.force_close()
         for worker in self._workers:
-            # Idle threads leave within one receive wait; busy ones get the whole grace.
-            worker.join(timeout=max(0.0, deadline - time.monotonic()))
+            # Idle threads leave within one receive wait; busy ones get the whole grace. One
+            # that waited in an accept holds nothing: its connection is closed, and if the SDK
+            # still sits in it (a broker that stopped answering in the middle of the handshake:
+            # closing does not end that read), it is left behind after ACCEPT_LEAVE_S.
+            left = deadline - time.monotonic()
+            if worker.closed_for_stop:
+                left = min(left, ACCEPT_LEAVE_S)
+            worker.join(timeout=max(0.0, left))
         stuck = [w for w in self._workers if w.is_alive() and w.busy]
         for worker in stuck:
             event(
