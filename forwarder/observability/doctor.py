@@ -31,6 +31,7 @@ import argparse
 import base64
 import binascii
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -889,6 +890,13 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The doctor prints one line per check; nothing else configures logging here, so the SDK's
+    # records (a send thread left behind by --timeout reports its torn-down link, with a
+    # traceback) would reach stderr through logging's last resort. They go nowhere instead.
+    azure = logging.getLogger("azure")
+    if not azure.handlers:
+        azure.addHandler(logging.NullHandler())
+        azure.propagate = False
     code, stuck = run(argv)
     if stuck:
         # A check's call never returned (a Service Bus or identity call): leave without

@@ -262,6 +262,41 @@ def test_the_command_prints_one_line_per_check_and_exits_1_on_a_failure(
     assert "secret-key-value" not in proc.stdout + proc.stderr
 
 
+def test_a_short_timeout_prints_checks_not_the_sdks_tracebacks(
+    sim: RunningSimulator, bus: EmulatorProcess, tmp_path: Path
+) -> None:
+    """Review a31: with --timeout 0.5 the send left behind by its deadline logged the SDK's
+    'Unexpected error occurred ... Handler shutting down.' and a traceback on stderr (4 runs
+    of 4): the doctor promises one line per check."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sebridge.cli",
+            "doctor",
+            "--no-env-files",
+            "--imds-endpoint",
+            sim.base_url,
+            "--connection-string",
+            bus.connection_string,
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--timeout",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    names = [line.split()[1] for line in proc.stdout.splitlines()]
+    assert names == [
+        "config", "imds", "token", "send", "receive", "unit", "forwarder", "hooks", "probe"
+    ], proc.stdout  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "Unexpected error" not in proc.stderr, proc.stderr
+
+
 def test_a_usage_error_is_exit_2() -> None:
     code, _ = run(["--no-such-flag"], out=io.StringIO(), err=io.StringIO())
     assert code == 2
