@@ -10,7 +10,6 @@ closes the waiting accepts so the host still stops at once. Against the real emu
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,8 @@ from conftest import HERE
 
 from emulators.functions_host.host import FunctionsHost
 from emulators.functions_host.hostconfig import HostConfig, ServiceBusOptions
+from tests.support.http_peers import HttpPeer, Style
+from tests.support.waiting import wait_until
 
 testing = pytest.importorskip("emulators.servicebus.testing")
 
@@ -146,43 +147,20 @@ def test_stop_does_not_wait_for_accepts_a_silent_broker_holds() -> None:
     threads waiting in an accept sit in the SDK's handshake, where closing their client does
     not end the read. stop() still returns at once: they hold no message (review a31: 10 s,
     the whole grace, and the threads stuck a minute on)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    done = threading.Event()
-
-    def take() -> None:
-        listener.settimeout(0.2)
-        while not done.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            held.append(conn)  # read nothing, answer nothing
-
-    taker = threading.Thread(target=take, daemon=True)
-    taker.start()
-    port = listener.getsockname()[1]
-    settings = {
-        "FhServiceBus": f"Endpoint=sb://127.0.0.1:{port}/;SharedAccessKeyName=k;"
-        "SharedAccessKey=c2VjcmV0;UseDevelopmentEmulator=true",
-        "FhTopicName": TOPIC,
-    }
-    host = FunctionsHost(
-        sb_app, settings, host_config=HostConfig(service_bus=OPTIONS), functions=["ordered"]
-    ).start()
-    try:
-        deadline = time.monotonic() + 20
-        while len(held) < SESSIONS and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(held) >= SESSIONS, "the accepts never reached the broker"
+    # Waits for an HTTP request head that an AMQP client never sends: silent, connection held.
+    with HttpPeer(lambda request: (200, b""), Style(answer=False)) as silent:
+        port = silent.url.rsplit(":", 1)[1]
+        settings = {
+            "FhServiceBus": f"Endpoint=sb://127.0.0.1:{port}/;SharedAccessKeyName=k;"
+            "SharedAccessKey=c2VjcmV0;UseDevelopmentEmulator=true",
+            "FhTopicName": TOPIC,
+        }
+        host = FunctionsHost(
+            sb_app, settings, host_config=HostConfig(service_bus=OPTIONS), functions=["ordered"]
+        ).start()
+        wait_until(lambda: silent.connections >= SESSIONS, 20, "the accepts to reach the broker")
         time.sleep(0.5)  # in the handshake now
         started = time.monotonic()
         host.stop()
         stopped_in = time.monotonic() - started
-    finally:
-        done.set()
-        taker.join(5)
-        for conn in held:
-            conn.close()
-        listener.close()
     assert stopped_in < 3.0, f"stop took {stopped_in:.1f} s"
