@@ -222,12 +222,15 @@ def test_a_session_held_by_the_running_forwarder_is_a_good_sign(
     assert "locked by another receiver, the running forwarder" in checks["receive"]["what"]
 
 
-def test_the_command_prints_one_line_per_check_and_exits_1_on_a_failure(
-    sim: RunningSimulator, tmp_path: Path
-) -> None:
-    # The CLI as an operator runs it; Service Bus is a port nothing listens on.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
+# Every check, in the order the command prints them.
+CHECKS = ["config", "imds", "token", "send", "receive", "unit", "forwarder", "hooks", "probe"]
+
+
+def doctor_command(
+    sim: RunningSimulator, connection_string: str, tmp_path: Path, *, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``sebridge doctor`` as an operator runs it, in a process of its own, no env files."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -237,24 +240,34 @@ def test_the_command_prints_one_line_per_check_and_exits_1_on_a_failure(
             "--imds-endpoint",
             sim.base_url,
             "--connection-string",
-            "Endpoint=sb://127.0.0.1:9;SharedAccessKeyName=k;SharedAccessKey=secret-key-value;"
-            "UseDevelopmentEmulator=true;",
+            connection_string,
             "--state-dir",
             str(tmp_path / "state"),
             "--timeout",
-            "10",
+            str(timeout),
         ],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def test_the_command_prints_one_line_per_check_and_exits_1_on_a_failure(
+    sim: RunningSimulator, tmp_path: Path
+) -> None:
+    # The CLI as an operator runs it; Service Bus is a port nothing listens on.
+    proc = doctor_command(
+        sim,
+        "Endpoint=sb://127.0.0.1:9;SharedAccessKeyName=k;SharedAccessKey=secret-key-value;"
+        "UseDevelopmentEmulator=true;",
+        tmp_path,
+        timeout=10,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     names = [line.split()[1] for line in lines]
-    assert names == [
-        "config", "imds", "token", "send", "receive", "unit", "forwarder", "hooks", "probe"
-    ]  # fmt: skip
+    assert names == CHECKS, proc.stdout
     (send,) = [line for line in lines if line.split()[1] == "send"]
     assert send.startswith("FAIL  send")
     assert "Fix: outbound TCP 5671 (AMQP) to the namespace must be open" in send
@@ -268,31 +281,9 @@ def test_a_short_timeout_prints_checks_not_the_sdks_tracebacks(
     """Review a31: with --timeout 0.5 the send left behind by its deadline logged the SDK's
     'Unexpected error occurred ... Handler shutting down.' and a traceback on stderr (4 runs
     of 4): the doctor promises one line per check."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sebridge.cli",
-            "doctor",
-            "--no-env-files",
-            "--imds-endpoint",
-            sim.base_url,
-            "--connection-string",
-            bus.connection_string,
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--timeout",
-            "0.5",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = doctor_command(sim, bus.connection_string, tmp_path, timeout=0.5)
     names = [line.split()[1] for line in proc.stdout.splitlines()]
-    assert names == [
-        "config", "imds", "token", "send", "receive", "unit", "forwarder", "hooks", "probe"
-    ], proc.stdout  # fmt: skip
+    assert names == CHECKS, proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "Unexpected error" not in proc.stderr, proc.stderr
 
