@@ -127,7 +127,8 @@ class LoopListener(Protocol):
     Called on the poller's thread; a listener must return quickly and never raise (an
     exception is logged and ignored). A listener may also have
     ``document_observed(document, observer, observed_at)``: every document a poll read, told
-    before anything of it is written (the local actions follow documents, not deliveries), and
+    before anything of it is written (the local actions follow documents, not deliveries),
+    ``poll_recorded()``: that poll's transitions are in the outbox, and
     ``command_settled(message_id, action, reason)``."""
 
     def transitions_recorded(self, envelopes: Sequence[Envelope]) -> None:

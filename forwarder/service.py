@@ -631,14 +631,7 @@ class Forwarder:
 
     def _tell_document(self, document: Document, observed_at: datetime) -> None:
         """Hand the document to the listeners that follow documents (``document_observed``)."""
-        for listener in self.listeners:
-            follow = getattr(listener, "document_observed", None)
-            if follow is None:
-                continue
-            try:
-                follow(document, self.local_observer, observed_at)
-            except Exception:
-                log.exception("listener %r failed on a document; ignored", listener)
+        self._tell("document_observed", document, self.local_observer, observed_at)
 
     def _tell_recorded(self) -> None:
         """Tell the listeners that want it (``poll_recorded``) that this poll's transitions are
@@ -646,14 +639,19 @@ class Forwarder:
         (a Prepared, which must not go in before its event's transitions) may go in now. A
         retry from inside the poll (``document_observed``) is always refused, so a Prepared
         whose one-shot attempt met a poll in progress waited for ever (seen under load)."""
+        self._tell("poll_recorded")
+
+    def _tell(self, method: str, *args: object) -> None:
+        """Call ``method``, an optional part of :class:`LoopListener`, on every listener that
+        has it; a failure is logged and ignored."""
         for listener in self.listeners:
-            recorded = getattr(listener, "poll_recorded", None)
-            if recorded is None:
+            call = getattr(listener, method, None)
+            if call is None:
                 continue
             try:
-                recorded()
+                call(*args)
             except Exception:
-                log.exception("listener %r failed after a poll; ignored", listener)
+                log.exception("listener %r failed in %s; ignored", listener, method)
 
     def _flush_unsent(self) -> None:
         with self._lock:
@@ -678,14 +676,7 @@ class Forwarder:
     def command_settled(self, message_id: str | None, action: str, reason: str = "") -> None:
         """An approval command was settled (``action``: complete, dead-letter or abandon):
         told to the listeners that want it (``command_settled``), on the receiver's thread."""
-        for listener in self.listeners:
-            report = getattr(listener, "command_settled", None)
-            if report is None:
-                continue
-            try:
-                report(message_id, action, reason)
-            except Exception:
-                log.exception("listener %r failed; ignored", listener)
+        self._tell("command_settled", message_id, action, reason)
 
     def tick(self) -> float | None:
         """poll_once plus housekeeping; never raises. None = on schedule, else a backoff."""

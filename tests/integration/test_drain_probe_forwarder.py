@@ -379,4 +379,4 @@ def test_a_neighbours_year_1_notbefore_never_keeps_the_probe_healthy(
         finally:
             fw.close()
         log = fw.stderr_text()
-        assert "failed on a document" not in log and "OverflowError" not in log, log[-3000:]
+        assert "failed in document_observed" not in log and "OverflowError" not in log, log[-3000:]
