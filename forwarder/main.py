@@ -36,7 +36,7 @@ from sebridge.forwarder.ports import Publisher
 from sebridge.forwarder.service import Forwarder
 from sebridge.forwarder.state import StateDirUnusable, StateStore, ensure_dir
 from sebridge.logs import setup_logging
-from sebridge.signals import StopSignals
+from sebridge.signals import StopEvent, StopSignals
 
 if TYPE_CHECKING:
     from sebridge.forwarder.local.actions import LocalActions
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         __version__,
         json.dumps(config.describe(), sort_keys=True),
     )
-    stop = threading.Event()
+    stop = StopEvent()  # tells the HTTP deadline watchdog at once when set
 
     def on_signal(name: str) -> None:  # on the signals thread, never in a signal handler
         if not stop.is_set():

@@ -33,6 +33,36 @@ def _nothing(signum: int, frame: FrameType | None) -> None:
     signal (set_wakeup_fd)."""
 
 
+class StopEvent(threading.Event):
+    """A stop event that also calls back when it is set.
+
+    A thread that waits for one thing blocks on the event itself. One that waits for many (the
+    HTTP client's deadline watchdog, which watches every request's deadline at once) would
+    otherwise have to look at the event every so often, and wake for nothing while idle. It
+    registers with :meth:`when_set` instead and is told at once. Callbacks run on the thread
+    that sets the event (never in a signal handler: see :class:`StopSignals`), must be quick
+    and must not fail; one may be called twice (registered just as the event is set)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks_lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def when_set(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the event is set, or now if it already is."""
+        with self._callbacks_lock:
+            self._callbacks.append(callback)
+        if self.is_set():
+            callback()
+
+    def set(self) -> None:
+        super().set()
+        with self._callbacks_lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            callback()
+
+
 class StopSignals:
     """Sets ``stop`` when one of ``signals`` arrives; ``on_signal(name)`` is called first, on the
     reader thread, once per signal received (it may log). Install from the main thread."""

@@ -55,6 +55,7 @@ from sebridge.forwarder.net.client import DeadlineHttp
 from sebridge.forwarder.observability.status_cli import collect
 from sebridge.forwarder.ports import ImdsError
 from sebridge.imds import Document
+from sebridge.signals import StopEvent
 from sebridge.text import printable, printable_lines
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -290,7 +291,7 @@ class Doctor:
         self.stuck = False  # a check's thread was left behind
         # The forwarder's credential, made once as it makes it (namespace configurations only);
         # ``cancel`` ends its requests when the doctor is done.
-        self.cancel = threading.Event()
+        self.cancel = StopEvent()
         self.credential: Any = None
 
     # -- config -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from sebridge.forwarder.net import client as net_client
 from sebridge.forwarder.net.client import (
     BodyTooLarge,
     DeadlineExceeded,
@@ -22,6 +23,7 @@ from sebridge.forwarder.net.client import (
     RequestCancelled,
     TransportError,
 )
+from sebridge.signals import StopEvent
 from tests.support.http_peers import HttpPeer, Request, Style
 from tests.support.waiting import wait_until
 
@@ -128,8 +130,11 @@ def test_a_peer_that_trickles_or_never_answers_ends_by_the_deadline(style: Style
         assert len(peer.requests) == 1
 
 
-def test_cancel_ends_a_request_at_once() -> None:
-    cancel = threading.Event()
+@pytest.mark.parametrize("make_cancel", [threading.Event, StopEvent], ids=["Event", "StopEvent"])
+def test_cancel_ends_a_request_at_once(make_cancel: type[threading.Event]) -> None:
+    """A plain Event is looked at every SLICE; a StopEvent tells the watchdog when it is set
+    (it is never looked at otherwise: untold, this request would wait out its 60 s)."""
+    cancel = make_cancel()
     with HttpPeer(document, Style(answer=False)) as peer:
         client = DeadlineHttp(peer.url, max_body=1024, cancel=cancel)
         outcome: list[BaseException] = []
@@ -149,6 +154,65 @@ def test_cancel_ends_a_request_at_once() -> None:
         assert [type(e) for e in outcome] == [RequestCancelled]
         with pytest.raises(RequestCancelled):  # and none starts once cancelled
             client.request("GET", "/", timeout=60)
+
+
+def test_a_sooner_deadline_is_kept_while_the_watchdog_waits_for_a_later_one() -> None:
+    """The watchdog sleeps until the earliest deadline it knows; a request armed meanwhile with
+    a sooner one must wake it, or a peer that trickles (each read within the socket timeout)
+    would hold that request until the first request's 30 s."""
+    stop = StopEvent()
+    with (
+        HttpPeer(document, Style(answer=False)) as silent,
+        HttpPeer(document, Style(trickle_headers=0.3)) as trickling,
+    ):
+        slow = DeadlineHttp(silent.url, max_body=1024, cancel=stop)
+        quick = DeadlineHttp(trickling.url, max_body=1024, cancel=stop)
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                slow.request("GET", "/slow", timeout=30)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        wait_until(lambda: silent.requests, 10, "the slow request to arrive")
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            quick.request("GET", "/quick", timeout=1.5)
+        assert time.monotonic() - started < 1.5 + SLACK
+        stop.set()  # and the slow one ends with the stop, not at its deadline
+        thread.join(timeout=SLACK)
+        assert [type(e) for e in outcome] == [RequestCancelled]
+        slow.close()
+        quick.close()
+
+
+def voluntary_switches(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+def test_requests_that_end_in_time_do_not_wake_the_watchdog() -> None:
+    """An idle forwarder's cost: the watchdog sleeps until a deadline it knows, and requests
+    that end before it (with a StopEvent, which tells it when set) are never looked at. It
+    used to wake twice for each request: when armed, and a SLICE later."""
+    stop = StopEvent()
+    with HttpPeer(document, Style()) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024, cancel=stop)
+        client.request("GET", "/first", timeout=30)  # the watchdog now waits for 30 s
+        watchdog = net_client._WATCHDOG._thread
+        assert watchdog is not None and watchdog.native_id is not None
+        before = voluntary_switches(watchdog.native_id)
+        for i in range(40):
+            assert client.request("GET", f"/{i}", timeout=20).status == 200
+        woken = voluntary_switches(watchdog.native_id) - before
+        client.close()
+    assert woken <= 4, f"the watchdog woke {woken} times for 40 requests"
 
 
 @pytest.mark.parametrize(
