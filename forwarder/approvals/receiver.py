@@ -26,15 +26,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("forwarder.approvals")
 
-RECEIVE_WAIT = 5.0  # seconds a receive call blocks when the session is empty
+RECEIVE_WAIT = 10.0  # seconds a receive call blocks when the session is empty
 # How long one socket read of the receiver waits. The SDK's default, 0.2 s, wakes an idle
 # receiver 5 times a second to run a pass of its AMQP loop: the largest share of the idle
 # forwarder's CPU (benchmarks/forwarder_poll.py). A read returns as soon as a frame arrives, so
 # a longer wait delays no command; it only lets receive_messages overrun RECEIVE_WAIT by as much
-# (an idle receive then takes up to 10 s: the lock is still checked before every command, and a
-# stop does not wait for it, see Forwarder.run). Measured as on a VM (managed identity, TLS):
-# 1.71 ms of CPU per idle poll with 1 s, 1.64 ms with 2 s, 1.54 ms with 5 s (0.53x, 0.51x and
-# 0.47x the reference listener's 3.2 ms).
+# (an idle receive then takes up to 20 s: the lock is still checked before every command and
+# stays well inside its 60 s, see SESSION_RENEW_EVERY; a stop does not wait for it, see
+# Forwarder.run; a VM renamed under the forwarder moves to its new session that much later).
+# Measured as on a VM (managed identity, TLS): 1.71 ms of CPU per idle poll with 1 s, 1.64 ms
+# with 2 s, 1.54 ms with 5 s (0.53x, 0.51x and 0.47x the reference listener's 3.2 ms); per
+# thread (schedstat over 60 s) the receiver took 0.25 ms a second with 5 s and 0.15 with 10 s,
+# each idle receive call costing it about 1.3 ms of the SDK's work.
 RECEIVER_SOCKET_TIMEOUT = RECEIVE_WAIT
 # Why prefetch 1 and keep_alive 0: with prefetch 0 the SDK (azure-servicebus 7.15, pyamqp)
 # starts a keep-alive thread that every 5 s calls listen(wait=socket_timeout) on the receiver's
@@ -56,10 +59,10 @@ RECEIVER_PREFETCH = 1
 # them and the POST; each request's overall deadline, connect and a trickling body included,
 # is cut to what is left) and is abandoned when that is used up. So a lock is at most
 # 15 + 25 = 40 s old when the command is settled (the bound test adds 2 s of connect time as a
-# margin), and at most 15 + 30 = 45 s old after the pause that follows an abandon (Backoff cap
-# 30 s): both < 60 s. The slow first call of IMDS (up to 2 minutes while the feature is
-# enabled) is the poller's to wait out; a command never uses that timeout and is simply
-# redelivered later.
+# margin), at most 15 + 30 = 45 s old after the pause that follows an abandon (Backoff cap
+# 30 s), and at most 15 + 2 x 10 = 35 s old at the end of an idle receive: all < 60 s.
+# The slow first call of IMDS (up to 2 minutes while the feature is enabled) is the poller's
+# to wait out; a command never uses that timeout and is simply redelivered later.
 SESSION_RENEW_EVERY = 15.0
 ABANDON_PAUSE_MAX = 30.0
 
