@@ -21,9 +21,10 @@ AZURITE := $(AZURITE_DIR)/node_modules/.installed
 # --dist loadgroup keeps tests that share an expensive fixture on one worker; tests/conftest.py
 # starts the slow tests first.
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(3 * (os.cpu_count() or 1))')
-# make check: the directories of the fast tests, without those marked slow.
+# make check: the directories of the fast tests, without those marked slow, each property test
+# at a tenth of its examples (tests/support/budget.py; make test runs every one in full).
 CHECK_TESTS ?= tests/unit tests/functions tests/contract
-CHECK_WORKERS ?= 4
+CHECK_WORKERS ?= $(PYTEST_WORKERS)
 
 .PHONY: demo test test-deps check lint typecheck bench install clean dist peer-suite peer-suite-ci
 
@@ -76,7 +77,8 @@ test:
 
 check: $(BIN)/.installed
 	$(MAKE) --no-print-directory lint typecheck
-	$(PYTEST) --numprocesses $(CHECK_WORKERS) --dist loadgroup -m "not slow" $(CHECK_TESTS)
+	SEBRIDGE_TEST_BUDGET=check $(PYTEST) --numprocesses $(CHECK_WORKERS) --dist loadgroup \
+		-m "not slow" $(CHECK_TESTS)
 
 BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fleet eventgrid_ingest drain_probe_flip burst
 

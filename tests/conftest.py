@@ -6,9 +6,17 @@ import os
 from collections.abc import Generator
 
 import pytest
+from hypothesis import settings
 
 from tests.contract.remote import on_a_remote_namespace
+from tests.support import budget
 from tests.support.root import NEEDS_ROOT
+
+# make check (SEBRIDGE_TEST_BUDGET=check): the property tests that write no count run
+# budget.examples(100) of hypothesis's default 100; those that write one call budget.examples.
+settings.register_profile("check", max_examples=budget.examples(100))
+if budget.CHECK:
+    settings.load_profile("check")
 
 # tests/unit/test_suite_rules.py runs small pytest sessions with this file's hooks.
 pytest_plugins = ("pytester",)

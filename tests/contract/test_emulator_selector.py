@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from proton import _io
 
 from emulators.servicebus import polling
+from tests.support.budget import examples
 
 polling.install_into_proton()
 PROTON_UPDATE: Any = polling.proton_update
@@ -99,7 +100,7 @@ class SelectorMachine(RuleBasedStateMachine):
 
 
 SelectorMachine.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=40, deadline=None
+    max_examples=examples(300), stateful_step_count=40, deadline=None
 )
 TestSelector = SelectorMachine.TestCase
 TestSelector.pytestmark = [pytest.mark.slow]

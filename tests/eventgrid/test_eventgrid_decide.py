@@ -33,6 +33,7 @@ from tests.eventgrid.support import (
     platform_notifications,
     scenario_documents,
 )
+from tests.support.budget import examples
 from tests.unit.test_contract import DATA_SCHEMA, FORMATS
 
 REF = event_ref(EVENT_ID)
@@ -283,10 +284,12 @@ class Deliveries(RuleBasedStateMachine):
 
 TestDeliveries = Deliveries.TestCase
 TestDeliveries.pytestmark = [pytest.mark.slow]
-TestDeliveries.settings = settings(max_examples=150, stateful_step_count=25, deadline=None)
+TestDeliveries.settings = settings(
+    max_examples=examples(150), stateful_step_count=25, deadline=None
+)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     versions=st.lists(st.sampled_from(NOT_BEFORES), min_size=1, max_size=6),
     started=st.booleans(),

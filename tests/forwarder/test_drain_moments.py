@@ -34,6 +34,7 @@ from sebridge.timing import (
     parse_leads,
 )
 from tests.forwarder.local_support import OBSERVER, Recorder, document, imds_event
+from tests.support.budget import examples
 from tests.support.forwarder_fakes import FakeClock
 
 pytestmark = pytest.mark.timeout(300)
@@ -535,7 +536,7 @@ class MomentsModel(RuleBasedStateMachine):
 
 
 MomentsModel.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=examples(150),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -25,6 +25,7 @@ from sebridge.forwarder.local.journal import Journal
 from sebridge.imds import Document
 from sebridge.impact import DEFAULT_RULES, ImpactRules
 from tests.forwarder.local_support import OBSERVER, Parts, document, imds_event
+from tests.support.budget import examples
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -387,7 +388,9 @@ class ProbeModel(RuleBasedStateMachine):
         assert self.probe.answer()[0] == expected
 
 
-ProbeModel.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+ProbeModel.TestCase.settings = settings(
+    max_examples=examples(60), stateful_step_count=25, deadline=None
+)
 test_probe_model = ProbeModel.TestCase
 
 

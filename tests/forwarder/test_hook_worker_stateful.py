@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from sebridge.forwarder.local.hooks_file import parse_hooks
 from sebridge.forwarder.local.journal import Journal
 from tests.forwarder.local_support import Parts, observed, script
+from tests.support.budget import examples
 from tests.support.waiting import wait_until
 
 EVENTS = [f"{c * 8}-0000-4000-8000-00000000000{i}" for i, c in enumerate("abc")]
@@ -122,7 +123,7 @@ class HookRestarts(RuleBasedStateMachine):
 
 
 HookRestarts.TestCase.settings = settings(
-    max_examples=12,
+    max_examples=examples(12),
     stateful_step_count=12,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

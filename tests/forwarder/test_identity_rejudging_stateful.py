@@ -27,6 +27,7 @@ from sebridge.contract.events import Observer
 from sebridge.forwarder.local.hooks_file import parse_hooks
 from sebridge.imds import ScheduledEvent
 from tests.forwarder.local_support import OBSERVER, VM, Parts, document, imds_event
+from tests.support.budget import examples
 
 EVENTS = [f"{c * 8}-0000-4000-8000-00000000000{i}" for i, c in enumerate("abc")]
 HOST = Observer(vm_name="host-1")  # the fallback: no vmId, no resource id
@@ -145,7 +146,7 @@ class Rejudging(RuleBasedStateMachine):
 
 
 Rejudging.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=examples(60),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

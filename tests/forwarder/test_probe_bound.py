@@ -22,6 +22,7 @@ from sebridge.impact import DEFAULT_RULES
 from sebridge.timing import DEFAULT_PROBE_MIN_HEALTHY_SECONDS, parse_leads
 from tests.forwarder.local_support import OBSERVER, imds_event
 from tests.forwarder.test_drain_moments import BOUND, T0, A, B, Forwarder, Outside, reboot
+from tests.support.budget import examples
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -408,7 +409,7 @@ class BalancerModel(RuleBasedStateMachine):
 
 
 BalancerModel.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=examples(60),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -55,6 +55,7 @@ from tests.functions.support import (
     envelope,
     web_vm,
 )
+from tests.support.budget import examples
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -255,7 +256,7 @@ def test_the_guard_holds_under_generated_histories(
     run_state_machine_as_test(
         Pools,
         settings=settings(
-            max_examples=40,
+            max_examples=examples(40),
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -29,6 +29,7 @@ from sebridge.contract.events import ContractError, Envelope, parse_message
 from tests.fixtures import golden
 from tests.functions.history_support import MemoryHistoryStore
 from tests.functions.support import RG, SUB, App, envelope, sb_message, web_vm
+from tests.support.budget import examples
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -346,7 +347,7 @@ ENVELOPE_FIELDS = ["type", "time", "id", "source", "subject", "specversion", "da
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -33,6 +33,7 @@ from tests.functions.test_workflow_capacity_paths import (
     world,  # noqa: F401 - the fixture
 )
 from tests.functions.test_workflow_event_now import E
+from tests.support.budget import examples
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -81,7 +82,7 @@ def noted(deliveries: list[tuple[int, int]], skews: list[int]) -> dict[str, Any]
     return record
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     deliveries=st.lists(
         st.tuples(st.integers(0, len(LIFE) - 1), st.integers(0, 2)), min_size=1, max_size=12

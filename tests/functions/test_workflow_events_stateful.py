@@ -54,6 +54,7 @@ from tests.functions.support import (
     event,
     web_vm,
 )
+from tests.support.budget import examples
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -232,7 +233,7 @@ def test_overlapping_and_moving_events_keep_their_promises(
     run_state_machine_as_test(
         Events,
         settings=settings(
-            max_examples=30,
+            max_examples=examples(30),
             stateful_step_count=25,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

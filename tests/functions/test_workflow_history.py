@@ -35,6 +35,7 @@ from tests.functions.history_support import (
     verified,
 )
 from tests.functions.support import at_once
+from tests.support.budget import examples
 
 NOW = T0 + timedelta(hours=1)
 
@@ -200,7 +201,7 @@ def _build(plan: list[str]) -> Lifecycle:
     return life
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=_lifecycle_plans(), data=st.data())
 def test_any_order_of_arrival_yields_the_same_summary(plan: list[str], data: st.DataObject) -> None:
     life = _build(plan)

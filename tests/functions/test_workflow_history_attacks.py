@@ -53,6 +53,7 @@ from tests.functions.history_support import (
     verified,
 )
 from tests.functions.support import AVAILABILITY_SET_ID
+from tests.support.budget import examples
 
 NOW = T0 + timedelta(minutes=10)
 WINDOW = timedelta(days=30)
@@ -206,7 +207,7 @@ _ANY_TEXT = st.text(st.characters(codec="utf-8"), max_size=3000) | st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(description=_ANY_TEXT, reason=_ANY_TEXT, by=_ANY_TEXT)
 def test_every_summary_fits_one_row_and_reads_back_the_same(
     description: str, reason: str, by: str
@@ -414,7 +415,7 @@ def test_anything_else_is_refused(raw: str) -> None:
         parse_query({"from": raw})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(raw=st.text(max_size=40) | st.from_regex(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:+\-Z.]{0,20}"))
 def test_a_bound_is_a_valid_time_or_a_query_error(raw: str) -> None:
     try:

@@ -25,6 +25,7 @@ from functions.history.core import (
     timeline_json,
 )
 from tests.functions.history_support import T0, Lifecycle, MemoryHistoryStore, stored, verified
+from tests.support.budget import examples
 
 NOW = T0 + timedelta(hours=1)
 SET = ("web-1", "web-2", "web-3")
@@ -86,7 +87,7 @@ def test_a_redelivered_measurement_writes_nothing() -> None:
     assert store.summary_writes == writes
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.permutations(range(6)))
 def test_any_order_of_arrival_gives_the_same_measurements(order: list[int]) -> None:
     messages = set_life().messages

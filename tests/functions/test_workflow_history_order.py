@@ -31,6 +31,7 @@ from tests.functions.history_support import (
     stored,
     verified,
 )
+from tests.support.budget import examples
 
 WEB2 = dataclasses.replace(golden.OBSERVER, vm_name="web-2")
 WINDOW = timedelta(days=30)
@@ -248,7 +249,7 @@ def _view(summary: EventSummary) -> object:
     )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages=lives(), data=st.data())
 def test_the_summary_is_the_same_for_every_skew_and_arrival_order(
     messages: list[tuple[Transition, Envelope]], data: st.DataObject

@@ -22,6 +22,7 @@ from sebridge import lifecycle
 from sebridge.contract.events import Transition, event_message
 from tests.fixtures import golden
 from tests.functions.history_support import T0, MemoryHistoryStore, imds_event, verified
+from tests.support.budget import examples
 
 DB_SET = (
     f"/subscriptions/{golden.SUBSCRIPTION}/resourceGroups/rg-web/providers/"
@@ -79,7 +80,7 @@ def _summaries(scopes: list[int]) -> list[EventSummary]:
     return found
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scopes=st.lists(st.sampled_from([0, 1]), min_size=1, max_size=12), limit=st.integers(0, 12))
 def test_every_scope_gets_its_equal_share(scopes: list[int], limit: int) -> None:
     summaries = _summaries(scopes)

@@ -31,6 +31,7 @@ from tests.functions.history_support import (
     stored,
     verified,
 )
+from tests.support.budget import examples
 
 KEY = scope_key()
 
@@ -101,5 +102,7 @@ class HistoryMachine(RuleBasedStateMachine):
         assert stored(self.store, KEY) == summarize(entries)
 
 
-HistoryMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+HistoryMachine.TestCase.settings = settings(
+    max_examples=examples(60), stateful_step_count=25, deadline=None
+)
 TestHistoryMachine = HistoryMachine.TestCase

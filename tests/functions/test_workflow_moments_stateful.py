@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from functions.lb_pools import moments
 from functions.shared.event_record import scoped_event_key
 from tests.functions.support import RecordingScheduler, Scheduled
+from tests.support.budget import examples
 
 START = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
 # The event in a scope (functions.shared.verified.scoped_key): e1 in two sets, e2 in one.
@@ -133,4 +134,4 @@ class Moments(RuleBasedStateMachine):
 
 
 TestMoments = Moments.TestCase
-TestMoments.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+TestMoments.settings = settings(max_examples=examples(150), stateful_step_count=30, deadline=None)

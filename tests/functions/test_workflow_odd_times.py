@@ -28,6 +28,7 @@ from tests.functions.test_workflow_contract_errors import (
     hooks,
     make_app,
 )
+from tests.support.budget import examples
 from tests.support.storage import azurite_storage, unique
 from tests.unit.test_times import EDGE, rfc1123
 
@@ -101,7 +102,7 @@ def deliver_all(app: App, first: str, not_before: str, duration: object, kind: s
 
 @pytest.mark.slow  # about 10 s on its own (each example runs every workflow over Azurite)
 @settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

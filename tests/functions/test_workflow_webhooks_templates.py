@@ -35,6 +35,7 @@ from sebridge.contract.events import Transition, TransitionMessage, event_messag
 from sebridge.imds import Document
 from tests.fixtures import golden
 from tests.functions.support import as_verified
+from tests.support.budget import examples
 
 ROUTING_KEY = "0123456789abcdef0123456789ABCDEF"
 
@@ -135,7 +136,7 @@ event_types = st.sampled_from(["Freeze", "Reboot", "Redeploy", "Preempt", "Termi
 transitions = st.sampled_from(["Scheduled", "Updated", "Started", "Completed", "Cancelled"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(description=hostile_text, source=hostile_text, vms=st.lists(names, max_size=5))
 def test_generic_json_keeps_its_structure_and_values(
     description: str, source: str, vms: list[str]
@@ -156,7 +157,7 @@ def test_generic_json_keeps_its_structure_and_values(
     }
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(description=hostile_text, vms=st.lists(names, max_size=5), kind=event_types)
 def test_slack_text_never_carries_a_control_character_from_imds(
     description: str, vms: list[str], kind: str
@@ -177,7 +178,7 @@ def test_slack_escaping_is_lossless(text: str) -> None:
     assert unescape_slack(slack_escape(text)) == text
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     transition=transitions,
     kind=event_types,

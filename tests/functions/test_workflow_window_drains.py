@@ -24,6 +24,7 @@ from sebridge.imds import isoformat_utc
 from tests.fixtures import golden
 from tests.functions.support import RG, SUB, App, envelope, web_vm
 from tests.functions.support import event as golden_event
+from tests.support.budget import examples
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -167,7 +168,7 @@ MAX_DELAY = timedelta(hours=3)
 
 
 @settings(
-    max_examples=25,
+    max_examples=examples(25),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

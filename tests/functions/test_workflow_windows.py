@@ -22,6 +22,7 @@ from functions.approval_gate.windows import (
     parse_window,
     to_utc,
 )
+from tests.support.budget import examples
 
 # Zones with daylight saving both ways, half-hour offsets and a 30-minute DST (Lord Howe).
 ZONES = [
@@ -52,7 +53,7 @@ def specs(draw: st.DrawFn) -> str:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(spec=specs(), at=instants)
 def test_the_opening_is_current_or_the_next_and_none_is_skipped(spec: str, at: datetime) -> None:
     window = parse_window(spec)
@@ -88,7 +89,7 @@ def test_the_opening_is_current_or_the_next_and_none_is_skipped(spec: str, at: d
     assert not inside([window], opening.end)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(zone=st.sampled_from(ZONES), at=instants)
 def test_a_wall_time_maps_to_its_first_occurrence_or_the_first_valid_instant(
     zone: str, at: datetime

@@ -33,6 +33,7 @@ from sebridge.forwarder.imds.token import (
     parse_token,
 )
 from sebridge.retry import Backoff
+from tests.support.budget import examples
 from tests.support.http_peers import HttpPeer, Request, Style
 
 pytestmark = pytest.mark.timeout(120)
@@ -431,7 +432,7 @@ _JSON = st.recursive(
 NOW = 1_795_000_000
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     token=st.one_of(
         st.just(TOKEN),
@@ -466,7 +467,7 @@ def test_odd_tokens_and_expiries_are_refused_or_sane(token: object, expires_on: 
     assert isinstance(parsed.expires_on, int) and not isinstance(parsed.expires_on, bool)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(content=_JSON)
 def test_any_json_is_a_token_or_a_clear_error(content: object) -> None:
     try:

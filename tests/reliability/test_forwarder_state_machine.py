@@ -88,6 +88,7 @@ from sebridge.imds import ScheduledEvent, parse_not_before
 from sebridge.impact import DEFAULT_RULES
 from sebridge.lifecycle import content_digest
 from sebridge.timing import RECENT_SECONDS
+from tests.support.budget import examples
 from tests.support.forwarder_fakes import OBSERVER, T0, World
 
 # Instance metadata answers that name the VM but are not its identity.
@@ -726,7 +727,7 @@ class ForwarderUnderFaults(RuleBasedStateMachine):
 
 
 ForwarderUnderFaults.TestCase.settings = settings(
-    max_examples=EXAMPLES,
+    max_examples=examples(EXAMPLES),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -25,6 +25,7 @@ from sebridge.forwarder.approvals.decision import Action, decide
 from sebridge.forwarder.imds.diff import diff, index
 from sebridge.forwarder.state import ForwarderState, StateStore
 from sebridge.imds import Document, InvalidDocument, ScheduledEvent
+from tests.support.budget import examples
 
 NOW = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
 OBSERVER = Observer(vm_name="vm1", resource_group="rg")
@@ -106,7 +107,7 @@ def poll(known: dict[str, ScheduledEvent], body: object) -> tuple[dict[str, Sche
 
 
 @pytest.mark.slow
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(documents, min_size=1, max_size=6))
 def test_any_sequence_of_bodies_is_handled_without_crashing(bodies: list[object]) -> None:
     known: dict[str, ScheduledEvent] = {}
@@ -125,7 +126,7 @@ def test_any_sequence_of_bodies_is_handled_without_crashing(bodies: list[object]
 
 
 @pytest.mark.slow
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(plausible_event, max_size=4), st.integers(0, 10_000))
 def test_state_round_trips_whatever_imds_sent(
     tmp_path_factory: Any, events: list[dict[str, Any]], incarnation: int
@@ -177,7 +178,7 @@ command_bodies = st.one_of(
 
 
 @pytest.mark.slow
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(command_bodies)
 def test_every_command_is_either_valid_or_rejected_with_a_known_reason(body: bytes) -> None:
     try:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from functions.shared.batching import Batcher
+from tests.support.budget import examples
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,7 +57,7 @@ class Recorder:
                 self.active[key] -= 1
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     keys=st.lists(st.sampled_from(["pool-a", "pool-b", "pool-c"]), min_size=1, max_size=40),
     fail_whole=st.sets(st.integers(0, 39), max_size=3),

@@ -24,6 +24,7 @@ from sebridge.contract.events import (
     with_observer,
 )
 from tests.fixtures import golden
+from tests.support.budget import examples
 
 NOW = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
 
@@ -440,7 +441,7 @@ event_ids = st.one_of(
 texts = st.one_of(st.text(max_size=520), st.none(), st.integers())
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.one_of(
         st.builds(lambda v: {**VALID, "expiresAt": v}, date_times),

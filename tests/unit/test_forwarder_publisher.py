@@ -25,6 +25,7 @@ from sebridge.contract.events import (
 from sebridge.forwarder.delivery.publisher import STANDARD_MAX_MESSAGE_BYTES, ServiceBusPublisher
 from sebridge.forwarder.ports import MessageRefused, PublishError
 from sebridge.imds import ScheduledEvent
+from tests.support.budget import examples
 
 NOW = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
 
@@ -200,7 +201,7 @@ observers = st.builds(
 
 
 @pytest.mark.slow
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(odd_events, observers, st.sampled_from(list(Transition)[:5]))
 def test_whatever_imds_sends_makes_a_message_the_sdk_encodes(
     raw: dict[str, Any], observer: Observer, transition: Transition

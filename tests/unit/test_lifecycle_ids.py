@@ -16,6 +16,7 @@ from sebridge import lifecycle
 from sebridge.forwarder.imds.diff import diff, index
 from sebridge.forwarder.state import ForwarderState, StateStore, bounded_lives
 from sebridge.imds import Document, ScheduledEvent
+from tests.support.budget import examples
 
 GUID = "3F1C2C3E-5B7A-4C1D-9E8F-0A1B2C3D4E5F"
 REF = GUID.lower()
@@ -180,7 +181,7 @@ def as_imds_does(documents: list[list[dict[str, Any]]]) -> list[list[dict[str, A
 
 
 @pytest.mark.slow
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(steps, min_size=1, max_size=12).map(as_imds_does))
 def test_distinct_transitions_never_share_an_id(documents: list[list[dict[str, Any]]]) -> None:
     reported = run(Observer(), documents)

@@ -24,6 +24,7 @@ from sebridge.forwarder.state import (
     recent_transitions,
 )
 from sebridge.imds import Document
+from tests.support.budget import examples
 
 EVENT = {
     "EventId": "3F1C2C3E-5B7A-4C1D-9E8F-0A1B2C3D4E5F",
@@ -416,7 +417,7 @@ def test_an_in_memory_outbox_works_like_the_file(tmp_path: Path) -> None:
     assert len(outbox.peek(10)) == 2
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     steps=st.lists(
         st.tuples(

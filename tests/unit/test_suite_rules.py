@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def test_tests_sharing_a_module_stand_in_run_in_one_worker(
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the subprocess imports tests.conftest
     pytester.makepyfile(test_shared=SHARED)
     result = pytester.runpytest_subprocess(
-        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup"
+        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
     )
     assert result.parseoutcomes().get("passed") == 6
     seen = workers.read_text().split()
@@ -109,6 +110,20 @@ def test_no_test_skips_or_passes_for_want_of_root_without_saying_needs_root() ->
         for path in sorted((REPO / "tests").rglob("*.py"))
         if path != support
         for problem in root_rule_violations(path.read_text(), str(path.relative_to(REPO)))
+    ]
+    assert found == []
+
+
+def test_every_example_count_goes_through_the_budget() -> None:
+    """make check runs each property test at a tenth of its examples (tests/support/budget.py):
+    a count written without ``examples(...)`` would run in full there, and the loop inside a
+    change would slow down with every such test."""
+    written = re.compile(r"max_examples\s*=\s*(?!examples\()")
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if written.search(line) and "budget.examples(" not in line
     ]
     assert found == []
 
@@ -175,7 +190,7 @@ def test_contract_tests_on_one_shared_namespace_run_in_one_worker(
     for name in ("test_one.py", "test_two.py"):
         contract.joinpath(name).write_text(CONTRACT)
     result = pytester.runpytest_subprocess(
-        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup"
+        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
     )
     assert result.parseoutcomes().get("passed") == 12
     seen = workers.read_text().split()

@@ -14,6 +14,7 @@ from sebridge.contract.cloudevents import CloudEventError, parse_time
 from sebridge.imds import ScheduledEvent, parse_not_before
 from sebridge.times import EARLIEST, LATEST, clamp, parse_iso, shifted, stored
 from sebridge.timing import MAX_LEAD_SECONDS, Leads, drain_moment, probe_begins
+from tests.support.budget import examples
 
 DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
@@ -83,7 +84,7 @@ def test_real_spellings_still_read() -> None:
     assert parse_not_before("2026-11-22T10:00:00") == datetime(2026, 11, 22, 10, tzinfo=UTC)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(moment=EDGE, offset=OFFSET, rfc=st.booleans())
 def test_any_time_reads_as_itself_within_the_range_or_as_unreadable(
     moment: datetime, offset: timezone, rfc: bool
@@ -97,7 +98,7 @@ def test_any_time_reads_as_itself_within_the_range_or_as_unreadable(
     assert parsed == expected  # never another year
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     moment=EDGE,
     offset=OFFSET,
@@ -129,7 +130,7 @@ def test_the_timing_never_raises_whatever_the_times(
     assert begins >= when
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     moment=st.datetimes(datetime.min, datetime.max, timezones=st.just(UTC)),
     seconds=st.one_of(
@@ -153,14 +154,14 @@ def test_a_message_time_outside_the_range_is_refused_with_a_reason() -> None:
 
 
 @given(st.one_of(st.text(max_size=80), st.integers(), st.none(), st.floats(), st.lists(st.text())))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_a_stored_time_reads_as_an_aware_utc_time_in_range_or_as_none(value: object) -> None:
     moment = stored(value)
     assert moment is None or (moment.tzinfo is UTC and EARLIEST <= moment <= LATEST)
 
 
 @given(EDGE, OFFSET)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_what_the_bridge_writes_reads_back_as_the_same_time(moment: datetime, zone: object) -> None:
     assert isinstance(zone, timezone) or zone is UTC
     try:

@@ -24,6 +24,7 @@ from sebridge.timing import (
     parse_leads,
     probe_begins,
 )
+from tests.support.budget import examples
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
@@ -224,7 +225,7 @@ def test_replaying_from_the_begin_times_gives_the_same_runs() -> None:
 
 
 @pytest.mark.slow  # about 8 s or more: make check leaves it to make test
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     begins=st.dictionaries(st.sampled_from("abcde"), st.integers(0, 3000), max_size=5),
     gone=st.dictionaries(st.sampled_from("abcde"), st.integers(0, 3000), max_size=5),

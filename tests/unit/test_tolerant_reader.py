@@ -21,6 +21,7 @@ from sebridge.contract.events import ContractError, Transition, event_message, p
 from sebridge.forwarder.observability.health import OddValueLog
 from sebridge.imds import Document, InvalidDocument, ScheduledEvent
 from tests.fixtures import golden
+from tests.support.budget import examples
 
 NOW = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
 A = "3f1c2c3e-5b7a-4c1d-9e8f-0a1b2c3d4e5f"
@@ -199,7 +200,9 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-PROPERTY = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @pytest.mark.slow  # about 8 s or more: make check leaves it to make test
