@@ -2,7 +2,7 @@
 #   make demo   - install into .venv (+ Azurite with npm) and run the whole loop on 127.0.0.1
 #   make test   - install into .venv (+ Azurite, checkov's own venv, systemd-analyze) and run every check
 # and one for the loop inside a change:
-#   make check  - ruff, mypy and the fast tests (kernel, units, workflows, contracts): ~2 minutes
+#   make check  - ruff, mypy and the fast tests (kernel, units, workflows, contracts): ~1.5 minutes
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
