@@ -74,7 +74,7 @@ WRITE_RESERVE = 0.2  # seconds of the deadline kept for writing the answer
 ERROR_REASONS = ("timeout", "evicted", "bad-request", "reset", "handler", "internal")
 _DESCRIBE = {
     "timeout": "a client did not send its request within the deadline (slow or idle)",
-    "evicted": "a client still sending its request was dropped to make room for a new one",
+    "evicted": "a client yet to send its whole request (idle or slow) was dropped for a new one",
     "bad-request": "a client sent something that is not an HTTP request",
     "reset": "a client reset or closed its connection before the answer was out",
     "handler": "the answer could not be computed in time, or failed (503 sent)",
