@@ -222,13 +222,16 @@ def _run(config: ForwarderConfig, notifier: Notifier | None, stop: threading.Eve
         clean = _bounded("IMDS", wiring.imds.close, CLOSE_TIMEOUT / 4) and clean
         if wiring.credential is not None:
             clean = _bounded("credential", wiring.credential.close, CLOSE_TIMEOUT / 4) and clean
-        if clean:
+        # Unless a thread that may still use them was left behind (a parked one does not:
+        # Forwarder.parked), close the outbox and the local actions: the view keeps when the
+        # last poll was, and a restart measures its gap from it.
+        if not forwarder.left_in_use:
             wiring.outbox.close()
             if local is not None:
                 local.close()
             if telemetry is not None:
                 telemetry.close()
-        else:
+        if not clean:
             _exit_now(1 if forwarder.crashed else 0)
 
 

@@ -137,3 +137,8 @@ class LoopListener(Protocol):
 
     def polled(self, health: Health) -> None:
         """After every poll tick, successful or not."""
+
+
+class StoppedWhileParked(Exception):
+    """The forwarder stopped, and may have closed its state, while this thread was parked in
+    a call (``Forwarder.parked``): the thread must return without touching anything."""

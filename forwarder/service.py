@@ -41,9 +41,10 @@ server) lets messages go out under the host name, said at ERROR.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -75,6 +76,7 @@ from sebridge.forwarder.ports import (
     Publisher,
     PublishError,
     StateSaver,
+    StoppedWhileParked,
     SystemClock,
 )
 from sebridge.forwarder.state import (
@@ -104,8 +106,9 @@ FIRST_LOOKUP_SECONDS = 2.0  # the most the first poll waits for the first identi
 RESOLVED, UNKNOWN, ABSENT = "resolved", "unknown", "absent"
 MAX_UNSENT_APPROVED = 100
 # Seconds for every thread to end after stop (SIGTERM exits within 5 s). The poller and the
-# sender end within a quarter second; the approvals receiver may be inside a receive call that
-# waits up to 5 s for a command, and is left behind (it holds nothing that needs closing).
+# sender end within a quarter second; the approvals receiver is usually inside a receive call
+# that waits up to 20 s for a command: it is left behind, parked (Forwarder.parked), and the
+# stop closes the outbox and the local actions all the same.
 JOIN_TIMEOUT = 2.0
 
 
@@ -139,6 +142,14 @@ class Forwarder:
         self.listeners = list(listeners)
         self.stop_event = stop_event or threading.Event()
         self.outbox_ready = threading.Event()
+        # Threads parked in a call that touches none of the forwarder's state (parked()), and
+        # whether the stop has begun closing it: both under _parking.
+        self._parking = threading.Lock()
+        self._parked: set[threading.Thread] = set()
+        self._closing = False
+        # What run() left behind outside a parking: the outbox and the local actions must not
+        # be closed under them.
+        self.left_in_use: list[str] = []
         self._first_lookup = threading.Event()  # set once instance metadata answered or failed
         self.state: ForwarderState = store.load()
         released, dropped = outbox.recover(self.state.outbox_seq)
@@ -799,6 +810,28 @@ class Forwarder:
 
         return run
 
+    @contextlib.contextmanager
+    def parked(self) -> Iterator[None]:
+        """Around a worker's long blocking call that touches none of the forwarder's state
+        (the approvals receiver waiting for a command): a stop that finds the thread still in
+        it leaves it behind and closes the outbox and the local actions all the same (at stop
+        they keep when the last poll was: a restart measures its gap from it). Leaving the call
+        after that raises :class:`StoppedWhileParked` (instead of what the call returned or
+        raised): the worker must then return at once."""
+        me = threading.current_thread()
+        with self._parking:
+            if self._closing:
+                raise StoppedWhileParked
+            self._parked.add(me)
+        try:
+            yield
+        finally:
+            with self._parking:
+                self._parked.discard(me)
+                closing = self._closing
+            if closing:
+                raise StoppedWhileParked  # whatever the call returned or raised: nothing more
+
     def run(
         self,
         extra_workers: tuple[Callable[[], None], ...] = (),
@@ -806,7 +839,8 @@ class Forwarder:
         join_timeout: float = JOIN_TIMEOUT,
     ) -> bool:
         """Poll, send and run ``extra_workers``, each on its own thread, until :meth:`stop`;
-        then give them ``join_timeout`` seconds in all to end. True when every one did."""
+        then give them ``join_timeout`` seconds in all to end. True when every one did; those
+        left behind outside :meth:`parked` are in :attr:`left_in_use`."""
         # The identity is looked up on a thread of its own, so a lookup that hangs never delays a
         # poll. Correctness never depends on the lookup's speed: whatever the local actions
         # judged by the host name meanwhile is judged again once it answers (LocalActions.
@@ -840,9 +874,14 @@ class Forwarder:
         deadline = self.clock.monotonic() + join_timeout
         for thread in threads:
             thread.join(max(0.0, deadline - self.clock.monotonic()))
-        stuck = [thread.name for thread in threads if thread.is_alive()]
+        with self._parking:
+            self._closing = True  # a parked thread now leaves its call only to return
+            stuck = [thread for thread in threads if thread.is_alive()]
+            in_use = [thread for thread in stuck if thread not in self._parked]
+        self.left_in_use = [thread.name for thread in in_use]
         if stuck:
-            log.info("not waiting longer than %.1f s for: %s", join_timeout, ", ".join(stuck))
+            names = [t.name + ("" if t in in_use else " (parked)") for t in stuck]
+            log.info("not waiting longer than %.1f s for: %s", join_timeout, ", ".join(names))
         return not stuck
 
     def run_once(self, send_timeout: float = 30.0) -> bool:

@@ -8,6 +8,7 @@ What a command leads to is :class:`sebridge.forwarder.approvals.handler.CommandH
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from sebridge.contract import tracecontext
 from sebridge.forwarder.approvals.handler import CommandHandler, Outcome
 from sebridge.forwarder.imds.client import ImdsClient
 from sebridge.forwarder.imds.ratelimit import RequestLimit
+from sebridge.forwarder.ports import StoppedWhileParked
 from sebridge.retry import Backoff
 
 if TYPE_CHECKING:
@@ -127,7 +129,8 @@ def approvals_worker(
     def approvals() -> None:
         from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
-        backoff = Backoff(1.0, ABANDON_PAUSE_MAX)
+        reconnect = Backoff(1.0, ABANDON_PAUSE_MAX)  # reset by a receive that worked
+        pause = Backoff(1.0, ABANDON_PAUSE_MAX)  # after an abandon; reset by a settled command
         while not stop.is_set():
             session_id = forwarder.observer.vm_name
             client = None
@@ -142,15 +145,23 @@ def approvals_worker(
                     retry_total=1,
                     retry_backoff_factor=0.5,
                 )
-                with open_receiver(client, config.reply_queue, session_id) as receiver:
+                with contextlib.ExitStack() as opened:
+                    with forwarder.parked():  # waiting for the session: no state touched
+                        receiver = opened.enter_context(
+                            open_receiver(client, config.reply_queue, session_id)
+                        )
                     log.info("receiving commands on %s, session %s", config.reply_queue, session_id)
                     lock = SessionLock(receiver)
                     while not stop.is_set() and forwarder.observer.vm_name == session_id:
                         # One at a time: asked for more, the SDK waits ~200 ms for a batch
                         # to fill after the first message, and approvals are latency-bound.
-                        for message in receiver.receive_messages(
-                            max_message_count=1, max_wait_time=RECEIVE_WAIT
-                        ):
+                        # Parked: a stop may close the forwarder's state meanwhile.
+                        with forwarder.parked():
+                            messages = receiver.receive_messages(
+                                max_message_count=1, max_wait_time=RECEIVE_WAIT
+                            )
+                        reconnect.reset()  # the link works: the next drop starts afresh
+                        for message in messages:
                             log.debug(
                                 "command %s received (enqueued %s)",
                                 message.message_id,
@@ -168,16 +179,18 @@ def approvals_worker(
                             )
                             lock.keep()
                             if outcome.action == "abandon":
-                                stop.wait(backoff.next_delay())
+                                stop.wait(pause.next_delay())
                             else:
-                                backoff.reset()
+                                pause.reset()
                         lock.keep()
+            except StoppedWhileParked:
+                return  # the stop may have closed the forwarder's state: touch nothing
             except (SessionCannotBeLockedError, OperationTimeoutError) as exc:
-                delay = backoff.next_delay()
+                delay = reconnect.next_delay()
                 log.info("session %s not available (%s); retry in %.1f s", session_id, exc, delay)
                 stop.wait(delay)
             except Exception as exc:  # noqa: BLE001 - reconnect on anything, never die
-                delay = backoff.next_delay()
+                delay = reconnect.next_delay()
                 log.warning(
                     "approvals receiver failed (%s: %s); reconnecting in %.1f s",
                     type(exc).__name__,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,17 @@ from emulators.imds.testing import expected_transitions, running_simulator
 from emulators.processes import ChildProcess, forwarder
 from emulators.servicebus.testing import running_emulator
 from sebridge.contract.events import parse_message
+from sebridge.forwarder.local.journal import Journal
+from tests.forwarder.local_support import root_dir, script, write_hooks
 from tests.support.bus import receive_all
+from tests.support.root import requires_root
 
 pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 TOPIC = "scheduled-events"
+IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
 
 
 @pytest.fixture
@@ -110,3 +115,38 @@ def test_outbox_drains_in_order_after_the_broker_returns(emulator: Any, tmp_path
         assert fw.alive
     assert [m["subject"] for m in rest] == ["Started", "Completed"], log[-3000:]
     assert "Service Bus reachable again" in log
+
+
+@requires_root("a hooks file must be root-owned")
+def test_a_stop_during_an_idle_receive_keeps_when_the_last_poll_was(
+    emulator: Any, tmp_path: Path
+) -> None:
+    """Hostile review, stop 33: SIGTERM nearly always finds the approvals receiver inside a
+    receive that waits up to 20 s, so the stop leaves it behind; main then skipped closing the
+    local actions, which is what keeps when the last poll was. A restart measured its gap from
+    the last change instead (here 12 s earlier), and a hook ran for Completed while the topic
+    got Cancelled. The receiver is parked there: the stop closes the local actions all the
+    same."""
+    etc = root_dir(tmp_path)
+    hooks = write_hooks(
+        etc, [{"name": "noop", "on": ["Scheduled"], "command": [script(etc, "noop.sh", "true")]}]
+    )
+    state = tmp_path / "state"
+    with running_simulator(IDLE) as sim:
+        fw = forwarder_to(emulator, sim.base_url, state, "--hooks-file", str(hooks)).start()
+        try:
+            assert fw.wait_for(lambda _: "receiving commands" in fw.stderr_text(), 60), (
+                fw.stderr_text()[-3000:]
+            )
+            time.sleep(12)  # polls of an unchanged document: nothing rewrites the view
+            stopped_at = datetime.now(UTC)
+            assert fw.stop() == 0
+            stderr = fw.stderr_text()
+        finally:
+            fw.close()
+    left = [line for line in stderr.splitlines() if "not waiting longer than" in line]
+    assert all("approvals (parked)" in line for line in left), left
+    view = Journal(state).load().view
+    assert view is not None and view["observedAt"], view
+    observed = datetime.fromisoformat(view["observedAt"])
+    assert stopped_at - observed < timedelta(seconds=3), (observed, stopped_at, left)
