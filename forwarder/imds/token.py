@@ -318,6 +318,7 @@ class ImdsTokenCredential:
         """A fresh token, retrying transient failures within the retry budget."""
         give_up = time.monotonic() + self.retry_seconds
         self._backoff.reset()
+        answered: TokenError | None = None  # the last attempt IMDS answered (with a status)
         while True:
             left = give_up - time.monotonic()
             try:
@@ -325,14 +326,19 @@ class ImdsTokenCredential:
             except TokenError as exc:
                 if not exc.transient:
                     raise
+                if exc.status is not None:
+                    answered = exc
                 retry_after = exc.retry_after if isinstance(exc, _Retry) else None
                 delay = self._backoff.next_delay(retry_after or 0.0)
                 left = give_up - time.monotonic()
                 if delay >= left:
+                    # The last attempt may have had only the budget's last milliseconds: say
+                    # what IMDS last answered too, which is what an operator can act on.
+                    also = f"; before it: {answered}" if answered not in (None, exc) else ""
                     raise TokenError(
                         f"no managed identity token within {self.retry_seconds:g} s "
-                        f"({self._backoff.failures} attempts); last: {exc}",
-                        status=exc.status,
+                        f"({self._backoff.failures} attempts); last: {exc}{also}",
+                        status=exc.status if answered is None else answered.status,
                         transient=True,
                     ) from exc
                 log.info("managed identity token: %s; retry in %.1f s", exc, delay)

@@ -319,6 +319,26 @@ def test_callers_without_a_token_share_one_budget_and_its_failure() -> None:
     assert len({id(r) for _, r in results}) == 1  # one answer, shared
 
 
+def test_a_budget_that_ends_during_an_attempt_still_says_what_imds_last_answered() -> None:
+    """CI under load: the last attempt began with the budget's last milliseconds and was cut, so
+    the error said only "did not answer", not the 410 an operator can act on."""
+    gone = json.dumps({"error": "gone", "error_description": "updating"}).encode()
+    asked = [0]
+
+    def respond(request: Request) -> tuple[int, bytes]:
+        asked[0] += 1
+        if asked[0] > 1:
+            time.sleep(3)  # later attempts outlast the 1 s budget
+        return 410, gone
+
+    with HttpPeer(respond) as peer:
+        with credential(peer, retry_seconds=1.0) as cred:
+            with pytest.raises(TokenError) as caught:
+                cred.get_token(SCOPE)
+    assert "did not answer" in str(caught.value), caught.value
+    assert "410" in str(caught.value) and caught.value.status == 410, caught.value
+
+
 @pytest.mark.parametrize(
     "authority", ["http://127.0.0.1:1/a\r\nX-Injected: 1", "http://127.0.0.1:1/a b"]
 )

@@ -118,7 +118,8 @@ def test_a_kill_between_the_state_save_and_the_journal_loses_no_hook_and_no_prep
     fw = start(imds, state, hooks)
     try:
         wait_until(lambda: (state / JOURNAL_FILE).exists(), 20, "the journal")
-        blocker = sqlite3.connect(state / JOURNAL_FILE, timeout=0, isolation_level=None)
+        # Waits (SQLite's busy timeout) for a write of the forwarder's own that is under way.
+        blocker = sqlite3.connect(state / JOURNAL_FILE, timeout=10, isolation_level=None)
         blocker.execute("BEGIN EXCLUSIVE")
         try:
             imds.set_events([scheduled])
