@@ -223,14 +223,16 @@ def _run(config: ForwarderConfig, notifier: Notifier | None, stop: threading.Eve
         if wiring.credential is not None:
             clean = _bounded("credential", wiring.credential.close, CLOSE_TIMEOUT / 4) and clean
         # Unless a thread that may still use them was left behind (a parked one does not:
-        # Forwarder.parked), close the outbox and the local actions: the view keeps when the
-        # last poll was, and a restart measures its gap from it.
+        # Forwarder.parked), close the outbox and the local actions. Either way the local
+        # actions keep when the last poll was: a restart measures its gap from it.
         if not forwarder.left_in_use:
             wiring.outbox.close()
             if local is not None:
                 local.close()
             if telemetry is not None:
                 telemetry.close()
+        elif local is not None:
+            local.save()
         if not clean:
             _exit_now(1 if forwarder.crashed else 0)
 

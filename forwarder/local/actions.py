@@ -579,10 +579,16 @@ class LocalActions:
             out["journalWriteFailingSince"] = isoformat_utc(self.store.behind_since)
         return out
 
-    def close(self) -> None:
-        """At stop: keep when the last poll was (the view), then close the journal."""
+    def save(self) -> None:
+        """At stop: keep when the last poll was (the view), so that a restart measures its
+        observation gap from it. Safe beside threads still at work (a command, a hook): the
+        store writes under its lock, one crash-safe journal transaction."""
         self.store.persist_view()
         self.store.flush()
+
+    def close(self) -> None:
+        """At stop, once no thread uses them any more: :meth:`save`, then close the journal."""
+        self.save()
         self.journal.close()
 
 

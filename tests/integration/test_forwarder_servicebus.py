@@ -6,17 +6,23 @@ and sessions decide what each subscription sees.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.servicebus import ServiceBusClient
 
 from emulators.imds.testing import expected_transitions, running_simulator
 from emulators.processes import ChildProcess, forwarder
 from emulators.servicebus.testing import running_emulator
+from sebridge import servicebus
+from sebridge.contract.commands import approve_command
 from sebridge.contract.events import parse_message
 from sebridge.forwarder.local.journal import Journal
 from tests.forwarder.local_support import root_dir, script, write_hooks
@@ -29,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 TOPIC = "scheduled-events"
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
+VM = "vmss_vm1"  # the simulator's VM
 
 
 @pytest.fixture
@@ -146,6 +153,71 @@ def test_a_stop_during_an_idle_receive_keeps_when_the_last_poll_was(
             fw.close()
     left = [line for line in stderr.splitlines() if "not waiting longer than" in line]
     assert all("approvals (parked)" in line for line in left), left
+    view = Journal(state).load().view
+    assert view is not None and view["observedAt"], view
+    observed = datetime.fromisoformat(view["observedAt"])
+    assert stopped_at - observed < timedelta(seconds=3), (observed, stopped_at, left)
+
+
+@requires_root("a hooks file must be root-owned")
+def test_a_stop_in_the_middle_of_a_command_still_keeps_when_the_last_poll_was(
+    emulator: Any, tmp_path: Path
+) -> None:
+    """Hostile review, stop 33, round two: SIGTERM while a command is handled (IMDS slow to
+    take the approve) and the broker unreachable: the abandon blocks, so the receiver is left
+    behind in use and the stop rightly keeps the journal open. It must still keep when the last
+    poll was: the old code did not, and a restart ran the Completed hook of an event the topic
+    reported Cancelled."""
+    etc = root_dir(tmp_path)
+    hooks = write_hooks(
+        etc, [{"name": "noop", "on": ["Scheduled"], "command": [script(etc, "noop.sh", "true")]}]
+    )
+    state = tmp_path / "state"
+    event_id = str(uuid.uuid4())
+    with running_simulator(IDLE) as sim:
+        fw = forwarder_to(
+            emulator, sim.base_url, state, "--hooks-file", str(hooks), "--log-level", "debug"
+        ).start()
+        try:
+            assert fw.wait_for(lambda _: "receiving commands" in fw.stderr_text(), 60), (
+                fw.stderr_text()[-3000:]
+            )
+            sim.event(
+                "add",
+                event={
+                    "EventId": event_id,
+                    "EventType": "Reboot",
+                    "ResourceType": "VirtualMachine",
+                    "Resources": [VM],
+                    "EventStatus": "Scheduled",
+                    "EventSource": "Platform",
+                    "DurationInSeconds": -1,
+                    "Description": "Host maintenance",
+                },
+                notBeforeIn=600,
+            )
+            assert fw.wait_for(lambda _: f"Scheduled {event_id}" in fw.stderr_text(), 20)
+            time.sleep(10)  # polls of an unchanged document: nothing rewrites the view
+            sim.set_faults({"kind": "hang", "seconds": 30, "target": "post"})
+            expires = datetime.now(UTC) + timedelta(minutes=5)
+            command = approve_command(event_id, "test", "stop mid-command", expires)
+            with (
+                ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+                client.get_queue_sender("approvals") as sender,
+            ):
+                sender.send_messages(servicebus.command_message(command, VM), timeout=30)
+            assert fw.wait_for(lambda _: "received (enqueued" in fw.stderr_text(), 30)
+            time.sleep(1)  # the approve POST hangs in IMDS
+            os.kill(emulator.pid, signal.SIGSTOP)  # the abandon that follows the stop blocks
+            try:
+                stopped_at = datetime.now(UTC)
+                fw.stop()
+                stderr = fw.stderr_text()
+            finally:
+                os.kill(emulator.pid, signal.SIGCONT)
+        finally:
+            fw.close()
+    left = [line for line in stderr.splitlines() if "not waiting longer than" in line]
     view = Journal(state).load().view
     assert view is not None and view["observedAt"], view
     observed = datetime.fromisoformat(view["observedAt"])
