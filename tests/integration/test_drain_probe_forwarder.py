@@ -24,10 +24,10 @@ from emulators.imds.testing import RunningSimulator, running_simulator
 from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from sebridge.contract.events import parse_message
+from tests.support.simulator import VM, add_event
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
-VM = "vmss_vm1"
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -61,36 +61,6 @@ def wait_status(port: int, expected: int, timeout: float = 20) -> float:
     raise AssertionError(
         f"the probe never answered {expected} within {timeout} s (last {status(port)})"
     )
-
-
-# 4 minutes: shorter than the default leads (Reboot and Redeploy 5 min) and the probe's bound,
-# so the event is acted on at first sight (a longer one:
-# test_the_probe_drains_at_the_drain_moment_not_at_first_sight).
-NOTICE = 240
-
-
-def add_event(
-    sim: RunningSimulator,
-    event_type: str = "Reboot",
-    resources: list[str] | None = None,
-    duration: int = -1,
-    not_before_in: float = NOTICE,
-) -> str:
-    event_id = str(uuid.uuid4())
-    sim.event(
-        "add",
-        notBeforeIn=not_before_in,
-        event={
-            "EventId": event_id,
-            "EventType": event_type,
-            "ResourceType": "VirtualMachine",
-            "Resources": [VM] if resources is None else resources,
-            "EventStatus": "Scheduled",
-            "EventSource": "Platform",
-            "DurationInSeconds": duration,
-        },
-    )
-    return event_id
 
 
 @contextmanager

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,6 +27,7 @@ from sebridge.forwarder.local.journal import Journal
 from tests.forwarder.local_support import root_dir, script, write_hooks
 from tests.support.bus import receive_all
 from tests.support.root import requires_root
+from tests.support.simulator import VM, add_event
 
 pytestmark = pytest.mark.slow  # every test here takes about 8 s or more
 
@@ -35,7 +35,6 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "infra" / "servicebus-emulator" / "Config.json"
 TOPIC = "scheduled-events"
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
-VM = "vmss_vm1"  # the simulator's VM
 
 
 @pytest.fixture
@@ -124,6 +123,13 @@ def test_outbox_drains_in_order_after_the_broker_returns(emulator: Any, tmp_path
     assert "Service Bus reachable again" in log
 
 
+def noop_hooks(tmp_path: Path) -> Path:
+    """A hooks file (root-owned) with one hook that does nothing: the local actions run."""
+    etc = root_dir(tmp_path)
+    command = [script(etc, "noop.sh", "true")]
+    return write_hooks(etc, [{"name": "noop", "on": ["Scheduled"], "command": command}])
+
+
 @requires_root("a hooks file must be root-owned")
 def test_a_stop_during_an_idle_receive_keeps_when_the_last_poll_was(
     emulator: Any, tmp_path: Path
@@ -134,10 +140,7 @@ def test_a_stop_during_an_idle_receive_keeps_when_the_last_poll_was(
     the last change instead (here 12 s earlier), and a hook ran for Completed while the topic
     got Cancelled. The receiver is parked there: the stop closes the local actions all the
     same."""
-    etc = root_dir(tmp_path)
-    hooks = write_hooks(
-        etc, [{"name": "noop", "on": ["Scheduled"], "command": [script(etc, "noop.sh", "true")]}]
-    )
+    hooks = noop_hooks(tmp_path)
     state = tmp_path / "state"
     with running_simulator(IDLE) as sim:
         fw = forwarder_to(emulator, sim.base_url, state, "--hooks-file", str(hooks)).start()
@@ -168,12 +171,8 @@ def test_a_stop_in_the_middle_of_a_command_still_keeps_when_the_last_poll_was(
     behind in use and the stop rightly keeps the journal open. It must still keep when the last
     poll was: the old code did not, and a restart ran the Completed hook of an event the topic
     reported Cancelled."""
-    etc = root_dir(tmp_path)
-    hooks = write_hooks(
-        etc, [{"name": "noop", "on": ["Scheduled"], "command": [script(etc, "noop.sh", "true")]}]
-    )
+    hooks = noop_hooks(tmp_path)
     state = tmp_path / "state"
-    event_id = str(uuid.uuid4())
     with running_simulator(IDLE) as sim:
         fw = forwarder_to(
             emulator, sim.base_url, state, "--hooks-file", str(hooks), "--log-level", "debug"
@@ -182,20 +181,7 @@ def test_a_stop_in_the_middle_of_a_command_still_keeps_when_the_last_poll_was(
             assert fw.wait_for(lambda _: "receiving commands" in fw.stderr_text(), 60), (
                 fw.stderr_text()[-3000:]
             )
-            sim.event(
-                "add",
-                event={
-                    "EventId": event_id,
-                    "EventType": "Reboot",
-                    "ResourceType": "VirtualMachine",
-                    "Resources": [VM],
-                    "EventStatus": "Scheduled",
-                    "EventSource": "Platform",
-                    "DurationInSeconds": -1,
-                    "Description": "Host maintenance",
-                },
-                notBeforeIn=600,
-            )
+            event_id = add_event(sim, not_before_in=600)
             assert fw.wait_for(lambda _: f"Scheduled {event_id}" in fw.stderr_text(), 20)
             time.sleep(10)  # polls of an unchanged document: nothing rewrites the view
             sim.set_faults({"kind": "hang", "seconds": 30, "target": "post"})

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,10 @@ from emulators.ports import reserve_port
 from emulators.processes import ChildProcess, forwarder
 from tests.forwarder.local_support import root_dir, script, write_hooks
 from tests.support.root import requires_root
+from tests.support.simulator import NOTICE, VM, add_event
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE = str(REPO / "benchmarks" / "idle-scenario.json")
-VM = "vmss_vm1"  # the simulator's VM
 pytestmark = [
     pytest.mark.timeout(180),
     requires_root("a hooks file must be root-owned"),
@@ -37,38 +36,6 @@ pytestmark = [
 def sim() -> Iterator[RunningSimulator]:
     with running_simulator(IDLE) as running:
         yield running
-
-
-# 4 minutes: shorter than the default leads (Reboot and Redeploy 5 min) and the probe's bound,
-# so the event is acted on at first sight (when a lead applies: tests/forwarder/
-# test_drain_moments.py).
-NOTICE = 240
-
-
-def add_event(
-    sim: RunningSimulator,
-    *,
-    event_type: str = "Reboot",
-    resources: list[str] | None = None,
-    not_before_in: float = NOTICE,
-    duration: int = -1,
-) -> str:
-    event_id = str(uuid.uuid4())
-    sim.event(
-        "add",
-        notBeforeIn=not_before_in,
-        event={
-            "EventId": event_id,
-            "EventType": event_type,
-            "ResourceType": "VirtualMachine",
-            "Resources": [VM] if resources is None else resources,
-            "EventStatus": "Scheduled",
-            "EventSource": "Platform",
-            "DurationInSeconds": duration,
-            "Description": "Host maintenance",
-        },
-    )
-    return event_id
 
 
 def subjects(fw: ChildProcess, event_id: str | None = None) -> list[str]:
