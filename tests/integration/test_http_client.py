@@ -130,6 +130,23 @@ def test_a_peer_that_trickles_or_never_answers_ends_by_the_deadline(style: Style
         assert len(peer.requests) == 1
 
 
+def in_background(
+    client: DeadlineHttp, target: str, timeout: float
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A GET of ``target`` on a thread of its own; what it raised lands in the list."""
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.request("GET", target, timeout=timeout)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
 @pytest.mark.parametrize("make_cancel", [threading.Event, StopEvent], ids=["Event", "StopEvent"])
 def test_cancel_ends_a_request_at_once(make_cancel: type[threading.Event]) -> None:
     """A plain Event is looked at every SLICE; a StopEvent tells the watchdog when it is set
@@ -137,16 +154,7 @@ def test_cancel_ends_a_request_at_once(make_cancel: type[threading.Event]) -> No
     cancel = make_cancel()
     with HttpPeer(document, Style(answer=False)) as peer:
         client = DeadlineHttp(peer.url, max_body=1024, cancel=cancel)
-        outcome: list[BaseException] = []
-
-        def call() -> None:
-            try:
-                client.request("GET", "/", timeout=60)
-            except BaseException as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=call, daemon=True)
-        thread.start()
+        thread, outcome = in_background(client, "/", timeout=60)
         wait_until(lambda: peer.requests, 10, "the request to arrive")
         cancel.set()
         thread.join(timeout=SLACK)
@@ -167,16 +175,7 @@ def test_a_sooner_deadline_is_kept_while_the_watchdog_waits_for_a_later_one() ->
     ):
         slow = DeadlineHttp(silent.url, max_body=1024, cancel=stop)
         quick = DeadlineHttp(trickling.url, max_body=1024, cancel=stop)
-        outcome: list[BaseException] = []
-
-        def call() -> None:
-            try:
-                slow.request("GET", "/slow", timeout=30)
-            except BaseException as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=call, daemon=True)
-        thread.start()
+        thread, outcome = in_background(slow, "/slow", timeout=30)
         wait_until(lambda: silent.requests, 10, "the slow request to arrive")
         started = time.monotonic()
         with pytest.raises(DeadlineExceeded):
