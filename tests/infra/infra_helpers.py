@@ -30,8 +30,15 @@ def bicep_files() -> list[Path]:
 
 
 @functools.cache
+def _parser() -> BicepParser:
+    # Building the parser (lark loading its grammar) costs three times as much as parsing all
+    # 24 files with it, and every test process collects the infra tests: one parser each.
+    return BicepParser()
+
+
+@functools.cache
 def parse(path: Path) -> dict[str, Any]:
-    return BicepParser().parse(file_path=path)
+    return _parser().parse(file_path=path)
 
 
 def module(name: str) -> dict[str, Any]:
@@ -276,12 +283,13 @@ def _optional_settings() -> set[str]:
     return set(optional["operator"]["operands"]["false_value"])
 
 
+@functools.cache
 def function_app_bindings() -> tuple[str, list[dict[str, Any]]]:
     """("app", bindings of the real app) once function_app.py exists, else ("fallback", ...).
 
     A subprocess with only the Bicep's settings in its environment: the app validates them at
     import (so a setting it needs and the Bicep lacks fails here), and importing registers its
-    functions once per process.
+    functions once per process. Once per test process: collection needs the bindings too.
     """
     if not FUNCTION_APP.exists():
         return "fallback", EXPECTED_BINDINGS
