@@ -31,9 +31,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# Parallel runs (make test: pytest-xdist, --dist loadgroup) take the tests in this order, so
-# that the long ones start first and the short ones fill the gaps at the end: tests marked
-# slow, then by directory, the real-process layers before the in-process ones.
+# Parallel runs (make test: pytest-xdist, --dist loadgroup) take the tests in this order: the
+# tests marked slow first, so that the long ones never start last, then the rest. Within each of
+# the two, the layers are merged in proportion, so that every stretch of the run holds the same
+# mix: the real-process layers spend most of their time waiting (on a 30 s outage, a kill -9
+# loop, a broker), the in-process ones on the CPU, and taken one layer after the other, six
+# workers waiting at once left the cores half idle for minutes (1,045 worker-seconds of the
+# integration layer used 130 s of CPU). The waiting layers end by WAITING_SPAN of the rest, so
+# that its last stretch is only quick in-process tests, which fill the gaps at the end.
 LAYERS = (
     "reliability",
     "e2e",
@@ -46,16 +51,34 @@ LAYERS = (
     "functions",
     "unit",
 )
+WAITING_LAYERS = frozenset(
+    {"reliability", "e2e", "integration", "eventgrid", "functions_host", "contract"}
+)
+WAITING_SPAN = 0.85
 # Tests that share one expensive session fixture run in one worker (xdist_group), so the
 # fixture runs once, not once per worker: checkov scans infra/ for 10-70 s of CPU.
 SHARED_SESSION_FIXTURES = {"checkov_report": "checkov", "checkov_reports": "checkov"}
 
 
-def _order(item: pytest.Item) -> tuple[int, int]:
+def _layer(item: pytest.Item) -> str:
     parts = item.nodeid.split("/")
-    layer = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
-    rank = LAYERS.index(layer) if layer in LAYERS else len(LAYERS)
-    return (0 if item.get_closest_marker("slow") else 1, rank)
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
+def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` in the order above; within a layer, the collection order."""
+    places: dict[tuple[bool, str], list[pytest.Item]] = {}
+    for item in items:
+        slow = item.get_closest_marker("slow") is not None
+        places.setdefault((not slow, _layer(item)), []).append(item)
+    keyed = []
+    for (rest, layer), members in places.items():
+        span = WAITING_SPAN if rest and layer in WAITING_LAYERS else 1.0
+        rank = LAYERS.index(layer) if layer in LAYERS else len(LAYERS)
+        for index, item in enumerate(members):
+            keyed.append(((rest, span * index / len(members), rank, index), item))
+    keyed.sort(key=lambda pair: pair[0])
+    return [item for _, item in keyed]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -64,7 +87,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _shared_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=_order)  # stable: within a rank, the collection order
+    items[:] = run_order(items)
 
 
 # The contract suite against one namespace of someone else's (docs/reliability.md, "The
