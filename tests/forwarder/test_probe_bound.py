@@ -415,6 +415,8 @@ BalancerModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_balancer_model = BalancerModel.TestCase
+# About 30 s: make check leaves it to make test, and parallel runs start it early.
+test_balancer_model.pytestmark = [pytest.mark.slow]
 
 
 def test_the_default_gap_covers_the_balancers_we_document() -> None:

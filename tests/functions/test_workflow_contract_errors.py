@@ -346,6 +346,7 @@ OBSERVER_FIELDS = [
 ENVELOPE_FIELDS = ["type", "time", "id", "source", "subject", "specversion", "data"]
 
 
+@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 @settings(
     max_examples=examples(150),
     deadline=None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -106,3 +107,4 @@ HistoryMachine.TestCase.settings = settings(
     max_examples=examples(60), stateful_step_count=25, deadline=None
 )
 TestHistoryMachine = HistoryMachine.TestCase
+TestHistoryMachine.pytestmark = [pytest.mark.slow]  # about 8 s or more

@@ -167,6 +167,7 @@ _ids = itertools.count(1)
 MAX_DELAY = timedelta(hours=3)
 
 
+@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 @settings(
     max_examples=examples(25),
     deadline=None,
