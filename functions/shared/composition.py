@@ -86,6 +86,8 @@ class Dependencies:
     history_pending: PendingEntries = field(default_factory=PendingEntries)
     # How long one history write rides out storage faults (functions.shared.transient).
     history_window: RetryWindow = field(default_factory=RetryWindow)
+    # How long lb-pools waits for restored members to be probed Up (None: its SETTLE_SECONDS).
+    restore_settle_seconds: float | None = None
 
     @property
     def trust(self) -> TrustRules:
@@ -117,6 +119,7 @@ class Dependencies:
             scheduler=self.moments,
             plan=self.drain_plan,
             actions=self.actions,
+            settle_seconds=self.restore_settle_seconds,
         )
 
     @property

@@ -185,7 +185,6 @@ def test_an_event_held_again_elsewhere_is_held_only_there(
     assert not held_in(app, pool_b["pool-b"], EVENT_C), "still held where it names nothing"
 
 
-@pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 def test_a_held_event_that_ends_is_forgotten_where_it_was_held(
     make_app: Callable[..., App],
     world: dict[str, str],  # noqa: F811 - the fixture
@@ -195,7 +194,8 @@ def test_a_held_event_that_ends_is_forgotten_where_it_was_held(
     """Found by test_workflow_events_stateful: C is held in pool-b; then web-4 leaves pool-b for
     another event (probed Down: it leaves without counting); C is cancelled. Its end looked for
     its entry only in the pools web-4 is in now (none), and left it held for good."""
-    app = make_app(LB_MIN_HEALTHY="1")
+    # web-4 comes back Down and stays so: lb-pools would wait its 60 s for it to be probed Up.
+    app = make_app(LB_MIN_HEALTHY="1", overrides={"restore_settle_seconds": 0.0})
     arm_fake.set_probe(pool_b["web-4"], up=True)
     web_vm(arm_fake, "web-5", [pool_b["pool-b"]])
     arm_fake.set_probe(world["web-1"], up=True)
