@@ -25,7 +25,7 @@ import pytest
 from emulators.imds.testing import running_simulator
 
 REPO = Path(__file__).resolve().parents[2]
-PIP = ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
+
 # Nothing of the checkout may leak into the fresh environments.
 CLEAN_ENV = {
     k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}
@@ -35,6 +35,22 @@ CLEAN_ENV = {
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 APP_ZIP = f"function-app-{VERSION}.zip"
 WHEEL = f"scheduled_events_bridge-{VERSION}-py3-none-any.whl"
+
+
+def pip_install(python: Path, *what: str) -> None:
+    """``pip install`` into the environment of ``python``, by this checkout's pip (pip
+    --python): the environments are made without pip of their own, which saves pip's own
+    installation (7 s of CPU each) and leaves in them only what the deliverable declares."""
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
+    subprocess.run(
+        [*pip, "--disable-pip-version-check", "--no-input", *what],
+        check=True,
+        timeout=600,
+        env=CLEAN_ENV,
+        cwd="/",
+    )
+
+
 # What an earlier `make dist` left in dist/: a rollback deploys it by name, so it must stay.
 EARLIER = {"function-app-0.0.1.zip": b"earlier app", "function-app.zip": b"unversioned app"}
 
@@ -63,7 +79,9 @@ def test_dist_names_the_app_zip_by_version_and_keeps_earlier_builds(dist: Path) 
 
 
 def _venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120
+    )
     return path / "bin" / "python"
 
 
@@ -89,7 +107,7 @@ def _in_vm_env(program: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def vm_python(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     python = _venv(tmp_path_factory.mktemp("vm") / "venv")
     wheel = dist / WHEEL
-    subprocess.run([str(python), *PIP, str(wheel)], check=True, timeout=600, env=CLEAN_ENV, cwd="/")
+    pip_install(python, str(wheel))
     yield python
 
 
@@ -180,13 +198,7 @@ def test_the_function_app_zip_imports_with_requirements_txt_alone(
     with zipfile.ZipFile(dist / APP_ZIP) as archive:
         archive.extractall(app)
     python = _venv(tmp_path / "venv")
-    subprocess.run(
-        [str(python), *PIP, "-r", str(app / "requirements.txt")],
-        check=True,
-        timeout=600,
-        env=CLEAN_ENV,
-        cwd="/",
-    )
+    pip_install(python, "-r", str(app / "requirements.txt"))
     settings = {
         "ServiceBusConnection__fullyQualifiedNamespace": "sb-example.servicebus.windows.net",
         "TopicName": "scheduled-events",
