@@ -14,19 +14,21 @@ PYTEST_ARGS ?=
 # tables, pinned by emulators/azurite/package-lock.json and installed with npm ci (no scripts).
 AZURITE_DIR := emulators/azurite
 AZURITE := $(AZURITE_DIR)/node_modules/.installed
-# make test runs pytest on this many processes (pytest-xdist; 0: one process): three times the
-# cores. Many tests wait on real processes over loopback (a 30 s outage, a kill -9 loop), and
-# more workers keep both cores busy meanwhile; the suite also needs ~19 minutes of CPU: see
-# docs/local-development.md "Development" for what was measured on 2 cores.
+# make test runs pytest on this many processes (pytest-xdist; 0: one process): three and a half
+# times the cores (7 on 2). Many tests wait on real processes over loopback (a 30 s outage, a
+# kill -9 loop), and more workers keep both cores busy meanwhile; the suite also needs ~15
+# minutes of CPU: see docs/local-development.md "Development" for what was measured on 2 cores
+# (6 workers left the cores idle a fifth of the run; with 8, a test that measures answers under
+# a flood of connections sometimes measured the machine instead).
 # --dist loadgroup keeps tests that share an expensive fixture on one worker; tests/conftest.py
-# starts the slow tests first.
-PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(3 * (os.cpu_count() or 1))')
+# starts the slow tests first and mixes the rest.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(7 * (os.cpu_count() or 1) // 2)')
 # make check: the directories of the fast tests, without those marked slow, each property test
 # at a tenth of its examples (tests/support/budget.py; make test runs every one in full).
 CHECK_TESTS ?= tests/unit tests/functions tests/contract
 CHECK_WORKERS ?= $(PYTEST_WORKERS)
 
-.PHONY: demo test test-deps check lint typecheck bench install clean dist peer-suite peer-suite-ci
+.PHONY: demo test test-deps test-run check lint typecheck bench install clean dist peer-suite peer-suite-ci
 
 # Every virtual environment is made by scripts/install-venv: it checks $(PYTHON) (3.11+, with
 # venv) before creating anything, says how to pick another (make PYTHON=python3.11 ...), and
@@ -44,8 +46,10 @@ $(AZURITE): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json
 	npm ci --prefix $(AZURITE_DIR) --ignore-scripts --no-audit --no-fund --loglevel=error
 	touch $@
 
+# --no-compile: pip would compile every module of checkov and its many dependencies (38 s of
+# an install that takes 23 s without); the one scan the tests run compiles what it imports.
 $(CHECKOV_VENV)/.installed: Makefile
-	@$(INSTALL_VENV) '$(PYTHON)' '$(CHECKOV_VENV)' '$@' 'checkov==$(CHECKOV_VERSION)'
+	@$(INSTALL_VENV) '$(PYTHON)' '$(CHECKOV_VENV)' '$@' --no-compile 'checkov==$(CHECKOV_VERSION)'
 
 install: $(BIN)/.installed $(AZURITE)
 
@@ -67,14 +71,23 @@ typecheck: $(BIN)/.installed
 PYTEST := env -u PYTHONDONTWRITEBYTECODE -u SEBRIDGE_TEST_BUDGET $(BIN)/pytest
 CHECK_PYTEST := env -u PYTHONDONTWRITEBYTECODE SEBRIDGE_TEST_BUDGET=check $(BIN)/pytest
 
-# What make test needs, made side by side: the three installs are each about one core's work
-# for a minute (52 s, 18 s and 45 s one after the other on 2 cores).
+# What make test needs, made side by side (alone, on 2 cores: the test tools 37 s, Azurite 18 s,
+# checkov 23 s).
 test-deps: $(BIN)/.installed $(AZURITE) $(CHECKOV_VENV)/.installed
 
+# ruff and mypy run beside the tests (scripts/beside), their output printed after pytest's.
 test:
 	@$(MAKE) --no-print-directory --jobs=3 test-deps GOAL=test
 	scripts/ensure-system-tools
-	$(MAKE) --no-print-directory --jobs=2 lint typecheck
+	scripts/beside '$(MAKE) --no-print-directory --jobs=2 lint typecheck' \
+		$(MAKE) --no-print-directory test-run
+
+# One process collects the tests first, which compiles the sources and rewrites the tests'
+# asserts into __pycache__ once; the workers then read it. In a fresh clone, six workers doing
+# it at once spent 13 s of CPU each, against 5 s with the cache. (A collection error shows in
+# the run that follows.)
+test-run:
+	-@$(PYTEST) --collect-only -qq -p no:cacheprovider $(PYTEST_ARGS) > /dev/null
 	SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PYTEST) \
 		--numprocesses $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 

@@ -173,7 +173,7 @@ def test_the_load_balancer_is_answered_under_a_flood_of_idle_connections(
     what the 64 slots of one address, each held up to the 2 s deadline, can take), the load
     balancer from 127.0.0.2 every 100 ms, 30 times: every one answered 200 within the deadline.
     (Paced, unlike the review's 1,500 a second: time a connection waits in the kernel's accept
-    queue is time the server had no CPU for, and on a CI machine sharing two cores among six
+    queue is time the server had no CPU for, and on a CI machine sharing two cores among seven
     test processes and both floods that measures the machine, not the server.)"""
     probe, _ = servers
     port = probe.address[1]
