@@ -86,8 +86,10 @@ class Dependencies:
     history_pending: PendingEntries = field(default_factory=PendingEntries)
     # How long one history write rides out storage faults (functions.shared.transient).
     history_window: RetryWindow = field(default_factory=RetryWindow)
-    # How long lb-pools waits for restored members to be probed Up (None: its SETTLE_SECONDS).
+    # How long lb-pools waits for restored members to be probed Up, and how often it looks
+    # (None: its SETTLE_SECONDS and SETTLE_POLL_SECONDS, 60 s and 5 s).
     restore_settle_seconds: float | None = None
+    restore_settle_poll_seconds: float | None = None
 
     @property
     def trust(self) -> TrustRules:
@@ -120,6 +122,7 @@ class Dependencies:
             plan=self.drain_plan,
             actions=self.actions,
             settle_seconds=self.restore_settle_seconds,
+            settle_poll_seconds=self.restore_settle_poll_seconds,
         )
 
     @property

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -150,6 +152,10 @@ def test_an_updated_that_moves_a_held_event_leaves_no_stale_entry(
     assert arm_fake.vm_pools(world["web-3"]) == [world["pool-a"]]
 
 
+# lb-pools' wait for restored members to be probed Up: 0.5 s, looking every 0.1 s.
+SHORT_SETTLE = {"restore_settle_seconds": 0.5, "restore_settle_poll_seconds": 0.1}
+
+
 def held_in(app: App, pool: str, event_id: str) -> bool:
     from functions.adapters.pool_state import blob_name
     from functions.lb_pools import held
@@ -194,8 +200,9 @@ def test_a_held_event_that_ends_is_forgotten_where_it_was_held(
     """Found by test_workflow_events_stateful: C is held in pool-b; then web-4 leaves pool-b for
     another event (probed Down: it leaves without counting); C is cancelled. Its end looked for
     its entry only in the pools web-4 is in now (none), and left it held for good."""
-    # web-4 comes back Down and stays so: lb-pools would wait its 60 s for it to be probed Up.
-    app = make_app(LB_MIN_HEALTHY="1", overrides={"restore_settle_seconds": 0.0})
+    # web-4 comes back Down and stays so: lb-pools waits for it to be probed Up, here 0.5 s
+    # (60 s in the app), then leaves C held.
+    app = make_app(LB_MIN_HEALTHY="1", overrides=SHORT_SETTLE)
     arm_fake.set_probe(pool_b["web-4"], up=True)
     web_vm(arm_fake, "web-5", [pool_b["pool-b"]])
     arm_fake.set_probe(world["web-1"], up=True)
@@ -212,3 +219,38 @@ def test_a_held_event_that_ends_is_forgotten_where_it_was_held(
     assert arm_fake.vm_pools(pool_b["web-4"].replace("web-4", "web-5")) == []
     app.deliver("lb_pools", envelope("Cancelled", EventId=EVENT_C, Resources=["web-5"]))
     assert not held_in(app, pool_b["pool-b"], EVENT_C), "a cancelled event still held"
+
+
+def test_a_restored_member_probed_up_during_the_wait_lets_a_held_event_drain_at_once(
+    make_app: Callable[..., App],
+    world: dict[str, str],  # noqa: F811 - the fixture
+    pool_b: dict[str, str],
+    arm_fake: FakeArm,
+) -> None:
+    """The wait after a restore: web-4 comes back Down, C is held because web-5 is pool-b's
+    last healthy member; web-4 is probed Up 0.3 s into the wait, and the same Completed drains
+    web-5 for C then, without waiting out the rest of its 10 s."""
+    app = make_app(
+        LB_MIN_HEALTHY="1",
+        overrides={"restore_settle_seconds": 10.0, "restore_settle_poll_seconds": 0.05},
+    )
+    web_5 = pool_b["web-4"].replace("web-4", "web-5")
+    arm_fake.set_probe(pool_b["web-4"], up=True)
+    web_vm(arm_fake, "web-5", [pool_b["pool-b"]])
+    app.deliver("lb_pools", scheduled(EVENT_A, ["web-4"]))  # web-4 out: web-5 serves
+    app.deliver("lb_pools", scheduled(EVENT_C, ["web-5"]))  # held: web-5 is the last member
+    assert held_in(app, pool_b["pool-b"], EVENT_C)
+    arm_fake.set_probe(pool_b["web-4"], up=False)  # it comes back Down...
+    comes_up = threading.Timer(0.3, arm_fake.set_probe, (pool_b["web-4"],), {"up": True})
+    comes_up.start()  # ...and is probed Up 0.3 s later
+    started = time.monotonic()
+    try:
+        done = {"EventStatus": "Started", "NotBefore": ""}
+        app.deliver("lb_pools", envelope("Completed", EventId=EVENT_A, Resources=["web-4"], **done))
+    finally:
+        comes_up.cancel()
+    took = time.monotonic() - started
+    assert not held_in(app, pool_b["pool-b"], EVENT_C), "C still held after web-4 came Up"
+    assert arm_fake.vm_pools(web_5) == [], "C resumed but web-5 was not drained"
+    assert pool_b["pool-b"].lower() in [p.lower() for p in arm_fake.vm_pools(pool_b["web-4"])]
+    assert 0.3 <= took < 5.0, f"the Completed took {took:.2f} s: it did not wait, or waited on"
