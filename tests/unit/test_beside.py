@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +62,72 @@ def test_no_kept_output_is_left_behind(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert "kept" in done.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+FOREGROUND = """
+import time
+try:
+    print("the tests started", flush=True)
+    time.sleep(30)
+except KeyboardInterrupt:
+    print("the tests stopped cleanly", flush=True)
+    raise SystemExit(130)
+"""
+
+
+# The checks beside: a process that waits 31 s, with the test's marker in its arguments.
+WAITS = f"{sys.executable} -c 'import time; time.sleep(31)'"
+
+
+def _in_a_session_of_its_own() -> None:
+    """As from a terminal: SIGINT at its default, and a process group to signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.setsid()
+
+
+def _leftovers(marker: str) -> list[str]:
+    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, timeout=10)
+    return [line for line in ps.stdout.splitlines() if marker in line]
+
+
+@pytest.mark.parametrize(
+    ("sig", "to_group", "code"),
+    [
+        (signal.SIGINT, True, 130),  # Ctrl-C: the terminal signals the whole foreground group
+        (signal.SIGTERM, False, 143),  # make, or a CI runner, stopping the command it started
+    ],
+)
+def test_a_stop_reaches_both_commands_and_keeps_the_checks_output(
+    tmp_path: Path, sig: signal.Signals, to_group: bool, code: int
+) -> None:
+    marker = f"beside-{tmp_path.name}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text(FOREGROUND)
+    beside_run = subprocess.Popen(
+        [str(BESIDE), f"echo checks-started; exec {WAITS} {marker}", sys.executable, script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_in_a_session_of_its_own,
+    )
+    try:
+        assert beside_run.stdout is not None
+        assert beside_run.stdout.readline() == "the tests started\n"
+        deadline = time.monotonic() + 20
+        while len(_leftovers(marker)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the checks under way too
+        if to_group:
+            os.killpg(beside_run.pid, sig)
+        else:
+            beside_run.send_signal(sig)
+        out, _ = beside_run.communicate(timeout=20)
+    finally:
+        if beside_run.poll() is None:
+            os.killpg(beside_run.pid, signal.SIGKILL)
+            beside_run.wait(timeout=10)
+    assert beside_run.returncode == code, out
+    if sig == signal.SIGINT:
+        assert "the tests stopped cleanly" in out  # pytest's own clean-up runs
+    assert "checks-started" in out.split("== beside it:", 1)[1]
+    assert f"== stopped by {sig.name}" in out
+    assert _leftovers(marker) == [], "a command outlived the stop"
