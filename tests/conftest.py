@@ -39,6 +39,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # workers waiting at once left the cores half idle for minutes (1,045 worker-seconds of the
 # integration layer used 130 s of CPU). The waiting layers end by WAITING_SPAN of the rest, so
 # that its last stretch is only quick in-process tests, which fill the gaps at the end.
+# pytest-xdist hands out the worker groups below (tests that share a stand-in, one unit each)
+# before the single tests, the largest first (--loadscope-reorder), and the single tests in this
+# order. In one process (no xdist) the tests keep their collection order: mixing would start a
+# module's stand-in again at every switch.
 LAYERS = (
     "reliability",
     "e2e",
@@ -87,7 +91,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _shared_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items[:] = run_order(items)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: see run_order
+        items[:] = run_order(items)
 
 
 # The contract suite against one namespace of someone else's (docs/reliability.md, "The
@@ -145,13 +150,13 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     if isinstance(report.longrepr, tuple):  # (path, line, "Skipped: <reason>")
         return str(report.longrepr[2]).removeprefix("Skipped: ")
     return str(report.longrepr or "")
 
 
-def _fail_a_root_skip_in_ci(report: pytest.TestReport) -> None:
+def _fail_a_root_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
     """Under CI=true, a test that skips because it needs root fails instead: the full-disk and
     read-only rows of the README's Reliability table and the hooks tests need root, and a CI
     run that skipped them would pass without them."""
@@ -164,6 +169,17 @@ def _fail_a_root_skip_in_ci(report: pytest.TestReport) -> None:
             f"skipped under CI=true, where every test must run: {reason} "
             "(run the suite as root, as .ci/run does)"
         )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """A whole module skipped for want of root (``pytest.skip(..., allow_module_level=True)``)
+    is a collection report, which pytest_runtest_makereport never sees: it fails too."""
+    report = yield
+    _fail_a_root_skip_in_ci(report)
+    return report
 
 
 @pytest.hookimpl(wrapper=True)

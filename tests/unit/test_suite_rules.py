@@ -41,6 +41,38 @@ def test_root_only():
 """
 
 
+MODULE_SKIP = """
+import pytest
+
+from tests.support.root import NEEDS_ROOT
+
+pytest.skip(f"{NEEDS_ROOT}: a tmpfs mount", allow_module_level=True)
+
+
+def test_would_need_root():
+    assert False
+"""
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_a_whole_module_skipped_for_want_of_root_fails_under_ci_and_only_there(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str
+) -> None:
+    """A module-level skip is a collection report, not a test's: it fails under CI too."""
+    monkeypatch.setenv("CI", ci)
+    pytester.makepyfile(test_module_skip=MODULE_SKIP, test_other="def test_fine():\n    pass\n")
+    result = pytester.runpytest("-p", "tests.conftest", "-p", "no:cacheprovider", "-rfEs")
+    outcomes = result.parseoutcomes()
+    if ci:
+        assert outcomes.get("errors", 0) == 1, outcomes
+        assert outcomes.get("skipped", 0) == 0, outcomes
+        result.stdout.fnmatch_lines(["*skipped under CI=true, where every test must run*"])
+        assert result.ret != 0
+    else:
+        assert outcomes == {"passed": 1, "skipped": 1}, outcomes
+        assert result.ret == 0
+
+
 @pytest.mark.parametrize("ci", ["true", ""])
 def test_a_skip_for_want_of_root_fails_under_ci_and_only_there(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str
