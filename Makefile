@@ -56,9 +56,12 @@ install: $(BIN)/.installed $(AZURITE)
 demo: $(BIN)/.installed $(AZURITE)
 	$(BIN)/sebridge demo
 
+# Both checks run, and either failing fails: a lint error never hides a format one.
 lint: $(BIN)/.installed
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	@status=0; \
+	$(BIN)/ruff check . || status=1; \
+	$(BIN)/ruff format --check . || status=1; \
+	exit $$status
 
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
