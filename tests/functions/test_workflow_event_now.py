@@ -191,6 +191,18 @@ def test_an_event_held_again_elsewhere_is_held_only_there(
     assert not held_in(app, pool_b["pool-b"], EVENT_C), "still held where it names nothing"
 
 
+def hold_c_behind_web_5(app: App, arm_fake: FakeArm, pool_b: dict[str, str]) -> str:
+    """web-5 joins pool-b; A drains web-4, so C, on web-5, is held (web-5 is pool-b's last
+    healthy member); then web-4 is probed Down, to come back Down when A ends. web-5's id."""
+    web_5 = web_vm(arm_fake, "web-5", [pool_b["pool-b"]])
+    arm_fake.set_probe(pool_b["web-4"], up=True)
+    app.deliver("lb_pools", scheduled(EVENT_A, ["web-4"]))  # web-4 out: web-5 serves
+    app.deliver("lb_pools", scheduled(EVENT_C, ["web-5"]))  # held: web-5 is the last member
+    assert held_in(app, pool_b["pool-b"], EVENT_C)
+    arm_fake.set_probe(pool_b["web-4"], up=False)
+    return web_5
+
+
 def test_a_held_event_that_ends_is_forgotten_where_it_was_held(
     make_app: Callable[..., App],
     world: dict[str, str],  # noqa: F811 - the fixture
@@ -203,20 +215,15 @@ def test_a_held_event_that_ends_is_forgotten_where_it_was_held(
     # web-4 comes back Down and stays so: lb-pools waits for it to be probed Up, here 0.5 s
     # (60 s in the app), then leaves C held.
     app = make_app(LB_MIN_HEALTHY="1", overrides=SHORT_SETTLE)
-    arm_fake.set_probe(pool_b["web-4"], up=True)
-    web_vm(arm_fake, "web-5", [pool_b["pool-b"]])
     arm_fake.set_probe(world["web-1"], up=True)
-    app.deliver("lb_pools", scheduled(EVENT_A, ["web-4"]))  # web-4 out: web-5 serves
-    app.deliver("lb_pools", scheduled(EVENT_C, ["web-5"]))  # held: web-5 is the last member
-    assert held_in(app, pool_b["pool-b"], EVENT_C)
-    arm_fake.set_probe(pool_b["web-4"], up=False)
+    web_5 = hold_c_behind_web_5(app, arm_fake, pool_b)
     done = {"EventStatus": "Started", "NotBefore": ""}
     # A ends: web-4 goes back (Down); D takes web-5 out while web-4 cannot serve either way...
     app.deliver("lb_pools", envelope("Completed", EventId=EVENT_A, Resources=["web-4"], **done))
     arm_fake.set_probe(pool_b["web-4"], up=False)
-    arm_fake.set_probe(pool_b["web-4"].replace("web-4", "web-5"), up=False)
+    arm_fake.set_probe(web_5, up=False)
     app.deliver("lb_pools", scheduled(EVENT_B, ["web-5"]))  # web-5 Down: leaves without counting
-    assert arm_fake.vm_pools(pool_b["web-4"].replace("web-4", "web-5")) == []
+    assert arm_fake.vm_pools(web_5) == []
     app.deliver("lb_pools", envelope("Cancelled", EventId=EVENT_C, Resources=["web-5"]))
     assert not held_in(app, pool_b["pool-b"], EVENT_C), "a cancelled event still held"
 
@@ -234,13 +241,7 @@ def test_a_restored_member_probed_up_during_the_wait_lets_a_held_event_drain_at_
         LB_MIN_HEALTHY="1",
         overrides={"restore_settle_seconds": 10.0, "restore_settle_poll_seconds": 0.05},
     )
-    web_5 = pool_b["web-4"].replace("web-4", "web-5")
-    arm_fake.set_probe(pool_b["web-4"], up=True)
-    web_vm(arm_fake, "web-5", [pool_b["pool-b"]])
-    app.deliver("lb_pools", scheduled(EVENT_A, ["web-4"]))  # web-4 out: web-5 serves
-    app.deliver("lb_pools", scheduled(EVENT_C, ["web-5"]))  # held: web-5 is the last member
-    assert held_in(app, pool_b["pool-b"], EVENT_C)
-    arm_fake.set_probe(pool_b["web-4"], up=False)  # it comes back Down...
+    web_5 = hold_c_behind_web_5(app, arm_fake, pool_b)  # web-4 will come back Down...
     comes_up = threading.Timer(0.3, arm_fake.set_probe, (pool_b["web-4"],), {"up": True})
     comes_up.start()  # ...and is probed Up 0.3 s later
     started = time.monotonic()
