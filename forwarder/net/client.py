@@ -1,25 +1,24 @@
-"""The one way the forwarder calls an HTTP peer (IMDS, the drain probe's upstream): the standard
-library's http.client on the real socket, one deadline for the whole exchange, a body cap, and
-an immediate cancel.
+"""The one way the forwarder calls an HTTP peer (IMDS, the drain probe's upstream): HTTP/1.1 on
+the real socket, one deadline for the whole exchange, a body cap, and an immediate cancel.
 
-http.client reads whatever a conforming HTTP/1.0 or 1.1 server sends: keep-alive or close after
-the answer, a sized, chunked or close-delimited body, in one write or in many. When an answer
-ends with the close, http.client closes its connection at once and reads the body through the
-socket's file, which keeps the descriptor open until it is read: that needs the real socket
-(a wrapper without that reference count failed every such body with EBADF). Its timeouts are
-per socket operation, so a peer that sends a byte every few seconds would keep a request alive
-forever; here a watchdog (one thread for the process) shuts the request's socket down
-(``SHUT_RDWR``) when the deadline passes or the ``cancel`` event is set: the blocked read ends
-at once, and the request raises :class:`DeadlineExceeded` or :class:`RequestCancelled`. A body
-the watchdog cut is never taken as complete, with or without Content-Length, nor one that ends
-short of its Content-Length. The body is read up to the cap and no further.
+The request's bytes are formatted by http.client; the answer is read by :mod:`.wire`, whatever
+a conforming HTTP/1.0 or 1.1 server sends: keep-alive or close after the answer, a sized,
+chunked or close-delimited body, in one write or in many (the module says where it reads
+differently from http.client, and why: the idle poll's CPU). Socket timeouts are per
+operation, so a peer that sends a byte every few seconds would keep a request alive forever;
+here a watchdog (one thread for the process) shuts the request's socket down (``SHUT_RDWR``)
+when the deadline passes or the ``cancel`` event is set: the blocked read ends at once, and the
+request raises :class:`DeadlineExceeded` or :class:`RequestCancelled`. A body the watchdog cut
+is never taken as complete, with or without Content-Length, nor one that ends short of its
+Content-Length or its last chunk. The body is read up to the cap and no further.
 
 One connection per :class:`DeadlineHttp`, used by one thread at a time, kept alive when the
-peer allows it. Before a request reuses it, the connection is checked as urllib3's pool does: if
-the peer closed it while idle (it is readable: EOF), a fresh one is opened. Nothing is retried:
-a request is never sent twice. No proxy, no redirects, no content decoding. (urllib3, which is
-http.client underneath, was tried: it read the same servers the same way, for 0.17 ms more CPU
-a request, measured; everything it adds, the forwarder turns off.)
+peer allows it and sent nothing past its answer. Before a request reuses it, the connection is
+checked as urllib3's pool does: if the peer closed it while idle (it is readable: EOF), a fresh
+one is opened. Nothing is retried: a request is never sent twice. No proxy, no redirects, no
+content decoding. (urllib3, which is http.client underneath, was tried: it read the same servers
+the same way, for 0.17 ms more CPU a request, measured; everything it adds, the forwarder turns
+off.)
 """
 
 from __future__ import annotations
@@ -38,10 +37,20 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sebridge import __version__
+from sebridge.forwarder.net import wire
+from sebridge.forwarder.net.wire import BodyTooLarge
+
+__all__ = [
+    "Answer",
+    "BodyTooLarge",
+    "DeadlineExceeded",
+    "DeadlineHttp",
+    "RequestCancelled",
+    "TransportError",
+]
 from sebridge.signals import StopEvent
 
 SLICE = 0.25  # seconds: how often the watchdog looks at a plain cancel Event
-READ_SIZE = 64 * 1024
 USER_AGENT = f"sebridge/{__version__}"
 
 
@@ -51,10 +60,6 @@ class RequestCancelled(Exception):
 
 class DeadlineExceeded(TimeoutError):
     """The request did not finish by its deadline."""
-
-
-class BodyTooLarge(Exception):
-    """The answer's body is larger than the cap."""
 
 
 class TransportError(Exception):
@@ -168,34 +173,24 @@ _WATCHDOG = _Watchdog()
 _TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 
 
-class _Connection(http.client.HTTPConnection):
-    """http.client on the real socket (its makefile keeps the descriptor open for the body when
-    http.client closes the connection of a response that ends with the close), with TCP_NODELAY
-    and, for https, TLS with the system's trust store."""
-
-    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._tls = tls
-
-    def connect(self) -> None:
-        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._tls is not None:
-                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+def _open(host: str, port: int, timeout: float, tls: ssl.SSLContext | None) -> socket.socket:
+    """A connected socket with TCP_NODELAY and, for https, TLS with the system's trust store."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = tls.wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
-def _dropped(conn: http.client.HTTPConnection) -> bool:
-    """Whether a kept-alive connection is closed, or was closed by the peer while idle (it is
-    readable: EOF), as urllib3's pool checks before reusing one."""
-    if conn.sock is None:
-        return True
+def _dropped(sock: socket.socket) -> bool:
+    """Whether the peer closed a kept-alive connection while it was idle (it is readable:
+    EOF), as urllib3's pool checks before reusing one."""
     poller = select.poll()
-    poller.register(conn.sock.fileno(), select.POLLIN)
+    poller.register(sock.fileno(), select.POLLIN)
     return bool(poller.poll(0))
 
 
@@ -217,13 +212,16 @@ class DeadlineHttp:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        default_port = 443 if parts.scheme == "https" else 80
+        self.port = parts.port or default_port
         self.prefix = parts.path.rstrip("/")
         self.max_body = max_body
         self.connect_timeout = connect_timeout
         self.cancel = cancel
         self._tls = ssl.create_default_context() if parts.scheme == "https" else None
-        self._conn: _Connection | None = None
+        self._requests = wire.RequestBytes(self.host, self.port, default_port)
+        self._sock: socket.socket | None = None
+        self._reader: wire.Reader | None = None  # the connection's bytes, for its whole life
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -231,9 +229,9 @@ class DeadlineHttp:
             self._drop()
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        sock, self._sock, self._reader = self._sock, None, None
+        if sock is not None:
+            sock.close()
 
     def request(
         self,
@@ -246,22 +244,30 @@ class DeadlineHttp:
     ) -> Answer:
         """``method`` ``target`` (path and query, below the base URL), all of it (connect,
         send, status, headers, body) within ``timeout`` seconds. Raises DeadlineExceeded,
-        RequestCancelled, BodyTooLarge or TransportError; the connection is dropped after any
-        of them."""
+        RequestCancelled, BodyTooLarge or TransportError (ValueError for a header http.client
+        would not send); the connection is dropped after any of them."""
         deadline = time.monotonic() + timeout
         with self._lock:
             self._check(deadline)
-            conn = self._connection(deadline)
-            assert conn.sock is not None  # connected
-            guard = _WATCHDOG.arm(conn.sock, deadline, self.cancel)
-            response: http.client.HTTPResponse | None = None
             try:
-                response = self._send(conn, method, target, deadline, headers, body)
-                data = self._read(response)
+                data = self._requests.format(
+                    method,
+                    self.prefix + target,
+                    {"User-Agent": USER_AGENT, **(headers or {})},
+                    body,
+                )
+            except http.client.HTTPException as exc:  # InvalidURL: a control character
+                raise TransportError(_describe(exc)) from exc
+            sock, reader = self._connection(deadline)
+            guard = _WATCHDOG.arm(sock, deadline, self.cancel)
+            try:
+                # Each socket operation also times out by the deadline: a second line of defence.
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                sock.sendall(data)
+                head = wire.read_head(reader, method)
+                content = wire.read_body(reader, head, self.max_body)
             except BaseException as exc:
                 cut = _WATCHDOG.disarm(guard)
-                if response is not None:
-                    response.close()  # the socket too, when the peer was to close it
                 self._drop()
                 if cut is not None:
                     raise self._cut(cut, timeout) from exc
@@ -271,13 +277,13 @@ class DeadlineHttp:
                     raise TransportError(_describe(exc)) from exc
                 raise
             cut = _WATCHDOG.disarm(guard)
-            if cut is not None:  # what was read may be cut short: never taken as complete
+            # Bytes beyond the answer: whatever they are, the next answer could be read from
+            # them, so the connection is not used again.
+            if cut is not None or head.will_close or reader.pending:
                 self._drop()
+            if cut is not None:  # what was read may be cut short: never taken as complete
                 raise self._cut(cut, timeout)
-            if conn.sock is None:
-                self._conn = None  # the peer closes after its answer (http.client closed it)
-            headers_read = {k.lower(): v for k, v in response.getheaders()}
-            return Answer(response.status, headers_read, data)
+            return Answer(head.status, {k.lower(): v for k, v in head.fields}, content)
 
     @staticmethod
     def _cut(reason: type[Exception], timeout: float) -> Exception:
@@ -293,59 +299,17 @@ class DeadlineHttp:
             raise DeadlineExceeded("deadline passed")
         return left
 
-    def _connection(self, deadline: float) -> _Connection:
+    def _connection(self, deadline: float) -> tuple[socket.socket, wire.Reader]:
         """The kept-alive connection if the peer has not closed it meanwhile, else a new one,
         connected (within the connect timeout and the deadline)."""
-        if self._conn is not None and _dropped(self._conn):
+        if self._sock is not None and _dropped(self._sock):
             self._drop()
-        if self._conn is not None:
-            return self._conn
-        timeout = min(self.connect_timeout, self._check(deadline))
-        conn = _Connection(self.host, self.port, timeout, self._tls)
-        try:
-            conn.connect()
-        except _TRANSPORT_ERRORS as exc:
-            conn.close()
-            self._check(deadline)
-            raise TransportError(_describe(exc)) from exc
-        self._conn = conn
-        return conn
-
-    def _send(
-        self,
-        conn: _Connection,
-        method: str,
-        target: str,
-        deadline: float,
-        headers: Mapping[str, str] | None,
-        body: bytes | None,
-    ) -> http.client.HTTPResponse:
-        """Send the request; the response once its status line and headers are in."""
-        assert conn.sock is not None
-        # Each socket operation also times out by the deadline: a second line of defence.
-        conn.sock.settimeout(max(0.001, deadline - time.monotonic()))
-        conn.request(
-            method,
-            self.prefix + target,
-            body=body,
-            headers={"User-Agent": USER_AGENT, **(headers or {})},
-        )
-        return conn.getresponse()
-
-    def _read(self, response: http.client.HTTPResponse) -> bytes:
-        """The whole body (sized, chunked or up to the peer's close) up to the cap. A sized or
-        chunked body that ends early raises TransportError (IncompleteRead)."""
-        if response.length is not None and response.length > self.max_body:
-            raise BodyTooLarge(f"Content-Length {response.length} > {self.max_body} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := response.read(READ_SIZE):
-            size += len(chunk)
-            if size > self.max_body:
-                raise BodyTooLarge(f"body larger than {self.max_body} bytes")
-            chunks.append(chunk)
-        if response.length:  # http.client stops at the close without a word: we do not
-            raise TransportError(
-                f"IncompleteRead: the body ended after {size} bytes, {response.length} short"
-            )
-        return b"".join(chunks)
+        if self._sock is None or self._reader is None:
+            timeout = min(self.connect_timeout, self._check(deadline))
+            try:
+                self._sock = _open(self.host, self.port, timeout, self._tls)
+            except OSError as exc:
+                self._check(deadline)
+                raise TransportError(_describe(exc)) from exc
+            self._reader = wire.Reader(self._sock)
+        return self._sock, self._reader

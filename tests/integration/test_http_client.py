@@ -24,7 +24,7 @@ from sebridge.forwarder.net.client import (
     TransportError,
 )
 from sebridge.signals import StopEvent
-from tests.support.http_peers import HttpPeer, Request, Style
+from tests.support.http_peers import Framing, HttpPeer, Request, Style
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -104,6 +104,26 @@ def test_a_kept_alive_connection_the_server_dropped_while_idle_is_replaced() -> 
         finally:
             client.close()
         assert peer.connections == 4 and len(peer.requests) == 4
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_bytes_past_an_answer_are_never_read_as_the_next_answer(framing: Framing) -> None:
+    """A peer that sends a second answer nobody asked for after the first, in the same write:
+    each request gets its own answer, on a fresh connection (http.client, reading through a new
+    file per answer, relied on the peer's bytes not having been read ahead)."""
+    stale = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"
+
+    def numbered(request: Request) -> tuple[int, bytes]:
+        return 200, request.target.encode()
+
+    with HttpPeer(numbered, Style(framing=framing, extra=stale)) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        try:
+            answers = [client.request("GET", f"/{i}", timeout=5).body for i in range(5)]
+        finally:
+            client.close()
+        assert answers == [f"/{i}".encode() for i in range(5)]
+        assert peer.connections == 5
 
 
 @pytest.mark.parametrize(

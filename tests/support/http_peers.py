@@ -38,6 +38,7 @@ class Style:
     close_idle_after: float | None = None  # keep-alive, but close an idle connection after this
     announce_close: bool = True  # say "Connection: close" (HTTP/1.1) when closing
     truncate_body: int | None = None  # send only this many bytes of a sized body, then close
+    extra: bytes = b""  # sent in the same write right after each answer (one write only)
 
     def __str__(self) -> str:
         closes = self.close or self.framing == "eof"
@@ -223,7 +224,7 @@ class HttpPeer:
         if style.trickle_headers:
             self._trickle(conn, header_bytes, style.trickle_headers)
         elif style.writes == "one" and not style.trickle_body:
-            conn.sendall(header_bytes + wire_body)  # status, headers and body in one write
+            conn.sendall(header_bytes + wire_body + style.extra)  # all of it in one write
             return closing
         else:
             conn.sendall(header_bytes)
