@@ -28,7 +28,7 @@ PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(7 * (os.cpu_count() or 
 CHECK_TESTS ?= tests/unit tests/functions tests/contract
 CHECK_WORKERS ?= $(PYTEST_WORKERS)
 
-.PHONY: demo test test-deps test-run check lint typecheck bench install clean dist peer-suite peer-suite-ci
+.PHONY: demo test test-deps test-run check coverage lint typecheck bench install clean dist peer-suite peer-suite-ci
 
 # Every virtual environment is made by scripts/install-venv: it checks $(PYTHON) (3.11+, with
 # venv) before creating anything, says how to pick another (make PYTHON=python3.11 ...), and
@@ -99,6 +99,17 @@ check: $(BIN)/.installed
 	$(CHECK_PYTEST) --numprocesses $(CHECK_WORKERS) --dist loadgroup \
 		-m "not slow" $(CHECK_TESTS)
 
+# Line and branch coverage of the whole suite (pyproject.toml [tool.coverage]): every test, in
+# parallel as make test runs them, and every process they start; about 20 minutes on 2 cores.
+coverage: test-deps
+	rm -rf .coverage-data && mkdir .coverage-data
+	@status=0; SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov \
+		$(PYTEST:$(BIN)/pytest=$(BIN)/coverage run -m pytest) --numprocesses $(PYTEST_WORKERS) \
+		--dist loadgroup -p no:cacheprovider $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/coverage combine --quiet && $(BIN)/coverage json --quiet -o .coverage-data/all.json \
+		&& $(BIN)/python scripts/coverage_totals.py .coverage-data/all.json || status=1; \
+	exit $$status
+
 BENCHMARKS := forwarder_poll approval_latency e2e_latency servicebus_emulator fleet eventgrid_ingest drain_probe_flip burst
 
 # Every benchmark in turn, each with its defaults (about 6 minutes on 2 cores); each prints its
@@ -122,4 +133,4 @@ peer-suite-ci: $(BIN)/.installed
 	timeout --kill-after=15 300 $(BIN)/python tests/peer/run.py --subset ci --timeout 60 --deadline 285
 
 clean:
-	rm -rf dist $(VENV) $(CHECKOV_VENV) $(AZURITE_DIR)/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf dist $(VENV) $(CHECKOV_VENV) $(AZURITE_DIR)/node_modules .pytest_cache .mypy_cache .ruff_cache .coverage-data
