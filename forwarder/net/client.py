@@ -106,9 +106,14 @@ class _Watchdog:
     One daemon thread for every request of the process. It sleeps until the earliest moment it
     must look at a request (a deadline, or the next look at a plain cancel Event), or until it
     is told: a request whose moment comes sooner than the thread's wake-up tells it, and so
-    does a :class:`StopEvent` when it is set. At 1 Hz with a 10 s deadline, the thread wakes
-    about twice in eleven seconds, not at every request (the idle forwarder's CPU). A request
-    that ended is dropped from the set and never looked at again.
+    does a :class:`StopEvent` when it is set. A request that ended is dropped from the set and
+    never looked at again, but its deadline is kept as a moment to look: with no request left,
+    the thread sleeps until the deadline of the one that ended last, not forever. Requests
+    made one after another with the same timeout then never need to tell it (each deadline is
+    later than the last), however quickly each ends: at 1 Hz with a 10 s deadline the thread
+    wakes about once in ten seconds, not at every request (the idle forwarder's CPU). Had it
+    slept forever once no request was left, whether it was told at the next request would
+    depend on whether it had looked while the last one was still in flight.
 
     The socket is shut down, not closed: its descriptor stays the request's own to close, so it
     can never hit a descriptor number reused by something else. ``socket.socket.shutdown`` is
@@ -120,6 +125,7 @@ class _Watchdog:
         self._guards: set[_Guard] = set()
         self._thread: threading.Thread | None = None
         self._wake_at = math.inf  # when the thread looks next unless told (inf: only when told)
+        self._last_deadline = -math.inf  # of the request that ended last
         self._listening: weakref.WeakSet[StopEvent] = weakref.WeakSet()
 
     def arm(self, sock: socket.socket, deadline: float, cancel: threading.Event | None) -> _Guard:
@@ -141,6 +147,7 @@ class _Watchdog:
         after this returns)."""
         with self._cond:
             self._guards.discard(guard)
+            self._last_deadline = guard.deadline
             return guard.fired
 
     def _tell(self) -> None:
@@ -152,7 +159,7 @@ class _Watchdog:
         with self._cond:
             while True:
                 now = time.monotonic()
-                wake_at = math.inf
+                wake_at = self._last_deadline if self._last_deadline > now else math.inf
                 for guard in list(self._guards):
                     reason = guard.due(now)
                     if reason is None:

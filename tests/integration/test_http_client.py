@@ -9,6 +9,7 @@ Before this client, a server that closed the connection after its answer (HTTP/1
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 import time
@@ -232,6 +233,27 @@ def test_requests_that_end_in_time_do_not_wake_the_watchdog() -> None:
         woken = voluntary_switches(watchdog.native_id) - before
         client.close()
     assert woken <= 4, f"the watchdog woke {woken} times for 40 requests"
+
+
+def test_requests_that_end_before_the_watchdog_looks_do_not_wake_it_either() -> None:
+    """The same, however quickly each request ends: each is armed and ends while the watchdog
+    cannot look (the test holds its lock). Before, a watchdog with no request left slept until
+    told, so every next request told it: 40 wake-ups here."""
+    watchdog = net_client._Watchdog()  # a thread of its own, for this test alone
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        first = watchdog.arm(ours, time.monotonic() + 30, None)  # starts the thread
+        wait_until(lambda: watchdog._wake_at < math.inf, 5, "the watchdog to look")
+        watchdog.disarm(first)
+        thread = watchdog._thread
+        assert thread is not None and thread.native_id is not None
+        before = voluntary_switches(thread.native_id)
+        for _ in range(40):
+            with watchdog._cond:  # reentrant: arm and disarm take it too
+                watchdog.disarm(watchdog.arm(ours, time.monotonic() + 20, None))
+            time.sleep(0.005)  # a watchdog that was told looks now
+        woken = voluntary_switches(thread.native_id) - before
+    assert woken <= 2, f"the watchdog woke {woken} times for 40 requests"
 
 
 @pytest.mark.parametrize(
