@@ -102,6 +102,7 @@ check: $(BIN)/.installed
 # Line and branch coverage of the whole suite (pyproject.toml [tool.coverage]): every test, in
 # parallel as make test runs them, and every process they start; about 20 minutes on 2 cores.
 coverage: test-deps
+	scripts/ensure-system-tools
 	rm -rf .coverage-data && mkdir .coverage-data
 	@status=0; SEBRIDGE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov \
 		$(PYTEST:$(BIN)/pytest=$(BIN)/coverage run -m pytest) --numprocesses $(PYTEST_WORKERS) \
