@@ -180,17 +180,31 @@ _WATCHDOG = _Watchdog()
 _TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 
 
-def _open(host: str, port: int, timeout: float, tls: ssl.SSLContext | None) -> socket.socket:
-    """A connected socket with TCP_NODELAY and, for https, TLS with the system's trust store."""
-    sock = socket.create_connection((host, port), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if tls is not None:
-            sock = tls.wrap_socket(sock, server_hostname=host)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+def _open(
+    host: str, port: int, timeout: float, deadline: float, tls: ssl.SSLContext | None
+) -> socket.socket:
+    """A connected socket with TCP_NODELAY and, for https, TLS with the system's trust store:
+    each address of ``host`` tried within ``timeout`` and all of them by ``deadline``
+    (``socket.create_connection`` gives each address the whole timeout). Raises OSError
+    (TimeoutError once the deadline has passed)."""
+    error: OSError = TimeoutError("no time left to connect")
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no time left to connect") from error
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(min(timeout, left))
+            sock.connect(address)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+        except BaseException:
+            sock.close()
+            raise
+    raise error
 
 
 def _dropped(sock: socket.socket) -> bool:
@@ -282,6 +296,10 @@ class DeadlineHttp:
                     if time.monotonic() >= deadline:  # a socket timeout at the very end
                         raise DeadlineExceeded(f"no answer within {timeout:g} s") from exc
                     raise TransportError(_describe(exc)) from exc
+                if isinstance(exc, Exception) and not isinstance(exc, BodyTooLarge):
+                    # Whatever the peer sent, the caller sees one of this module's errors:
+                    # a reading this module did not foresee is the peer's answer, unreadable.
+                    raise TransportError(f"unreadable answer: {_describe(exc)}") from exc
                 raise
             cut = _WATCHDOG.disarm(guard)
             # Bytes beyond the answer: whatever they are, the next answer could be read from
@@ -312,9 +330,9 @@ class DeadlineHttp:
         if self._sock is not None and _dropped(self._sock):
             self._drop()
         if self._sock is None or self._reader is None:
-            timeout = min(self.connect_timeout, self._check(deadline))
+            self._check(deadline)
             try:
-                self._sock = _open(self.host, self.port, timeout, self._tls)
+                self._sock = _open(self.host, self.port, self.connect_timeout, deadline, self._tls)
             except OSError as exc:
                 self._check(deadline)
                 raise TransportError(_describe(exc)) from exc

@@ -51,6 +51,8 @@ MAX_FIELDS = 100  # field lines in a head (http.client's _MAXHEADERS)
 _CACHED_REQUESTS = 32  # distinct bodiless requests kept formatted per client
 _BLANK = " \t"  # the whitespace around a field's value (RFC 9110, 5.5: OWS)
 READ_SIZE = 64 * 1024  # bytes asked of the socket at a time
+MAX_CHUNKS = 65536  # chunks in a chunked body: 1-byte chunks cost a loop turn each
+LONGEST = 10**18  # what a Content-Length of more digits counts as
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
@@ -129,18 +131,23 @@ class Receiver(Protocol):
 class Reader:
     """A connection's incoming bytes, read as lines and sized pieces through one buffer for the
     connection's whole life (``socket.makefile`` would need a file per answer to be sure of
-    what belongs to which). ``pending`` is what arrived but was not read."""
+    what belongs to which). ``pending`` is what arrived but was not read. Every byte is
+    copied a bounded number of times, however the peer splits what it sends."""
 
     def __init__(self, sock: Receiver) -> None:
         self.sock = sock
         self._buffer = bytearray()
+        self._at = 0  # where the unread bytes start in _buffer
 
     @property
     def pending(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) - self._at
 
     def _fill(self) -> bool:
         """Receive once (blocking, within the socket's timeout); False at the end of stream."""
+        if self._at and self._at >= len(self._buffer) // 2:  # drop what was read, at most
+            del self._buffer[: self._at]  # as many bytes as were read since the last time
+            self._at = 0
         chunk = self.sock.recv(READ_SIZE)
         self._buffer += chunk
         return bool(chunk)
@@ -148,26 +155,29 @@ class Reader:
     def readline(self, limit: int, /) -> bytes:
         """The next line with its end, or ``limit`` bytes of a longer one, or what is left
         before the end of stream (b"": nothing was)."""
-        start = 0
+        searched = 0  # of the unread bytes, those already looked at for an end of line
         while True:
-            end = self._buffer.find(b"\n", start, limit)
+            end = self._buffer.find(b"\n", self._at + searched, self._at + limit)
             if end >= 0:
-                return self._take(end + 1)
-            if len(self._buffer) >= limit:
+                return self._take(end + 1 - self._at)
+            if self.pending >= limit:
                 return self._take(limit)
-            start = len(self._buffer)
+            searched = self.pending
             if not self._fill():
-                return self._take(len(self._buffer))
+                return self._take(self.pending)
 
     def read(self, most: int) -> bytes:
         """At least one byte and at most ``most`` (b"": end of stream)."""
-        if not self._buffer and not self._fill():
+        if not self.pending and not self._fill():
             return b""
-        return self._take(min(most, len(self._buffer)))
+        return self._take(min(most, self.pending))
 
     def _take(self, count: int) -> bytes:
-        data = bytes(self._buffer[:count])
-        del self._buffer[:count]
+        data = bytes(self._buffer[self._at : self._at + count])
+        self._at += count
+        if self._at == len(self._buffer):
+            self._buffer.clear()
+            self._at = 0
         return data
 
 
@@ -194,13 +204,15 @@ def _status_line(fp: Lines) -> tuple[str, int, str]:
 
 
 def _field_lines(fp: Lines) -> list[tuple[str, str]]:
-    """The header fields up to the empty line (or the end of the stream), see the module's
-    docstring for what is skipped and how a folded line is read."""
+    """The header fields up to the empty line (an end of stream before it is IncompleteRead),
+    see the module's docstring for what is skipped and how a folded line is read."""
     fields: list[tuple[str, str]] = []
     for _ in range(MAX_FIELDS + 1):
         raw = _line(fp, "header line")
-        if raw in (b"\r\n", b"\n", b""):
+        if raw in (b"\r\n", b"\n"):
             return fields
+        if not raw:  # the peer closed before the empty line: what is missing is unknown
+            raise http.client.IncompleteRead(b"", None)
         line = raw.decode("iso-8859-1").rstrip("\r\n")
         if not line:
             continue  # a stray carriage return: not a field line
@@ -223,7 +235,12 @@ def _first(fields: list[tuple[str, str]], name: str) -> str | None:
 
 
 def _content_length(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isascii() and value.isdigit() else None
+    """The length a Content-Length gives: None unless it is digits alone; a length of more
+    than 18 digits (above any cap) counts as 10**18 (``int`` refuses over 4,300 digits)."""
+    if value is None or not (value.isascii() and value.isdigit()):
+        return None
+    digits = value.lstrip("0")
+    return int(digits or "0") if len(digits) <= 18 else LONGEST
 
 
 def _closes(version: int, fields: list[tuple[str, str]]) -> bool:
@@ -269,7 +286,7 @@ def read_head(fp: Lines, method: str) -> Head:
 
 def _chunk_size(line: bytes) -> int:
     size = line.split(b";", 1)[0].strip(b" \t\r\n")
-    if not size or len(size) > 16 or not _HEX.issuperset(size):
+    if not size or not _HEX.issuperset(size) or len(size.lstrip(b"0")) > 16:
         raise http.client.HTTPException(f"not a chunk size: {line[:40]!r}")
     return int(size, 16)
 
@@ -281,31 +298,42 @@ def read_body(reader: Reader, head: Head, cap: int) -> bytes:
     if head.length is not None:
         if head.length > cap:
             raise BodyTooLarge(f"Content-Length {head.length} > {cap} bytes")
-        return _exactly(reader, head.length, b"")
+        parts: list[bytes] = []
+        _exactly(reader, head.length, parts)
+        return b"".join(parts)
     if not head.chunked:
         return _up_to_the_close(reader, cap)
-    body = b""
-    while size := _chunk_size(_chunk_line(reader, "chunk size", body)):
-        if len(body) + size > cap:
+    parts = []
+    size = 0
+    for _ in range(MAX_CHUNKS):
+        chunk = _chunk_size(_chunk_line(reader, "chunk size", parts))
+        if not chunk:
+            break
+        size += chunk
+        if size > cap:
             raise BodyTooLarge(f"body larger than {cap} bytes")
-        body = _exactly(reader, size, body)
-        if _chunk_line(reader, "chunk end", body) not in (b"\r\n", b"\n"):
+        _exactly(reader, chunk, parts)
+        if _chunk_line(reader, "chunk end", parts) not in (b"\r\n", b"\n"):
             raise http.client.HTTPException("a chunk's data runs past its size")
-    for _ in range(MAX_FIELDS + 1):  # the trailer fields, ignored
+    else:
+        raise http.client.HTTPException(f"more than {MAX_CHUNKS} chunks")
+    # The trailer fields, ignored; the body is whole (its last chunk came) even if the
+    # stream ends before the empty line.
+    for _ in range(MAX_FIELDS + 1):
         if _line(reader, "trailer line") in (b"\r\n", b"\n", b""):
-            return body
+            return b"".join(parts)
     raise http.client.HTTPException(f"got more than {MAX_FIELDS} trailer lines")
 
 
-def _chunk_line(reader: Reader, what: str, body: bytes) -> bytes:
+def _chunk_line(reader: Reader, what: str, parts: list[bytes]) -> bytes:
     line = _line(reader, what)
     if not line:  # the end of stream before the last chunk
-        raise http.client.IncompleteRead(body)
+        raise http.client.IncompleteRead(b"".join(parts))
     return line
 
 
-def _exactly(reader: Reader, count: int, before: bytes) -> bytes:
-    parts = [before]
+def _exactly(reader: Reader, count: int, parts: list[bytes]) -> None:
+    """Append the next ``count`` bytes to ``parts``."""
     left = count
     while left:
         data = reader.read(min(left, READ_SIZE))
@@ -313,7 +341,6 @@ def _exactly(reader: Reader, count: int, before: bytes) -> bytes:
             raise http.client.IncompleteRead(b"".join(parts), left)
         parts.append(data)
         left -= len(data)
-    return b"".join(parts)
 
 
 def _up_to_the_close(reader: Reader, cap: int) -> bytes:

@@ -286,6 +286,32 @@ def test_a_sized_body_the_peer_cuts_short_is_an_error_not_an_answer(style: Style
         client.close()
 
 
+@pytest.mark.parametrize("error", [ValueError, IndexError, UnicodeDecodeError])
+def test_an_answer_read_in_a_way_nobody_foresaw_is_a_transport_error(
+    error: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the peer sends, the caller sees one of the client's errors: a reading that
+    raises something else (a Content-Length of 4,400 digits once raised int()'s ValueError,
+    which killed the drain probe's upstream thread) is the peer's answer, unreadable."""
+
+    def unforeseen(*_: object) -> None:
+        if error is UnicodeDecodeError:
+            raise UnicodeDecodeError("ascii", b"\xff", 0, 1, "odd")
+        raise error("odd")
+
+    with HttpPeer(document, Style()) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        try:
+            with monkeypatch.context() as patched:
+                patched.setattr(net_client.wire, "read_head", unforeseen)
+                with pytest.raises(TransportError, match=f"unreadable answer: {error.__name__}"):
+                    client.request("GET", "/", timeout=5)
+            assert client.request("GET", "/", timeout=5).body == DOCUMENT  # a fresh connection
+        finally:
+            client.close()
+        assert peer.connections == 2
+
+
 def test_a_refused_connection_is_a_transport_error() -> None:
     with socket.socket() as bound:  # bound, not listening: the connection is refused
         bound.bind(("127.0.0.1", 0))

@@ -218,10 +218,60 @@ def test_a_stray_carriage_return_line_is_skipped() -> None:
     assert head_of(data).fields == (("Content-Length", "0"),)
 
 
-def test_a_head_that_ends_with_the_stream_is_read_up_to_there() -> None:
-    head = head_of(b"HTTP/1.0 200 OK\r\nServer: x")
-    assert head.fields == (("Server", "x"),)
-    assert head.will_close
+@pytest.mark.parametrize(
+    "data",
+    [b"HTTP/1.0 200 OK\r\nServer: x", b"HTTP/1.1 200 OK\r\nContent-Le", b"HTTP/1.1 200 OK\r\n"],
+    ids=["inside-a-line", "inside-a-name", "before-the-empty-line"],
+)
+def test_a_head_cut_before_its_empty_line_is_an_error(data: bytes) -> None:
+    """http.client takes such a head as whole (an empty body follows, up to the close)."""
+    with pytest.raises(http.client.IncompleteRead):
+        head_of(data)
+
+
+@pytest.mark.parametrize(
+    ("value", "length"),
+    [("1" * 4400, wire.LONGEST), ("0" * 30 + "5", 5), ("9" * 19, wire.LONGEST), ("0", 0)],
+    ids=["4400-digits", "leading-zeros", "19-digits", "zero"],
+)
+def test_a_length_of_any_number_of_digits_is_read(value: str, length: int) -> None:
+    """int() refuses more than 4,300 digits: such a length once escaped as a ValueError."""
+    assert head_of(raw("HTTP/1.1 200 OK", [("Content-Length", value)])).length == length
+    if length > 100:
+        with pytest.raises(wire.BodyTooLarge):
+            answer_of(raw("HTTP/1.1 200 OK", [("Content-Length", value)], b"{}"), cap=100)
+
+
+# -- the reader ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    data=st.binary(max_size=400).map(lambda b: b.replace(b"\x00", b"\n")),
+    sizes=st.lists(st.integers(1, 50), max_size=40),
+    operations=st.lists(
+        st.tuples(st.sampled_from(["line", "read"]), st.integers(1, 80)), max_size=40
+    ),
+)
+def test_the_reader_gives_every_byte_once_in_order_however_it_arrives(
+    data: bytes, sizes: list[int], operations: list[tuple[str, int]]
+) -> None:
+    """Lines as a buffered file's readline(limit) gives them; reads of 1 to n bytes (none
+    only at the end); what is pending is what is left."""
+    reader = wire.Reader(Pieces(data, sizes))
+    model = io.BytesIO(data)
+    got = b""
+    for operation, size in operations:
+        if operation == "line":
+            line = reader.readline(size)
+            assert line == model.readline(size)
+        else:
+            line = reader.read(size)
+            assert 1 <= len(line) <= size or model.tell() == len(data)
+            assert line == model.read(len(line))
+        got += line
+    assert got == data[: len(got)]
+    assert reader.pending + len(reader.sock.data) == len(data) - len(got)  # type: ignore[attr-defined]
 
 
 # -- the body ----------------------------------------------------------------------------------
@@ -327,6 +377,24 @@ def test_chunking_that_is_not_http_is_refused(chunks: bytes) -> None:
     data = raw("HTTP/1.1 200 OK", [("Transfer-Encoding", "chunked")]) + chunks
     with pytest.raises(http.client.HTTPException):
         answer_of(data)
+
+
+def test_a_chunk_size_may_have_any_number_of_leading_zeros() -> None:
+    data = raw("HTTP/1.1 200 OK", [("Transfer-Encoding", "chunked")])
+    assert answer_of(data + b"0" * 40 + b"5\r\nhello\r\n0\r\n\r\n")[1] == b"hello"
+
+
+@pytest.mark.parametrize("count", [wire.MAX_CHUNKS - 1, wire.MAX_CHUNKS])
+def test_at_most_65536_chunks_the_last_one_included(count: int) -> None:
+    """One-byte chunks cost a turn of the loop each: their number is bounded, as the fields'
+    is (the body's own cap bounds its bytes, not the turns)."""
+    data = raw("HTTP/1.1 200 OK", [("Transfer-Encoding", "chunked")])
+    data += b"1\r\nx\r\n" * count + b"0\r\n\r\n"
+    if count < wire.MAX_CHUNKS:
+        assert answer_of(data, sizes=[7] * 1000)[1] == b"x" * count
+    else:
+        with pytest.raises(http.client.HTTPException, match="more than 65536 chunks"):
+            answer_of(data)
 
 
 @pytest.mark.parametrize("status", [204, 304])
