@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from sebridge import __version__
 from sebridge.forwarder.net import wire
 from sebridge.forwarder.net.wire import BodyTooLarge
+from sebridge.signals import StopEvent
 
 __all__ = [
     "Answer",
@@ -48,7 +49,6 @@ __all__ = [
     "RequestCancelled",
     "TransportError",
 ]
-from sebridge.signals import StopEvent
 
 SLICE = 0.25  # seconds: how often the watchdog looks at a plain cancel Event
 USER_AGENT = f"sebridge/{__version__}"
@@ -187,6 +187,16 @@ def _open(
     each address of ``host`` tried within ``timeout`` and all of them by ``deadline``
     (``socket.create_connection`` gives each address the whole timeout). Raises OSError
     (TimeoutError once the deadline has passed)."""
+    sock = _connect(host, port, timeout, deadline)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _connect(host: str, port: int, timeout: float, deadline: float) -> socket.socket:
     error: OSError = TimeoutError("no time left to connect")
     for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
         left = deadline - time.monotonic()
@@ -196,9 +206,8 @@ def _open(
         try:
             sock.settimeout(min(timeout, left))
             sock.connect(address)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
-        except OSError as exc:
+            return sock
+        except OSError as exc:  # the next address, if any
             sock.close()
             error = exc
         except BaseException:

@@ -20,8 +20,11 @@ against 0.29 ms this way (benchmarks/forwarder_poll.py measures the whole forwar
   answer (1xx) before the final one is skipped, not only a ``100 Continue`` (RFC 9110, 15.2); a
   ``101 Switching Protocols`` ends the connection; and a 204, a 304 or the answer to a HEAD has
   no body even when it says it is chunked (RFC 9112, 6.3: http.client would read chunks);
-- the body is read up to the caller's cap and no further; a sized or chunked body that ends
-  short is an error, never an answer.
+- the body is read up to the caller's cap and no further; a head that ends before its empty
+  line, or a sized or chunked body that ends short, is an error, never an answer;
+- whatever the peer sends, reading it costs a bounded amount of work: every byte is copied a
+  bounded number of times however the peer splits it, a body has at most 65,536 chunks, and a
+  Content-Length of any number of digits is read (more than 18 count as 10**18, above any cap).
 
 Where the head is not as RFC 9112 wants it, it is read as a tolerant client reads it, never
 given up on as a whole:
@@ -34,9 +37,11 @@ given up on as a whole:
 - a ``Content-Length`` that is not digits alone is no length at all, as http.client treats one
   that ``int()`` refuses: the body is read up to the close (never past the caller's cap), where
   http.client would have taken ``+12`` or ``1_2`` as a length;
-- a chunk size must be hexadecimal digits (an extension after ``;`` is ignored), and the line
-  after a chunk's data must be empty; anything else ends the answer as not HTTP (http.client
-  takes ``0x1f`` or `` +1f`` as sizes and never looks at the line after the data).
+- a chunk size must be hexadecimal digits (any number of leading zeros; an extension after
+  ``;`` is ignored), and the line after a chunk's data must be empty; anything else ends the
+  answer as not HTTP (http.client takes ``0x1f`` or `` +1f`` as sizes and never looks at the
+  line after the data). A chunked body whose last chunk came is whole, even if the stream ends
+  before the empty line after its trailer.
 """
 
 from __future__ import annotations
