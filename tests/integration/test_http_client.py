@@ -238,7 +238,7 @@ def test_requests_that_end_in_time_do_not_wake_the_watchdog() -> None:
 def test_requests_that_end_before_the_watchdog_looks_do_not_wake_it_either() -> None:
     """The same, however quickly each request ends: each is armed and ends while the watchdog
     cannot look (the test holds its lock). Before, a watchdog with no request left slept until
-    told, so every next request told it: 40 wake-ups here."""
+    told, so every next request told it: 40 to 60 switches here."""
     watchdog = net_client._Watchdog()  # a thread of its own, for this test alone
     ours, theirs = socket.socketpair()
     with ours, theirs:
@@ -253,7 +253,9 @@ def test_requests_that_end_before_the_watchdog_looks_do_not_wake_it_either() -> 
                 watchdog.disarm(watchdog.arm(ours, time.monotonic() + 20, None))
             time.sleep(0.005)  # a watchdog that was told looks now
         woken = voluntary_switches(thread.native_id) - before
-    assert woken <= 2, f"the watchdog woke {woken} times for 40 requests"
+    # One wake-up, counted once or twice (it may block on the lock the test still holds), and
+    # a switch or two more when it waits for the interpreter's lock on a busy machine.
+    assert woken <= 4, f"the watchdog woke {woken} times for 40 requests"
 
 
 @pytest.mark.parametrize(
