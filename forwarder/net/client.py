@@ -81,9 +81,10 @@ class _Guard:
     """One request's socket, deadline and cancel event, while the watchdog watches it."""
 
     def __init__(
-        self, sock: socket.socket, deadline: float, cancel: threading.Event | None
+        self, sock: socket.socket, deadline: float, cancel: threading.Event | None, client: int
     ) -> None:
         self.sock = sock
+        self.client = client
         self.deadline = deadline
         self.cancel = cancel
         # A StopEvent tells the watchdog when it is set; a plain Event is looked at every SLICE.
@@ -105,15 +106,17 @@ class _Watchdog:
 
     One daemon thread for every request of the process. It sleeps until the earliest moment it
     must look at a request (a deadline, or the next look at a plain cancel Event), or until it
-    is told: a request whose moment comes sooner than the thread's wake-up tells it, and so
-    does a :class:`StopEvent` when it is set. A request that ended is dropped from the set and
-    never looked at again, but its deadline is kept as a moment to look: with no request left,
-    the thread sleeps until the deadline of the one that ended last, not forever. Requests
-    made one after another with the same timeout then never need to tell it (each deadline is
+    is told: a request whose moment comes sooner than the thread's wake-up tells it (or whose
+    cancel event is already set), and so does a :class:`StopEvent` when it is set. A request
+    that ended is dropped from the set and never looked at again, but its deadline is kept as a
+    moment to look, one per client (the one that ended last there): with no request left, the
+    thread sleeps until the earliest of those still to come, not forever. Requests a client
+    makes one after another with the same timeout then never need to tell it (each deadline is
     later than the last), however quickly each ends: at 1 Hz with a 10 s deadline the thread
-    wakes about once in ten seconds, not at every request (the idle forwarder's CPU). Had it
-    slept forever once no request was left, whether it was told at the next request would
-    depend on whether it had looked while the last one was still in flight.
+    wakes about once in ten seconds, not at every request (the idle forwarder's CPU); with the
+    drain probe's upstream asked at 1 Hz with 3 s beside it, about once in three. Had it slept
+    forever once no request was left, whether it was told at the next request would depend on
+    whether it had looked while the last one was still in flight.
 
     The socket is shut down, not closed: its descriptor stays the request's own to close, so it
     can never hit a descriptor number reused by something else. ``socket.socket.shutdown`` is
@@ -125,17 +128,24 @@ class _Watchdog:
         self._guards: set[_Guard] = set()
         self._thread: threading.Thread | None = None
         self._wake_at = math.inf  # when the thread looks next unless told (inf: only when told)
-        self._last_deadline = -math.inf  # of the request that ended last
+        self._ended: dict[int, float] = {}  # client -> deadline of its request that ended last
         self._listening: weakref.WeakSet[StopEvent] = weakref.WeakSet()
 
-    def arm(self, sock: socket.socket, deadline: float, cancel: threading.Event | None) -> _Guard:
-        guard = _Guard(sock, deadline, cancel)
+    def arm(
+        self,
+        sock: socket.socket,
+        deadline: float,
+        cancel: threading.Event | None,
+        client: object = None,
+    ) -> _Guard:
+        guard = _Guard(sock, deadline, cancel, id(client))
         with self._cond:
             self._guards.add(guard)
+            now = time.monotonic()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="http-deadline", daemon=True)
                 self._thread.start()  # it looks at every guard first
-            elif guard.look_at(time.monotonic()) < self._wake_at:
+            elif guard.due(now) is not None or guard.look_at(now) < self._wake_at:
                 self._cond.notify()
             if isinstance(cancel, StopEvent) and cancel not in self._listening:
                 self._listening.add(cancel)
@@ -147,7 +157,7 @@ class _Watchdog:
         after this returns)."""
         with self._cond:
             self._guards.discard(guard)
-            self._last_deadline = guard.deadline
+            self._ended[guard.client] = guard.deadline
             return guard.fired
 
     def _tell(self) -> None:
@@ -159,7 +169,10 @@ class _Watchdog:
         with self._cond:
             while True:
                 now = time.monotonic()
-                wake_at = self._last_deadline if self._last_deadline > now else math.inf
+                for client, deadline in list(self._ended.items()):
+                    if deadline <= now:
+                        del self._ended[client]
+                wake_at = min(self._ended.values(), default=math.inf)
                 for guard in list(self._guards):
                     reason = guard.due(now)
                     if reason is None:
@@ -171,7 +184,8 @@ class _Watchdog:
                     with contextlib.suppress(OSError):
                         socket.socket.shutdown(guard.sock, socket.SHUT_RDWR)
                 self._wake_at = wake_at
-                self._cond.wait(None if wake_at == math.inf else max(0.0, wake_at - now))
+                wait = min(max(0.0, wake_at - now), threading.TIMEOUT_MAX)  # a timeout of 1e10 s
+                self._cond.wait(None if wake_at == math.inf else wait)
 
 
 _WATCHDOG = _Watchdog()
@@ -183,14 +197,17 @@ _TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 def _open(
     host: str, port: int, timeout: float, deadline: float, tls: ssl.SSLContext | None
 ) -> socket.socket:
-    """A connected socket with TCP_NODELAY and, for https, TLS with the system's trust store:
-    each address of ``host`` tried within ``timeout`` and all of them by ``deadline``
-    (``socket.create_connection`` gives each address the whole timeout). Raises OSError
-    (TimeoutError once the deadline has passed)."""
+    """A connected socket with TCP_NODELAY and, for https, TLS with the system's trust store
+    (its handshake still to do): each address of ``host`` tried within ``timeout`` and all of
+    them by ``deadline`` (``socket.create_connection`` gives each address the whole timeout).
+    Raises OSError (TimeoutError once the deadline has passed)."""
     sock = _connect(host, port, timeout, deadline)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
+        if tls is None:
+            return sock
+        # The handshake is the request's, under its deadline and the watchdog (request()).
+        return tls.wrap_socket(sock, server_hostname=host, do_handshake_on_connect=False)
     except BaseException:
         sock.close()
         raise
@@ -252,6 +269,7 @@ class DeadlineHttp:
         self._requests = wire.RequestBytes(self.host, self.port, default_port)
         self._sock: socket.socket | None = None
         self._reader: wire.Reader | None = None  # the connection's bytes, for its whole life
+        self._handshake_due = False  # a new TLS connection's handshake, done by the request
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -289,16 +307,25 @@ class DeadlineHttp:
             except http.client.HTTPException as exc:  # InvalidURL: a control character
                 raise TransportError(_describe(exc)) from exc
             sock, reader = self._connection(deadline)
-            guard = _WATCHDOG.arm(sock, deadline, self.cancel)
+            guard = _WATCHDOG.arm(sock, deadline, self.cancel, self)
+            if self.cancel is not None and self.cancel.is_set():  # set while connecting
+                _WATCHDOG.disarm(guard)
+                self._drop()
+                raise RequestCancelled("stopping")
             try:
                 # Each socket operation also times out by the deadline: a second line of defence.
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
+                if isinstance(sock, ssl.SSLSocket) and self._handshake_due:
+                    sock.do_handshake()
+                    self._handshake_due = False
                 sock.sendall(data)
                 head = wire.read_head(reader, method)
                 content = wire.read_body(reader, head, self.max_body)
             except BaseException as exc:
                 cut = _WATCHDOG.disarm(guard)
                 self._drop()
+                if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
+                    raise
                 if cut is not None:
                     raise self._cut(cut, timeout) from exc
                 if isinstance(exc, _TRANSPORT_ERRORS):
@@ -342,6 +369,7 @@ class DeadlineHttp:
             self._check(deadline)
             try:
                 self._sock = _open(self.host, self.port, self.connect_timeout, deadline, self._tls)
+                self._handshake_due = self._tls is not None
             except OSError as exc:
                 self._check(deadline)
                 raise TransportError(_describe(exc)) from exc

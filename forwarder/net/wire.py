@@ -332,7 +332,7 @@ def read_body(reader: Reader, head: Head, cap: int) -> bytes:
 
 def _chunk_line(reader: Reader, what: str, parts: list[bytes]) -> bytes:
     line = _line(reader, what)
-    if not line:  # the end of stream before the last chunk
+    if not line.endswith(b"\n"):  # the end of stream before the last chunk, or inside a line
         raise http.client.IncompleteRead(b"".join(parts))
     return line
 

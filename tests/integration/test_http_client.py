@@ -258,6 +258,108 @@ def test_requests_that_end_before_the_watchdog_looks_do_not_wake_it_either() -> 
     assert woken <= 4, f"the watchdog woke {woken} times for 40 requests"
 
 
+def test_requests_of_two_clients_with_their_own_timeouts_do_not_wake_it_either() -> None:
+    """The poll (10 s) and the drain probe's upstream (3 s) side by side: with only the last
+    ended request's deadline kept, every upstream request after a poll told the watchdog."""
+    watchdog = net_client._Watchdog()
+    poll, upstream = object(), object()
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        first = watchdog.arm(ours, time.monotonic() + 30, None, poll)
+        wait_until(lambda: watchdog._wake_at < math.inf, 5, "the watchdog to look")
+        watchdog.disarm(first)
+        thread = watchdog._thread
+        assert thread is not None and thread.native_id is not None
+        before = voluntary_switches(thread.native_id)
+        for _ in range(20):
+            for client, timeout in ((poll, 10), (upstream, 3)):
+                with watchdog._cond:
+                    watchdog.disarm(watchdog.arm(ours, time.monotonic() + timeout, None, client))
+                time.sleep(0.005)
+        woken = voluntary_switches(thread.native_id) - before
+    assert woken <= 4, f"the watchdog woke {woken} times for 40 requests"
+
+
+def test_a_timeout_beyond_what_a_wait_takes_leaves_the_watchdog_alive() -> None:
+    """threading's waits refuse more than TIMEOUT_MAX (about 292 years): a request with a
+    timeout of 1e10 s killed the watchdog, so a stop never reached that request."""
+    watchdog = net_client._Watchdog()
+    stop = StopEvent()
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        guard = watchdog.arm(ours, time.monotonic() + 1e10, stop)
+        wait_until(lambda: watchdog._wake_at < math.inf, 5, "the watchdog to look")
+        time.sleep(0.1)  # it waits now (or died trying)
+        stop.set()
+        wait_until(lambda: guard.fired is not None, 5, "the stop to cut the request")
+        assert watchdog.disarm(guard) is RequestCancelled
+        assert watchdog._thread is not None and watchdog._thread.is_alive()
+
+
+def test_a_stop_while_connecting_ends_the_request_once_connected() -> None:
+    """The stop came while the connection was being made (the server's accept queue full, the
+    SYN answered at its retransmission about 1 s later), so the watchdog had nothing to cut:
+    the request then waited for an answer until the watchdog next looked, at the previous
+    request's deadline (10 s)."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        first, _ = server.accept()
+        first.recv(65536)
+        first.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        first.close()
+        queue_full.wait(10)
+        time.sleep(0.5)
+        held.append(server.accept()[0])  # room again: the client's SYN gets in when resent
+        held.append(server.accept()[0])  # its connection: never answered
+
+    queue_full = threading.Event()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    stop = StopEvent()
+    client = DeadlineHttp(f"http://127.0.0.1:{port}", max_body=1024, cancel=stop)
+    try:
+        assert client.request("GET", "/first", timeout=10).status == 200
+        held.append(socket.create_connection(("127.0.0.1", port)))  # the queue is full now
+        queue_full.set()
+        threading.Timer(0.3, stop.set).start()
+        started = time.monotonic()
+        with pytest.raises(RequestCancelled):
+            client.request("GET", "/second", timeout=10)
+        assert time.monotonic() - started < 2 + SLACK  # connected by the resent SYN, then cut
+    finally:
+        client.close()
+        thread.join(timeout=5)
+        for sock in (*held, server):
+            sock.close()
+
+
+def test_a_stop_during_the_tls_handshake_ends_the_request_at_once() -> None:
+    """A peer that takes the connection and never answers the ClientHello: the handshake is
+    the request's, under its deadline and the watchdog (it ran before either)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    accepting = threading.Thread(target=lambda: held.append(server.accept()[0]), daemon=True)
+    accepting.start()
+    stop = StopEvent()
+    client = DeadlineHttp(
+        f"https://127.0.0.1:{server.getsockname()[1]}", max_body=1024, cancel=stop
+    )
+    try:
+        threading.Timer(0.5, stop.set).start()
+        started = time.monotonic()
+        with pytest.raises(RequestCancelled):
+            client.request("GET", "/", timeout=5)
+        assert time.monotonic() - started < 0.5 + SLACK / 2
+    finally:
+        client.close()
+        accepting.join(timeout=5)
+        for sock in (*held, server):
+            sock.close()
+
+
 @pytest.mark.parametrize(
     ("style", "size"),
     [

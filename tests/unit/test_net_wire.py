@@ -353,8 +353,9 @@ def test_a_sized_body_above_the_cap_is_refused_before_it_is_read() -> None:
         raw("HTTP/1.1 200 OK", [("Content-Length", "10")], b"short"),
         raw("HTTP/1.1 200 OK", [("Transfer-Encoding", "chunked")], b"a\r\nshort"),
         raw("HTTP/1.1 200 OK", [("Transfer-Encoding", "chunked")], b"5\r\nshort\r\n"),
+        raw("HTTP/1.1 200 OK", [("Transfer-Encoding", "chunked")], b"5\r\nshort\r\n0"),
     ],
-    ids=["sized", "in-a-chunk", "no-last-chunk"],
+    ids=["sized", "in-a-chunk", "no-last-chunk", "last-chunk-cut"],
 )
 def test_a_body_that_ends_short_is_an_error_not_an_answer(data: bytes) -> None:
     with pytest.raises(http.client.IncompleteRead):
