@@ -25,6 +25,7 @@ import pytest
 from emulators.processes import forwarder
 from sebridge.contract.events import Observer
 from sebridge.forwarder.observability.health import ConditionLog
+from sebridge.forwarder.service import OBSERVER_RETRY_SECONDS
 from sebridge.forwarder.state import ForwarderState, StateStore, is_identity
 from tests.support.imds_stub import ImdsStub
 from tests.support.waiting import wait_until
@@ -71,7 +72,7 @@ def instance_lookups(imds: ImdsStub) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)  # the backoff may draw up to 60 s before the lookup that succeeds
 @pytest.mark.parametrize("compute", list(NAME_ONLY.values()), ids=list(NAME_ONLY))
 def test_an_answer_with_a_name_only_is_no_identity(
     imds: ImdsStub, tmp_path: Path, compute: dict[str, Any]
@@ -104,8 +105,16 @@ def test_an_answer_with_a_name_only_is_no_identity(
         ]
         assert [line["level"] for line in said if line["level"] != "DEBUG"] == ["ERROR"], said
         imds.instance_compute = dict(FULL)
+        # The next lookup comes after the backoff's current delay: by now up to 32 s or the
+        # cap, OBSERVER_RETRY_SECONDS (a fixed 30 s wait failed once when it drew more).
+        looked_up = instance_lookups(imds)
+        wait_until(
+            lambda: instance_lookups(imds) > looked_up,
+            OBSERVER_RETRY_SECONDS + 5,
+            "the next instance metadata lookup",
+        )
         assert fw.wait_for(
-            lambda _: any(m.get("subject") == "Scheduled" for m in fw.json_lines()), 30
+            lambda _: any(m.get("subject") == "Scheduled" for m in fw.json_lines()), 10
         ), fw.stderr_text()[-3000:]
         (scheduled,) = [m for m in fw.json_lines() if m.get("subject") == "Scheduled"]
     observer = scheduled["body"]["data"]["observer"]
