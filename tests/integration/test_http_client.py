@@ -258,28 +258,6 @@ def test_requests_that_end_before_the_watchdog_looks_do_not_wake_it_either() -> 
     assert woken <= 4, f"the watchdog woke {woken} times for 40 requests"
 
 
-def test_requests_of_two_clients_with_their_own_timeouts_do_not_wake_it_either() -> None:
-    """The poll (10 s) and the drain probe's upstream (3 s) side by side: with only the last
-    ended request's deadline kept, every upstream request after a poll told the watchdog."""
-    watchdog = net_client._Watchdog()
-    poll, upstream = object(), object()
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        first = watchdog.arm(ours, time.monotonic() + 30, None, poll)
-        wait_until(lambda: watchdog._wake_at < math.inf, 5, "the watchdog to look")
-        watchdog.disarm(first)
-        thread = watchdog._thread
-        assert thread is not None and thread.native_id is not None
-        before = voluntary_switches(thread.native_id)
-        for _ in range(20):
-            for client, timeout in ((poll, 10), (upstream, 3)):
-                with watchdog._cond:
-                    watchdog.disarm(watchdog.arm(ours, time.monotonic() + timeout, None, client))
-                time.sleep(0.005)
-        woken = voluntary_switches(thread.native_id) - before
-    assert woken <= 4, f"the watchdog woke {woken} times for 40 requests"
-
-
 def test_a_timeout_beyond_what_a_wait_takes_leaves_the_watchdog_alive() -> None:
     """threading's waits refuse more than TIMEOUT_MAX (about 292 years): a request with a
     timeout of 1e10 s killed the watchdog, so a stop never reached that request."""
