@@ -113,8 +113,9 @@ class _Watchdog:
     thread sleeps until the earliest of those still to come, not forever. Requests a client
     makes one after another with the same timeout then never need to tell it (each deadline is
     later than the last), however quickly each ends: at 1 Hz with a 10 s deadline the thread
-    wakes about once in ten seconds, not at every request (the idle forwarder's CPU); with the
-    drain probe's upstream asked at 1 Hz with 3 s beside it, about once in three. Had it slept
+    wakes about once in ten seconds, not at every request (the idle forwarder's CPU); beside
+    the drain probe's upstream, asked at 1 Hz with 3 s, more often, at its earlier deadlines
+    (31 wake-ups in a measured span where one moment for all clients gave 39). Had it slept
     forever once no request was left, whether it was told at the next request would depend on
     whether it had looked while the last one was still in flight.
 
