@@ -353,13 +353,12 @@ class DeadlineHttp:
             return RequestCancelled("stopping")
         return DeadlineExceeded(f"no answer within {timeout:g} s")
 
-    def _check(self, deadline: float) -> float:
+    def _check(self, deadline: float) -> None:
+        """Raise RequestCancelled or DeadlineExceeded if the request may not go on."""
         if self.cancel is not None and self.cancel.is_set():
             raise RequestCancelled("stopping")
-        left = deadline - time.monotonic()
-        if left <= 0:
+        if deadline <= time.monotonic():
             raise DeadlineExceeded("deadline passed")
-        return left
 
     def _connection(self, deadline: float) -> tuple[socket.socket, wire.Reader]:
         """The kept-alive connection if the peer has not closed it meanwhile, else a new one,
