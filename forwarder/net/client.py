@@ -7,10 +7,12 @@ chunked or close-delimited body, in one write or in many (the module says where 
 differently from http.client, and why: the idle poll's CPU). Socket timeouts are per
 operation, so a peer that sends a byte every few seconds would keep a request alive forever;
 here a watchdog (one thread for the process) shuts the request's socket down (``SHUT_RDWR``)
-when the deadline passes or the ``cancel`` event is set: the blocked read ends at once, and the
-request raises :class:`DeadlineExceeded` or :class:`RequestCancelled`. A body the watchdog cut
-is never taken as complete, with or without Content-Length, nor one that ends short of its
-Content-Length or its last chunk. The body is read up to the cap and no further.
+when the deadline passes or the ``cancel`` event is set: the blocked connect, handshake or read
+ends at once, and the request raises :class:`DeadlineExceeded` or :class:`RequestCancelled`
+(the name's lookup, ``getaddrinfo``, is the one step it cannot cut: IMDS is an address). A
+body the watchdog cut is never taken as complete, with or without Content-Length, nor one that
+ends short of its Content-Length or its last chunk. The body is read up to the cap and no
+further.
 
 One connection per :class:`DeadlineHttp`, used by one thread at a time, kept alive when the
 peer allows it and sent nothing past its answer. Before a request reuses it, the connection is
@@ -196,13 +198,19 @@ _TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 
 
 def _open(
-    host: str, port: int, timeout: float, deadline: float, tls: ssl.SSLContext | None
+    host: str,
+    port: int,
+    timeout: float,
+    deadline: float,
+    tls: ssl.SSLContext | None,
+    cancel: threading.Event | None,
+    client: object,
 ) -> socket.socket:
     """A connected socket with TCP_NODELAY and, for https, TLS with the system's trust store
     (its handshake still to do): each address of ``host`` tried within ``timeout`` and all of
     them by ``deadline`` (``socket.create_connection`` gives each address the whole timeout).
-    Raises OSError (TimeoutError once the deadline has passed)."""
-    sock = _connect(host, port, timeout, deadline)
+    Raises OSError (TimeoutError once the deadline has passed) or RequestCancelled."""
+    sock = _connect(host, port, timeout, deadline, cancel, client)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if tls is None:
@@ -214,23 +222,42 @@ def _open(
         raise
 
 
-def _connect(host: str, port: int, timeout: float, deadline: float) -> socket.socket:
+def _connect(
+    host: str,
+    port: int,
+    timeout: float,
+    deadline: float,
+    cancel: threading.Event | None,
+    client: object,
+) -> socket.socket:
+    """Each attempt is under the watchdog, as the rest of the request: a stop shuts the
+    connecting socket down, which ends ``connect`` at once (ECONNRESET), not at its timeout."""
     error: OSError = TimeoutError("no time left to connect")
     for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("no time left to connect") from error
         sock = socket.socket(family, kind, proto)
+        guard = _WATCHDOG.arm(sock, deadline, cancel, client)
         try:
             sock.settimeout(min(timeout, left))
             sock.connect(address)
+        except BaseException as exc:
+            cut = _WATCHDOG.disarm(guard)
+            sock.close()
+            if cut is RequestCancelled:
+                raise RequestCancelled("stopping") from exc
+            if not isinstance(exc, OSError):
+                raise
+            error = exc  # the next address, if any time is left
+            continue
+        cut = _WATCHDOG.disarm(guard)
+        if cut is None:
             return sock
-        except OSError as exc:  # the next address, if any
-            sock.close()
-            error = exc
-        except BaseException:
-            sock.close()
-            raise
+        sock.close()  # shut down just as it connected
+        if cut is RequestCancelled:
+            raise RequestCancelled("stopping")
+        raise TimeoutError("no time left to connect")
     raise error
 
 
@@ -368,7 +395,15 @@ class DeadlineHttp:
         if self._sock is None or self._reader is None:
             self._check(deadline)
             try:
-                self._sock = _open(self.host, self.port, self.connect_timeout, deadline, self._tls)
+                self._sock = _open(
+                    self.host,
+                    self.port,
+                    self.connect_timeout,
+                    deadline,
+                    self._tls,
+                    self.cancel,
+                    self,
+                )
                 self._handshake_due = self._tls is not None
             except OSError as exc:
                 self._check(deadline)
