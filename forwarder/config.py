@@ -13,6 +13,7 @@ from sebridge.forwarder.delivery.outbox import DEFAULT_MAX_ROWS
 from sebridge.forwarder.delivery.publisher import STANDARD_MAX_MESSAGE_BYTES
 from sebridge.forwarder.imds.client import DEFAULT_ENDPOINT, SCHEDULED_EVENTS_API
 from sebridge.forwarder.local import settings as local_actions
+from sebridge.forwarder.net.client import check_url
 from sebridge.forwarder.signin import (
     CREDENTIALS,
     MANAGED_IDENTITY,
@@ -237,8 +238,10 @@ def config_from_args(args: argparse.Namespace) -> ForwarderConfig:
     max_message_size = int(
         _number("--max-message-size", args.max_message_size, minimum=1024, maximum=100 * 2**20)
     )
-    if not args.imds_endpoint.startswith(("http://", "https://")):
-        raise ConfigError(f"--imds-endpoint must be an http(s) URL, not {args.imds_endpoint!r}")
+    try:
+        check_url(args.imds_endpoint)
+    except ValueError as exc:
+        raise ConfigError(f"--imds-endpoint cannot be asked: {exc}") from None
     if not (args.dry_run or args.namespace or args.connection_string):
         raise ConfigError(
             "nowhere to publish: give --namespace (managed identity), --connection-string "

@@ -70,6 +70,7 @@ from sebridge.forwarder.net.client import (
     DeadlineHttp,
     RequestCancelled,
     TransportError,
+    check_url,
 )
 from sebridge.imds import ScheduledEvent, isoformat_utc
 from sebridge.impact import ImpactRules
@@ -99,9 +100,12 @@ class ProbeError(ValueError):
 
 
 def check_upstream(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ProbeError(f"--drain-probe-upstream must be an http(s) URL, not {url!r}")
+    """``url`` if the upstream's health can be asked there (the client's own check, at start:
+    a URL it could not send to would read as "unhealthy" at every check, draining the VM)."""
+    try:
+        parts = check_url(url)
+    except ValueError as exc:
+        raise ProbeError(f"--drain-probe-upstream cannot be asked: {exc}") from None
     if parts.username or parts.password:
         raise ProbeError("--drain-probe-upstream must not carry credentials")
     return url
@@ -161,7 +165,11 @@ class Upstream:
         try:
             while not stop.is_set():
                 started = self.clock()
-                healthy = self.check(http)
+                try:
+                    healthy = self.check(http)
+                except Exception:  # a bug, not the application's health: say so, go on
+                    log.exception("upstream health check failed unexpectedly")
+                    healthy = False
                 with self._lock:
                     self._verdict = (healthy, self.clock())
                 if healthy != last:

@@ -12,7 +12,8 @@ ends at once, and the request raises :class:`DeadlineExceeded` or :class:`Reques
 (the name's lookup, ``getaddrinfo``, is the one step it cannot cut: IMDS is an address). A
 body the watchdog cut is never taken as complete, with or without Content-Length, nor one that
 ends short of its Content-Length or its last chunk. The body is read up to the cap and no
-further.
+further. A request http.client would not send (a target or header it refuses) is never sent;
+:func:`check_url` refuses a URL from a setting the same way when it is read.
 
 One connection per :class:`DeadlineHttp`, used by one thread at a time, kept alive when the
 peer allows it and sent nothing past its answer. Before a request reuses it, the connection is
@@ -36,7 +37,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from sebridge import __version__
 from sebridge.forwarder.net import wire
@@ -50,6 +51,7 @@ __all__ = [
     "DeadlineHttp",
     "RequestCancelled",
     "TransportError",
+    "check_url",
 ]
 
 SLICE = 0.25  # seconds: how often the watchdog looks at a plain cancel Event
@@ -197,6 +199,23 @@ _WATCHDOG = _Watchdog()
 _TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 
 
+def check_url(url: str) -> SplitResult:
+    """``url`` split, if requests can be sent to it: http or https, a host, a port in range,
+    and a path and query http.client would send (no space, control character or character
+    outside ASCII). Raises ValueError saying what is wrong. The check a URL from a setting gets
+    when it is read: the same formatting every request goes through."""
+    if any(char <= " " or char == "\x7f" for char in url):  # urlsplit drops tabs, newlines
+        raise ValueError(f"a space or control character in the URL: {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    default_port = 443 if parts.scheme == "https" else 80
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    requests = wire.RequestBytes(parts.hostname, parts.port or default_port, default_port)
+    requests.format("GET", target, {}, None)
+    return parts
+
+
 def _open(
     host: str,
     port: int,
@@ -283,10 +302,8 @@ class DeadlineHttp:
         connect_timeout: float = 2.0,
         cancel: threading.Event | None = None,
     ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {base_url!r}")
-        self.host = parts.hostname
+        parts = check_url(base_url)
+        self.host = parts.hostname or ""  # check_url: there is one
         default_port = 443 if parts.scheme == "https" else 80
         self.port = parts.port or default_port
         self.prefix = parts.path.rstrip("/")
@@ -320,8 +337,9 @@ class DeadlineHttp:
     ) -> Answer:
         """``method`` ``target`` (path and query, below the base URL), all of it (connect,
         send, status, headers, body) within ``timeout`` seconds. Raises DeadlineExceeded,
-        RequestCancelled, BodyTooLarge or TransportError (ValueError for a header http.client
-        would not send); the connection is dropped after any of them."""
+        RequestCancelled, BodyTooLarge or TransportError (also for a request http.client would
+        not send: a target or header it refuses); the connection is dropped after any of
+        them."""
         deadline = time.monotonic() + timeout
         with self._lock:
             self._check(deadline)
@@ -332,8 +350,8 @@ class DeadlineHttp:
                     {"User-Agent": USER_AGENT, **(headers or {})},
                     body,
                 )
-            except http.client.HTTPException as exc:  # InvalidURL: a control character
-                raise TransportError(_describe(exc)) from exc
+            except wire.Unsendable as exc:  # a caller's target or header: never sent
+                raise TransportError(f"cannot send {method} {target!r}: {exc}") from exc
             sock, reader = self._connection(deadline)
             guard = _WATCHDOG.arm(sock, deadline, self.cancel, self)
             if self.cancel is not None and self.cancel.is_set():  # set while connecting

@@ -65,6 +65,11 @@ class BodyTooLarge(Exception):
     """The answer's body is larger than the cap."""
 
 
+class Unsendable(ValueError):
+    """http.client would not send this request: a target with a space, a control character or
+    a character outside ASCII, an illegal header name or value (the message says which)."""
+
+
 @dataclass(frozen=True)
 class Head:
     """What the status line and the header fields of an answer say."""
@@ -109,13 +114,16 @@ class RequestBytes:
     def format(
         self, method: str, target: str, headers: Mapping[str, str], body: bytes | None
     ) -> bytes:
-        """The request's bytes. Raises ValueError (a control character in the target, an
-        illegal header name or value: http.client's checks) or http.client.InvalidURL."""
+        """The request's bytes. Raises :class:`Unsendable` where http.client's checks refuse
+        it (they raise InvalidURL, ValueError or UnicodeEncodeError)."""
         key = (method, target, tuple(headers.items()))
         if body is None and (kept := self._kept.get(key)) is not None:
             return kept
         capture = _Capture(self.host, self.port, self.default_port)
-        capture.request(method, target, body=body, headers=dict(headers))
+        try:
+            capture.request(method, target, body=body, headers=dict(headers))
+        except (http.client.InvalidURL, ValueError) as exc:  # UnicodeEncodeError among them
+            raise Unsendable(f"{type(exc).__name__}: {exc}") from exc
         data = bytes(capture.sent)
         if body is None and len(self._kept) < _CACHED_REQUESTS:
             self._kept[key] = data

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from sebridge.contract.events import Transition, parse_message
+from sebridge.forwarder.local import drain_probe
 from sebridge.forwarder.local.drain_probe import DrainProbe, ProbeError
 from sebridge.forwarder.local.journal import Journal
 from sebridge.imds import Document
@@ -302,6 +303,39 @@ def test_idle_connections_are_dropped_and_the_probe_keeps_answering() -> None:
         finally:
             for sock in idle:
                 sock.close()
+
+
+@pytest.mark.parametrize("path", ["/sant\u00e9", "/a b", "/a\tb"])
+def test_an_upstream_no_check_could_be_sent_to_is_refused_at_start(path: str) -> None:
+    """Such a URL once started fine, and every check then failed (outside ASCII: the checks
+    ended for good): the probe answered 503 while the application was healthy."""
+    with pytest.raises(ProbeError, match="--drain-probe-upstream cannot be asked"):
+        DrainProbe(DEFAULT_RULES, 30, upstream=f"http://127.0.0.1:8080{path}")
+
+
+def test_a_check_that_fails_unforeseen_is_unhealthy_and_the_checks_go_on(
+    upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks run on a thread of their own: one that ended would leave the probe at 503
+    for good (the last verdict goes stale), draining a healthy VM."""
+    check = drain_probe.Upstream.check
+    calls: list[float] = []
+    failing = threading.Event()
+    failing.set()
+
+    def faulty(self: drain_probe.Upstream, http: Any) -> bool:
+        calls.append(time.monotonic())
+        if failing.is_set():
+            raise RuntimeError("a bug")
+        return check(self, http)
+
+    monkeypatch.setattr(drain_probe.Upstream, "check", faulty)
+    probe = DrainProbe(DEFAULT_RULES, 30, upstream=upstream.url, upstream_timeout=1.0)
+    with serving(probe) as port:
+        wait_until(lambda: len(calls) >= 3, 10, "the checks to go on after one failed")
+        assert get(port)[0] == 503
+        failing.clear()
+        wait_answer(port, 200)
 
 
 def test_a_port_in_use_fails_clearly() -> None:

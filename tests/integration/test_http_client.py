@@ -23,6 +23,7 @@ from sebridge.forwarder.net.client import (
     DeadlineHttp,
     RequestCancelled,
     TransportError,
+    check_url,
 )
 from sebridge.signals import StopEvent
 from tests.support.http_peers import Framing, HttpPeer, Request, Style
@@ -379,6 +380,60 @@ def test_an_answer_read_in_a_way_nobody_foresaw_is_a_transport_error(
         finally:
             client.close()
         assert peer.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("target", "headers"),
+    [
+        ("/sant\u00e9", {}),  # outside ASCII: http.client raised UnicodeEncodeError
+        ("/a b", {}),
+        ("/a\r\nX-Injected: 1", {}),
+        ("/", {"X-Name": "\u0100"}),  # outside Latin-1
+        ("/", {"X-Split": "a\r\nX-Injected: 1"}),
+    ],
+    ids=["non-ascii", "space", "crlf", "header-non-latin1", "header-crlf"],
+)
+def test_a_request_http_client_would_not_send_is_a_transport_error_never_sent(
+    target: str, headers: dict[str, str]
+) -> None:
+    """Whatever a caller asks for, it sees one of the client's errors: a target outside ASCII
+    once escaped as UnicodeEncodeError and ended the drain probe's upstream thread."""
+    with HttpPeer(document, Style()) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        try:
+            with pytest.raises(TransportError, match="cannot send GET"):
+                client.request("GET", target, timeout=5, headers=headers)
+            assert client.request("GET", "/next", timeout=5).body == DOCUMENT
+        finally:
+            client.close()
+        assert [request.target for request in peer.requests] == ["/next"]
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.1/sant\u00e9", "UnicodeEncodeError"),
+        ("http://127.0.0.1/a b", "a space or control character"),
+        ("http://127.0.0.1/a\tb", "a space or control character"),  # urlsplit drops tabs
+        ("http://127.0.0.1/?q=\x00", "a space or control character"),
+        ("ftp://127.0.0.1/", "not an http"),
+        ("http:///health", "not an http"),
+        ("http://127.0.0.1:99999/", "out of range"),
+        ("http://[::1/", "IPv6"),
+    ],
+)
+def test_a_url_no_request_could_be_sent_to_is_refused_when_read(url: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        check_url(url)
+    with pytest.raises(ValueError, match=reason):
+        DeadlineHttp(url, max_body=1024)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8080/health?x=%C3%A9", "https://[::1]/", "http://localhost"]
+)
+def test_a_url_requests_can_be_sent_to_is_taken(url: str) -> None:
+    assert check_url(url).hostname in ("127.0.0.1", "::1", "localhost")
 
 
 def test_a_refused_connection_is_a_transport_error() -> None:
