@@ -308,15 +308,14 @@ def read_body(reader: Reader, head: Head, cap: int) -> bytes:
     """The body ``head`` frames, at most ``cap`` bytes. Raises BodyTooLarge,
     http.client.IncompleteRead (a sized or chunked body that ended short),
     http.client.HTTPException (chunking that is not HTTP) or OSError."""
+    parts: list[bytes] = []
     if head.length is not None:
         if head.length > cap:
             raise BodyTooLarge(f"Content-Length {head.length} > {cap} bytes")
-        parts: list[bytes] = []
         _exactly(reader, head.length, parts)
         return b"".join(parts)
     if not head.chunked:
         return _up_to_the_close(reader, cap)
-    parts = []
     size = 0
     for _ in range(MAX_CHUNKS):
         chunk = _chunk_size(_chunk_line(reader, "chunk size", parts))
