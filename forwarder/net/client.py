@@ -18,9 +18,13 @@ further. A request http.client would not send (a target or header it refuses) is
 One connection per :class:`DeadlineHttp`, used by one thread at a time, kept alive when the
 peer allows it and sent nothing past its answer. Before a request reuses it, the connection is
 checked as urllib3's pool does: if the peer closed it while idle (it is readable: EOF), a fresh
-one is opened. Nothing is retried: a request is never sent twice. No proxy, no redirects, no
-content decoding. (urllib3, which is http.client underneath, was tried: it read the same servers
-the same way, for 0.17 ms more CPU a request, measured; everything it adds, the forwarder turns
+one is opened. The peer may still close it just as the request goes out (an idle timeout a
+moment shorter than the time between two requests: the race every HTTP/1.1 client has): a GET
+or HEAD that fails on a kept-alive connection before a byte of its answer came is sent once
+more, on a fresh connection and within the same deadline, as Go's net/http transport does.
+Nothing else is retried; a POST is never sent twice. No proxy, no redirects, no content
+decoding. (urllib3, which is http.client underneath, was tried: it read the same servers the
+same way, for 0.17 ms more CPU a request, measured; everything it adds, the forwarder turns
 off.)
 """
 
@@ -55,6 +59,7 @@ __all__ = [
 ]
 
 SLICE = 0.25  # seconds: how often the watchdog looks at a plain cancel Event
+RESENT = frozenset({"GET", "HEAD"})  # sent once more if a kept-alive connection was closed
 USER_AGENT = f"sebridge/{__version__}"
 
 
@@ -352,45 +357,69 @@ class DeadlineHttp:
                 )
             except wire.Unsendable as exc:  # a caller's target or header: never sent
                 raise TransportError(f"cannot send {method} {target!r}: {exc}") from exc
-            sock, reader = self._connection(deadline)
-            guard = _WATCHDOG.arm(sock, deadline, self.cancel, self)
-            if self.cancel is not None and self.cancel.is_set():  # set while connecting
-                _WATCHDOG.disarm(guard)
-                self._drop()
-                raise RequestCancelled("stopping")
-            try:
-                # Each socket operation also times out by the deadline: a second line of defence.
-                sock.settimeout(max(0.001, deadline - time.monotonic()))
-                if isinstance(sock, ssl.SSLSocket) and self._handshake_due:
-                    sock.do_handshake()
-                    self._handshake_due = False
-                sock.sendall(data)
-                head = wire.read_head(reader, method)
-                content = wire.read_body(reader, head, self.max_body)
-            except BaseException as exc:
-                cut = _WATCHDOG.disarm(guard)
-                self._drop()
-                if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
-                    raise
-                if cut is not None:
-                    raise self._cut(cut, timeout) from exc
-                if isinstance(exc, _TRANSPORT_ERRORS):
-                    if time.monotonic() >= deadline:  # a socket timeout at the very end
-                        raise DeadlineExceeded(f"no answer within {timeout:g} s") from exc
-                    raise TransportError(_describe(exc)) from exc
-                if isinstance(exc, Exception) and not isinstance(exc, BodyTooLarge):
-                    # Whatever the peer sent, the caller sees one of this module's errors:
-                    # a reading this module did not foresee is the peer's answer, unreadable.
-                    raise TransportError(f"unreadable answer: {_describe(exc)}") from exc
-                raise
+            resend = method in RESENT
+            while True:
+                sock, reader, reused = self._connection(deadline)
+                answer = self._exchange(
+                    sock, reader, method, data, timeout, deadline, reused and resend
+                )
+                if answer is not None:
+                    return answer
+                resend = False  # once
+
+    def _exchange(
+        self,
+        sock: socket.socket,
+        reader: wire.Reader,
+        method: str,
+        data: bytes,
+        timeout: float,
+        deadline: float,
+        resend: bool,
+    ) -> Answer | None:
+        """One sending of the request on ``sock`` and its answer; None if ``resend`` and the
+        connection failed before a byte of the answer came (send it on a fresh one)."""
+        guard = _WATCHDOG.arm(sock, deadline, self.cancel, self)
+        if self.cancel is not None and self.cancel.is_set():  # set while connecting
+            _WATCHDOG.disarm(guard)
+            self._drop()
+            raise RequestCancelled("stopping")
+        received = reader.received
+        try:
+            # Each socket operation also times out by the deadline: a second line of defence.
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            if isinstance(sock, ssl.SSLSocket) and self._handshake_due:
+                sock.do_handshake()
+                self._handshake_due = False
+            sock.sendall(data)
+            head = wire.read_head(reader, method)
+            content = wire.read_body(reader, head, self.max_body)
+        except BaseException as exc:
             cut = _WATCHDOG.disarm(guard)
-            # Bytes beyond the answer: whatever they are, the next answer could be read from
-            # them, so the connection is not used again.
-            if cut is not None or head.will_close or reader.pending:
-                self._drop()
-            if cut is not None:  # what was read may be cut short: never taken as complete
-                raise self._cut(cut, timeout)
-            return Answer(head.status, {k.lower(): v for k, v in head.fields}, content)
+            self._drop()
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
+                raise
+            if cut is not None:
+                raise self._cut(cut, timeout) from exc
+            if isinstance(exc, _TRANSPORT_ERRORS):
+                if time.monotonic() >= deadline:  # a socket timeout at the very end
+                    raise DeadlineExceeded(f"no answer within {timeout:g} s") from exc
+                if resend and reader.received == received:  # closed as the request went out
+                    return None
+                raise TransportError(_describe(exc)) from exc
+            if not isinstance(exc, BodyTooLarge):
+                # Whatever the peer sent, the caller sees one of this module's errors:
+                # a reading this module did not foresee is the peer's answer, unreadable.
+                raise TransportError(f"unreadable answer: {_describe(exc)}") from exc
+            raise
+        cut = _WATCHDOG.disarm(guard)
+        # Bytes beyond the answer: whatever they are, the next answer could be read from
+        # them, so the connection is not used again.
+        if cut is not None or head.will_close or reader.pending:
+            self._drop()
+        if cut is not None:  # what was read may be cut short: never taken as complete
+            raise self._cut(cut, timeout)
+        return Answer(head.status, {k.lower(): v for k, v in head.fields}, content)
 
     @staticmethod
     def _cut(reason: type[Exception], timeout: float) -> Exception:
@@ -405,11 +434,12 @@ class DeadlineHttp:
         if deadline <= time.monotonic():
             raise DeadlineExceeded("deadline passed")
 
-    def _connection(self, deadline: float) -> tuple[socket.socket, wire.Reader]:
-        """The kept-alive connection if the peer has not closed it meanwhile, else a new one,
-        connected (within the connect timeout and the deadline)."""
+    def _connection(self, deadline: float) -> tuple[socket.socket, wire.Reader, bool]:
+        """The kept-alive connection if the peer has not closed it meanwhile (True), else a new
+        one, connected within the connect timeout and the deadline (False)."""
         if self._sock is not None and _dropped(self._sock):
             self._drop()
+        reused = self._sock is not None and self._reader is not None
         if self._sock is None or self._reader is None:
             self._check(deadline)
             try:
@@ -427,4 +457,4 @@ class DeadlineHttp:
                 self._check(deadline)
                 raise TransportError(_describe(exc)) from exc
             self._reader = wire.Reader(self._sock)
-        return self._sock, self._reader
+        return self._sock, self._reader, reused

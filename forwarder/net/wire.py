@@ -144,11 +144,13 @@ class Receiver(Protocol):
 class Reader:
     """A connection's incoming bytes, read as lines and sized pieces through one buffer for the
     connection's whole life (``socket.makefile`` would need a file per answer to be sure of
-    what belongs to which). ``pending`` is what arrived but was not read. Every byte is
-    copied a bounded number of times, however the peer splits what it sends."""
+    what belongs to which). ``pending`` is what arrived but was not read, ``received`` how many
+    bytes arrived in all. Every byte is copied a bounded number of times, however the peer
+    splits what it sends."""
 
     def __init__(self, sock: Receiver) -> None:
         self.sock = sock
+        self.received = 0
         self._buffer = bytearray()
         self._at = 0  # where the unread bytes start in _buffer
 
@@ -162,6 +164,7 @@ class Reader:
             del self._buffer[: self._at]  # as many bytes as were read since the last time
             self._at = 0
         chunk = self.sock.recv(READ_SIZE)
+        self.received += len(chunk)
         self._buffer += chunk
         return bool(chunk)
 

@@ -436,6 +436,46 @@ def test_a_url_requests_can_be_sent_to_is_taken(url: str) -> None:
     assert check_url(url).hostname in ("127.0.0.1", "::1", "localhost")
 
 
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
+def test_a_get_a_kept_alive_connection_drops_unanswered_is_sent_once_more(reset: bool) -> None:
+    """The peer closed the kept-alive connection just as the request went out (its idle
+    timeout a moment shorter than the time between two checks): the drain probe's upstream
+    check failed, and the probe answered 503 for a healthy application (hostile review)."""
+    with HttpPeer(document, Style(drop_at=2, drop_reset=reset)) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        try:
+            assert client.request("GET", "/1", timeout=5).body == DOCUMENT
+            assert client.request("GET", "/2", timeout=5).body == DOCUMENT
+        finally:
+            client.close()
+        assert [request.target for request in peer.requests] == ["/1", "/2", "/2"]
+        assert peer.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("method", "drop_at", "sends"),
+    [
+        ("POST", 2, b""),  # never sent twice
+        ("GET", 1, b""),  # a fresh connection: the peer is not idling, it fails
+        ("GET", 2, b"HTTP/1.1 200 OK\r\n"),  # its answer had begun
+    ],
+    ids=["post", "fresh-connection", "answer-begun"],
+)
+def test_nothing_else_is_sent_twice(method: str, drop_at: int, sends: bytes) -> None:
+    body = b"{}" if method == "POST" else None
+    with HttpPeer(document, Style(drop_at=drop_at, drop_sends=sends)) as peer:
+        client = DeadlineHttp(peer.url, max_body=1024)
+        try:
+            if drop_at == 2:
+                assert client.request(method, "/1", timeout=5, body=body).status == 200
+            with pytest.raises(TransportError):
+                client.request(method, "/2", timeout=5, body=body)
+        finally:
+            client.close()
+        assert [request.target for request in peer.requests] == ["/1", "/2"][2 - drop_at :]
+        assert peer.connections == 1
+
+
 def test_a_refused_connection_is_a_transport_error() -> None:
     with socket.socket() as bound:  # bound, not listening: the connection is refused
         bound.bind(("127.0.0.1", 0))

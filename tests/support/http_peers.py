@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,11 @@ class Style:
     announce_close: bool = True  # say "Connection: close" (HTTP/1.1) when closing
     truncate_body: int | None = None  # send only this many bytes of a sized body, then close
     extra: bytes = b""  # sent in the same write right after each answer (one write only)
+    # The race of an idle timeout, made certain: the connection's request number drop_at is
+    # read, then the connection closed after sending drop_sends (FIN, or RST with drop_reset).
+    drop_at: int | None = None
+    drop_sends: bytes = b""
+    drop_reset: bool = False
 
     def __str__(self) -> str:
         closes = self.close or self.framing == "eof"
@@ -141,6 +147,7 @@ class HttpPeer:
     def _serve(self, conn: socket.socket) -> None:
         buffer = b""
         idle = threading.Event()  # the server dropped the connection for idling
+        served = 0
         try:
             while not self.stopping.is_set():
                 request, buffer = self._read_request(conn, buffer, idle)
@@ -148,6 +155,14 @@ class HttpPeer:
                     return
                 with self._lock:
                     self._stats.requests.append(request)
+                served += 1
+                if served == self.style.drop_at:
+                    conn.sendall(self.style.drop_sends)
+                    if self.style.drop_reset:  # close() then sends RST, not FIN
+                        conn.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
+                    return
                 if not self.style.answer:
                     self.stopping.wait(120)
                     return
