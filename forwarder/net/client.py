@@ -205,15 +205,24 @@ _TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 
 
 def check_url(url: str) -> SplitResult:
-    """``url`` split, if requests can be sent to it: http or https, a host, a port in range,
-    and a path and query http.client would send (no space, control character or character
-    outside ASCII). Raises ValueError saying what is wrong. The check a URL from a setting gets
-    when it is read: the same formatting every request goes through."""
+    """``url`` split, if requests can be sent to it: http or https, a host name the resolver
+    takes (or an IP address), a port from 1 to 65535, and a path and query http.client would
+    send (no space, control character or character outside ASCII). Raises ValueError saying
+    what is wrong. The check a URL from a setting gets when it is read: the same formatting
+    every request goes through."""
     if any(char <= " " or char == "\x7f" for char in url):  # urlsplit drops tabs, newlines
         raise ValueError(f"a space or control character in the URL: {url!r}")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")
+    if "%" in parts.hostname:  # looked up as written, never decoded
+        raise ValueError(f"a percent-encoded host name or IPv6 zone: {url!r}")
+    try:
+        parts.hostname.encode("idna")  # as socket.getaddrinfo encodes it
+    except UnicodeError as exc:
+        raise ValueError(f"not a host name ({exc}): {url!r}") from None
+    if parts.port == 0:  # port 0 is no port to connect to (and "or 80" would pick 80)
+        raise ValueError(f"port 0: {url!r}")
     default_port = 443 if parts.scheme == "https" else 80
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     requests = wire.RequestBytes(parts.hostname, parts.port or default_port, default_port)
@@ -453,7 +462,7 @@ class DeadlineHttp:
                     self,
                 )
                 self._handshake_due = self._tls is not None
-            except OSError as exc:
+            except (OSError, UnicodeError) as exc:  # UnicodeError: a name idna cannot encode
                 self._check(deadline)
                 raise TransportError(_describe(exc)) from exc
             self._reader = wire.Reader(self._sock)

@@ -419,6 +419,11 @@ def test_a_request_http_client_would_not_send_is_a_transport_error_never_sent(
         ("ftp://127.0.0.1/", "not an http"),
         ("http:///health", "not an http"),
         ("http://127.0.0.1:99999/", "out of range"),
+        ("http://127.0.0.1:0/", "port 0"),
+        (f"http://{'a' * 64}.localhost/", "not a host name"),  # a label of 64: idna refuses
+        ("http://a..localhost/", "not a host name"),
+        ("http://[fe80::1%25lo]:9/", "percent-encoded"),
+        ("http://%31%32%37.0.0.1/", "percent-encoded"),
         ("http://[::1/", "IPv6"),
     ],
 )
@@ -430,10 +435,17 @@ def test_a_url_no_request_could_be_sent_to_is_refused_when_read(url: str, reason
 
 
 @pytest.mark.parametrize(
-    "url", ["http://127.0.0.1:8080/health?x=%C3%A9", "https://[::1]/", "http://localhost"]
+    "url",
+    [
+        "http://127.0.0.1:8080/health?x=%C3%A9",
+        "https://[::1]/",
+        "http://localhost",
+        f"http://{'a' * 63}.localhost:65535/",
+        "http://@127.0.0.1/a/b;c?d=[e]",
+    ],
 )
 def test_a_url_requests_can_be_sent_to_is_taken(url: str) -> None:
-    assert check_url(url).hostname in ("127.0.0.1", "::1", "localhost")
+    assert check_url(url).hostname in ("127.0.0.1", "::1", "localhost", f"{'a' * 63}.localhost")
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
@@ -474,6 +486,19 @@ def test_nothing_else_is_sent_twice(method: str, drop_at: int, sends: bytes) -> 
             client.close()
         assert [request.target for request in peer.requests] == ["/1", "/2"][2 - drop_at :]
         assert peer.connections == 1
+
+
+def test_a_name_the_resolver_refuses_is_a_transport_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo raises UnicodeError, not OSError, for a name idna cannot encode (check_url
+    refuses such a name when it is read; a name that changed since is still one of the four)."""
+
+    def refuse(*_: object) -> None:
+        raise UnicodeError("encoding with 'idna' codec failed (label empty or too long)")
+
+    client = DeadlineHttp("http://localhost:9", max_body=1024)
+    monkeypatch.setattr(net_client.socket, "getaddrinfo", refuse)
+    with pytest.raises(TransportError, match="idna"):
+        client.request("GET", "/", timeout=5)
 
 
 def test_a_refused_connection_is_a_transport_error() -> None:
