@@ -72,5 +72,5 @@ def test_no_message_leaves_without_the_vms_identity_and_none_is_lost(
         parsed = parse_message(message["body"])
         assert message["message_id"] == f"{parsed.event_id}:{message['subject']}:1"
     assert any(m["subject"] == "Heartbeat" for m in audit)
-    assert fired == 4, log[-3000:]  # the lookup failed four times before it succeeded
+    assert fired == 4, log[-3000:]  # the lookup met four faults before it succeeded
     assert "transitions wait in the outbox" in log
