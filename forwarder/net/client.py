@@ -217,10 +217,7 @@ def check_url(url: str) -> SplitResult:
         raise ValueError(f"not an http(s) URL: {url!r}")
     if "%" in parts.hostname:  # looked up as written, never decoded
         raise ValueError(f"a percent-encoded host name or IPv6 zone: {url!r}")
-    try:
-        parts.hostname.encode("idna")  # as socket.getaddrinfo encodes it
-    except UnicodeError as exc:
-        raise ValueError(f"not a host name ({exc}): {url!r}") from None
+    _check_host(parts.hostname, "[" in parts.netloc, url)
     if parts.port == 0:  # port 0 is no port to connect to (and "or 80" would pick 80)
         raise ValueError(f"port 0: {url!r}")
     default_port = 443 if parts.scheme == "https" else 80
@@ -228,6 +225,36 @@ def check_url(url: str) -> SplitResult:
     requests = wire.RequestBytes(parts.hostname, parts.port or default_port, default_port)
     requests.format("GET", target, {}, None)
     return parts
+
+
+_NAME_MOST = 253
+_LABEL_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+
+
+def _check_host(host: str, bracketed: bool, url: str) -> None:
+    """An IPv6 address in brackets, or a name as the resolver takes it (glibc's res_hnok, as
+    getaddrinfo encodes it: idna): labels of 1 to 63 letters, digits, '-' and '_', at most
+    253 characters, not starting with '-'. An IPv4 address is such a name too."""
+    if bracketed:  # not an IPvFuture literal ([v1.x]), which the lookup would take as a name
+        try:
+            socket.inet_pton(socket.AF_INET6, host)
+        except OSError:
+            raise ValueError(f"not an IPv6 address in brackets: {url!r}") from None
+        return
+    try:
+        name = host.encode("idna").decode("ascii").removesuffix(".")
+    except UnicodeError as exc:
+        raise ValueError(f"not a host name ({exc}): {url!r}") from None
+    labels = name.split(".")
+    if len(name) > _NAME_MOST or name.startswith("-") or not all(map(_is_label, labels)):
+        raise ValueError(
+            "not a host name (labels of 1 to 63 letters, digits, '-' and '_', at most "
+            f"{_NAME_MOST} characters, not starting with '-'): {url!r}"
+        )
+
+
+def _is_label(label: str) -> bool:
+    return 0 < len(label) <= 63 and _LABEL_CHARACTERS.issuperset(label)
 
 
 def _open(
