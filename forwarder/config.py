@@ -239,7 +239,7 @@ def config_from_args(args: argparse.Namespace) -> ForwarderConfig:
         _number("--max-message-size", args.max_message_size, minimum=1024, maximum=100 * 2**20)
     )
     try:
-        check_url(args.imds_endpoint)
+        check_url(args.imds_endpoint, base=True)
     except ValueError as exc:
         raise ConfigError(f"--imds-endpoint cannot be asked: {exc}") from None
     if not (args.dry_run or args.namespace or args.connection_string):

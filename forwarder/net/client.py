@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import math
+import re
 import select
 import socket
 import ssl
@@ -204,12 +205,13 @@ _WATCHDOG = _Watchdog()
 _TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 
 
-def check_url(url: str) -> SplitResult:
+def check_url(url: str, *, base: bool = False) -> SplitResult:
     """``url`` split, if requests can be sent to it: http or https, a host name the resolver
     takes (or an IP address), a port from 1 to 65535, and a path and query http.client would
     send (no space, control character or character outside ASCII). Raises ValueError saying
     what is wrong. The check a URL from a setting gets when it is read: the same formatting
-    every request goes through."""
+    every request goes through. A ``base`` URL (of a :class:`DeadlineHttp`, whose requests go
+    to its path and their own target) has no query or fragment: it would be dropped."""
     if any(char <= " " or char == "\x7f" for char in url):  # urlsplit drops tabs, newlines
         raise ValueError(f"a space or control character in the URL: {url!r}")
     parts = urlsplit(url)
@@ -217,7 +219,13 @@ def check_url(url: str) -> SplitResult:
         raise ValueError(f"not an http(s) URL: {url!r}")
     if "%" in parts.hostname:  # looked up as written, never decoded
         raise ValueError(f"a percent-encoded host name or IPv6 zone: {url!r}")
+    # urlsplit drops what it does not expect around brackets, the ':' before a port too
+    # ("[::1]8080" is port 80): the host and port must be all there is after any userinfo.
+    if not _HOST_PORT.fullmatch(parts.netloc.rpartition("@")[2]):
+        raise ValueError(f"not host[:port] or [IPv6][:port] after '//': {url!r}")
     _check_host(parts.hostname, "[" in parts.netloc, url)
+    if base and (parts.query or parts.fragment):
+        raise ValueError(f"a base URL with a query or fragment: {url!r}")
     if parts.port == 0:  # port 0 is no port to connect to (and "or 80" would pick 80)
         raise ValueError(f"port 0: {url!r}")
     default_port = 443 if parts.scheme == "https" else 80
@@ -227,14 +235,16 @@ def check_url(url: str) -> SplitResult:
     return parts
 
 
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\[\]:]+)(?::[0-9]*)?")
 _NAME_MOST = 253
 _LABEL_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
 def _check_host(host: str, bracketed: bool, url: str) -> None:
-    """An IPv6 address in brackets, or a name as the resolver takes it (glibc's res_hnok, as
-    getaddrinfo encodes it: idna): labels of 1 to 63 letters, digits, '-' and '_', at most
-    253 characters, not starting with '-'. An IPv4 address is such a name too."""
+    """An IPv6 address in brackets, or a name as DNS takes it (glibc's res_hnok, after idna as
+    getaddrinfo encodes it): labels of 1 to 63 letters, digits, '-' and '_', at most 253
+    characters, not starting with '-'. An IPv4 address is such a name too. (A name outside
+    these that /etc/hosts lists would resolve, and is refused all the same.)"""
     if bracketed:  # not an IPvFuture literal ([v1.x]), which the lookup would take as a name
         try:
             socket.inet_pton(socket.AF_INET6, host)
@@ -343,7 +353,7 @@ class DeadlineHttp:
         connect_timeout: float = 2.0,
         cancel: threading.Event | None = None,
     ) -> None:
-        parts = check_url(base_url)
+        parts = check_url(base_url, base=True)
         self.host = parts.hostname or ""  # check_url: there is one
         default_port = 443 if parts.scheme == "https" else 80
         self.port = parts.port or default_port

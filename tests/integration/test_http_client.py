@@ -428,7 +428,11 @@ def test_a_request_http_client_would_not_send_is_a_transport_error_never_sent(
         ("http://a!b:8080/", "not a host name"),  # glibc refuses it without asking DNS
         ("http://-a-/", "not a host name"),
         (f"http://{'.'.join(['a' * 63] * 4)}/", "not a host name"),  # 255 characters
-        ("http://[v1.example]:8080/", "not an IPv6 address"),  # IPvFuture: a name, looked up
+        ("http://[v1.example]:8080/", "not"),  # IPvFuture: a name, looked up
+        ("http://[::1]8080/", "not host"),  # was port 80
+        ("http://x[::1]:8080/", "not host"),
+        ("http://[::1]junk:8080/", "not host"),
+        ("http://-[::8080]./", "not host"),
         ("http://[::1/", "IPv6"),
     ],
 )
@@ -436,6 +440,17 @@ def test_a_url_no_request_could_be_sent_to_is_refused_when_read(url: str, reason
     with pytest.raises(ValueError, match=reason):
         check_url(url)
     with pytest.raises(ValueError, match=reason):
+        DeadlineHttp(url, max_body=1024)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1/base?x=1", "http://127.0.0.1/#f"])
+def test_a_base_url_with_a_query_or_fragment_is_refused(url: str) -> None:
+    """The client sends the base's path and the request's target: a query there would be
+    dropped without a word."""
+    check_url(url)  # a URL to send a request to, but not a base for others
+    with pytest.raises(ValueError, match="query or fragment"):
+        check_url(url, base=True)
+    with pytest.raises(ValueError, match="query or fragment"):
         DeadlineHttp(url, max_body=1024)
 
 
@@ -451,6 +466,8 @@ def test_a_url_no_request_could_be_sent_to_is_refused_when_read(url: str, reason
         "http://b\u00fccher.localhost/",  # an IDN: looked up as xn--bcher-kva.localhost
         "http://127.1:8080/",
         "http://[::ffff:127.0.0.1]/",
+        "http://user:pw@[::1]:8080/",
+        "http://127.0.0.1:/",  # an empty port: the default
         f"http://{'.'.join(['a' * 63] * 3)}.{'a' * 61}/",  # 253 characters
     ],
 )

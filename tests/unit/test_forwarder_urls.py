@@ -12,7 +12,9 @@ from sebridge.forwarder.config import ConfigError, parse_config
 UNSENDABLE = ["http://127.0.0.1/sant\u00e9", "http://127.0.0.1/a b", "http://127.0.0.1/a\nb"]
 
 
-@pytest.mark.parametrize("url", [*UNSENDABLE, "imds.local/metadata", "ftp://127.0.0.1/"])
+@pytest.mark.parametrize(
+    "url", [*UNSENDABLE, "imds.local/metadata", "ftp://127.0.0.1/", "http://127.0.0.1/?x=1"]
+)
 def test_an_imds_endpoint_no_request_could_be_sent_to_is_refused_at_start(url: str) -> None:
     with pytest.raises(ConfigError, match="--imds-endpoint cannot be asked"):
         parse_config(["--dry-run", "--imds-endpoint", url], env={})
