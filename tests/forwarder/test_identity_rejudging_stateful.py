@@ -152,3 +152,32 @@ Rejudging.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestRejudging = pytest.mark.timeout(300)(Rejudging.TestCase)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: re-judging an earlier revision uses the latest revision's drain moment",
+)
+def test_an_earlier_revision_whose_moment_had_not_come_gets_no_prepare_run() -> None:
+    """Found by the machine above (a make coverage run, 2026-11-27): Scheduled with a day's
+    notice, then Updated to a NotBefore already past, then the identity resolves. The VM that
+    knew its identity ran the prepare hook once, for the Updated revision (the Scheduled one's
+    moment never came while it was current); the late one re-judges the Scheduled revision
+    with the event's present timing, finds its moment past and queues a second prepare run.
+    Fixing it needs each unjudged transition's observation time in the journal, so the
+    re-judging can replay the moments as they came."""
+    machine = Rejudging()
+    try:
+        event = EVENTS[0]
+        machine.schedule(event=event, mine=True, notice=86400)
+        machine.observe(seconds=1)
+        machine.update(event=event, notice=-600)
+        machine.observe(seconds=1)
+        machine.resolve()
+        machine.observe(seconds=1)
+        prepared = {key for key, hook in machine.late.store.runs if hook == "prep"}
+        known = {key for key, hook in machine.known.store.runs if hook == "prep"}
+        assert len(known) == 1
+        assert prepared == known
+    finally:
+        machine.teardown()
