@@ -258,8 +258,8 @@ class UnhealthyRuns:
 
     Replaying from the begin times alone gives the same runs, so a restart that recomputes the
     begin times from durable data continues a run that was going on; what replay cannot give
-    back is what the balancer saw while the process was down: the probe refused, after which
-    a new run waits the gap (:meth:`restarted`)."""
+    back (when the probe was last 503: a started event's, a run cut short) comes from the
+    caller, who keeps when the probe last stopped answering 503 (:meth:`restarted`)."""
 
     def __init__(self, bound: timedelta, min_healthy: timedelta = timedelta(0)) -> None:
         self.bound = bound
@@ -358,18 +358,23 @@ class UnhealthyRuns:
             self.spent |= {k for k in active if at[k] <= end}
             self._start, self._resumable, self._ended = None, None, end
 
-    def restarted(self) -> None:
-        """The process starts again. While it was down the balancer saw the probe refused: for
-        it an unhealthy stretch that ends now, so a new run waits ``min_healthy`` from the
-        restart, however long ago the probe last answered 503 (once only when that was within
-        the gap: a restart 20 s down, 6 s of 200, another restart and a new run showed the
-        balancer one stretch of 545 s for a bound of 510). A run the replay from the durable
-        begin times shows going on goes on, its bound counted from its start (call after the
-        first :meth:`holding`)."""
+    def restarted(self, healthy_since: datetime) -> None:
+        """The process starts again; ``healthy_since``: when the probe last stopped answering
+        503 before (kept durably by the caller), which a fresh instance does not know. Unless
+        the replay from the durable begin times shows a run going on (it goes on, its bound
+        counted from its start), a new run waits ``min_healthy`` from then; a run the replay
+        shows cut short may go on, as without a restart (call after the first
+        :meth:`holding`)."""
         if self._start is not None:
             return
-        _, mono = self._now
-        self._ended = mono if self._ended is None else max(self._ended, mono)
+        wall, mono = self._now
+        ended = mono - (wall - healthy_since).total_seconds()
+        if ended <= mono:
+            if ended + self.min_healthy.total_seconds() > mono:
+                # Down within the gap: the balancer saw the probe refused, so the gap starts
+                # again from the restart.
+                ended = mono
+            self._ended = ended if self._ended is None else max(self._ended, ended)
 
     def run_end(self) -> datetime | None:
         """When the current run reaches the bound (None: no run)."""

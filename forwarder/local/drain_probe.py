@@ -296,13 +296,13 @@ class DrainProbe:
         left out of a document lately, so a run they were in goes on, a bound they spent stays
         spent; ``started``: a started event of this VM holds the probe at 503 anyway;
         ``healthy_since``: when the probe last stopped answering 503 before the restart (from
-        the journal). A new run waits the healthy gap from the restart: the balancer saw the
-        probe refused while the forwarder was down (UnhealthyRuns.restarted)."""
+        the journal): a new run waits the healthy gap from it (UnhealthyRuns.restarted)."""
         with self._cond:
             now = self.now()
             mono = self.monotonic() if self.monotonic is not None else None
             self._runs.holding(begins, now, mono, forced=started)
-            self._runs.restarted()
+            if healthy_since is not None:
+                self._runs.restarted(healthy_since)
             self.healthy_since = self.healthy_since or healthy_since
 
     def _evaluate(self, now: datetime) -> set[str]:
