@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.waiting import wait_until
+
 BESIDE = Path(__file__).resolve().parents[2] / "scripts" / "beside"
 
 
@@ -86,8 +88,23 @@ def _in_a_session_of_its_own() -> None:
 
 
 def _leftovers(marker: str) -> list[str]:
-    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, timeout=10)
-    return [line for line in ps.stdout.splitlines() if marker in line]
+    """The processes with the test's marker in their arguments, as "pid ppid pgid state args"."""
+    ps = subprocess.run(
+        ["ps", "-ww", "-eo", "pid=,ppid=,pgid=,stat=,args="],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    return [line.strip() for line in ps.stdout.splitlines() if marker in line]
+
+
+def _both_commands_run(marker: str) -> bool:
+    """Both commands exec'd: the checks' and the tests' Pythons, not a fork of beside yet."""
+    commands = [line.split(None, 4)[4] for line in _leftovers(marker)]
+    pythons = [args for args in commands if args.startswith(sys.executable)]
+    return any("time.sleep(31)" in args for args in pythons) and any(
+        args.endswith(".py") for args in pythons
+    )
 
 
 @pytest.mark.parametrize(
@@ -115,9 +132,9 @@ def test_a_stop_reaches_both_commands_and_keeps_the_checks_output(
     try:
         assert beside_run.stdout is not None
         assert beside_run.stdout.readline() == "the tests started\n"
-        deadline = time.monotonic() + 20
-        while len(_leftovers(marker)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)  # the checks under way too
+        # The checks under way too. Signalled earlier, while beside's fork for a command has
+        # not yet exec'd it, the stop would test bash's fork, not beside: wait for both.
+        wait_until(lambda: _both_commands_run(marker), 20, "both commands under way")
         if to_group:
             os.killpg(beside_run.pid, sig)
         else:
@@ -131,8 +148,9 @@ def test_a_stop_reaches_both_commands_and_keeps_the_checks_output(
     assert "the tests stopped cleanly" in out  # pytest's own clean-ups run
     assert "checks-started" in out.split("== beside it:", 1)[1]
     assert f"== stopped by {sig.name}" in out
-    # Gone within a moment: once, under make check's load, a process with beside's own
-    # arguments (a fork not yet exec'd, or exiting) was still listed as beside returned.
+    # Gone within a moment: under load, a process with beside's own arguments was twice still
+    # listed as beside returned (a fork not yet exec'd, or exiting), once for 5 s when the stop
+    # came before both forks had exec'd. The listing names pid, parent, group and state.
     deadline = time.monotonic() + 5
     while _leftovers(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
