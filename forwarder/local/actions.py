@@ -157,6 +157,13 @@ class LocalActions:
                     # document.
                     view, reevaluated = self._reevaluate(view, observer, observed_at)
                     jobs += reevaluated
+                if view.timing:
+                    # The moments that came since the last document fire first, as the
+                    # moments worker would have fired them: a revision whose moment came while
+                    # it was current has its prepare hooks run even when this document brings
+                    # the next revision (the re-judging replays exactly this rule).
+                    view = replace(view, timing=dict(view.timing))
+                    jobs += self._advance(view, observed_at)
                 changes = diff(view.events, document, observed_at, last_seen=view.observed_at)
                 lives = dict(view.lives)
                 for change in changes:
@@ -184,7 +191,7 @@ class LocalActions:
                     document.incarnation,
                     observer,
                     timing,
-                    self._unjudged(view.unjudged, observer, observed),
+                    self._unjudged(view.unjudged, observer, observed, timing, observed_at),
                     recent,
                 )
                 for item in observed:
@@ -233,16 +240,30 @@ class LocalActions:
         if since is not None and since != view.probe_healthy_since:
             self.store.set_view(replace(view, probe_healthy_since=since))
 
-    @staticmethod
     def _unjudged(
-        kept: tuple[Unjudged, ...], observer: Observer, observed: Sequence[Observed]
+        self,
+        kept: tuple[Unjudged, ...],
+        observer: Observer,
+        observed: Sequence[Observed],
+        timing: Mapping[str, Timing],
+        observed_at: datetime,
     ) -> tuple[Unjudged, ...]:
         """The transitions to judge again once this VM's identity resolves: none while it is
-        known (judged by instance metadata's name), else those kept plus ``observed``."""
+        known (judged by instance metadata's name), else those kept plus ``observed``, each
+        with when it was observed and (a Scheduled or Updated) its event's drain moment then.
+        The moment does not depend on whose name judged: it is the one an identity would have
+        waited for."""
         if is_identity(observer):
             return ()
         added = tuple(
-            Unjudged(item.transition.value, item.message_id, item.event, item.incarnation)
+            Unjudged(
+                item.transition.value,
+                item.message_id,
+                item.event,
+                item.incarnation,
+                observed_at,
+                self._revision_moment(item, timing.get(item.event.key)),
+            )
             for item in observed
         )
         out = kept + added
@@ -253,6 +274,17 @@ class LocalActions:
                 MAX_UNJUDGED,
             )
         return out[-MAX_UNJUDGED:]
+
+    def _revision_moment(self, item: Observed, timing: Timing | None) -> datetime | None:
+        """The drain moment a Scheduled or Updated waits for as it is observed; None for the
+        other transitions, or when it cannot be worked out (logged)."""
+        if timing is None or item.transition not in (Transition.SCHEDULED, Transition.UPDATED):
+            return None
+        try:
+            return self.moment(item.event, timing)
+        except Exception:
+            log.exception("the drain moment of %s failed: not kept", item.message_id)
+            return None
 
     def _reevaluate(self, view: View, observer: Observer, now: datetime) -> tuple[View, list[Job]]:
         """(Under the store's lock.) ``view`` judged again as seen by ``observer``, as if it had
@@ -282,26 +314,64 @@ class LocalActions:
         )
         if self.hooks is not None:
             self.hooks.rebind(lambda item: replace(item, observer=observer))
-        items: list[Observed] = []
+        items: list[tuple[Observed, Unjudged | None]] = []
         for record in view.unjudged:
             try:
                 transition = Transition(record.transition)
             except ValueError:
                 log.error("damaged record of %s: not judged again", record.message_id)
                 continue
-            items.append(
-                Observed(transition, record.event, record.message_id, observer, record.incarnation)
+            item = Observed(
+                transition, record.event, record.message_id, observer, record.incarnation
             )
-        judged = {item.message_id for item in items}
+            items.append((item, record))
+        judged = {item.message_id for item, _ in items}
         for key, event in view.events.items():
             transition, message_id = latest_transition(event, view.lives.get(key))
             if message_id not in judged:
-                items.append(Observed(transition, event, message_id, observer, view.incarnation))
+                latest = Observed(transition, event, message_id, observer, view.incarnation)
+                items.append((latest, None))
         jobs: list[Job] = []
-        for item in items:
+        for index, (item, kept) in enumerate(items):
             self.preparations.observe(item)
-            jobs += self._record_transition(item, new, now)
+            later = next(
+                (
+                    then
+                    for _, then in items[index + 1 :]
+                    if then is not None and then.event.key == item.event.key
+                ),
+                None,
+            )
+            superseded = None
+            if kept is not None and later is not None:
+                superseded = self._record_superseded(item, kept, later)
+            if superseded is None:
+                superseded = self._record_transition(item, new, now)
+            jobs += superseded
         return new, jobs
+
+    def _record_superseded(
+        self, item: Observed, record: Unjudged, later: Unjudged
+    ) -> list[Job] | None:
+        """(Under the store's lock.) The hook runs of a Scheduled or Updated judged again that
+        its event's next transition followed, or None when it is not one (or a record from
+        before the times were kept: it is judged as the latest revision is). Its prepare hooks
+        ran, for an identity, if its drain moment came before the next transition was observed
+        (the moments that came fire before a document's transitions), or if that transition
+        was Started, which fires a waiting moment at once (the hooks worker then skips them as
+        too late); else only its other hooks did."""
+        if item.transition not in (Transition.SCHEDULED, Transition.UPDATED):
+            return None
+        if later.transition == Transition.STARTED.value:
+            came = True
+        elif record.moment is not None and later.at is not None:
+            came = record.moment <= later.at
+        else:
+            return None
+        if self.hooks is None:
+            return []
+        runs = self.hooks.runs_for(item)
+        return self._record(runs if came else [run for run in runs if not run.prepare], item)
 
     # -- when to act --------------------------------------------------------------------------
     def _carry_timing(

@@ -113,6 +113,11 @@ class Unjudged:
     message_id: str
     event: ScheduledEvent
     incarnation: int | None = None
+    # When the document showing it was read, and (a Scheduled or Updated) the event's drain
+    # moment as it stood then: the re-judging replays whether a revision's moment came while
+    # it was current. None in a record from before they were kept.
+    at: datetime | None = None
+    moment: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +125,8 @@ class Unjudged:
             "messageId": self.message_id,
             "event": self.event.to_imds(),
             "incarnation": self.incarnation,
+            "at": _time_text(self.at),
+            "moment": _time_text(self.moment),
         }
 
     @classmethod
@@ -137,7 +144,14 @@ class Unjudged:
             return None
         if isinstance(incarnation, bool) or not isinstance(incarnation, int):
             incarnation = None
-        return cls(transition, message_id, event, incarnation)
+        return cls(
+            transition,
+            message_id,
+            event,
+            incarnation,
+            _lenient_time(obj.get("at")),
+            _lenient_time(obj.get("moment")),
+        )
 
 
 def _lenient_time(value: object) -> datetime | None:

@@ -217,6 +217,24 @@ def test_a_moment_that_passed_is_not_undone_by_a_later_notbefore() -> None:
     assert len(vm.prepared()) == 1  # for the Updated: it came before the drain was done
 
 
+def test_a_moment_that_came_before_the_next_revision_prepares_its_own_revision() -> None:
+    """The process stood still past a moment (a frozen VM, a suspended forwarder: the moments
+    worker did not tick), and the first document after it brings the next revision: the
+    revision that was current when the moment came has its prepare hooks run, before the
+    document's transition, and the next revision's run at once too (its moment has passed).
+    Before, the new revision took the moment over and the prepare hooks of the revision the
+    balancer was drained for never ran."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.poll(reboot(not_before_in=900))  # moment 600
+    outside.clock.advance(700)
+    vm.poll(reboot(not_before_in=1800))  # no tick in between: the document comes first
+    runs = outside.runs()
+    assert [message_id for message_id, _ in runs][:1] == [f"{A}:Scheduled:1"]
+    assert len(runs) == 2 and runs[1][0].startswith(f"{A}:Updated:1:")
+    assert vm.status == 503  # drained since the moment, not undone by the later NotBefore
+
+
 def test_cancelled_removes_the_moment() -> None:
     outside = Outside()
     vm = Forwarder(outside)

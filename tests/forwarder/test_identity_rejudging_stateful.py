@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from sebridge.contract.events import Observer
 from sebridge.forwarder.local.hooks_file import parse_hooks
+from sebridge.forwarder.local.store import Unjudged
 from sebridge.imds import ScheduledEvent
 from tests.forwarder.local_support import OBSERVER, VM, Parts, document, imds_event
 from tests.support.budget import examples
@@ -154,18 +156,14 @@ Rejudging.TestCase.settings = settings(
 TestRejudging = pytest.mark.timeout(300)(Rejudging.TestCase)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: re-judging an earlier revision uses the latest revision's drain moment",
-)
 def test_an_earlier_revision_whose_moment_had_not_come_gets_no_prepare_run() -> None:
     """Found by the machine above (a make coverage run, 2026-11-27): Scheduled with a day's
     notice, then Updated to a NotBefore already past, then the identity resolves. The VM that
     knew its identity ran the prepare hook once, for the Updated revision (the Scheduled one's
-    moment never came while it was current); the late one re-judges the Scheduled revision
-    with the event's present timing, finds its moment past and queues a second prepare run.
-    Fixing it needs each unjudged transition's observation time in the journal, so the
-    re-judging can replay the moments as they came."""
+    moment never came while it was current); the late one re-judged the Scheduled revision
+    with the event's present timing, found its moment past and queued a second prepare run.
+    Each transition judged by the host name now keeps when it was observed and its moment
+    then, and the re-judging replays whether the moment came before the next transition."""
     machine = Rejudging()
     try:
         event = EVENTS[0]
@@ -179,5 +177,26 @@ def test_an_earlier_revision_whose_moment_had_not_come_gets_no_prepare_run() -> 
         known = {key for key, hook in machine.known.store.runs if hook == "prep"}
         assert len(known) == 1
         assert prepared == known
+    finally:
+        machine.teardown()
+
+
+def test_a_transition_kept_for_the_rejudging_keeps_its_times_through_the_journal() -> None:
+    """What the re-judging replays survives a restart; a record from before the times were
+    kept, or with a damaged one, reads without it (judged as the latest revision is)."""
+    machine = Rejudging()
+    try:
+        machine.schedule(event=EVENTS[0], mine=True, notice=86400)
+        machine.observe(seconds=1)
+        machine.restart_late()
+        (kept,) = machine.late.store.view.unjudged
+        assert kept.at == START + timedelta(seconds=1)
+        assert kept.moment is not None and kept.moment > kept.at  # a day's notice: to come
+        raw = kept.to_json()
+        assert Unjudged.from_json(raw) == kept
+        older = {key: value for key, value in raw.items() if key not in ("at", "moment")}
+        assert Unjudged.from_json(older) == replace(kept, at=None, moment=None)
+        damaged = {**raw, "at": "yesterday", "moment": 12}
+        assert Unjudged.from_json(damaged) == replace(kept, at=None, moment=None)
     finally:
         machine.teardown()
