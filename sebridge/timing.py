@@ -42,7 +42,7 @@ The API, for each side:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -254,7 +254,12 @@ class UnhealthyRuns:
       seen the 200): its time counts, and a drain keeps its begin and whether it is spent for
       :data:`RECENT_SECONDS` after it was last seen (at most :data:`MAX_RECENT` of them);
     - runs are measured on the monotonic clock (``mono``, seconds): a drain's begin is placed
-      on it once, when it begins, so a step of the wall clock neither stretches nor cuts a run.
+      on it once, when it begins, so a step of the wall clock neither stretches nor cuts a run;
+    - while the process was down the balancer saw the probe refused, as unhealthy, and within
+      ``min_healthy`` of a start it may not have seen it healthy since: a run that starts in
+      such a window (:meth:`in_the_dark`) counts its bound from the window's beginning (it
+      still starts at once, only ends sooner), or, when that leaves it nothing, waits for the
+      window's end.
 
     Replaying from the begin times alone gives the same runs, so a restart that recomputes the
     begin times from durable data continues a run that was going on; what replay cannot give
@@ -266,6 +271,9 @@ class UnhealthyRuns:
         self.min_healthy = min_healthy
         self.spent: set[str] = set()
         self._start: float | None = None  # the current run's start (monotonic)
+        self._from: float | None = None  # what the current run's bound counts from (monotonic)
+        self._resumable_from: float | None = None  # ...and that of a run cut short
+        self._dark: list[tuple[float, float]] = []  # (since, until) after starts (monotonic)
         self._ended: float | None = None  # when the probe was last 503 (monotonic)
         self._resumable: float | None = None  # the start of a run cut short, not by the bound
         self._pinned: dict[str, float] = {}  # a drain's begin (monotonic), once it began
@@ -327,6 +335,7 @@ class UnhealthyRuns:
             if not active:
                 if self._start is not None:  # cut short (its drains went away): may go on
                     self._resumable, self._start, self._ended = self._start, None, mono
+                    self._resumable_from, self._from = self._from, None
                 if forced:
                     self._ended = mono
                 else:
@@ -346,17 +355,56 @@ class UnhealthyRuns:
                     # comes back with an old begin (left out longer than the gap) gets its run
                     # from now, not one already partly or wholly spent in the past.
                     start = max(start, answered_200)
+                bound_from = self._resumable_from if resumed else None
+                if bound_from is None:
+                    start, bound_from = self._counted_from(start)
                 if mono < start:
                     if forced:
                         self._ended = mono
                     return set()
-                self._start, self._resumable = start, None
-            end = self._start + bound
+                self._start, self._from, self._resumable = start, bound_from, None
+                self._resumable_from = None
+            end = (self._from if self._from is not None else self._start) + bound
             if mono < end:
                 self._ended = mono
                 return active
             self.spent |= {k for k in active if at[k] <= end}
             self._start, self._resumable, self._ended = None, None, end
+            self._from = self._resumable_from = None
+
+    def _counted_from(self, start: float) -> tuple[float, float]:
+        """A new run that would start at ``start``: when it starts and what its bound counts
+        from. Within a window after a start, from the window's beginning; when that leaves the
+        run nothing (restarts in a row for longer than the bound), it waits for the window's
+        end, where the balancer has seen the probe healthy for the gap."""
+        bound = self.bound.total_seconds()
+        for _ in range(len(self._dark) + 1):
+            windows = [(since, until) for since, until in self._dark if since <= start < until]
+            if not windows:
+                break
+            since = min(since for since, _ in windows)
+            if since + bound > start:
+                return start, since
+            start = max(until for _, until in windows)
+        return start, start
+
+    def in_the_dark(
+        self,
+        windows: Sequence[tuple[datetime, datetime]],
+        now: datetime,
+        mono: float | None = None,
+    ) -> None:
+        """The process started: ``windows`` (since, until), on the wall clock of ``now``, in
+        which the balancer may not have seen the probe healthy for the gap, each from before
+        a start (or a chain of starts) to ``min_healthy`` after it. Call before the first
+        :meth:`holding`, so that the replay of a run begun in one counts as it did."""
+        if mono is None:
+            mono = (now - EARLIEST_WALL).total_seconds()
+        self._dark = [
+            (mono - (now - since).total_seconds(), mono - (now - until).total_seconds())
+            for since, until in windows
+            if since < until
+        ]
 
     def restarted(self, healthy_since: datetime) -> None:
         """The process starts again; ``healthy_since``: when the probe last stopped answering

@@ -33,7 +33,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -572,6 +572,8 @@ class LocalActions:
             # it was kept): when its drains began is unknown, so nothing is replayed and a new
             # run waits the whole healthy gap from now.
             lost = fallback.observed_at is not None
+        if self.probe is not None:
+            self._came_up()
         with self.store.lock:
             view = self.store.view
             if view.events.keys() - view.timing.keys():
@@ -609,6 +611,38 @@ class LocalActions:
             self.hooks.resume()
         self.fire_due()  # the moments that came while the forwarder was down
         self.preparations.check_all()
+
+    def _came_up(self) -> None:
+        """(At start, the probe configured.) Journal this start and since when the balancer may
+        not have seen the probe healthy for the gap: this start, or the last one's beginning
+        when that start came within the gap before this one (restarts in a row); tell the probe
+        both windows, the last start's too, so that a run it began in it is replayed as it
+        ran. Written before the first poll: one journal write per start."""
+        assert self.probe is not None
+        gap = timedelta(seconds=self.probe.min_healthy)
+        now = self.now()
+        with self.store.lock:
+            view = self.store.view
+            last, dark = view.started_at, view.dark_since
+            windows = []
+            if last is not None and dark is not None and dark <= last:
+                windows.append((dark, last + gap))
+                if not timedelta(0) <= now - last < gap:
+                    dark = now  # the last start was longer ago than the gap (or the clock stepped)
+            else:
+                dark = now
+            windows.append((dark, now + gap))
+            self.store.set_view(replace(view, started_at=now, dark_since=dark))
+            self.store.flush()
+        if dark < now:
+            log.info(
+                "drain probe: started within %g s of the last start (%s): a run of 503 that "
+                "begins within %g s counts its bound from then",
+                self.probe.min_healthy,
+                isoformat_utc(dark),
+                self.probe.min_healthy,
+            )
+        self.probe.came_up(windows)
 
     def workers(self, stop: threading.Event) -> tuple[Callable[[], None], ...]:
         """The threads to run beside the poller (each returns once ``stop`` is set)."""

@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -284,6 +284,13 @@ class DrainProbe:
                     drain.begins = min(drain.begins, now)
             self._evaluate(now)
             self._cond.notify_all()
+
+    def came_up(self, windows: Sequence[tuple[datetime, datetime]]) -> None:
+        """At start, before anything else: the windows (since, until) in which the balancer may
+        not have seen the probe healthy for the gap (UnhealthyRuns.in_the_dark)."""
+        with self._cond:
+            mono = self.monotonic() if self.monotonic is not None else None
+            self._runs.in_the_dark(windows, self.now(), mono)
 
     def restarted(
         self,

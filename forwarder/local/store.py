@@ -220,6 +220,12 @@ class View:
     # When the drain probe last stopped answering 503 (a run's end, a started event's end):
     # after a restart, the healthy gap counts from it.
     probe_healthy_since: datetime | None = None
+    # When the forwarder last started, and since when the balancer may not have seen the probe
+    # healthy for the whole gap: that start, or an earlier one when it came within the gap of
+    # it (restarts in a row, each start refused as the process was down). A run of 503 that
+    # begins within the gap after a start counts its bound from then.
+    started_at: datetime | None = None
+    dark_since: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -231,6 +237,8 @@ class View:
             "timing": {key: timing.to_json() for key, timing in self.timing.items()},
             "unjudged": [item.to_json() for item in self.unjudged],
             "probeHealthySince": _time_text(self.probe_healthy_since),
+            "startedAt": _time_text(self.started_at),
+            "darkSince": _time_text(self.dark_since),
             "recent": {key: gone.to_json() for key, gone in self.recent.items()},
         }
 
@@ -291,6 +299,8 @@ class View:
             unjudged=unjudged,
             recent=_recent(obj.get("recent")),
             probe_healthy_since=_lenient_time(obj.get("probeHealthySince")),
+            started_at=_lenient_time(obj.get("startedAt")),
+            dark_since=_lenient_time(obj.get("darkSince")),
         )
 
     @classmethod

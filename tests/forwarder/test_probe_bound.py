@@ -305,6 +305,42 @@ def test_a_restart_within_the_gap_starts_the_gap_again() -> None:
     assert came is not None and came >= GAP  # the gap again, from the restart
 
 
+def test_a_first_sight_drain_just_after_a_restart_drains_at_once_and_ends_sooner() -> None:
+    """A restart (down 3 s: the balancer saw the probe refused), then, 10 s after the start, a
+    Preempt: the probe answers 503 at once, as at first sight, and its run counts its bound
+    from the start, so the balancer's stretch (the refusal, the 200s it may not have counted,
+    the run) stays within the bound and its lag."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(300)
+    outside.clock.advance(3)  # kill -9, down 3 s
+    vm = Forwarder(outside)
+    vm.later(10)
+    preempt = reboot(A, not_before_in=300 + 3 + 10 + 30, event_type="Preempt")
+    vm.later(1, preempt)
+    assert vm.status == 503
+    streak = 1 + (first(200, vm, BOUND, preempt) or BOUND) - 1
+    assert streak == BOUND - 11  # counted from the start, 11 s before the run began
+
+
+def test_restarts_in_a_row_longer_than_the_bound_then_a_whole_run_after_the_gap() -> None:
+    """A crash loop (up 4 s, down 5 s) for 10 minutes, then it stays up and a Preempt comes: a
+    run counted from the loop's first start would have nothing left, so the probe answers 200
+    for the gap after the last start (the balancer sees it healthy), then a whole run."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    for _ in range(600 // 9):
+        vm.later(4)
+        outside.clock.advance(5)  # kill -9, down 5 s
+        vm = Forwarder(outside)
+    vm.later(1)
+    up = (outside.clock.now() - T0).total_seconds()
+    preempt = reboot(A, not_before_in=up + 60, event_type="Preempt")
+    came = first(503, vm, 300, preempt)
+    assert came is not None and 1 + came >= GAP  # the gap after the last start, then 503
+    assert first(200, vm, BOUND, preempt) == BOUND  # a whole run
+
+
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
 class BalancerModel(RuleBasedStateMachine):
     """Events of this VM scheduled with any notice, NotBefore passing without a start (Azure
@@ -408,16 +444,13 @@ class BalancerModel(RuleBasedStateMachine):
             assert self.vm.status == 503, (self.events, self.vm.probe._drains)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="open: a restart's downtime and the healthy gap (see the docstring)"
-)
 def test_a_restart_gives_the_balancer_its_healthy_gap_even_with_no_run_before() -> None:
     """Found by the model above: a restart 20 s down, 6 s of 200, a restart 1 s down, 5 s of
     200, then a short notice: no balancer phase saw two 200s in a row, so it showed one
-    stretch of 545 s (the refused probe, the short 200s, the run of 510 s). The healthy gap
-    counts from a restart only if the probe had answered 503 within it before. Counting it
-    from every restart (tried, reverted) delayed first-sight drains past NotBefore: the two
-    promises need a rule of their own."""
+    stretch of 545 s (the refused probe, the short 200s, the run of 510 s). Counting the gap
+    from every restart (tried, reverted) delayed first-sight drains past NotBefore. Now a run
+    that begins within the gap after a start still begins at once, and counts its bound from
+    that start, or from the first of the starts in a row each within the gap of the last."""
     model = BalancerModel()
     model.a_long_notice(notice=700)
     model.restart(down=1)

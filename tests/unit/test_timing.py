@@ -224,6 +224,54 @@ def test_replaying_from_the_begin_times_gives_the_same_runs() -> None:
     assert fresh.spent == {"a"} and fresh.run_start == T0 + timedelta(seconds=550)
 
 
+def seconds(count: float) -> datetime:
+    return T0 + timedelta(seconds=count)
+
+
+def held_for(runs: UnhealthyRuns, begins: dict[str, datetime], start: int, stop: int) -> list[int]:
+    """The seconds from ``start`` to ``stop`` at which ``begins`` hold the probe at 503."""
+    return [second for second in range(start, stop) if runs.holding(begins, seconds(second))]
+
+
+def test_a_run_that_starts_soon_after_a_start_counts_its_bound_from_before_it() -> None:
+    """The process came up at 100 s (the balancer saw the probe refused while it was down, and
+    may not have seen it healthy for the gap since): a drain at 120 s still holds at once, and
+    its run ends 510 s after the window began, not after its own start."""
+    runs = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
+    runs.in_the_dark([(seconds(100), seconds(190))], seconds(100))
+    held = held_for(runs, {"a": seconds(120)}, 100, 800)
+    assert held[0] == 120 and held[-1] == 100 + 510 - 1 and len(held) == 490
+    assert runs.spent == {"a"}
+    later = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
+    later.in_the_dark([(seconds(100), seconds(190))], seconds(100))
+    held = held_for(later, {"a": seconds(190)}, 100, 800)  # after the window: a whole run
+    assert held[0] == 190 and len(held) == 510
+
+
+def test_restarts_in_a_row_for_longer_than_the_bound_make_a_run_wait_for_the_window_end() -> None:
+    """Restarts in a row since 0 s, the last at 600 s: a run counted from 0 s would have nothing
+    left, so the drain waits for the gap after the last start, then runs whole."""
+    runs = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
+    runs.in_the_dark([(seconds(0), seconds(690))], seconds(600))
+    held = held_for(runs, {"a": seconds(620)}, 600, 1400)
+    assert held[0] == 690 and len(held) == 510
+
+
+def test_the_replay_of_a_run_begun_in_a_window_ends_where_it_did() -> None:
+    """A restart 200 s into a run that began in a window after the last start: the new
+    instance, told of both windows, holds until the same moment."""
+    begins = {"a": seconds(120)}
+    live = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
+    live.in_the_dark([(seconds(100), seconds(190))], seconds(100))
+    held = held_for(live, begins, 100, 800)
+    replay = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
+    replay.in_the_dark([(seconds(100), seconds(190)), (seconds(325), seconds(415))], seconds(325))
+    assert held_for(replay, begins, 325, 800) == [second for second in held if second >= 325]
+    forgetful = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
+    forgetful.in_the_dark([(seconds(325), seconds(415))], seconds(325))  # the last start's only
+    assert held_for(forgetful, begins, 325, 800)[-1] == 120 + 510 - 1  # 20 s too long
+
+
 @pytest.mark.slow  # about 8 s or more: make check leaves it to make test
 @settings(max_examples=examples(200), deadline=None)
 @given(
