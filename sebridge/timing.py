@@ -42,7 +42,7 @@ The API, for each side:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -255,11 +255,12 @@ class UnhealthyRuns:
       :data:`RECENT_SECONDS` after it was last seen (at most :data:`MAX_RECENT` of them);
     - runs are measured on the monotonic clock (``mono``, seconds): a drain's begin is placed
       on it once, when it begins, so a step of the wall clock neither stretches nor cuts a run;
-    - while the process was down the balancer saw the probe refused, as unhealthy, and within
-      ``min_healthy`` of a start it may not have seen it healthy since: a run that starts in
-      such a window (:meth:`in_the_dark`) counts its bound from the window's beginning (it
-      still starts at once, only ends sooner), or, when that leaves it nothing, waits for the
-      window's end.
+    - while the process was down the balancer saw the probe refused, as unhealthy, and until
+      the probe has answered 200 for ``min_healthy`` after a start it may not have seen it
+      healthy since: a run that starts before then counts its bound from that start, or from
+      the first of the starts in a row between which it never had (:meth:`came_up`); it still
+      starts at once, and only ends sooner. When that would leave it nothing (restarts in a row
+      for longer than the bound), it counts from its own start: a drain is never put off.
 
     Replaying from the begin times alone gives the same runs, so a restart that recomputes the
     begin times from durable data continues a run that was going on; what replay cannot give
@@ -273,7 +274,10 @@ class UnhealthyRuns:
         self._start: float | None = None  # the current run's start (monotonic)
         self._from: float | None = None  # what the current run's bound counts from (monotonic)
         self._resumable_from: float | None = None  # ...and that of a run cut short
-        self._dark: list[tuple[float, float]] = []  # (since, until) after starts (monotonic)
+        # Since when the balancer may not have seen the probe healthy for the gap, until it
+        # has since this process came up (None: it has); when this process came up.
+        self._dark: float | None = None
+        self._came_up: float | None = None
         self._ended: float | None = None  # when the probe was last 503 (monotonic)
         self._resumable: float | None = None  # the start of a run cut short, not by the bound
         self._pinned: dict[str, float] = {}  # a drain's begin (monotonic), once it began
@@ -340,6 +344,7 @@ class UnhealthyRuns:
                     self._ended = mono
                 else:
                     self._answered_200 = mono
+                    self._see_healthy(mono)
                 return set()
             if self._start is None:
                 start = min(at[k] for k in active)
@@ -357,10 +362,12 @@ class UnhealthyRuns:
                     start = max(start, answered_200)
                 bound_from = self._resumable_from if resumed else None
                 if bound_from is None:
-                    start, bound_from = self._counted_from(start)
+                    bound_from = self._counted_from(start)
                 if mono < start:
                     if forced:
                         self._ended = mono
+                    else:
+                        self._see_healthy(mono)
                     return set()
                 self._start, self._from, self._resumable = start, bound_from, None
                 self._resumable_from = None
@@ -372,51 +379,75 @@ class UnhealthyRuns:
             self._start, self._resumable, self._ended = None, None, end
             self._from = self._resumable_from = None
 
-    def _counted_from(self, start: float) -> tuple[float, float]:
-        """A new run that would start at ``start``: when it starts and what its bound counts
-        from. Within a window after a start, from the window's beginning; when that leaves the
-        run nothing (restarts in a row for longer than the bound), it waits for the window's
-        end, where the balancer has seen the probe healthy for the gap."""
-        bound = self.bound.total_seconds()
-        for _ in range(len(self._dark) + 1):
-            windows = [(since, until) for since, until in self._dark if since <= start < until]
-            if not windows:
-                break
-            since = min(since for since, _ in windows)
-            if since + bound > start:
-                return start, since
-            start = max(until for _, until in windows)
-        return start, start
+    def _healthy_from(self) -> float | None:
+        """(In the dark.) Since when the probe has answered 200 after this process came up."""
+        if self._came_up is None:
+            return None
+        return self._came_up if self._ended is None else max(self._came_up, self._ended)
 
-    def in_the_dark(
+    def _see_healthy(self, mono: float) -> None:
+        """The probe answers 200 at ``mono``: out of the dark once it has for the gap."""
+        healthy_from = self._healthy_from()
+        if healthy_from is not None and mono - healthy_from >= self.min_healthy.total_seconds():
+            self._dark = None
+
+    @property
+    def in_the_dark(self) -> bool:
+        """Whether the balancer may not have seen the probe healthy for the gap since this
+        process came up (or the first of the starts in a row before it)."""
+        return self._dark is not None
+
+    def _counted_from(self, start: float) -> float:
+        """What the bound of a new run that starts at ``start`` counts from: its start, or,
+        before the balancer can have seen the probe healthy for the gap since it came up,
+        since when it has not (unless that leaves the run nothing)."""
+        healthy_from = self._healthy_from()
+        if self._dark is None or healthy_from is None or start < self._dark:
+            return start
+        if start >= healthy_from + self.min_healthy.total_seconds():
+            return start
+        return self._dark if self._dark + self.bound.total_seconds() > start else start
+
+    def came_up(
         self,
-        windows: Sequence[tuple[datetime, datetime]],
+        dark_since: datetime | None,
         now: datetime,
         mono: float | None = None,
+        *,
+        dark_mono: float | None = None,
     ) -> None:
-        """The process started: ``windows`` (since, until), on the wall clock of ``now``, in
-        which the balancer may not have seen the probe healthy for the gap, each from before
-        a start (or a chain of starts) to ``min_healthy`` after it. Call before the first
-        :meth:`holding`, so that the replay of a run begun in one counts as it did."""
+        """The process came up at ``now``; ``dark_since``: since when the balancer may not have
+        seen the probe healthy for the gap (this start, or the first of the starts in a row
+        between which the probe never answered 200 for the gap), on the wall clock; None: no
+        such time (no gap); ``dark_mono``: the same time on the monotonic clock of ``mono``, when
+        known (a start in the same boot), which no step of the wall clock moves. Call before
+        the first :meth:`holding`, so that the replay of a run begun after that time counts as
+        it did."""
         if mono is None:
             mono = (now - EARLIEST_WALL).total_seconds()
-        self._dark = [
-            (mono - (now - since).total_seconds(), mono - (now - until).total_seconds())
-            for since, until in windows
-            if since < until
-        ]
+        self._came_up = mono
+        self._dark = None
+        if dark_since is not None and self.min_healthy > timedelta(0):
+            placed = mono - (now - dark_since).total_seconds()
+            self._dark = min(mono, placed if dark_mono is None else dark_mono)
 
     def restarted(self, healthy_since: datetime) -> None:
         """The process starts again; ``healthy_since``: when the probe last stopped answering
         503 before (kept durably by the caller), which a fresh instance does not know. Unless
         the replay from the durable begin times shows a run going on (it goes on, its bound
-        counted from its start), a new run waits ``min_healthy`` from then; a run the replay
-        shows cut short may go on, as without a restart (call after the first
-        :meth:`holding`)."""
-        if self._start is not None:
-            return
+        counted as before), a new run waits ``min_healthy`` from then; a run the replay
+        shows cut short may go on, as without a restart; a "run" the replay shows beginning
+        within the gap after then was a drain the gap held back: it waits too (call after the
+        first :meth:`holding`)."""
         wall, mono = self._now
         ended = mono - (wall - healthy_since).total_seconds()
+        if self._start is not None:
+            if not ended < self._start < ended + self.min_healthy.total_seconds():
+                return
+            # The replay took a drain that the gap after the last 503 held back for a run
+            # going on: no run starts within the gap (a run cut short goes on from before it).
+            self._start = self._from = None
+            self._ended = None
         if ended <= mono:
             if ended + self.min_healthy.total_seconds() > mono:
                 # Down within the gap: the balancer saw the probe refused, so the gap starts
@@ -426,4 +457,7 @@ class UnhealthyRuns:
 
     def run_end(self) -> datetime | None:
         """When the current run reaches the bound (None: no run)."""
-        return None if self._start is None else self._wall(self._start + self.bound.total_seconds())
+        if self._start is None:
+            return None
+        counted_from = self._start if self._from is None else self._from
+        return self._wall(counted_from + self.bound.total_seconds())

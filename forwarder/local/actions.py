@@ -33,7 +33,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,18 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux), within which the monotonic clock counts on across restarts;
+    None where it cannot be read."""
+    try:
+        return BOOT_ID.read_text(encoding="ascii", errors="replace").strip()[:64] or None
+    except OSError:
+        return None
+
+
 def latest_transition(event: ScheduledEvent, life: lifecycle.Life | None) -> tuple[Transition, str]:
     """The latest transition an event that is present reported, with its message id (the same
     as :func:`sebridge.lifecycle.advance` gave it): Started once it started, else its latest
@@ -125,8 +137,10 @@ class LocalActions:
         *,
         leads: Leads = DEFAULT_LEADS,
         now: Callable[[], datetime] = _utc_now,
+        boot: Callable[[], str | None] = boot_id,
     ) -> None:
         self.store = store
+        self.boot = boot
         self.journal = store.journal
         self.preparations = preparations
         self.hooks = hooks
@@ -184,15 +198,16 @@ class LocalActions:
                 present = {event.key for event in document.events}
                 events = remember(view.events, document.events)
                 timing, recent = self._carry_timing(view, events, observed_at)
-                new = View(
-                    events,
-                    bounded_lives(lives, present),
-                    observed_at,
-                    document.incarnation,
-                    observer,
-                    timing,
-                    self._unjudged(view.unjudged, observer, observed, timing, observed_at),
-                    recent,
+                new = replace(  # what the document does not change is kept as it is
+                    view,
+                    events=events,
+                    lives=bounded_lives(lives, present),
+                    observed_at=observed_at,
+                    incarnation=document.incarnation,
+                    observer=observer,
+                    timing=timing,
+                    unjudged=self._unjudged(view.unjudged, observer, observed, timing, observed_at),
+                    recent=recent,
                 )
                 for item in observed:
                     self.preparations.observe(item)
@@ -233,12 +248,18 @@ class LocalActions:
 
     def _keep_probe_healthy_since(self) -> None:
         """(Under the store's lock.) Journal when the probe last stopped answering 503, once it
-        changes (at most once a run): after a restart the healthy gap counts from it."""
+        changes (at most once a run): after a restart the healthy gap counts from it; and
+        once, after a start, that the probe has answered 200 for the gap since: the next start
+        is not one of restarts in a row."""
         assert self.probe is not None
         since = self.probe.healthy_since
         view = self.store.view
         if since is not None and since != view.probe_healthy_since:
-            self.store.set_view(replace(view, probe_healthy_since=since))
+            view = replace(view, probe_healthy_since=since)
+            self.store.set_view(view)
+        seen = view.seen_healthy is not None or view.started_at is None
+        if not seen and not self.probe.in_the_dark:
+            self.store.set_view(replace(view, seen_healthy=self.now()))
 
     def _unjudged(
         self,
@@ -613,36 +634,46 @@ class LocalActions:
         self.preparations.check_all()
 
     def _came_up(self) -> None:
-        """(At start, the probe configured.) Journal this start and since when the balancer may
-        not have seen the probe healthy for the gap: this start, or the last one's beginning
-        when that start came within the gap before this one (restarts in a row); tell the probe
-        both windows, the last start's too, so that a run it began in it is replayed as it
-        ran. Written before the first poll: one journal write per start."""
+        """(At start, the probe configured.) Journal this start, and since when the balancer
+        may not have seen the probe healthy for the gap: this start, or, when the probe never
+        answered 200 for the gap since the last start (restarts in a row, each refused while
+        the process was down), the last start's own such time; tell the probe, before its
+        replay. One journal write per start, before the first poll."""
         assert self.probe is not None
-        gap = timedelta(seconds=self.probe.min_healthy)
         now = self.now()
+        mono = self.probe.monotonic() if self.probe.monotonic is not None else None
+        boot = self.boot() if mono is not None else None
         with self.store.lock:
             view = self.store.view
-            last, dark = view.started_at, view.dark_since
-            windows = []
-            if last is not None and dark is not None and dark <= last:
-                windows.append((dark, last + gap))
-                if not timedelta(0) <= now - last < gap:
-                    dark = now  # the last start was longer ago than the gap (or the clock stepped)
-            else:
-                dark = now
-            windows.append((dark, now + gap))
-            self.store.set_view(replace(view, started_at=now, dark_since=dark))
+            dark, dark_mono = now, mono
+            if (
+                view.started_at is not None
+                and view.seen_healthy is None
+                and view.dark_since is not None
+                and view.dark_since <= view.started_at
+            ):
+                dark = min(view.dark_since, now)
+                kept = view.dark_mono if boot is not None and view.boot == boot else None
+                dark_mono = kept if kept is not None and mono is not None and kept <= mono else None
+            self.store.set_view(
+                replace(
+                    view,
+                    started_at=now,
+                    dark_since=dark,
+                    seen_healthy=None,
+                    dark_mono=dark_mono,
+                    boot=boot,
+                )
+            )
             self.store.flush()
         if dark < now:
             log.info(
-                "drain probe: started within %g s of the last start (%s): a run of 503 that "
-                "begins within %g s counts its bound from then",
+                "drain probe: the probe has not answered 200 for %g s since %s (restarts in a "
+                "row): a run of 503 that begins before it has counts its bound from then",
                 self.probe.min_healthy,
                 isoformat_utc(dark),
-                self.probe.min_healthy,
             )
-        self.probe.came_up(windows)
+        self.probe.came_up(dark, dark_mono)
 
     def workers(self, stop: threading.Event) -> tuple[Callable[[], None], ...]:
         """The threads to run beside the poller (each returns once ``stop`` is set)."""

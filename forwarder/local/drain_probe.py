@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -285,12 +285,20 @@ class DrainProbe:
             self._evaluate(now)
             self._cond.notify_all()
 
-    def came_up(self, windows: Sequence[tuple[datetime, datetime]]) -> None:
-        """At start, before anything else: the windows (since, until) in which the balancer may
-        not have seen the probe healthy for the gap (UnhealthyRuns.in_the_dark)."""
+    def came_up(self, dark_since: datetime | None, dark_mono: float | None = None) -> None:
+        """At start, before anything else: since when the balancer may not have seen the probe
+        healthy for the gap, on the wall clock and, in the same boot, on the monotonic one
+        (UnhealthyRuns.came_up)."""
         with self._cond:
             mono = self.monotonic() if self.monotonic is not None else None
-            self._runs.in_the_dark(windows, self.now(), mono)
+            self._runs.came_up(dark_since, self.now(), mono, dark_mono=dark_mono)
+
+    @property
+    def in_the_dark(self) -> bool:
+        """Whether the balancer may not have seen the probe healthy for the gap since the
+        forwarder came up (and the starts in a row before)."""
+        with self._cond:
+            return self._runs.in_the_dark
 
     def restarted(
         self,

@@ -17,6 +17,7 @@ write half of what one document called for.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -162,6 +163,19 @@ def _lenient_time(value: object) -> datetime | None:
         return None
 
 
+def _lenient_reading(value: object) -> float | None:
+    """A monotonic clock's reading that may be missing or damaged."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    reading = float(value)
+    return reading if math.isfinite(reading) and abs(reading) < 1e15 else None
+
+
+def _lenient_boot(value: object) -> str | None:
+    """A boot id (the kernel's, 36 characters) that may be missing or damaged."""
+    return value if isinstance(value, str) and 0 < len(value) <= 64 else None
+
+
 @dataclass(frozen=True)
 class Gone:
     """An event IMDS left out of a document lately: when, its timing, and whether it held the
@@ -220,12 +234,18 @@ class View:
     # When the drain probe last stopped answering 503 (a run's end, a started event's end):
     # after a restart, the healthy gap counts from it.
     probe_healthy_since: datetime | None = None
-    # When the forwarder last started, and since when the balancer may not have seen the probe
-    # healthy for the whole gap: that start, or an earlier one when it came within the gap of
-    # it (restarts in a row, each start refused as the process was down). A run of 503 that
-    # begins within the gap after a start counts its bound from then.
+    # When the forwarder last started; since when the balancer may not have seen the drain
+    # probe healthy for the gap (that start, or the first of the starts in a row between which
+    # the probe never answered 200 for the gap: each was refused while the process was down);
+    # and when, since that start, the probe had answered 200 for the gap (None: not yet). A run
+    # of 503 that begins before then counts its bound from dark_since.
     started_at: datetime | None = None
     dark_since: datetime | None = None
+    seen_healthy: datetime | None = None
+    # dark_since on the monotonic clock, and the boot it counts in (the kernel's boot id): a
+    # start in the same boot places it by that clock, which no step of the wall clock moves.
+    dark_mono: float | None = None
+    boot: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -239,6 +259,9 @@ class View:
             "probeHealthySince": _time_text(self.probe_healthy_since),
             "startedAt": _time_text(self.started_at),
             "darkSince": _time_text(self.dark_since),
+            "seenHealthy": _time_text(self.seen_healthy),
+            "darkMono": self.dark_mono,
+            "boot": self.boot,
             "recent": {key: gone.to_json() for key, gone in self.recent.items()},
         }
 
@@ -301,6 +324,9 @@ class View:
             probe_healthy_since=_lenient_time(obj.get("probeHealthySince")),
             started_at=_lenient_time(obj.get("startedAt")),
             dark_since=_lenient_time(obj.get("darkSince")),
+            seen_healthy=_lenient_time(obj.get("seenHealthy")),
+            dark_mono=_lenient_reading(obj.get("darkMono")),
+            boot=_lenient_boot(obj.get("boot")),
         )
 
     @classmethod

@@ -323,10 +323,11 @@ def test_a_first_sight_drain_just_after_a_restart_drains_at_once_and_ends_sooner
     assert streak == BOUND - 11  # counted from the start, 11 s before the run began
 
 
-def test_restarts_in_a_row_longer_than_the_bound_then_a_whole_run_after_the_gap() -> None:
+def test_restarts_in_a_row_longer_than_the_bound_never_put_a_drain_off() -> None:
     """A crash loop (up 4 s, down 5 s) for 10 minutes, then it stays up and a Preempt comes: a
-    run counted from the loop's first start would have nothing left, so the probe answers 200
-    for the gap after the last start (the balancer sees it healthy), then a whole run."""
+    run counted from the loop's first start would have nothing left; the probe answers 503 at
+    once all the same, for the whole bound (what the balancer sees of a crash loop is the
+    loop's own doing: no process can help it)."""
     outside = Outside()
     vm = Forwarder(outside)
     for _ in range(600 // 9):
@@ -335,10 +336,141 @@ def test_restarts_in_a_row_longer_than_the_bound_then_a_whole_run_after_the_gap(
         vm = Forwarder(outside)
     vm.later(1)
     up = (outside.clock.now() - T0).total_seconds()
-    preempt = reboot(A, not_before_in=up + 60, event_type="Preempt")
-    came = first(503, vm, 300, preempt)
-    assert came is not None and 1 + came >= GAP  # the gap after the last start, then 503
-    assert first(200, vm, BOUND, preempt) == BOUND  # a whole run
+    preempt = reboot(A, not_before_in=up + 30, event_type="Preempt")
+    assert first(503, vm, 5, preempt) == 1
+    assert first(200, vm, BOUND, preempt) == BOUND  # a whole run (its first second above)
+
+
+class Life:
+    """One VM watched by every phase of a balancer, restarted by kill -9 (the balancer sees the
+    probe refused while it is down). From the hostile review h50 of the rule above."""
+
+    def __init__(self) -> None:
+        self.outside = Outside()
+        self.balancers = [Balancer(phase) for phase in range(INTERVAL)]
+        self.vm = Forwarder(self.outside)
+
+    def sample(self, status: int) -> None:
+        for balancer in self.balancers:
+            balancer.sample(self.outside.clock.mono, status)
+
+    def up(self, seconds: int, *events: ScheduledEvent) -> None:
+        for _ in range(seconds):
+            self.outside.clock.advance(1)
+            self.vm.poll(*events)
+            self.sample(self.vm.status)
+
+    def down(self, seconds: int, wall_step: int = 0) -> None:
+        self.outside.clock.wall += timedelta(seconds=wall_step)
+        for _ in range(seconds):
+            self.outside.clock.advance(1)
+            self.sample(503)
+        self.vm = Forwarder(self.outside)
+
+    def event(self, event_id: str, notice: int, **fields: object) -> ScheduledEvent:
+        not_before = self.outside.clock.wall + timedelta(seconds=notice)
+        return imds_event(event_id, not_before=not_before.strftime(GMT), **fields)
+
+    def preempt(self, notice: int = 30) -> ScheduledEvent:
+        return self.event(A, notice, event_type="Preempt")
+
+    def neighbours(self, index: int) -> ScheduledEvent:
+        return self.event(f"cccccccc-0000-4000-8000-00000000000{index}", 86400, resources=["x"])
+
+
+GMT = "%a, %d %b %Y %H:%M:%S GMT"
+
+
+def test_a_document_keeps_the_starts_in_the_view() -> None:
+    """h50 F1: a document that changed the view rebuilt it field by field, without when the
+    forwarder started: the next start saw no restarts in a row."""
+    life = Life()
+    life.up(1, life.neighbours(0))
+    assert life.vm.store.view.started_at is not None
+    written = life.outside.journal.load().view
+    assert written is not None and written["startedAt"] and written["darkSince"]
+
+
+@pytest.mark.parametrize(
+    ("downs", "wall_step", "allowed"),
+    [
+        ([20, 20, 20, 20, 20], 0, 20),  # with documents that change the view (h50 F1)
+        ([20, 20, 20, 20, 20], 300, 20),  # the wall clock steps between two starts (F2)
+        ([20, 20, 20, 20, 20], -30, 20),
+        ([20, 20, 20, 20, 100], 0, 100),  # a downtime longer than the gap (F3)
+    ],
+)
+def test_restarts_in_a_row_then_a_preempt_keep_the_balancers_stretch(
+    downs: list[int], wall_step: int, allowed: int
+) -> None:
+    """Healthy, then kill -9s with a few seconds up between (a neighbour's event new each
+    time), then a Preempt: it drains at once, and no balancer sees a stretch longer than the
+    bound, its lag and the longest downtime (before: 625 s, 550 s, 705 s)."""
+    life = Life()
+    life.up(120)
+    for index, down in enumerate(downs):
+        last = index == len(downs) - 1
+        life.down(down, wall_step=wall_step if last else 0)
+        life.up(5 if last else 6, life.neighbours(index))
+    preempt = life.preempt()
+    life.up(1, preempt)
+    assert life.vm.status == 503  # at once
+    life.up(800, preempt)
+    assert longest(life.balancers) <= LB_BOUND + allowed
+
+
+def test_restarts_a_while_apart_never_put_a_preempt_off() -> None:
+    """h50 F4: up 80 s at a time (shorter than the gap), down 5 s, over and over: a Preempt
+    with 30 s of notice drains at once (before: 85 s later, past NotBefore)."""
+    life = Life()
+    life.up(120)
+    for _ in range(7):
+        life.down(5)
+        life.up(80)
+    life.down(5)
+    life.up(5)
+    preempt = life.preempt(notice=30)
+    life.up(1, preempt)
+    assert life.vm.status == 503
+
+
+def test_a_journal_with_starts_at_the_end_of_time_starts_all_the_same() -> None:
+    """h50 F5: startedAt and darkSince near datetime.max made every start overflow."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.poll(reboot(A, not_before_in=900))
+    view = dict(outside.journal.load().view or {})
+    view |= {
+        "startedAt": "9999-12-31T23:59:30+00:00",
+        "darkSince": "9999-12-31T23:59:00+00:00",
+        "darkMono": 1e300,
+        "boot": 7,
+        "seenHealthy": "yesterday",
+    }
+    outside.journal.commit(view=view, runs=[], preparations=[])
+    vm = Forwarder(outside)
+    assert vm.store.view.started_at == outside.clock.now()
+    vm.later(700, reboot(A, not_before_in=900))
+    assert vm.status == 503  # its moment (600 s) came: the probe drains as ever
+
+
+def test_a_drain_the_gap_held_back_waits_out_the_gap_across_a_restart() -> None:
+    """Round h40: a started event's 503 ended at 11 s; another drain's moment came at 30 s and
+    the gap held it back; a kill -9 at 60 s: the replay took the held drain for a run going on
+    and answered 503 a second after the start (42 s after the 503 ended; the gap is 90 s)."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    started = reboot(A, not_before_in=0, status="Started")
+    p = reboot(B, not_before_in=20 + 300 + 10)  # its drain moment (lead 300): 30 s from T0
+    vm.poll(started, p)
+    vm.later(10, started, p)
+    vm.later(1, p)  # the started event is over: 200 from 11 s
+    vm.later(49, p)
+    assert vm.status == 200  # held back by the gap
+    outside.clock.advance(3)  # kill -9, down 3 s
+    vm = Forwarder(outside)
+    came = first(503, vm, 300, p)
+    assert came is not None and came >= GAP  # the gap again, from the restart
 
 
 # -- any sequence, as the balancer sees it ---------------------------------------------------------

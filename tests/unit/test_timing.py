@@ -233,43 +233,63 @@ def held_for(runs: UnhealthyRuns, begins: dict[str, datetime], start: int, stop:
     return [second for second in range(start, stop) if runs.holding(begins, seconds(second))]
 
 
-def test_a_run_that_starts_soon_after_a_start_counts_its_bound_from_before_it() -> None:
+def test_a_run_that_starts_soon_after_a_start_counts_its_bound_from_it() -> None:
     """The process came up at 100 s (the balancer saw the probe refused while it was down, and
     may not have seen it healthy for the gap since): a drain at 120 s still holds at once, and
-    its run ends 510 s after the window began, not after its own start."""
+    its run ends 510 s after the start, not after its own start. One at 190 s, after 90 s of
+    200, runs whole."""
     runs = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
-    runs.in_the_dark([(seconds(100), seconds(190))], seconds(100))
+    runs.came_up(seconds(100), seconds(100))
+    assert runs.in_the_dark
     held = held_for(runs, {"a": seconds(120)}, 100, 800)
     assert held[0] == 120 and held[-1] == 100 + 510 - 1 and len(held) == 490
-    assert runs.spent == {"a"}
+    assert runs.spent == {"a"} and not runs.in_the_dark  # 200 for the gap after the run
     later = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
-    later.in_the_dark([(seconds(100), seconds(190))], seconds(100))
-    held = held_for(later, {"a": seconds(190)}, 100, 800)  # after the window: a whole run
-    assert held[0] == 190 and len(held) == 510
+    later.came_up(seconds(100), seconds(100))
+    held = held_for(later, {"a": seconds(190)}, 100, 800)
+    assert held[0] == 190 and len(held) == 510 and not later.in_the_dark
 
 
-def test_restarts_in_a_row_for_longer_than_the_bound_make_a_run_wait_for_the_window_end() -> None:
-    """Restarts in a row since 0 s, the last at 600 s: a run counted from 0 s would have nothing
-    left, so the drain waits for the gap after the last start, then runs whole."""
+def test_after_restarts_in_a_row_a_run_counts_from_the_first_of_them() -> None:
+    """Starts in a row since 0 s (the probe never answered 200 for the gap between them), the
+    last at 300 s: a drain at 310 s holds at once, until 510 s after the first."""
     runs = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
-    runs.in_the_dark([(seconds(0), seconds(690))], seconds(600))
+    runs.came_up(seconds(0), seconds(300))
+    held = held_for(runs, {"a": seconds(310)}, 300, 1200)
+    assert held[0] == 310 and held[-1] == 509
+
+
+def test_restarts_in_a_row_for_longer_than_the_bound_never_put_a_drain_off() -> None:
+    """Starts in a row since 0 s, the last at 600 s: a run counted from 0 s would have nothing
+    left; the drain holds at once all the same, for the whole bound (the balancer's view is
+    the restarts' own: no process can help it)."""
+    runs = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
+    runs.came_up(seconds(0), seconds(600))
     held = held_for(runs, {"a": seconds(620)}, 600, 1400)
-    assert held[0] == 690 and len(held) == 510
+    assert held[0] == 620 and len(held) == 510
 
 
-def test_the_replay_of_a_run_begun_in_a_window_ends_where_it_did() -> None:
-    """A restart 200 s into a run that began in a window after the last start: the new
-    instance, told of both windows, holds until the same moment."""
+def test_the_replay_of_a_run_begun_before_the_gap_was_seen_ends_where_it_did() -> None:
+    """A restart 225 s into a run that began 20 s after the last start: the new instance, told
+    that the probe had not answered 200 for the gap since that start, holds until the same
+    moment; told only of its own start, it would hold 20 s too long."""
     begins = {"a": seconds(120)}
     live = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
-    live.in_the_dark([(seconds(100), seconds(190))], seconds(100))
+    live.came_up(seconds(100), seconds(100))
     held = held_for(live, begins, 100, 800)
     replay = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
-    replay.in_the_dark([(seconds(100), seconds(190)), (seconds(325), seconds(415))], seconds(325))
+    replay.came_up(seconds(100), seconds(325))
     assert held_for(replay, begins, 325, 800) == [second for second in held if second >= 325]
     forgetful = UnhealthyRuns(timedelta(seconds=510), timedelta(seconds=90))
-    forgetful.in_the_dark([(seconds(325), seconds(415))], seconds(325))  # the last start's only
-    assert held_for(forgetful, begins, 325, 800)[-1] == 120 + 510 - 1  # 20 s too long
+    forgetful.came_up(seconds(325), seconds(325))
+    assert held_for(forgetful, begins, 325, 800)[-1] == 120 + 510 - 1
+
+
+def test_no_gap_no_dark() -> None:
+    runs = UnhealthyRuns(timedelta(seconds=510), timedelta(0))
+    runs.came_up(seconds(0), seconds(100))
+    assert not runs.in_the_dark
+    assert len(held_for(runs, {"a": seconds(110)}, 100, 800)) == 510
 
 
 @pytest.mark.slow  # about 8 s or more: make check leaves it to make test
