@@ -259,8 +259,9 @@ class UnhealthyRuns:
       the probe has answered 200 for ``min_healthy`` after a start it may not have seen it
       healthy since: a run that starts before then counts its bound from that start, or from
       the first of the starts in a row between which it never had (:meth:`came_up`); it still
-      starts at once, and only ends sooner. When that would leave it nothing (restarts in a row
-      for longer than the bound), it counts from its own start: a drain is never put off.
+      starts at once, and only ends sooner. When that would leave it less than the gap (a run
+      the balancer might not see: restarts in a row for about the bound or longer), it counts
+      from its own start: a drain is never put off, nor cut to nothing.
 
     Replaying from the begin times alone gives the same runs, so a restart that recomputes the
     begin times from durable data continues a run that was going on; what replay cannot give
@@ -273,6 +274,7 @@ class UnhealthyRuns:
         self.spent: set[str] = set()
         self._start: float | None = None  # the current run's start (monotonic)
         self._from: float | None = None  # what the current run's bound counts from (monotonic)
+        self._held: float | None = None  # since when the current run has held the probe at 503
         self._resumable_from: float | None = None  # ...and that of a run cut short
         # Since when the balancer may not have seen the probe healthy for the gap, until it
         # has since this process came up (None: it has); when this process came up.
@@ -288,6 +290,14 @@ class UnhealthyRuns:
     def _wall(self, mono: float) -> datetime:
         wall, at = self._now
         return shifted(wall, mono - at)
+
+    @property
+    def held_since(self) -> datetime | None:
+        """Since when the current run has held the probe at 503 without a break (None: no run),
+        on the wall clock of the last call: what a drain's time counts from."""
+        if self._start is None:
+            return None
+        return self._wall(self._start if self._held is None else self._held)
 
     @property
     def run_start(self) -> datetime | None:
@@ -370,6 +380,10 @@ class UnhealthyRuns:
                         self._see_healthy(mono)
                     return set()
                 self._start, self._from, self._resumable = start, bound_from, None
+                # A run that goes on after the probe answered 200 (its drains went away and
+                # came back) has held it at 503 again only since now: the balancer may have
+                # taken the VM back meanwhile.
+                self._held = mono if resumed else start
                 self._resumable_from = None
             end = (self._from if self._from is not None else self._start) + bound
             if mono < end:
@@ -400,13 +414,16 @@ class UnhealthyRuns:
     def _counted_from(self, start: float) -> float:
         """What the bound of a new run that starts at ``start`` counts from: its start, or,
         before the balancer can have seen the probe healthy for the gap since it came up,
-        since when it has not (unless that leaves the run nothing)."""
+        since when it has not (unless that leaves the run less than the gap)."""
         healthy_from = self._healthy_from()
         if self._dark is None or healthy_from is None or start < self._dark:
             return start
         if start >= healthy_from + self.min_healthy.total_seconds():
             return start
-        return self._dark if self._dark + self.bound.total_seconds() > start else start
+        left = self._dark + self.bound.total_seconds() - start
+        # A run left shorter than the gap might not be seen by the balancer at all (a drain
+        # lost, not bounded): it counts from its own start, as after a crash loop.
+        return self._dark if left >= self.min_healthy.total_seconds() else start
 
     def came_up(
         self,

@@ -33,7 +33,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from sebridge.forwarder.local.settings import (  # re-exported: the settings' ol
 )
 from sebridge.forwarder.local.store import (
     MAX_UNJUDGED,
+    ClockPair,
     Gone,
     LocalStore,
     Timing,
@@ -96,6 +97,7 @@ def _utc_now() -> datetime:
 
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+WALL_STEP = timedelta(seconds=1)  # a smaller move of the wall clock is left alone
 
 
 def boot_id() -> str | None:
@@ -140,13 +142,38 @@ class LocalActions:
         boot: Callable[[], str | None] = boot_id,
     ) -> None:
         self.store = store
-        self.boot = boot
         self.journal = store.journal
         self.preparations = preparations
         self.hooks = hooks
         self.probe = probe
         self.leads = leads
         self.now = now
+        # The monotonic clock the probe measures runs on, and the boot it counts in: the view
+        # is stamped with both as it is written, so that a start in the same boot tells how
+        # far the wall clock moved meanwhile.
+        self.monotonic = probe.monotonic if probe is not None else None
+        self.boot = boot() if self.monotonic is not None else None
+        if self.monotonic is not None and self.boot is not None:
+            store.clock = self._clock_pair
+
+    def _clock_pair(self) -> ClockPair | None:
+        if self.monotonic is None or self.boot is None:
+            return None
+        return ClockPair(self.now(), self.monotonic(), self.boot)
+
+    def _wall_moved(self, view: View) -> timedelta:
+        """How far the wall clock moved, beyond the time that passed, since ``view`` was written
+        in this boot (zero when that cannot be told: another boot, no stamp)."""
+        pair = view.clock
+        if pair is None or pair.boot != self.boot or self.monotonic is None:
+            return timedelta(0)
+        passed = self.monotonic() - pair.mono
+        if passed < 0:
+            return timedelta(0)
+        try:
+            return (self.now() - pair.wall) - timedelta(seconds=passed)
+        except OverflowError:
+            return timedelta(0)
 
     # -- the listener -----------------------------------------------------------------------
     def document_observed(
@@ -583,6 +610,15 @@ class LocalActions:
         what was prepared but not yet published."""
         restarted = self.store.load()
         lost = False
+        if restarted:
+            moved = self._wall_moved(self.store.view)
+            if abs(moved) >= WALL_STEP:
+                log.warning(
+                    "local actions: the wall clock moved %+.0f s since the journal was last "
+                    "written, beyond the time that passed: its times are moved with it",
+                    moved.total_seconds(),
+                )
+                self.store.set_view(self.store.view.moved(moved))
         if not restarted and fallback is not None:
             log.info(
                 "local actions: no view in the journal yet: starting from the forwarder's state"
@@ -590,9 +626,12 @@ class LocalActions:
             self.store.set_view(View.of(fallback))
             self.store.flush()
             # The forwarder ran before, but the journal's view was lost (damaged, or from before
-            # it was kept): when its drains began is unknown, so nothing is replayed and a new
-            # run waits the whole healthy gap from now.
-            lost = fallback.observed_at is not None
+            # it was kept): when its drains began is unknown, so nothing is replayed, and if an
+            # event it knew may have held the probe at 503 (one that had not started), a new
+            # run waits the whole healthy gap from now. With none, a drain is not put off.
+            lost = fallback.observed_at is not None and any(
+                not event.is_started for event in fallback.events.values()
+            )
         if self.probe is not None:
             self._came_up()
         with self.store.lock:
@@ -624,7 +663,10 @@ class LocalActions:
                     for key, gone in view.recent.items()
                     if gone.drained and gone.timing.probe_from is not None
                 }
-                self.probe.restarted({**left_out, **drains}, started, view.probe_healthy_since)
+                gone = {key: view.recent[key].at for key in left_out if key not in drains}
+                self.probe.restarted(
+                    {**left_out, **drains}, started, view.probe_healthy_since, gone
+                )
             self.probe.follow(view.events.values(), view.observer, begins)
             if (restarted or lost) and self.probe.draining:
                 log.info("draining again after a restart, from the journal's view")
@@ -642,7 +684,7 @@ class LocalActions:
         assert self.probe is not None
         now = self.now()
         mono = self.probe.monotonic() if self.probe.monotonic is not None else None
-        boot = self.boot() if mono is not None else None
+        boot = self.boot if mono is not None else None
         with self.store.lock:
             view = self.store.view
             dark, dark_mono = now, mono

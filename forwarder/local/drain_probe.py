@@ -305,17 +305,34 @@ class DrainProbe:
         begins: Mapping[str, datetime],
         started: bool,
         healthy_since: datetime | None,
+        gone: Mapping[str, datetime] | None = None,
     ) -> None:
         """After a restart, before the probe follows the journal's view: replay in one history
         the begins of the drains (not started) the view holds and of those whose events IMDS
-        left out of a document lately, so a run they were in goes on, a bound they spent stays
-        spent; ``started``: a started event of this VM holds the probe at 503 anyway;
-        ``healthy_since``: when the probe last stopped answering 503 before the restart (from
-        the journal): a new run waits the healthy gap from it (UnhealthyRuns.restarted)."""
+        left out of a document lately, each of these until it went (``gone``), so a run they
+        were in goes on, a bound they spent stays spent, and a run they were cut out of is
+        cut there, not held to now; ``started``: a started event of this VM holds the probe at
+        503 anyway; ``healthy_since``: when the probe last stopped answering 503 before the
+        restart (from the journal): a new run waits the healthy gap from it
+        (UnhealthyRuns.restarted)."""
         with self._cond:
             now = self.now()
             mono = self.monotonic() if self.monotonic is not None else None
-            self._runs.holding(begins, now, mono, forced=started)
+            went = {key: min(at, now) for key, at in (gone or {}).items() if key in begins}
+            for at in sorted(set(went.values())):
+                # At ``at``: every drain that had not gone yet held as it did then, then those
+                # that went at ``at`` went (a run they alone held is cut there).
+                placed = None if mono is None else mono - (now - at).total_seconds()
+                for still in (True, False):
+                    shown = {
+                        key: begin
+                        for key, begin in begins.items()
+                        if key not in went or went[key] > at or (still and went[key] == at)
+                    }
+                    self._runs.holding(shown, at, placed, forced=started)
+            self._runs.holding(
+                {key: b for key, b in begins.items() if key not in went}, now, mono, forced=started
+            )
             if healthy_since is not None:
                 self._runs.restarted(healthy_since)
             self.healthy_since = self.healthy_since or healthy_since
@@ -374,8 +391,8 @@ class DrainProbe:
         holding = self._evaluate(now)
         if drain.started:
             since = drain.begins
-        elif event_key in holding and self._runs.run_start is not None:
-            since = self._runs.run_start
+        elif event_key in holding and (held := self._runs.held_since) is not None:
+            since = held
         else:
             return "pending"
         return "succeeded" if (now - since).total_seconds() >= self.drain_seconds else "pending"

@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sebridge.contract.events import ContractError, Observer
@@ -37,6 +37,7 @@ from sebridge.forwarder.observability.health import ConditionLog
 from sebridge.forwarder.state import MAX_LIVES, ForwarderState
 from sebridge.imds import InvalidDocument, ScheduledEvent
 from sebridge.lifecycle import Life
+from sebridge.times import shifted
 from sebridge.timing import MAX_RECENT
 
 log = logging.getLogger("forwarder.local")
@@ -177,6 +178,34 @@ def _lenient_boot(value: object) -> str | None:
 
 
 @dataclass(frozen=True)
+class ClockPair:
+    """The wall and monotonic clocks read together as the view was written, and the boot
+    (the kernel's boot id) the monotonic clock counts in: at the next start in the same boot,
+    how far the wall clock moved meanwhile besides the time that passed."""
+
+    wall: datetime
+    mono: float
+    boot: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"wall": _time_text(self.wall), "mono": self.mono, "boot": self.boot}
+
+    @classmethod
+    def from_json(cls, obj: object) -> ClockPair | None:
+        """Tolerant: None for anything damaged."""
+        if not isinstance(obj, dict):
+            return None
+        wall, mono, boot = (
+            _lenient_time(obj.get("wall")),
+            _lenient_reading(obj.get("mono")),
+            _lenient_boot(obj.get("boot")),
+        )
+        if wall is None or mono is None or boot is None:
+            return None
+        return cls(wall, mono, boot)
+
+
+@dataclass(frozen=True)
 class Gone:
     """An event IMDS left out of a document lately: when, its timing, and whether it held the
     drain probe at 503 then (an event of this VM that had not started)."""
@@ -246,6 +275,40 @@ class View:
     # start in the same boot places it by that clock, which no step of the wall clock moves.
     dark_mono: float | None = None
     boot: str | None = None
+    clock: ClockPair | None = None  # stamped as the view is written
+
+    def moved(self, step: timedelta) -> View:
+        """This view with every time it keeps moved by ``step`` (the wall clock moved that much
+        more than the time that passed): each stands where it stood, on today's wall clock.
+        The events' own times (NotBefore) are Azure's and stay."""
+
+        def move(moment: datetime | None) -> datetime | None:
+            return None if moment is None else shifted(moment, step)
+
+        def timing(kept: Timing) -> Timing:
+            return replace(
+                kept,
+                first_seen=shifted(kept.first_seen, step),
+                fired=move(kept.fired),
+                probe_from=move(kept.probe_from),
+            )
+
+        return replace(
+            self,
+            observed_at=move(self.observed_at),
+            timing={key: timing(kept) for key, kept in self.timing.items()},
+            unjudged=tuple(
+                replace(item, at=move(item.at), moment=move(item.moment)) for item in self.unjudged
+            ),
+            recent={
+                key: replace(gone, at=shifted(gone.at, step), timing=timing(gone.timing))
+                for key, gone in self.recent.items()
+            },
+            probe_healthy_since=move(self.probe_healthy_since),
+            started_at=move(self.started_at),
+            dark_since=move(self.dark_since),
+            seen_healthy=move(self.seen_healthy),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -262,6 +325,7 @@ class View:
             "seenHealthy": _time_text(self.seen_healthy),
             "darkMono": self.dark_mono,
             "boot": self.boot,
+            "clock": self.clock.to_json() if self.clock else None,
             "recent": {key: gone.to_json() for key, gone in self.recent.items()},
         }
 
@@ -327,6 +391,7 @@ class View:
             seen_healthy=_lenient_time(obj.get("seenHealthy")),
             dark_mono=_lenient_reading(obj.get("darkMono")),
             boot=_lenient_boot(obj.get("boot")),
+            clock=ClockPair.from_json(obj.get("clock")),
         )
 
     @classmethod
@@ -349,6 +414,8 @@ class LocalStore:
         self.flush_failures = 0
         self.views_written = 0  # how many times the view reached the journal (diagnostics)
         self._log = ConditionLog(log, logging.ERROR)
+        # Reads the clocks as the view is written (ClockPair); None: not stamped.
+        self.clock: Callable[[], ClockPair | None] | None = None
 
     # -- start -------------------------------------------------------------------------------
     def load(self) -> bool:
@@ -445,6 +512,12 @@ class LocalStore:
         with self.lock:
             return self._view_dirty or bool(self._dirty_runs or self._dirty_preparations)
 
+    def _stamped(self) -> View:
+        """The view as written: with the clocks read now."""
+        if self.clock is None:
+            return self.view
+        return replace(self.view, clock=self.clock())
+
     def persist_view(self) -> None:
         """Write the view at the next flush even if no event changed (at stop: a restart then
         measures its observation gap from the last poll, as the forwarder's state does)."""
@@ -466,7 +539,7 @@ class LocalStore:
             ]
             try:
                 self.journal.commit(
-                    view=self.view.to_json() if self._view_dirty else None,
+                    view=self._stamped().to_json() if self._view_dirty else None,
                     runs=runs,
                     preparations=preparations,
                 )

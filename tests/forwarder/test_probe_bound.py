@@ -389,6 +389,7 @@ def test_a_document_keeps_the_starts_in_the_view() -> None:
     assert life.vm.store.view.started_at is not None
     written = life.outside.journal.load().view
     assert written is not None and written["startedAt"] and written["darkSince"]
+    assert written["clock"]["boot"] and written["clock"]["mono"] == life.outside.clock.mono
 
 
 @pytest.mark.parametrize(
@@ -471,6 +472,117 @@ def test_a_drain_the_gap_held_back_waits_out_the_gap_across_a_restart() -> None:
     vm = Forwarder(outside)
     came = first(503, vm, 300, p)
     assert came is not None and came >= GAP  # the gap again, from the restart
+
+
+# -- hostile review h51 -------------------------------------------------------------------------
+@pytest.mark.parametrize(("in_run", "in_gap"), [(-300, 0), (None, 300), (300, -300)])
+def test_a_wall_step_across_a_restart_neither_stretches_a_run_nor_skips_the_gap(
+    in_run: int | None, in_gap: int
+) -> None:
+    """The journal's times were placed again on the new wall clock after a restart: a step back
+    during a run stretched it (805 s seen), a step forward took the gap after a spent run for
+    over (805 s, 1025 s). The view is stamped with both clocks and the boot as it is written;
+    a start in the same boot moves its times by how far the wall clock moved."""
+    life = Life()
+    life.up(200)
+    a = life.event(A, 400, event_type="Preempt")  # first sight; Azure late
+    if in_run is None:
+        life.up(BOUND + 1, a)
+    else:
+        life.up(400, a)
+        life.down(3, wall_step=in_run)  # in the middle of the run
+        life.up(BOUND, a)
+    assert life.vm.status == 200  # spent at its bound, not later
+    b = life.event(B, 60, event_type="Preempt")
+    life.up(4, a, b)
+    life.down(3, wall_step=in_gap)  # within the gap after the run
+    life.up(900, a, b)
+    assert longest(life.balancers) <= LB_BOUND + 3, [x.longest for x in life.balancers]
+
+
+def test_a_wall_step_across_a_restart_sends_no_early_prepared() -> None:
+    """A drain answered 503 for 10 s, a kill -9 while the wall clock stepped +300 s: the replay
+    placed its run 313 s back and Prepared went out at the first poll."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(200)
+    event = reboot(A, not_before_in=200 + 400, event_type="Preempt")
+    vm.later(10, event)
+    outside.clock.advance(3)
+    outside.clock.wall += timedelta(seconds=300)
+    vm = Forwarder(outside)
+    vm.later(1, event)
+    assert vm.status == 503 and vm.prepared() == []
+    vm.later(30, event)
+    assert len(vm.prepared()) == 1  # 10 + 3 + 31 s of it, not counting the step
+
+
+def test_a_run_that_goes_on_after_200s_counts_its_drain_time_afresh() -> None:
+    """A drain 5 s old, its event left out for 80 s (200: the balancer takes the VM back), then
+    back: the run goes on from its start for the bound, but Prepared waits --drain-seconds of
+    503 from the return (before: at once, after 6 s of 503 in all)."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(200)
+    event = reboot(A, not_before_in=200 + 120, event_type="Preempt")
+    vm.later(5, event)
+    vm.later(80)
+    vm.later(1, event)
+    assert vm.status == 503 and vm.prepared() == []
+    vm.later(28, event)
+    assert vm.prepared() == []
+    vm.later(2, event)
+    assert len(vm.prepared()) == 1
+
+
+def test_a_lost_view_with_nothing_to_drain_puts_no_drain_off() -> None:
+    """The journal's view was damaged, the state file shows no event: nothing can have held the
+    probe at 503, so a Preempt 5 s after the start drains at once (before: 85 s later)."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(300)
+    state = ForwarderState(events={}, observed_at=outside.clock.now())
+    outside.journal.commit(view={"events": "damaged"}, runs=[], preparations=[])
+    outside.clock.advance(3)
+    vm = Forwarder(outside, fallback=state)
+    vm.later(5)
+    preempt = reboot(A, not_before_in=300 + 3 + 5 + 30, event_type="Preempt")
+    assert first(503, vm, 200, preempt) == 1
+
+
+def test_a_chain_that_would_leave_a_run_seconds_counts_it_whole() -> None:
+    """Restarts 80 s apart (one chain), then a Preempt 4 s before the chain's first start plus
+    the bound: the run was left 4 s, no balancer saw it, and Prepared never went out."""
+    life = Life()
+    life.up(120)
+    life.down(5)
+    for _ in range(5):
+        life.up(80)
+        life.down(5)
+    life.up(80)
+    preempt = life.preempt(notice=30)
+    statuses = []
+    for _ in range(40):
+        life.up(1, preempt)
+        statuses.append(life.vm.status)
+    assert statuses.count(503) == 40
+    assert len(life.vm.prepared()) == 1
+
+
+def test_a_drain_left_out_across_a_restart_gets_a_whole_run_when_back() -> None:
+    """A Preempt's run 300 s old, the event left out for 300 s, a kill -9, the event back: the
+    replay held the left-out drain up to the start, spent it, and the probe answered 200 until
+    the event started. It is replayed until it went: back after the gap, a whole new run."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    event = reboot(A, not_before_in=30, event_type="Preempt")  # Azure late to start it
+    vm.poll(event)
+    vm.later(300, event)
+    vm.later(300)
+    outside.clock.advance(1)
+    vm = Forwarder(outside)
+    assert first(503, vm, 600, event) == 1
+    assert first(200, vm, BOUND, event) == BOUND - 1
 
 
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
