@@ -98,6 +98,8 @@ def _utc_now() -> datetime:
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 WALL_STEP = timedelta(seconds=1)  # a smaller move of the wall clock is left alone
+MAX_WALL_STEP = timedelta(days=1)  # a journal's stamp claiming more is not believed
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def boot_id() -> str | None:
@@ -153,6 +155,7 @@ class LocalActions:
         # far the wall clock moved meanwhile.
         self.monotonic = probe.monotonic if probe is not None else None
         self.boot = boot() if self.monotonic is not None else None
+        self._drift: float | None = None  # wall minus monotonic at the last look (seconds)
         if self.monotonic is not None and self.boot is not None:
             store.clock = self._clock_pair
 
@@ -163,7 +166,8 @@ class LocalActions:
 
     def _wall_moved(self, view: View) -> timedelta:
         """How far the wall clock moved, beyond the time that passed, since ``view`` was written
-        in this boot (zero when that cannot be told: another boot, no stamp)."""
+        in this boot (zero when that cannot be told: another boot, no stamp, or a stamp that
+        cannot be true: from the future, or a move of more than :data:`MAX_WALL_STEP`)."""
         pair = view.clock
         if pair is None or pair.boot != self.boot or self.monotonic is None:
             return timedelta(0)
@@ -171,9 +175,41 @@ class LocalActions:
         if passed < 0:
             return timedelta(0)
         try:
-            return (self.now() - pair.wall) - timedelta(seconds=passed)
+            moved = (self.now() - pair.wall) - timedelta(seconds=passed)
         except OverflowError:
             return timedelta(0)
+        if abs(moved) > MAX_WALL_STEP:
+            log.warning(
+                "local actions: the journal's clock stamp would move its times by %+.0f s: not "
+                "believed (more than %d s), its times are kept as they are",
+                moved.total_seconds(),
+                MAX_WALL_STEP.total_seconds(),
+            )
+            return timedelta(0)
+        return moved
+
+    def _follow_wall_clock(self) -> None:
+        """(Under the store's lock; at every document and moments tick, before anything is
+        recorded.) When the wall clock stepped since the last look (it moved against the
+        monotonic clock by :data:`WALL_STEP` or more), move the view's times and the probe's
+        with it, so that every time journaled stays on the clock of the stamp written with it
+        (a restart in this boot then moves them all by one step, not some by two)."""
+        if self.monotonic is None:
+            return
+        drift = (self.now() - EPOCH).total_seconds() - self.monotonic()
+        last, self._drift = self._drift, drift
+        if last is None or abs(drift - last) < WALL_STEP.total_seconds():
+            if last is not None:
+                self._drift = last  # slow slews add up until they make a step
+            return
+        step = timedelta(seconds=drift - last)
+        log.warning(
+            "local actions: the wall clock stepped %+.0f s: the times kept move with it",
+            step.total_seconds(),
+        )
+        self.store.set_view(self.store.view.moved(step))
+        if self.probe is not None:
+            self.probe.wall_moved(step)
 
     # -- the listener -----------------------------------------------------------------------
     def document_observed(
@@ -189,6 +225,7 @@ class LocalActions:
         observed: list[Observed] = []
         jobs: list[Job] = []
         with self.store.lock:
+            self._follow_wall_clock()
             before = view = self.store.view
             new: View | None = None
             try:
@@ -580,6 +617,7 @@ class LocalActions:
         now = self.now()
         jobs: list[Job] = []
         with self.store.lock:
+            self._follow_wall_clock()
             view = self.store.view
             if not view.timing:
                 return 0
@@ -619,6 +657,8 @@ class LocalActions:
                     moved.total_seconds(),
                 )
                 self.store.set_view(self.store.view.moved(moved))
+        with self.store.lock:
+            self._follow_wall_clock()  # the first look: from here on, steps are followed
         if not restarted and fallback is not None:
             log.info(
                 "local actions: no view in the journal yet: starting from the forwarder's state"
@@ -630,7 +670,8 @@ class LocalActions:
             # event it knew may have held the probe at 503 (one that had not started), a new
             # run waits the whole healthy gap from now. With none, a drain is not put off.
             lost = fallback.observed_at is not None and any(
-                not event.is_started for event in fallback.events.values()
+                self._may_have_drained(event, fallback.identity)
+                for event in fallback.events.values()
             )
         if self.probe is not None:
             self._came_up()
@@ -674,6 +715,23 @@ class LocalActions:
             self.hooks.resume()
         self.fire_due()  # the moments that came while the forwarder was down
         self.preparations.check_all()
+
+    def _may_have_drained(self, event: ScheduledEvent, observer: Observer | None) -> bool:
+        """Whether ``event``, known to an earlier run whose view was lost, may have held the
+        probe at 503 then: not started, of this VM (when its identity is known) and impactful,
+        and its 503's begin may have come (at the earliest, first seen long ago)."""
+        if self.probe is None or event.is_started:
+            return False
+        if observer is not None and not self.probe.applies(event, observer):
+            return False
+        if not self.probe.rules.is_impactful(event):
+            return False
+        try:
+            moment = drain_moment(event, EPOCH, self.leads)
+            return probe_begins(event, moment, self.probe.bound) <= self.now()
+        except Exception:
+            log.exception("the drain moment of %s failed: taken as come", event.event_id)
+            return True  # cannot tell: as if it had
 
     def _came_up(self) -> None:
         """(At start, the probe configured.) Journal this start, and since when the balancer

@@ -74,6 +74,7 @@ from sebridge.forwarder.net.client import (
 )
 from sebridge.imds import ScheduledEvent, isoformat_utc
 from sebridge.impact import ImpactRules
+from sebridge.times import shifted
 from sebridge.timing import (
     DEFAULT_PROBE_MAX_UNHEALTHY_SECONDS,
     DEFAULT_PROBE_MIN_HEALTHY_SECONDS,
@@ -226,6 +227,7 @@ class DrainProbe:
         self._server: HttpServer | None = None
         self._unhealthy = False  # the level last logged
         self.healthy_since: datetime | None = None  # when the probe last stopped answering 503
+        self._followed = False  # follow ran once
         self._lapsed: set[str] = set()  # drains logged as having reached the bound
         self.answers = {200: 0, 503: 0}
 
@@ -254,7 +256,11 @@ class DrainProbe:
         now = self.now()
         wanted = {event.key: event for event in events if self.applies(event, observer)}
         with self._cond:
-            self._evaluate(now)  # what the probe answered until this document (for the gap)
+            if self._followed:
+                self._evaluate(now)  # what the probe answered until this document (for the gap)
+            # (The first time, at start, it answered nothing yet: evaluated with no drains, a
+            # run the restart replayed would look cut short, and its drain time start again.)
+            self._followed = True
             for key in [key for key in self._drains if key not in wanted]:
                 ended = self._drains.pop(key)
                 self._lapsed.discard(key)
@@ -284,6 +290,15 @@ class DrainProbe:
                     drain.begins = min(drain.begins, now)
             self._evaluate(now)
             self._cond.notify_all()
+
+    def wall_moved(self, step: timedelta) -> None:
+        """The wall clock stepped by ``step`` (beyond the time that passed): the wall times the
+        probe keeps move with it (runs are on the monotonic clock and stay)."""
+        with self._cond:
+            if self.healthy_since is not None:
+                self.healthy_since = shifted(self.healthy_since, step)
+            for drain in self._drains.values():
+                drain.begins = shifted(drain.begins, step)
 
     def came_up(self, dark_since: datetime | None, dark_mono: float | None = None) -> None:
         """At start, before anything else: since when the balancer may not have seen the probe

@@ -585,6 +585,202 @@ def test_a_drain_left_out_across_a_restart_gets_a_whole_run_when_back() -> None:
     assert first(200, vm, BOUND, event) == BOUND - 1
 
 
+# -- hostile review h52: steps while running, restarts during a run, crafted stamps ---------------
+def test_a_wall_step_back_while_running_then_a_write_then_a_restart() -> None:
+    """A run 400 s old; the wall clock steps -300 s while the forwarder runs; a neighbour's
+    event changes the document (the view is written, stamped with the new clocks); kill -9
+    (down 3 s); the run goes on."""
+    life = Life()
+    life.up(200)
+    a = life.event(A, 400, event_type="Preempt")  # first sight; Azure late
+    life.up(400, a)
+    life.outside.clock.wall -= timedelta(seconds=300)
+    n = life.neighbours(0)
+    life.up(2, a, n)  # a new document: the view is written after the step
+    life.down(3)
+    life.up(900, a, n)
+    assert longest(life.balancers) <= LB_BOUND + 3, [x.longest for x in life.balancers]
+
+
+def test_a_wall_step_forward_in_the_gap_then_a_write_then_a_restart() -> None:
+    """A spent run; within the gap after it the wall steps +300 s while running, a new
+    document is written, kill -9: the gap is taken as over and B's run starts at once."""
+    life = Life()
+    life.up(200)
+    a = life.event(A, 400, event_type="Preempt")
+    life.up(BOUND + 1, a)
+    assert life.vm.status == 200
+    life.outside.clock.wall += timedelta(seconds=300)
+    b = life.event(B, 60, event_type="Preempt")
+    life.up(4, a, b)  # new document, written
+    life.down(3)
+    life.up(900, a, b)
+    assert longest(life.balancers) <= LB_BOUND + 3, [x.longest for x in life.balancers]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+@pytest.mark.parametrize("write", [False, True])
+@pytest.mark.parametrize("step", [-300, 300])
+def test_wall_steps_with_and_without_writes_and_restarts(
+    restart: bool, write: bool, step: int
+) -> None:
+    """A wall step while running (back in a run, forward in the gap after one), a document
+    written after it or none, a kill -9 or none: the bound and the gap hold in all eight."""
+    life = Life()
+    life.up(200)
+    a = life.event(A, 400, event_type="Preempt")
+    if step < 0:
+        life.up(400, a)
+    else:
+        life.up(BOUND + 1, a)
+    life.outside.clock.wall += timedelta(seconds=step)
+    extra = [life.neighbours(0)] if write else []
+    b = life.event(B, 60, event_type="Preempt") if step > 0 else None
+    shown = [a, *extra] + ([b] if b else [])
+    life.up(4, *shown)
+    if restart:
+        life.down(3)
+    else:
+        life.up(3, *shown)
+    life.up(900, *shown)
+    assert longest(life.balancers) <= LB_BOUND + 3, [x.longest for x in life.balancers]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_prepared_counts_from_the_return_across_a_restart(restart: bool) -> None:
+    """A drain 5 s old, its event left out for 20 s (200: within the gap, the run goes on
+    when back), back, 3 s of 503, kill -9 (down 1 s): Prepared must still wait 30 s of 503
+    without a break from the return."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(200)
+    event = reboot(A, not_before_in=200 + 120, event_type="Preempt")
+    vm.later(5, event)
+    vm.later(20)  # left out: 200
+    assert vm.status == 200
+    vm.later(3, event)  # back: 503
+    assert vm.status == 503 and vm.prepared() == []
+    if restart:
+        outside.clock.advance(1)
+        vm = Forwarder(outside)
+    else:
+        vm.later(1, event)
+    vm.later(1, event)
+    # 3 + 1 + 1 = 5 s of 503 since the return
+    assert vm.status == 503
+    assert vm.prepared() == [], "Prepared after 5 s of 503 since the return"
+
+
+def test_restarts_every_20s_during_a_run_still_send_prepared() -> None:
+    """A Preempt's run of 503; kill -9 every 20 s (down 1 s, the probe refused: the balancer
+    keeps the VM out). The probe is 503 or refused for the whole bound, yet Prepared never
+    goes out: each start takes the run as going on only from the start (follow() evaluates the
+    replayed run with no drains first, a phantom 200 that cuts it)."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(200)
+    event = reboot(A, not_before_in=200 + 400, event_type="Preempt")  # begins at once
+    statuses = []
+    for _ in range(24):  # 24 x 21 s = 504 s
+        for _ in range(20):
+            vm.later(1, event)
+            statuses.append(vm.status)
+        outside.clock.advance(1)
+        vm = Forwarder(outside)
+    assert set(statuses) == {503}
+    assert vm.prepared() != [], "503 (or refused) for 500 s, no Prepared"
+
+
+def test_one_restart_does_not_start_the_drain_time_again() -> None:
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(200)
+    event = reboot(A, not_before_in=200 + 400, event_type="Preempt")
+    vm.later(25, event)
+    outside.clock.advance(1)
+    vm = Forwarder(outside)
+    vm.later(10, event)  # 25 + 1 + 10 = 36 s of 503 (refused during the kill)
+    assert vm.status == 503
+    assert vm.prepared() != [], "Prepared waits 30 s again from the restart"
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"mono_minus": 1e5},  # a crafted mono 100,000 s back: a move of more than a day
+        {"wall": "0001-01-01T00:00:00+00:00"},
+        {"wall": "9999-12-31T23:59:59+00:00"},
+    ],
+    ids=["mono-1e5", "wall0001", "wall9999"],
+)
+def test_an_unbelievable_clock_stamp_is_not_believed(patch: dict[str, object]) -> None:
+    """A Preempt drains (10 s of 503), kill -9; the journal's "clock" stamp (same boot id)
+    is damaged: one field. After the start the probe answers 200 for 400 s, past NotBefore,
+    and Prepared never goes out (a lost view: the gap, then a whole run)."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(200)
+    event = reboot(A, not_before_in=200 + 400, event_type="Preempt")
+    vm.later(10, event)
+    outside.clock.advance(1)
+    view = dict(outside.journal.load().view or {})
+    clock = dict(view["clock"])
+    if "mono_minus" in patch:
+        clock["mono"] = clock["mono"] - float(patch["mono_minus"])  # type: ignore[arg-type]
+    else:
+        clock.update(patch)
+    view["clock"] = clock
+    outside.journal.commit(view=view, runs=[], preparations=[])
+    vm = Forwarder(outside)
+    came = first(503, vm, 400, event)  # NotBefore is 389 s away
+    assert came is not None and came <= GAP + 1, came
+
+
+def test_a_wall_step_back_while_draining_then_a_write_then_a_restart_keeps_it() -> None:
+    """A Preempt (30 s notice) drains; 5 s in, the wall clock steps back 300 s while the
+    forwarder runs (an NTP correction); a neighbour's event changes the document (the view
+    is written, stamped with the stepped clock); kill -9 (down 3 s). After the start the
+    probe answers 200: the drain's begin is taken as 300 s in the future."""
+    life = Life()
+    life.up(200)
+    p = life.preempt(notice=30)
+    life.up(5, p)
+    assert life.vm.status == 503
+    life.outside.clock.wall -= timedelta(seconds=300)
+    n = life.neighbours(0)
+    life.up(1, p, n)
+    assert life.vm.status == 503  # no restart: still draining
+    life.down(3)
+    statuses = []
+    for _ in range(30):  # until NotBefore (true time: 30 - 5 - 1 - 3 = 21 s away)
+        life.up(1, p, n)
+        statuses.append(life.vm.status)
+    assert statuses.count(503) == 30, statuses
+
+
+def test_a_lost_view_with_a_neighbours_event_puts_no_drain_off() -> None:
+    """The journal's view was damaged; the state file shows only a neighbour's event (it
+    lists another VM: it can never have held this VM's probe at 503). A Preempt (30 s
+    notice) 5 s after the start: put off 85 s, past NotBefore (the documented rule: only an
+    event that may have held the probe at 503)."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    neighbour = imds_event(
+        "cccccccc-0000-4000-8000-000000000009",
+        resources=["other-vm"],
+        not_before="Mon, 23 Nov 2026 10:00:00 GMT",
+    )
+    vm.later(300, neighbour)
+    assert vm.status == 200
+    state = ForwarderState(events={neighbour.key: neighbour}, observed_at=outside.clock.now())
+    outside.journal.commit(view={"events": "damaged"}, runs=[], preparations=[])
+    outside.clock.advance(3)
+    vm = Forwarder(outside, fallback=state)
+    vm.later(5, neighbour)
+    preempt = reboot(A, not_before_in=300 + 3 + 5 + 30, event_type="Preempt")
+    assert first(503, vm, 200, neighbour, preempt) == 1
+
+
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
 class BalancerModel(RuleBasedStateMachine):
     """Events of this VM scheduled with any notice, NotBefore passing without a start (Azure
