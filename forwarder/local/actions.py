@@ -157,7 +157,7 @@ class LocalActions:
         self.boot = boot() if self.monotonic is not None else None
         self._drift: float | None = None  # wall minus monotonic at the last look (seconds)
         if self.monotonic is not None and self.boot is not None:
-            store.clock = self._clock_pair
+            store.clock = self._stamp
 
     def _clock_pair(self) -> ClockPair | None:
         if self.monotonic is None or self.boot is None:
@@ -188,20 +188,21 @@ class LocalActions:
             return timedelta(0)
         return moved
 
-    def _follow_wall_clock(self) -> None:
+    def _follow_wall_clock(self) -> timedelta:
         """(Under the store's lock; at every document and moments tick, before anything is
         recorded.) When the wall clock stepped since the last look (it moved against the
         monotonic clock by :data:`WALL_STEP` or more), move the view's times and the probe's
         with it, so that every time journaled stays on the clock of the stamp written with it
-        (a restart in this boot then moves them all by one step, not some by two)."""
+        (a restart in this boot then moves them all by one step, not some by two). Returns the
+        step (zero: none)."""
         if self.monotonic is None:
-            return
+            return timedelta(0)
         drift = (self.now() - EPOCH).total_seconds() - self.monotonic()
         last, self._drift = self._drift, drift
         if last is None or abs(drift - last) < WALL_STEP.total_seconds():
             if last is not None:
                 self._drift = last  # slow slews add up until they make a step
-            return
+            return timedelta(0)
         step = timedelta(seconds=drift - last)
         log.warning(
             "local actions: the wall clock stepped %+.0f s: the times kept move with it",
@@ -210,6 +211,15 @@ class LocalActions:
         self.store.set_view(self.store.view.moved(step))
         if self.probe is not None:
             self.probe.wall_moved(step)
+        return step
+
+    def _stamp(self) -> ClockPair | None:
+        """(The store's clock, as it writes the view, under its lock.) Follow the wall clock
+        first: a view written after a step (at stop, or from another thread) is moved before
+        it is stamped with the clocks of the new step."""
+        with self.store.lock:
+            self._follow_wall_clock()
+        return self._clock_pair()
 
     # -- the listener -----------------------------------------------------------------------
     def document_observed(
@@ -225,7 +235,10 @@ class LocalActions:
         observed: list[Observed] = []
         jobs: list[Job] = []
         with self.store.lock:
-            self._follow_wall_clock()
+            if self._follow_wall_clock():
+                # The wall clock stepped, maybe after the poll read it: this document's time is
+                # read again, on the clock the view was just moved to.
+                observed_at = self.now()
             before = view = self.store.view
             new: View | None = None
             try:

@@ -293,12 +293,15 @@ class DrainProbe:
 
     def wall_moved(self, step: timedelta) -> None:
         """The wall clock stepped by ``step`` (beyond the time that passed): the wall times the
-        probe keeps move with it (runs are on the monotonic clock and stay)."""
+        probe keeps of what happened move with it (runs are on the monotonic clock and stay);
+        a begin still to come is NotBefore's doing (Azure's clock) and stays."""
         with self._cond:
+            before = shifted(self.now(), -step)  # now, on the clock before the step
             if self.healthy_since is not None:
                 self.healthy_since = shifted(self.healthy_since, step)
             for drain in self._drains.values():
-                drain.begins = shifted(drain.begins, step)
+                if drain.begins <= before:
+                    drain.begins = shifted(drain.begins, step)
 
     def came_up(self, dark_since: datetime | None, dark_mono: float | None = None) -> None:
         """At start, before anything else: since when the balancer may not have seen the probe

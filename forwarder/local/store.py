@@ -280,7 +280,8 @@ class View:
     def moved(self, step: timedelta) -> View:
         """This view with every time it keeps moved by ``step`` (the wall clock moved that much
         more than the time that passed): each stands where it stood, on today's wall clock.
-        The events' own times (NotBefore) are Azure's and stay."""
+        The events' own times (NotBefore) are Azure's and stay, and so do the drain moments
+        kept for the re-judging (mostly NotBefore minus a lead)."""
 
         def move(moment: datetime | None) -> datetime | None:
             return None if moment is None else shifted(moment, step)
@@ -297,9 +298,7 @@ class View:
             self,
             observed_at=move(self.observed_at),
             timing={key: timing(kept) for key, kept in self.timing.items()},
-            unjudged=tuple(
-                replace(item, at=move(item.at), moment=move(item.moment)) for item in self.unjudged
-            ),
+            unjudged=tuple(replace(item, at=move(item.at)) for item in self.unjudged),
             recent={
                 key: replace(gone, at=shifted(gone.at, step), timing=timing(gone.timing))
                 for key, gone in self.recent.items()
@@ -516,7 +515,8 @@ class LocalStore:
         """The view as written: with the clocks read now."""
         if self.clock is None:
             return self.view
-        return replace(self.view, clock=self.clock())
+        pair = self.clock()  # first: it may move the view (a step of the wall clock)
+        return replace(self.view, clock=pair)
 
     def persist_view(self) -> None:
         """Write the view at the next flush even if no event changed (at stop: a restart then

@@ -20,7 +20,7 @@ from sebridge.forwarder.state import ForwarderState
 from sebridge.imds import ScheduledEvent
 from sebridge.impact import DEFAULT_RULES
 from sebridge.timing import DEFAULT_PROBE_MIN_HEALTHY_SECONDS, parse_leads
-from tests.forwarder.local_support import OBSERVER, imds_event
+from tests.forwarder.local_support import OBSERVER, document, imds_event
 from tests.forwarder.test_drain_moments import BOUND, T0, A, B, Forwarder, Outside, reboot
 from tests.support.budget import examples
 
@@ -779,6 +779,66 @@ def test_a_lost_view_with_a_neighbours_event_puts_no_drain_off() -> None:
     vm.later(5, neighbour)
     preempt = reboot(A, not_before_in=300 + 3 + 5 + 30, event_type="Preempt")
     assert first(503, vm, 200, neighbour, preempt) == 1
+
+
+# -- hostile review h53: the stop's write, a silent IMDS, a step before the lock -------------------
+@pytest.mark.parametrize("step", [-300, 300])
+def test_a_wall_step_just_before_a_stop_is_followed_before_the_view_is_written(step: int) -> None:
+    """A step back in a run, or forward in the gap after one, then the stop's write (SIGTERM:
+    save) before any poll followed it, then a start: the view was stamped with the new clocks
+    over times on the old one (805 s seen; the gap skipped). Stamping follows the clock first."""
+    life = Life()
+    life.up(200)
+    a = life.event(A, 400, event_type="Preempt")
+    if step < 0:
+        life.up(400, a)
+        shown = [a]
+    else:
+        life.up(BOUND + 1, a)
+        shown = [a, life.event(B, 60, event_type="Preempt")]
+        life.up(2, *shown)
+    life.outside.clock.wall += timedelta(seconds=step)
+    life.vm.actions.save()
+    life.down(3)
+    life.up(900, *shown)
+    assert longest(life.balancers) <= LB_BOUND + 3, [x.longest for x in life.balancers]
+
+
+def test_a_wall_step_while_imds_is_silent_leaves_a_begin_to_come_on_notbefore() -> None:
+    """A Terminate with 900 s of notice: its 503 is due at NotBefore - 510. IMDS silent after
+    the first poll, the wall clock steps +600 s at 100 s: the probe moved the pending begin with
+    the step and answered 503 90 s after NotBefore. A begin still to come is NotBefore's."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    terminate = reboot(A, not_before_in=900, event_type="Terminate")
+    vm.poll(terminate)
+    first_503 = None
+    for second in range(1, 700):
+        outside.clock.advance(1)
+        if second == 100:
+            outside.clock.wall += timedelta(seconds=600)
+        vm.tick()  # the moments worker only
+        if vm.status == 503 and first_503 is None:
+            first_503 = outside.clock.now()
+    assert first_503 is not None and first_503 <= terminate.not_before
+
+
+def test_a_wall_step_between_the_polls_clock_read_and_the_lock_keeps_one_clock() -> None:
+    """The poll read its time, the wall clock stepped -600 s while document_observed waited for
+    the store's lock: the view was moved but the new event's first sight kept the old clock. The
+    document's time is read again on a step: everything is on the new clock, as if the step had
+    come before the poll."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(100)
+    outside.clock.advance(1)
+    observed_at = outside.clock.now()
+    outside.clock.wall -= timedelta(seconds=600)
+    preempt = reboot(A, not_before_in=101 + 60, event_type="Preempt")
+    vm.actions.document_observed(document(preempt), OBSERVER, observed_at)
+    timing = vm.store.view.timing[A.lower()]
+    assert timing.first_seen == outside.clock.now()
+    assert vm.store.view.observed_at == outside.clock.now()
 
 
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
