@@ -448,6 +448,17 @@ class UnhealthyRuns:
             placed = mono - (now - dark_since).total_seconds()
             self._dark = min(mono, placed if dark_mono is None else dark_mono)
 
+    def held_at_least_since(self, since: datetime) -> None:
+        """(After a restart's replay.) The probe answered 503 without a break only since
+        ``since``: a run going on has held it since then at the earliest."""
+        if self._start is None:
+            return
+        wall, mono = self._now
+        placed = mono - (wall - since).total_seconds()
+        held = self._start if self._held is None else self._held
+        if held < placed <= mono:
+            self._held = placed
+
     def restarted(self, healthy_since: datetime) -> None:
         """The process starts again; ``healthy_since``: when the probe last stopped answering
         503 before (kept durably by the caller), which a fresh instance does not know. Unless

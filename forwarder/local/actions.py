@@ -334,6 +334,10 @@ class LocalActions:
         if since is not None and since != view.probe_healthy_since:
             view = replace(view, probe_healthy_since=since)
             self.store.set_view(view)
+        began = self.probe.unhealthy_since
+        if began is not None and began != view.probe_unhealthy_since:
+            view = replace(view, probe_unhealthy_since=began)
+            self.store.set_view(view)
         seen = view.seen_healthy is not None or view.started_at is None
         if not seen and not self.probe.in_the_dark:
             self.store.set_view(replace(view, seen_healthy=self.now()))
@@ -719,7 +723,11 @@ class LocalActions:
                 }
                 gone = {key: view.recent[key].at for key in left_out if key not in drains}
                 self.probe.restarted(
-                    {**left_out, **drains}, started, view.probe_healthy_since, gone
+                    {**left_out, **drains},
+                    started,
+                    view.probe_healthy_since,
+                    gone,
+                    view.probe_unhealthy_since,
                 )
             self.probe.follow(view.events.values(), view.observer, begins)
             if (restarted or lost) and self.probe.draining:

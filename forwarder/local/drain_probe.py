@@ -228,6 +228,7 @@ class DrainProbe:
         self._unhealthy = False  # the level last logged
         self.healthy_since: datetime | None = None  # when the probe last stopped answering 503
         self._followed = False  # follow ran once
+        self.unhealthy_since: datetime | None = None  # when the probe last began answering 503
         self._lapsed: set[str] = set()  # drains logged as having reached the bound
         self.answers = {200: 0, 503: 0}
 
@@ -299,6 +300,8 @@ class DrainProbe:
             before = shifted(self.now(), -step)  # now, on the clock before the step
             if self.healthy_since is not None:
                 self.healthy_since = shifted(self.healthy_since, step)
+            if self.unhealthy_since is not None:
+                self.unhealthy_since = shifted(self.unhealthy_since, step)
             for drain in self._drains.values():
                 if drain.begins <= before:
                     drain.begins = shifted(drain.begins, step)
@@ -324,6 +327,7 @@ class DrainProbe:
         started: bool,
         healthy_since: datetime | None,
         gone: Mapping[str, datetime] | None = None,
+        unhealthy_since: datetime | None = None,
     ) -> None:
         """After a restart, before the probe follows the journal's view: replay in one history
         the begins of the drains (not started) the view holds and of those whose events IMDS
@@ -332,7 +336,8 @@ class DrainProbe:
         cut there, not held to now; ``started``: a started event of this VM holds the probe at
         503 anyway; ``healthy_since``: when the probe last stopped answering 503 before the
         restart (from the journal): a new run waits the healthy gap from it
-        (UnhealthyRuns.restarted)."""
+        (UnhealthyRuns.restarted); ``unhealthy_since``: when it last began answering 503
+        (from the journal), which a drain's time (Prepared) counts from at the earliest."""
         with self._cond:
             now = self.now()
             mono = self.monotonic() if self.monotonic is not None else None
@@ -353,7 +358,14 @@ class DrainProbe:
             )
             if healthy_since is not None:
                 self._runs.restarted(healthy_since)
+            if unhealthy_since is not None and (
+                healthy_since is None or unhealthy_since > healthy_since
+            ):
+                # The probe answered 503 without a break since then (as journaled): a run the
+                # replay shows going on has held it only since then, whatever its start.
+                self._runs.held_at_least_since(unhealthy_since)
             self.healthy_since = self.healthy_since or healthy_since
+            self.unhealthy_since = self.unhealthy_since or unhealthy_since
 
     def _evaluate(self, now: datetime) -> set[str]:
         """(Under the lock.) The not-started drains holding the probe at 503 now; logs when
@@ -377,6 +389,8 @@ class DrainProbe:
             self._unhealthy = unhealthy
             if not unhealthy:
                 self.healthy_since = now
+            else:
+                self.unhealthy_since = now
             log.info("drain probe: %s", "503 (draining)" if unhealthy else "200 (healthy)")
         return holding
 

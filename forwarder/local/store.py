@@ -263,6 +263,8 @@ class View:
     # When the drain probe last stopped answering 503 (a run's end, a started event's end):
     # after a restart, the healthy gap counts from it.
     probe_healthy_since: datetime | None = None
+    # When it last began answering 503: a drain's time counts from then at the earliest.
+    probe_unhealthy_since: datetime | None = None
     # When the forwarder last started; since when the balancer may not have seen the drain
     # probe healthy for the gap (that start, or the first of the starts in a row between which
     # the probe never answered 200 for the gap: each was refused while the process was down);
@@ -281,7 +283,7 @@ class View:
         """This view with every time it keeps moved by ``step`` (the wall clock moved that much
         more than the time that passed): each stands where it stood, on today's wall clock.
         The events' own times (NotBefore) are Azure's and stay, and so do the drain moments
-        kept for the re-judging (mostly NotBefore minus a lead)."""
+        kept for the re-judging that were still to come."""
 
         def move(moment: datetime | None) -> datetime | None:
             return None if moment is None else shifted(moment, step)
@@ -294,16 +296,25 @@ class View:
                 probe_from=move(kept.probe_from),
             )
 
+        def unjudged(item: Unjudged) -> Unjudged:
+            # A moment that had come when the record was seen (this VM's first sight, or a
+            # NotBefore passed: either way by ``at``) moves with it; one to come is NotBefore's.
+            came = item.moment is not None and item.at is not None and item.moment <= item.at
+            return replace(
+                item, at=move(item.at), moment=move(item.moment) if came else item.moment
+            )
+
         return replace(
             self,
             observed_at=move(self.observed_at),
             timing={key: timing(kept) for key, kept in self.timing.items()},
-            unjudged=tuple(replace(item, at=move(item.at)) for item in self.unjudged),
+            unjudged=tuple(unjudged(item) for item in self.unjudged),
             recent={
                 key: replace(gone, at=shifted(gone.at, step), timing=timing(gone.timing))
                 for key, gone in self.recent.items()
             },
             probe_healthy_since=move(self.probe_healthy_since),
+            probe_unhealthy_since=move(self.probe_unhealthy_since),
             started_at=move(self.started_at),
             dark_since=move(self.dark_since),
             seen_healthy=move(self.seen_healthy),
@@ -319,6 +330,7 @@ class View:
             "timing": {key: timing.to_json() for key, timing in self.timing.items()},
             "unjudged": [item.to_json() for item in self.unjudged],
             "probeHealthySince": _time_text(self.probe_healthy_since),
+            "probeUnhealthySince": _time_text(self.probe_unhealthy_since),
             "startedAt": _time_text(self.started_at),
             "darkSince": _time_text(self.dark_since),
             "seenHealthy": _time_text(self.seen_healthy),
@@ -385,6 +397,7 @@ class View:
             unjudged=unjudged,
             recent=_recent(obj.get("recent")),
             probe_healthy_since=_lenient_time(obj.get("probeHealthySince")),
+            probe_unhealthy_since=_lenient_time(obj.get("probeUnhealthySince")),
             started_at=_lenient_time(obj.get("startedAt")),
             dark_since=_lenient_time(obj.get("darkSince")),
             seen_healthy=_lenient_time(obj.get("seenHealthy")),

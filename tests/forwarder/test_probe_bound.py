@@ -841,6 +841,44 @@ def test_a_wall_step_between_the_polls_clock_read_and_the_lock_keeps_one_clock()
     assert vm.store.view.observed_at == outside.clock.now()
 
 
+# -- hostile review h54: Prepared across a restart ------------------------------------------------
+def test_a_run_that_went_on_after_200s_keeps_its_drain_time_across_a_restart() -> None:
+    """503 for 5 s, left out for 20 s (200), back for 3 s, a kill -9 (down 1 s): the restart
+    counted the drain's time from the run's first start and sent Prepared 6 s after the return.
+    When the probe last began answering 503 is journaled: it counts from the return."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(200)
+    event = reboot(A, not_before_in=200 + 120, event_type="Preempt")
+    vm.later(5, event)
+    vm.later(20)
+    vm.later(3, event)
+    outside.clock.advance(1)
+    vm = Forwarder(outside)
+    vm.later(25, event)  # 3 + 1 + 25 = 29 s since the return
+    assert vm.status == 503 and vm.prepared() == []
+    vm.later(2, event)
+    assert len(vm.prepared()) == 1
+
+
+def test_an_event_back_with_a_short_notice_keeps_its_drain_time_across_a_restart() -> None:
+    """A long notice seen at T0, left out for 300 s, back with NotBefore 60 s away (it drains
+    at once from its return), 3 s of 503, a kill -9 (down 3 s): Prepared went out at the start,
+    the replay counting from the old first sight."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.poll(reboot(A, not_before_in=3600))
+    vm.later(300)
+    back = reboot(A, not_before_in=300 + 60)
+    vm.later(3, back)
+    outside.clock.advance(3)
+    vm = Forwarder(outside)
+    vm.later(22, back)  # 3 + 3 + 22 = 28 s
+    assert vm.status == 503 and vm.prepared() == []
+    vm.later(3, back)
+    assert len(vm.prepared()) == 1
+
+
 # -- any sequence, as the balancer sees it ---------------------------------------------------------
 class BalancerModel(RuleBasedStateMachine):
     """Events of this VM scheduled with any notice, NotBefore passing without a start (Azure
