@@ -114,6 +114,7 @@ class Preparations:
     failed_count: int = 0  # causes for which a preparer failed (no Prepared)
     _failed: set[tuple[str, str]] = field(default_factory=set)
     _waiting: set[str] = field(default_factory=set)  # Prepared messages the outbox refused
+    _told: set[str] = field(default_factory=set)  # ...and refused again: said at ERROR
 
     def observe(self, observed: Observed) -> None:
         """Called for every transition, before the preparers hear of it (in memory; the caller
@@ -204,8 +205,18 @@ class Preparations:
             prepared_by=prepared_by,
         )
         if not self.deliver(envelope):
+            # The first refusal is the usual one: the poll that made it due has not recorded
+            # its own transitions yet (they go first), and the try after it succeeds. Refused
+            # again, the outbox cannot take it: said once at ERROR.
             if envelope.message_id not in self._waiting:
                 self._waiting.add(envelope.message_id)
+                log.info(
+                    "Prepared %s for %s waits for the outbox (this poll's transitions go first)",
+                    envelope.message_id,
+                    observed.event.event_id,
+                )
+            elif envelope.message_id not in self._told:
+                self._told.add(envelope.message_id)
                 log.error(
                     "Prepared %s for %s cannot be written to the outbox yet: tried again at "
                     "every poll",
@@ -214,6 +225,7 @@ class Preparations:
                 )
             return None
         self._waiting.discard(envelope.message_id)
+        self._told.discard(envelope.message_id)
         self.store.set_preparation(replace(record, published=record.cause))
         self.store.flush()  # if it fails, the mark goes with the next flush (the same id again)
         self.published_count += 1

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from sebridge.contract.events import Envelope
 from sebridge.forwarder.local.actions import LocalActions
 from sebridge.forwarder.local.drain_probe import DrainProbe
 from sebridge.forwarder.local.hooks_file import parse_hooks
@@ -560,3 +561,35 @@ MomentsModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_moments_model = MomentsModel.TestCase
+
+
+class Refusing(Recorder):
+    """An outbox that refuses the first ``count`` Prepared it is handed, then takes them."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+
+    def __call__(self, envelope: Envelope) -> bool:
+        if self.refused < self.count:
+            self.refused += 1
+            return False
+        return super().__call__(envelope)
+
+
+@pytest.mark.parametrize("refusals", [1, 5])
+def test_a_prepared_the_outbox_refuses_once_is_no_error(
+    refusals: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first refusal is the usual one (the poll that made Prepared due records its own
+    transitions first): said at INFO, and the next try takes it. Refused again, the outbox
+    cannot take it: one ERROR, however many tries (the hostile review h55 saw an ERROR at
+    nearly every Prepared of the real forwarder)."""
+    outside = Outside()
+    outside.outbox = Refusing(refusals)
+    vm = Forwarder(outside)
+    event = reboot(not_before_in=120)  # drains at first sight
+    vm.later(40, event)
+    assert len(vm.prepared()) == 1 and outside.outbox.refused == refusals
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "Prepared" in r.message]
+    assert len(errors) == (0 if refusals == 1 else 1), [r.message for r in errors]
