@@ -474,7 +474,7 @@ class UnhealthyRuns:
                 return
             # The replay took a drain that the gap after the last 503 held back for a run
             # going on: no run starts within the gap (a run cut short goes on from before it).
-            self._start = self._from = None
+            self._start = self._from = self._held = None
             self._ended = None
         if ended <= mono:
             if ended + self.min_healthy.total_seconds() > mono:

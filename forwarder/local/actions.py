@@ -684,8 +684,8 @@ class LocalActions:
             self.store.flush()
             # The forwarder ran before, but the journal's view was lost (damaged, or from before
             # it was kept): when its drains began is unknown, so nothing is replayed, and if an
-            # event it knew may have held the probe at 503 (one that had not started), a new
-            # run waits the whole healthy gap from now. With none, a drain is not put off.
+            # event it knew may have held the probe at 503 (_may_have_drained), a new run waits
+            # the whole healthy gap from now. With none, a drain is not put off.
             lost = fallback.observed_at is not None and any(
                 self._may_have_drained(event, fallback.identity)
                 for event in fallback.events.values()
