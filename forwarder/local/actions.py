@@ -164,29 +164,32 @@ class LocalActions:
             return None
         return ClockPair(self.now(), self.monotonic(), self.boot)
 
-    def _wall_moved(self, view: View) -> timedelta:
-        """How far the wall clock moved, beyond the time that passed, since ``view`` was written
-        in this boot (zero when that cannot be told: another boot, no stamp, or a stamp that
-        cannot be true: from the future, or a move of more than :data:`MAX_WALL_STEP`)."""
+    def _drift_now(self) -> float:
+        """The wall clock minus the monotonic one now, in seconds (monotonic clock known)."""
+        assert self.monotonic is not None
+        return (self.now() - EPOCH).total_seconds() - self.monotonic()
+
+    def _stamped_drift(self, view: View) -> float | None:
+        """The wall clock minus the monotonic one as ``view`` was written in this boot: the
+        previous run's last look, from which :meth:`_follow_wall_clock` tells a step made while
+        the forwarder was down. None when it cannot be told (another boot, no stamp) or cannot
+        be true (from the future, or a step of more than :data:`MAX_WALL_STEP`)."""
         pair = view.clock
         if pair is None or pair.boot != self.boot or self.monotonic is None:
-            return timedelta(0)
-        passed = self.monotonic() - pair.mono
-        if passed < 0:
-            return timedelta(0)
-        try:
-            moved = (self.now() - pair.wall) - timedelta(seconds=passed)
-        except OverflowError:
-            return timedelta(0)
-        if abs(moved) > MAX_WALL_STEP:
+            return None
+        if self.monotonic() < pair.mono:
+            return None
+        drift = (pair.wall - EPOCH).total_seconds() - pair.mono
+        moved = self._drift_now() - drift
+        if abs(moved) > MAX_WALL_STEP.total_seconds():
             log.warning(
                 "local actions: the journal's clock stamp would move its times by %+.0f s: not "
                 "believed (more than %d s), its times are kept as they are",
-                moved.total_seconds(),
+                moved,
                 MAX_WALL_STEP.total_seconds(),
             )
-            return timedelta(0)
-        return moved
+            return None
+        return drift
 
     def _follow_wall_clock(self) -> timedelta:
         """(Under the store's lock; at every document and moments tick, before anything is
@@ -197,7 +200,7 @@ class LocalActions:
         step (zero: none)."""
         if self.monotonic is None:
             return timedelta(0)
-        drift = (self.now() - EPOCH).total_seconds() - self.monotonic()
+        drift = self._drift_now()
         last, self._drift = self._drift, drift
         if last is None or abs(drift - last) < WALL_STEP.total_seconds():
             if last is not None:
@@ -666,16 +669,11 @@ class LocalActions:
         restarted = self.store.load()
         lost = False
         if restarted:
-            moved = self._wall_moved(self.store.view)
-            if abs(moved) >= WALL_STEP:
-                log.warning(
-                    "local actions: the wall clock moved %+.0f s since the journal was last "
-                    "written, beyond the time that passed: its times are moved with it",
-                    moved.total_seconds(),
-                )
-                self.store.set_view(self.store.view.moved(moved))
+            self._drift = self._stamped_drift(self.store.view)
         with self.store.lock:
-            self._follow_wall_clock()  # the first look: from here on, steps are followed
+            # A step since the journal was written in this boot moves its times, as one while
+            # running does; from here on, steps are followed.
+            self._follow_wall_clock()
         if not restarted and fallback is not None:
             log.info(
                 "local actions: no view in the journal yet: starting from the forwarder's state"
