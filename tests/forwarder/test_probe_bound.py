@@ -474,6 +474,17 @@ def test_a_drain_the_gap_held_back_waits_out_the_gap_across_a_restart() -> None:
     assert came is not None and came >= GAP  # the gap again, from the restart
 
 
+def a_preempt_draining(notice: int, for_seconds: int) -> tuple[Outside, Forwarder, ScheduledEvent]:
+    """A VM healthy for 200 s (the gap seen after its start), then a Preempt of it with
+    ``notice`` seconds, draining at first sight for ``for_seconds``."""
+    outside = Outside()
+    vm = Forwarder(outside)
+    vm.later(200)
+    event = reboot(A, not_before_in=200 + notice, event_type="Preempt")
+    vm.later(for_seconds, event)
+    return outside, vm, event
+
+
 # -- hostile review h51 -------------------------------------------------------------------------
 @pytest.mark.parametrize(("in_run", "in_gap"), [(-300, 0), (None, 300), (300, -300)])
 def test_a_wall_step_across_a_restart_neither_stretches_a_run_nor_skips_the_gap(
@@ -503,11 +514,7 @@ def test_a_wall_step_across_a_restart_neither_stretches_a_run_nor_skips_the_gap(
 def test_a_wall_step_across_a_restart_sends_no_early_prepared() -> None:
     """A drain answered 503 for 10 s, a kill -9 while the wall clock stepped +300 s: the replay
     placed its run 313 s back and Prepared went out at the first poll."""
-    outside = Outside()
-    vm = Forwarder(outside)
-    vm.later(200)
-    event = reboot(A, not_before_in=200 + 400, event_type="Preempt")
-    vm.later(10, event)
+    outside, vm, event = a_preempt_draining(notice=400, for_seconds=10)
     outside.clock.advance(3)
     outside.clock.wall += timedelta(seconds=300)
     vm = Forwarder(outside)
@@ -521,11 +528,7 @@ def test_a_run_that_goes_on_after_200s_counts_its_drain_time_afresh() -> None:
     """A drain 5 s old, its event left out for 80 s (200: the balancer takes the VM back), then
     back: the run goes on from its start for the bound, but Prepared waits --drain-seconds of
     503 from the return (before: at once, after 6 s of 503 in all)."""
-    outside = Outside()
-    vm = Forwarder(outside)
-    vm.later(200)
-    event = reboot(A, not_before_in=200 + 120, event_type="Preempt")
-    vm.later(5, event)
+    _, vm, event = a_preempt_draining(notice=120, for_seconds=5)
     vm.later(80)
     vm.later(1, event)
     assert vm.status == 503 and vm.prepared() == []
@@ -651,11 +654,7 @@ def test_prepared_counts_from_the_return_across_a_restart(restart: bool) -> None
     """A drain 5 s old, its event left out for 20 s (200: within the gap, the run goes on
     when back), back, 3 s of 503, kill -9 (down 1 s): Prepared must still wait 30 s of 503
     without a break from the return."""
-    outside = Outside()
-    vm = Forwarder(outside)
-    vm.later(200)
-    event = reboot(A, not_before_in=200 + 120, event_type="Preempt")
-    vm.later(5, event)
+    outside, vm, event = a_preempt_draining(notice=120, for_seconds=5)
     vm.later(20)  # left out: 200
     assert vm.status == 200
     vm.later(3, event)  # back: 503
@@ -692,11 +691,7 @@ def test_restarts_every_20s_during_a_run_still_send_prepared() -> None:
 
 
 def test_one_restart_does_not_start_the_drain_time_again() -> None:
-    outside = Outside()
-    vm = Forwarder(outside)
-    vm.later(200)
-    event = reboot(A, not_before_in=200 + 400, event_type="Preempt")
-    vm.later(25, event)
+    outside, vm, event = a_preempt_draining(notice=400, for_seconds=25)
     outside.clock.advance(1)
     vm = Forwarder(outside)
     vm.later(10, event)  # 25 + 1 + 10 = 36 s of 503 (refused during the kill)
@@ -717,11 +712,7 @@ def test_an_unbelievable_clock_stamp_is_not_believed(patch: dict[str, object]) -
     """A Preempt drains (10 s of 503), kill -9; the journal's "clock" stamp (same boot id)
     is damaged: one field. After the start the probe answers 200 for 400 s, past NotBefore,
     and Prepared never goes out (a lost view: the gap, then a whole run)."""
-    outside = Outside()
-    vm = Forwarder(outside)
-    vm.later(200)
-    event = reboot(A, not_before_in=200 + 400, event_type="Preempt")
-    vm.later(10, event)
+    outside, vm, event = a_preempt_draining(notice=400, for_seconds=10)
     outside.clock.advance(1)
     view = dict(outside.journal.load().view or {})
     clock = dict(view["clock"])
@@ -846,11 +837,7 @@ def test_a_run_that_went_on_after_200s_keeps_its_drain_time_across_a_restart() -
     """503 for 5 s, left out for 20 s (200), back for 3 s, a kill -9 (down 1 s): the restart
     counted the drain's time from the run's first start and sent Prepared 6 s after the return.
     When the probe last began answering 503 is journaled: it counts from the return."""
-    outside = Outside()
-    vm = Forwarder(outside)
-    vm.later(200)
-    event = reboot(A, not_before_in=200 + 120, event_type="Preempt")
-    vm.later(5, event)
+    outside, vm, event = a_preempt_draining(notice=120, for_seconds=5)
     vm.later(20)
     vm.later(3, event)
     outside.clock.advance(1)
